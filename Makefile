@@ -1,0 +1,42 @@
+# imq: two commands on a fresh machine with Python 3.11 and make.
+#   make run   creates .venv, installs, runs the main job on an embedded default database
+#   make test  creates .venv if needed, installs, runs ruff, mypy --strict and pytest
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test lint typecheck pytest soak bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python -m imq demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check imq tests benchmarks
+	$(BIN)/ruff format --check imq tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict imq
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck pytest
+
+soak: $(STAMP)
+	HYPOTHESIS_PROFILE=thorough $(BIN)/python -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m benchmarks.bench_core
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .hypothesis var
