@@ -1,0 +1,80 @@
+"""imq: the internal message queue of a sharded blockchain collator, on RocksDB.
+
+The public API (``spec/API.md``): value types, the router, diffs and statistics, the
+``Queue`` facade with its iterator and pending diffs, the configuration and the errors.
+"""
+
+from imq.config import QueueConfig
+from imq.diff import DiffStatistics, QueueDiff
+from imq.errors import (
+    CommitError,
+    ConfigError,
+    CorruptDataError,
+    DatabaseLockedError,
+    DiffBelowCommitPointerError,
+    DiffConflictError,
+    DiffSequenceError,
+    ImqError,
+    QueueClosedError,
+    SchemaVersionError,
+    StartupError,
+    StateFormatError,
+)
+from imq.iterator import QueueIterator
+from imq.pending import PendingDiff
+from imq.queue import Queue
+from imq.router import PartitionRouter
+from imq.types import (
+    DEFAULT_PARTITION,
+    LOW_PRIORITY_PARTITION,
+    Address,
+    BlockId,
+    BlockIdShort,
+    CommitPointer,
+    DiffInfo,
+    DiffZone,
+    IteratedMessage,
+    Message,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+    TopBlock,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_PARTITION",
+    "LOW_PRIORITY_PARTITION",
+    "Address",
+    "BlockId",
+    "BlockIdShort",
+    "CommitError",
+    "CommitPointer",
+    "ConfigError",
+    "CorruptDataError",
+    "DatabaseLockedError",
+    "DiffBelowCommitPointerError",
+    "DiffConflictError",
+    "DiffInfo",
+    "DiffSequenceError",
+    "DiffStatistics",
+    "DiffZone",
+    "ImqError",
+    "IteratedMessage",
+    "Message",
+    "PartitionRouter",
+    "PendingDiff",
+    "Queue",
+    "QueueClosedError",
+    "QueueConfig",
+    "QueueDiff",
+    "QueueIterator",
+    "QueueKey",
+    "QueueShardRange",
+    "SchemaVersionError",
+    "ShardIdent",
+    "StartupError",
+    "StateFormatError",
+    "TopBlock",
+]

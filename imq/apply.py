@@ -1,0 +1,125 @@
+"""Applying a diff: the pre-write checks of SEMANTICS §5.3 and the rows a diff writes.
+
+The checks run against one snapshot, in the original's order: duplicate, sequence,
+commit pointer. Staging builds every row of the diff into one transaction; nothing is
+written until the pending diff is.
+"""
+
+from __future__ import annotations
+
+from imq.diff import DiffStatistics, QueueDiff
+from imq.errors import DiffBelowCommitPointerError, DiffConflictError, DiffSequenceError
+from imq.storage import Scan, Snapshot, Table, Transaction, codec
+from imq.types import BlockIdShort, CommitPointer, DiffInfo, DiffZone, ShardIdent
+from imq.zones import in_zone
+
+__all__ = [
+    "check_above_pointer",
+    "check_duplicate",
+    "check_sequence",
+    "last_seqno_scan",
+    "read_diff",
+    "stage_diff",
+]
+
+
+def read_diff(
+    snap: Snapshot, shard: ShardIdent, seqno: int
+) -> tuple[DiffInfo, frozenset[int]] | None:
+    key = codec.diff_info_key(shard, seqno)
+    raw = snap.get(Table.DIFF_INFO, key)
+    return None if raw is None else codec.decode_diff_record(key, raw)
+
+
+def last_seqno_scan(shard: ShardIdent) -> Scan:
+    """A reverse key scan whose first row is the shard's highest stored seqno."""
+    lo, hi = codec.diff_info_shard_range(shard)
+    return Scan(Table.DIFF_INFO, lo, hi, keys_only=True, reverse=True)
+
+
+def last_seqno(snap: Snapshot, cursor_index: int) -> int | None:
+    for key in snap.cursors[cursor_index]:
+        return codec.decode_diff_info_seqno(key)
+    return None
+
+
+def check_duplicate(snap: Snapshot, block: BlockIdShort, diff_hash: bytes) -> bool:
+    """True if this exact diff is already stored; a different hash is a conflict."""
+    stored = read_diff(snap, block.shard, block.seqno)
+    if stored is None:
+        return False
+    if stored[0].hash != diff_hash:
+        raise DiffConflictError(
+            f"diff of block {block} is already stored with hash {stored[0].hash.hex()}, "
+            f"not {diff_hash.hex()}"
+        )
+    return True
+
+
+def check_sequence(snap: Snapshot, cursor_index: int, block: BlockIdShort, zone: DiffZone) -> bool:
+    """True if the diff is at or below the last one visible in ``zone`` (skip it)."""
+    last = last_seqno(snap, cursor_index)
+    if last is None:
+        return False
+    stored = read_diff(snap, block.shard, last)
+    pointer = snap.cache["pointers"].get(block.shard)
+    if stored is None or not in_zone(stored[0], pointer, zone):
+        return False
+    if block.seqno <= last:
+        return True
+    if block.seqno != last + 1:
+        raise DiffSequenceError(
+            f"diff of block {block} is not sequential: the last {zone.value} diff of shard "
+            f"{block.shard} has seqno {last}"
+        )
+    return False
+
+
+def check_above_pointer(
+    pointer: CommitPointer | None, block: BlockIdShort, diff: QueueDiff
+) -> None:
+    if pointer is None or not diff.messages:
+        return
+    first = diff.messages[0].key
+    if first <= pointer.key:
+        raise DiffBelowCommitPointerError(
+            f"diff of block {block}: its smallest message {first} is not above the commit "
+            f"pointer of shard {block.shard} ({pointer.key}, seqno {pointer.seqno})"
+        )
+
+
+def stage_diff(
+    txn: Transaction,
+    diff: QueueDiff,
+    block: BlockIdShort,
+    diff_hash: bytes,
+    stats: DiffStatistics,
+) -> DiffInfo:
+    """Put every row of ``diff`` into ``txn``: messages, statistics, tail, diff info."""
+    shard, seqno = block.shard, block.seqno
+    router = diff.router
+    partition_for = None if router.is_empty else router.partition_for
+    txn.put_many(Table.MESSAGES, codec.message_rows(shard, diff.messages, partition_for))
+    for partition, counts in stats.partitions.items():
+        txn.put_many(
+            Table.STATISTICS, codec.stat_rows(shard, partition, stats.max_message, seqno, counts)
+        )
+    txn.put(Table.DIFF_TAIL, codec.tail_key(shard, stats.max_message, seqno), b"")
+    info = DiffInfo(
+        min_message=stats.min_message,
+        max_message=stats.max_message,
+        shards_messages_count=stats.shards_messages_count,
+        hash=diff_hash,
+        processed_to=dict(diff.processed_to),
+        router_src=router.src_partitions(),
+        router_dst=router.dst_partitions(),
+        seqno=seqno,
+        prev_hash=diff.prev_hash,
+    )
+    partitions = router.partitions() | stats.partitions.keys()
+    txn.put(
+        Table.DIFF_INFO,
+        codec.diff_info_key(shard, seqno),
+        codec.diff_info_value(info, partitions),
+    )
+    return info

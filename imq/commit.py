@@ -1,0 +1,127 @@
+"""Committing the queue on a masterchain block (SEMANTICS §5.5 with D6 and D7).
+
+``plan_commit`` is pure: given the top blocks, the stored state it needs and a diff
+lookup, it decides the new pointers, the commit record and the GC bounds, or raises
+``CommitError`` before anything is written. ``stage_commit`` turns a plan into rows.
+
+The commit record (D7) holds, for every shard listed in the top blocks, the
+``processed_to`` of that shard's newest committed diff; a listed shard whose diff is
+gone keeps its previous entry, and shards no longer listed drop out. The GC bound of a
+source shard is the minimum of its ``processed_to`` over the record's entries, so an
+idle shard holds back the deletion of messages it has not read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from imq.errors import CommitError
+from imq.storage import Table, Transaction, codec
+from imq.storage.codec import CommitRecord, GcBounds
+from imq.types import BlockId, CommitPointer, DiffInfo, QueueKey, ShardIdent, TopBlock
+
+__all__ = ["CommitPlan", "gc_bounds", "plan_commit", "stage_commit"]
+
+DiffLookup = Callable[[ShardIdent, int], DiffInfo | None]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPlan:
+    mc_block: BlockId
+    moved: dict[ShardIdent, CommitPointer]  # pointers this commit writes
+    pointers: dict[ShardIdent, CommitPointer]  # every pointer after the commit
+    record: CommitRecord
+    gc_requested: GcBounds
+
+
+def _masterchain_block(top_blocks: Sequence[TopBlock]) -> BlockId:
+    for top in top_blocks:
+        if top.block_id.is_masterchain:
+            return top.block_id
+    raise CommitError("no masterchain block in the top blocks given to commit_diff")
+
+
+def _check_forward(shard: ShardIdent, old: CommitPointer | None, new: CommitPointer) -> None:
+    if old is not None and (new.key < old.key or new.seqno < old.seqno):
+        raise CommitError(
+            f"commit would move the pointer of shard {shard} backwards: from "
+            f"({old.key}, seqno {old.seqno}) to ({new.key}, seqno {new.seqno})"
+        )
+
+
+def gc_bounds(record: CommitRecord) -> dict[ShardIdent, QueueKey]:
+    """Per source shard: the minimum ``processed_to`` over all record entries naming it."""
+    bounds: dict[ShardIdent, QueueKey] = {}
+    for processed_to in record.values():
+        for shard, key in processed_to.items():
+            current = bounds.get(shard)
+            if current is None or key < current:
+                bounds[shard] = key
+    return bounds
+
+
+def plan_commit(
+    top_blocks: Sequence[TopBlock],
+    partitions: Iterable[int],
+    *,
+    pointers: Mapping[ShardIdent, CommitPointer],
+    record: CommitRecord,
+    gc_requested: GcBounds,
+    find_diff: DiffLookup,
+    zerostate_seqno: int,
+) -> CommitPlan | None:
+    """The commit's effects, or ``None`` when an equal or later masterchain block was
+    already committed (the commit is then skipped)."""
+    mc_block = _masterchain_block(top_blocks)
+    mc_pointer = pointers.get(ShardIdent.MASTERCHAIN)
+    if mc_pointer is not None and mc_pointer.seqno >= mc_block.seqno:
+        return None
+
+    moved: dict[ShardIdent, CommitPointer] = {}
+    new_record: CommitRecord = {}
+    listed: set[ShardIdent] = set()
+    for top in top_blocks:
+        block = top.block_id
+        if block.shard in listed:
+            raise CommitError(f"shard {block.shard} is listed twice in commit_diff (block {block})")
+        listed.add(block.shard)
+        info = find_diff(block.shard, block.seqno)
+        if info is None:
+            if top.updated and top.ref_by_mc_seqno > zerostate_seqno:
+                raise CommitError(
+                    f"diff not found for block {block.shard}:{block.seqno} "
+                    f"(ref_by_mc_seqno {top.ref_by_mc_seqno}, zerostate seqno {zerostate_seqno})"
+                )
+            if block.shard in record:
+                new_record[block.shard] = record[block.shard]
+            continue
+        pointer = CommitPointer(info.max_message, info.seqno)
+        _check_forward(block.shard, pointers.get(block.shard), pointer)
+        moved[block.shard] = pointer
+        new_record[block.shard] = dict(info.processed_to)
+
+    requested = dict(gc_requested)
+    bounds = gc_bounds(new_record)
+    for partition in partitions:
+        for shard, key in bounds.items():
+            requested[(partition, shard)] = key
+    return CommitPlan(
+        mc_block=mc_block,
+        moved=moved,
+        pointers={**pointers, **moved},
+        record=new_record,
+        gc_requested=requested,
+    )
+
+
+def stage_commit(txn: Transaction, plan: CommitPlan) -> None:
+    for shard, pointer in plan.moved.items():
+        txn.put(Table.COMMIT_POINTERS, codec.shard_bytes(shard), codec.pointer_value(pointer))
+    txn.put(Table.VARS, codec.LAST_COMMITTED_MC_BLOCK, codec.block_id_bytes(plan.mc_block))
+    txn.put(Table.VARS, codec.COMMIT_RECORD, codec.commit_record_value(plan.record))
+    txn.put(Table.VARS, codec.GC_REQUESTED, codec.gc_bounds_value(plan.gc_requested))
+    txn.publish("pointers", plan.pointers)
+    txn.publish("last_mc_block", plan.mc_block)
+    txn.publish("commit_record", plan.record)
+    txn.publish("gc_requested", plan.gc_requested)

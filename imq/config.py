@@ -1,0 +1,277 @@
+"""Queue settings: the :class:`QueueConfig` value type and its strict TOML loader.
+
+Settings live in the ``[internal_queue]`` table of a TOML file (see ``config/imq.toml``).
+Durations are strings such as ``"5s"`` or ``"1m30s"`` (a bare number means seconds);
+sizes are byte counts or strings such as ``"256MiB"``. Unknown keys are rejected.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from decimal import Decimal
+from typing import Any, Self
+
+from imq.errors import ConfigError
+
+__all__ = [
+    "QueueConfig",
+    "parse_duration",
+    "parse_size",
+]
+
+TABLE = "internal_queue"
+
+_MIB = 1024**2
+
+# Seconds per duration unit. A compound duration must use strictly smaller units from left
+# to right ("1h30m" is fine, "30m1h" and "1s2s" are not).
+_DURATION_UNITS: dict[str, float] = {
+    "d": 86_400.0,
+    "h": 3_600.0,
+    "m": 60.0,
+    "s": 1.0,
+    "ms": 1e-3,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ns": 1e-9,
+}
+_BARE_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h|d)")
+
+_SIZE_UNITS: dict[str, int] = {
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
+
+
+def parse_duration(text: str) -> float:
+    """Parse a human duration (``"500ms"``, ``"1m30s"``, ``"2h"``, ``"250us"``) into seconds.
+
+    Units: ``ns``, ``us`` (or ``µs``), ``ms``, ``s``, ``m``, ``h``, ``d``, lowercase. A unit
+    is required; compound parts go from the largest unit to the smallest, each unit once.
+    Raises ``ValueError`` on an empty, negative or malformed duration.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"duration must be a string, got {type(text).__name__}")
+    stripped = text.strip()
+    if not stripped:
+        raise ValueError("empty duration")
+    if stripped.startswith("-"):
+        raise ValueError(f"negative duration {text!r}")
+    if _BARE_NUMBER.fullmatch(stripped):
+        raise ValueError(f"duration {text!r} needs a unit, e.g. '5s' or '500ms'")
+    total = 0.0
+    last_unit = math.inf
+    pos = 0
+    while pos < len(stripped):
+        match = _DURATION_PART.match(stripped, pos)
+        if match is None:
+            raise ValueError(
+                f"malformed duration {text!r}: expected <number><unit> parts with units "
+                "ns, us, ms, s, m, h, d (e.g. '500ms', '1m30s')"
+            )
+        number, unit = match.groups()
+        seconds = _DURATION_UNITS[unit]
+        if seconds >= last_unit:
+            raise ValueError(
+                f"malformed duration {text!r}: units must go from largest to smallest, "
+                "each at most once"
+            )
+        last_unit = seconds
+        total += float(number) * seconds
+        pos = match.end()
+    if not math.isfinite(total):
+        raise ValueError(f"duration {text!r} is too large")
+    return total
+
+
+def parse_size(text: str) -> int:
+    """Parse a human byte size (``"256MiB"``, ``"64 MiB"``, ``"10MB"``, ``"1000000B"``).
+
+    Units (case-insensitive, optional space before): ``B``; decimal ``KB``, ``MB``, ``GB``,
+    ``TB``; binary ``KiB``, ``MiB``, ``GiB``, ``TiB``. A bare number means bytes. A fraction
+    is allowed when the result is a whole number of bytes (``"1.5KiB"``). Raises ``ValueError``
+    on an empty, negative or malformed size, or an unknown unit.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"size must be a string, got {type(text).__name__}")
+    stripped = text.strip()
+    if not stripped:
+        raise ValueError("empty size")
+    if stripped.startswith("-"):
+        raise ValueError(f"negative size {text!r}")
+    match = _SIZE.fullmatch(stripped)
+    if match is None:
+        raise ValueError(f"malformed size {text!r}: expected <number><unit>, e.g. '256MiB'")
+    number, unit = match.groups()
+    multiplier = _SIZE_UNITS.get(unit.lower() or "b")
+    if multiplier is None:
+        raise ValueError(
+            f"unknown size unit {unit!r} in {text!r}: use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+        )
+    value = Decimal(number) * multiplier
+    if value != value.to_integral_value():
+        raise ValueError(f"size {text!r} is not a whole number of bytes")
+    return int(value)
+
+
+# --- per-field checks, shared by __post_init__ and from_mapping -----------------------
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be finite and > 0 seconds, got {value!r}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def _check_int_at_least(minimum: int) -> Callable[[str, object], None]:
+    def check(name: str, value: object) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+
+    return check
+
+
+# --- TOML value converters -------------------------------------------------------------
+
+
+def _duration_from_toml(value: object) -> object:
+    if isinstance(value, str):
+        return parse_duration(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise TypeError(
+        f"expected a duration string like '5s' or a number of seconds, got {type(value).__name__}"
+    )
+
+
+def _size_from_toml(value: object) -> object:
+    if isinstance(value, str):
+        return parse_size(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise TypeError(
+        f"expected a byte count or a size string like '256MiB', got {type(value).__name__}"
+    )
+
+
+def _as_is(value: object) -> object:
+    return value
+
+
+_Rule = tuple[Callable[[object], object], Callable[[str, object], None]]
+
+_RULES: dict[str, _Rule] = {
+    "gc_interval": (_duration_from_toml, _check_seconds),
+    "sync_commits": (_as_is, _check_bool),
+    "block_cache_size": (_size_from_toml, _check_int_at_least(1)),
+    "write_buffer_size": (_size_from_toml, _check_int_at_least(1)),
+    "max_background_jobs": (_as_is, _check_int_at_least(1)),
+    "compact_after_delete": (_as_is, _check_bool),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """Settings of one open queue.
+
+    - ``gc_interval``: seconds between GC ticks.
+    - ``sync_commits``: write commits with fsync (diffs are never fsynced).
+    - ``block_cache_size``: RocksDB block cache, bytes.
+    - ``write_buffer_size``: memtable size of each bulk column family, bytes.
+    - ``max_background_jobs``: RocksDB flush and compaction threads.
+    - ``compact_after_delete``: compact exactly the deleted key ranges after clear or GC.
+
+    Constructing with a wrong type raises ``TypeError``, with a bad value ``ValueError``.
+    """
+
+    gc_interval: float = 5.0
+    sync_commits: bool = True
+    block_cache_size: int = 256 * _MIB
+    write_buffer_size: int = 64 * _MIB
+    max_background_jobs: int = 2
+    compact_after_delete: bool = True
+
+    def __post_init__(self) -> None:
+        for name, (_, check) in _RULES.items():
+            check(name, getattr(self, name))
+        if not isinstance(self.gc_interval, float):
+            object.__setattr__(self, "gc_interval", float(self.gc_interval))
+
+    @classmethod
+    def testing(cls) -> Self:
+        """A tiny, fast profile for tests: 50 ms GC ticks, no fsync, small caches."""
+        return cls(
+            gc_interval=0.05,
+            sync_commits=False,
+            block_cache_size=8 * _MIB,
+            write_buffer_size=4 * _MIB,
+        )
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any], source: str = "<mapping>") -> Self:
+        """Build from the contents of an ``[internal_queue]`` table.
+
+        Missing keys take their defaults. An unknown key, a wrong type or a bad value raises
+        ``ConfigError`` naming ``source`` and the key.
+        """
+        if not isinstance(mapping, Mapping):
+            raise ConfigError(f"{source}: [{TABLE}] must be a table, got {type(mapping).__name__}")
+        values: dict[str, object] = {}
+        for key, raw in mapping.items():
+            rule = _RULES.get(key)
+            if rule is None:
+                known = ", ".join(_RULES)
+                raise ConfigError(f"{source}: unknown key {TABLE}.{key!s} (known keys: {known})")
+            convert, check = rule
+            try:
+                value = convert(raw)
+                check(key, value)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"{source}: invalid {TABLE}.{key}: {exc}") from exc
+            values[key] = value
+        return cls(**values)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike[str]) -> Self:
+        """Read the ``[internal_queue]`` table of the TOML file at ``path``.
+
+        A missing table or key takes the default. An unreadable or malformed file, an unknown
+        key, a wrong type, or a bad duration or size raises ``ConfigError`` naming the file.
+        """
+        source = os.fspath(path)
+        try:
+            with open(source, "rb") as fh:
+                document = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"{source}: cannot read config file: {exc.strerror or exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{source}: malformed TOML: {exc}") from exc
+        table = document.get(TABLE, {})
+        return cls.from_mapping(table, source=source)
+
+
+# Every dataclass field has exactly one rule; a field added without one fails at import.
+if {f.name for f in fields(QueueConfig)} != set(_RULES):  # pragma: no cover
+    raise RuntimeError("QueueConfig fields and _RULES are out of sync")

@@ -1,0 +1,81 @@
+"""The imq exception tree.
+
+Every error imq raises on purpose derives from :class:`ImqError`. Messages name the
+block, shard, seqno, table or file offset involved, so an operator can act on a log line
+alone. Invalid arguments raise the builtin ``ValueError`` / ``TypeError`` instead.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CommitError",
+    "ConfigError",
+    "CorruptDataError",
+    "DatabaseLockedError",
+    "DiffBelowCommitPointerError",
+    "DiffConflictError",
+    "DiffSequenceError",
+    "ImqError",
+    "QueueClosedError",
+    "SchemaVersionError",
+    "StartupError",
+    "StateFormatError",
+]
+
+
+class ImqError(Exception):
+    """Base class of every error imq raises on purpose."""
+
+
+class DiffConflictError(ImqError):
+    """A diff for the same block is already stored with a different hash."""
+
+
+class DiffSequenceError(ImqError):
+    """``check_sequence`` is set and the diff's seqno is not the next one."""
+
+
+class DiffBelowCommitPointerError(ImqError):
+    """The diff's smallest message key is not above the shard's commit pointer."""
+
+
+class CommitError(ImqError):
+    """A commit cannot proceed: no masterchain block, a shard listed twice,
+    a required diff missing, or a pointer that would move backwards."""
+
+
+class StartupError(ImqError):
+    """The last committed masterchain block is ahead of the applied one."""
+
+
+class StateFormatError(ImqError):
+    """An import source is malformed or fails a check."""
+
+
+class QueueClosedError(ImqError):
+    """A call on a closed queue."""
+
+
+class DatabaseLockedError(ImqError):
+    """The database directory is already open by a writer."""
+
+
+class ConfigError(ImqError):
+    """A configuration file or value is invalid."""
+
+
+class CorruptDataError(ImqError):
+    """Bytes stored in the database cannot be decoded.
+
+    ``table`` names the column family, ``key`` the raw key (hex in the message).
+    """
+
+    def __init__(self, table: str, key: bytes, reason: str) -> None:
+        super().__init__(f"corrupt row in table {table!r} at key {key.hex()}: {reason}")
+        self.table = table
+        self.key = key
+        self.reason = reason
+
+
+class SchemaVersionError(ImqError):
+    """The database was written by an incompatible version of imq."""

@@ -1,0 +1,157 @@
+"""A prepared, unwritten diff and the locks it holds (SEMANTICS §4).
+
+A pending diff holds the facade's read lock and its shard's mutex until it is written
+or discarded. The registry remembers which thread prepared which shard, so the two
+calls that would deadlock are refused instead: a second prepare of the same shard by
+the thread that holds it, and a commit or clear by a thread holding a pending diff.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from imq.errors import ImqError
+from imq.locks import RWLock, ShardLocks
+from imq.storage import Transaction
+from imq.types import BlockIdShort, ShardIdent
+
+if TYPE_CHECKING:
+    from imq.queue import Queue
+
+__all__ = ["LockGuard", "PendingDiff", "PendingRegistry"]
+
+
+class PendingRegistry:
+    __slots__ = ("_held", "_mutex")
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._held: dict[int, list[ShardIdent]] = {}
+
+    def acquire(self, rw: RWLock, shard_locks: ShardLocks, shard: ShardIdent) -> LockGuard:
+        thread = threading.get_ident()
+        with self._mutex:
+            held = list(self._held.get(thread, ()))
+        if shard in held:
+            raise ImqError(
+                f"this thread already holds a pending diff of shard {shard}; "
+                "write or discard it before preparing another"
+            )
+        rw.acquire_read(jump_queue=bool(held))
+        lock = shard_locks.get(shard)
+        try:
+            lock.acquire()
+        except BaseException:
+            rw.release_read()
+            raise
+        with self._mutex:
+            self._held.setdefault(thread, []).append(shard)
+        return LockGuard(self, rw, lock, thread, shard)
+
+    def _forget(self, thread: int, shard: ShardIdent) -> None:
+        with self._mutex:
+            shards = self._held.get(thread)
+            if shards is not None:
+                shards.remove(shard)
+                if not shards:
+                    del self._held[thread]
+
+    def check_no_pending(self, operation: str) -> None:
+        with self._mutex:
+            held = self._held.get(threading.get_ident())
+        if held:
+            raise ImqError(
+                f"{operation} would deadlock: this thread holds pending diffs of "
+                f"{', '.join(map(str, held))}; write or discard them first"
+            )
+
+
+class LockGuard:
+    """The read lock and shard mutex of one pending diff; release is idempotent."""
+
+    __slots__ = ("_lock", "_registry", "_released", "_rw", "_shard", "_thread")
+
+    def __init__(
+        self,
+        registry: PendingRegistry,
+        rw: RWLock,
+        lock: threading.Lock,
+        thread: int,
+        shard: ShardIdent,
+    ) -> None:
+        self._registry = registry
+        self._rw = rw
+        self._lock = lock
+        self._thread = thread
+        self._shard = shard
+        self._released = False
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        self._registry._forget(self._thread, self._shard)
+        self._lock.release()
+        self._rw.release_read()
+
+
+class PendingDiff:
+    """A diff that passed every check and is staged in one batch, not yet written.
+
+    ``write()`` writes it atomically; ``discard()`` drops it. Either releases the locks;
+    using the object afterwards raises ``ImqError``. As a context manager it discards on
+    exit unless written.
+    """
+
+    __slots__ = ("_guard", "_queue", "_state", "block", "messages", "txn")
+
+    def __init__(
+        self,
+        queue: Queue,
+        txn: Transaction,
+        guard: LockGuard,
+        block: BlockIdShort,
+        messages: int,
+    ) -> None:
+        self._queue = queue
+        self.txn = txn
+        self._guard = guard
+        self.block = block
+        self.messages = messages
+        self._state = "pending"
+
+    @property
+    def state(self) -> str:
+        """``pending``, ``written``, ``discarded`` or ``failed``."""
+        return self._state
+
+    def _finish(self, state: str) -> None:
+        if self._state != "pending":
+            raise ImqError(f"pending diff of block {self.block} was already {self._state}")
+        self._state = state
+
+    def write(self) -> None:
+        self._finish("failed")
+        try:
+            self._queue._write_pending(self)
+            self._state = "written"
+        finally:
+            self._guard.release()
+
+    def discard(self) -> None:
+        self._finish("discarded")
+        self._guard.release()
+
+    def __enter__(self) -> PendingDiff:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._state == "pending":
+            self.discard()

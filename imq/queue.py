@@ -1,0 +1,440 @@
+"""The facade: one queue over one RocksDB directory.
+
+Only locks, argument checks and orchestration live here; the work is done by
+:mod:`imq.apply` (checks and rows of a diff), :mod:`imq.commit` (commit planning),
+:mod:`imq.delete` (clear and GC deletes), :mod:`imq.reads` and :mod:`imq.iterator`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from imq import apply, reads
+from imq.commit import plan_commit, stage_commit
+from imq.config import QueueConfig
+from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_scan
+from imq.diff import DiffStatistics, QueueDiff
+from imq.errors import QueueClosedError, StartupError
+from imq.iterator import QueueIterator
+from imq.locks import RWLock, ShardLocks
+from imq.observability import Metrics, get_logger
+from imq.pending import PendingDiff, PendingRegistry
+from imq.storage import Store, StoreOptions, Table
+from imq.types import (
+    BlockId,
+    BlockIdShort,
+    CommitPointer,
+    DiffInfo,
+    DiffZone,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+    TopBlock,
+    check_partition,
+)
+
+__all__ = ["Queue"]
+
+_DEFAULT_PARTITIONS = (0, 1)
+
+
+def _partitions(partitions: Iterable[int]) -> frozenset[int]:
+    return frozenset(check_partition(p) for p in partitions)
+
+
+def _check_type(name: str, value: object, expected: type) -> None:
+    if not isinstance(value, expected):
+        raise TypeError(f"{name} must be a {expected.__name__}, got {type(value).__name__}")
+
+
+class Queue:
+    """The internal message queue. Open with :meth:`Queue.open`; close with :meth:`close`."""
+
+    def __init__(
+        self, store: Store, config: QueueConfig, zerostate_seqno: int
+    ) -> None:  # use Queue.open
+        self._store = store
+        self._config = config
+        self._zerostate_seqno = zerostate_seqno
+        self._rw = RWLock()
+        self._shard_locks = ShardLocks()
+        self._pending = PendingRegistry()
+        self._close_lock = threading.Lock()
+        self.metrics = Metrics()
+        self._log = get_logger("queue", db=str(store.path))
+        reads.load_caches(store)
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        config: QueueConfig | None = None,
+        *,
+        zerostate_seqno: int = 0,
+    ) -> Queue:
+        """Open (creating if missing) the queue database in directory ``path``."""
+        config = config if config is not None else QueueConfig()
+        _check_type("config", config, QueueConfig)
+        if not isinstance(zerostate_seqno, int) or not 0 <= zerostate_seqno <= 0xFFFF_FFFF:
+            raise ValueError(f"zerostate_seqno must be a u32, got {zerostate_seqno!r}")
+        store = Store(
+            Path(path),
+            StoreOptions(
+                block_cache_size=config.block_cache_size,
+                write_buffer_size=config.write_buffer_size,
+                max_background_jobs=config.max_background_jobs,
+            ),
+        )
+        try:
+            queue = cls(store, config, zerostate_seqno)
+        except BaseException:
+            store.close()
+            raise
+        queue._log.info("queue_opened", pointers=len(queue._store.cached("pointers")))
+        return queue
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        return self._store.path
+
+    @property
+    def closed(self) -> bool:
+        return self._store.closed
+
+    def close(self) -> None:
+        """Close the database (idempotent). Open iterators stop with ``QueueClosedError``."""
+        with self._close_lock:
+            if self._store.closed:
+                return
+            self._store.close()
+            self._log.info("queue_closed")
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._store.closed:
+            raise QueueClosedError(f"queue {self._store.path} is closed")
+
+    # -- applying diffs -----------------------------------------------------------------------
+
+    def prepare_diff(
+        self,
+        diff: QueueDiff,
+        block: BlockIdShort,
+        diff_hash: bytes,
+        statistics: DiffStatistics | None = None,
+        check_sequence: DiffZone | None = None,
+    ) -> PendingDiff | None:
+        """Run every pre-write check and stage the diff; ``None`` if it is already applied
+        (same hash) or skipped by the sequence rule. Locks are held until the pending
+        diff is written or discarded."""
+        self._check_open()
+        stats = self._check_diff_args(diff, block, diff_hash, statistics, check_sequence)
+        with self.metrics.time("prepare_diff"):
+            return self._prepare(diff, block, diff_hash, stats, check_sequence)
+
+    def apply_diff(
+        self,
+        diff: QueueDiff,
+        block: BlockIdShort,
+        diff_hash: bytes,
+        statistics: DiffStatistics | None = None,
+        check_sequence: DiffZone | None = None,
+    ) -> bool:
+        """Prepare and write at once; ``True`` if written, ``False`` if it was a no-op."""
+        self._check_open()
+        stats = self._check_diff_args(diff, block, diff_hash, statistics, check_sequence)
+        with self.metrics.time("apply_diff"):
+            pending = self._prepare(diff, block, diff_hash, stats, check_sequence)
+            if pending is None:
+                return False
+            pending.write()
+            return True
+
+    def _check_diff_args(
+        self,
+        diff: QueueDiff,
+        block: BlockIdShort,
+        diff_hash: bytes,
+        statistics: DiffStatistics | None,
+        check_sequence: DiffZone | None,
+    ) -> DiffStatistics:
+        _check_type("diff", diff, QueueDiff)
+        _check_type("block", block, BlockIdShort)
+        if not isinstance(diff_hash, bytes) or len(diff_hash) != 32:
+            raise ValueError("diff_hash must be 32 bytes")
+        if check_sequence is not None:
+            _check_type("check_sequence", check_sequence, DiffZone)
+        if statistics is None:
+            return DiffStatistics.from_diff(
+                diff,
+                block.shard,
+                diff.min_message or QueueKey.MIN,
+                diff.max_message or QueueKey.MIN,
+            )
+        _check_type("statistics", statistics, DiffStatistics)
+        if statistics.shard != block.shard:
+            raise ValueError(f"statistics are for shard {statistics.shard}, the block is {block}")
+        return statistics
+
+    def _prepare(
+        self,
+        diff: QueueDiff,
+        block: BlockIdShort,
+        diff_hash: bytes,
+        stats: DiffStatistics,
+        check_sequence: DiffZone | None,
+    ) -> PendingDiff | None:
+        guard = self._pending.acquire(self._rw, self._shard_locks, block.shard)
+        try:
+            scans = [apply.last_seqno_scan(block.shard)] if check_sequence else []
+            with self._store.snapshot(points=[Table.DIFF_INFO], scans=scans) as snap:
+                if apply.check_duplicate(snap, block, diff_hash) or (
+                    check_sequence is not None
+                    and apply.check_sequence(snap, 0, block, check_sequence)
+                ):
+                    self.metrics.inc("diffs_skipped")
+                    self._log.debug("diff_skipped", block=str(block))
+                    guard.release()
+                    return None
+                apply.check_above_pointer(snap.cache["pointers"].get(block.shard), block, diff)
+            txn = self._store.transaction()
+            apply.stage_diff(txn, diff, block, diff_hash, stats)
+        except BaseException:
+            guard.release()
+            raise
+        return PendingDiff(self, txn, guard, block, len(diff.messages))
+
+    def _write_pending(self, pending: PendingDiff) -> None:
+        """Called by ``PendingDiff.write`` while it still holds the locks."""
+        self._check_open()
+        with self.metrics.time("write_diff"):
+            self._store.write(pending.txn)
+        self.metrics.inc("diffs_applied")
+        self.metrics.inc("messages_written", pending.messages)
+        self._log.info(
+            "diff_applied",
+            shard=str(pending.block.shard),
+            seqno=pending.block.seqno,
+            messages=pending.messages,
+        )
+
+    # -- commit, clear, startup ---------------------------------------------------------------
+
+    def commit_diff(
+        self, top_blocks: Sequence[TopBlock], partitions: Iterable[int] = _DEFAULT_PARTITIONS
+    ) -> bool:
+        """Commit the queue on the masterchain block in ``top_blocks``; ``False`` if an
+        equal or later masterchain block was already committed."""
+        self._check_open()
+        tops = list(top_blocks)
+        for top in tops:
+            _check_type("top block", top, TopBlock)
+        parts = _partitions(partitions)
+        self._pending.check_no_pending("commit_diff")
+        with self.metrics.time("commit_diff"), self._rw.write_locked():
+            self._check_open()
+            with self._store.snapshot(points=[Table.DIFF_INFO]) as snap:
+                plan = plan_commit(
+                    tops,
+                    sorted(parts),
+                    pointers=snap.cache["pointers"],
+                    record=snap.cache["commit_record"],
+                    gc_requested=snap.cache["gc_requested"],
+                    find_diff=lambda shard, seqno: reads.diff_info(snap, shard, seqno),
+                    zerostate_seqno=self._zerostate_seqno,
+                )
+            if plan is None:
+                self.metrics.inc("commits_skipped")
+                self._log.debug("commit_skipped", mc_block=str(_mc_of(tops)))
+                return False
+            txn = self._store.transaction()
+            stage_commit(txn, plan)
+            self._store.write(txn, sync=self._config.sync_commits)
+        self.metrics.inc("commits")
+        self._log.info(
+            "diff_committed",
+            mc_block=str(plan.mc_block),
+            pointers={str(s): f"{p.key}@{p.seqno}" for s, p in sorted(plan.moved.items())},
+        )
+        return True
+
+    def clear_uncommitted_state(
+        self, partitions: Iterable[int] = _DEFAULT_PARTITIONS, top_shards: Iterable[ShardIdent] = ()
+    ) -> None:
+        """Delete everything above the commit pointers; shards without a pointer are cleared
+        entirely when listed in ``top_shards`` and left alone otherwise."""
+        self._check_open()
+        parts = _partitions(partitions)
+        tops = list(top_shards)
+        for shard in tops:
+            _check_type("top shard", shard, ShardIdent)
+        self._pending.check_no_pending("clear_uncommitted_state")
+        with self.metrics.time("clear_uncommitted_state"):
+            deleted, compact = self._clear(parts, tops)
+            if self._config.compact_after_delete and not self._store.closed:
+                self._store.compact(compact)  # D9: after the locks are released
+        self.metrics.inc("uncommitted_cleared")
+        self._log.info(
+            "uncommitted_cleared",
+            shards={str(d.shard): list(d.seqnos) for d in deleted if d.seqnos},
+            diffs=sum(len(d.seqnos) for d in deleted),
+            messages=sum(d.messages for d in deleted),
+        )
+
+    def _clear(
+        self, parts: frozenset[int], tops: list[ShardIdent]
+    ) -> tuple[list[DeletedDiffs], list[tuple[Table, bytes, bytes]]]:
+        with self._rw.write_locked():
+            self._check_open()
+            pointers: dict[ShardIdent, CommitPointer] = self._store.cached("pointers")
+            ranges = []
+            for shard in sorted({*pointers, *tops}):
+                pointer = pointers.get(shard)
+                if pointer is not None and pointer.key == QueueKey.MAX:
+                    continue
+                first = QueueKey.MIN if pointer is None else pointer.key.next_value()
+                ranges.append(DeleteRange(shard, first, QueueKey.MAX, parts, True))
+            scans = [tail_scan(r) for r in ranges]
+            txn = self._store.transaction()
+            with self._store.snapshot(points=[Table.DIFF_INFO], scans=scans) as snap:
+                deleted = [stage_delete(snap, i, txn, r) for i, r in enumerate(ranges)]
+            self._store.write(txn)
+            return deleted, txn.deleted_ranges
+
+    def startup(
+        self,
+        last_applied_mc_block: BlockId,
+        top_shards: Iterable[ShardIdent],
+        partitions: Iterable[int] = _DEFAULT_PARTITIONS,
+    ) -> None:
+        """The node-start sequence: check the last committed masterchain block against the
+        last applied one, then clear the uncommitted zone. A failed check changes nothing."""
+        self._check_open()
+        _check_type("last_applied_mc_block", last_applied_mc_block, BlockId)
+        tops = list(top_shards)
+        with self.metrics.time("startup"):
+            committed = self.get_last_committed_mc_block_id()
+            if committed is not None and not (
+                committed == last_applied_mc_block or committed.seqno < last_applied_mc_block.seqno
+            ):
+                raise StartupError(
+                    f"the queue was committed on masterchain block {committed}, which is ahead "
+                    f"of the last applied block {last_applied_mc_block}"
+                )
+            self.clear_uncommitted_state(partitions, tops)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def iterator(
+        self, partition: int, ranges: Sequence[QueueShardRange], for_shard: ShardIdent
+    ) -> QueueIterator:
+        """Messages of ``partition`` from the source shards of ``ranges``, merged by key,
+        only those whose destination ``for_shard`` contains."""
+        self._check_open()
+        check_partition(partition)
+        _check_type("for_shard", for_shard, ShardIdent)
+        ranges = list(ranges)
+        with self.metrics.time("iterator_create"):
+            scans = reads.message_scans(partition, ranges)
+            snap = self._store.snapshot(scans=scans)
+            it = QueueIterator(snap, ranges, for_shard, self._iterator_done)
+            self._store.register(it)
+        return it
+
+    def _iterator_done(self, yielded: int, skipped: int) -> None:
+        self.metrics.inc("messages_iterated", yielded)
+        self.metrics.inc("messages_skipped_by_iterator", skipped)
+
+    def get_diff_info(
+        self, shard: ShardIdent, seqno: int, zone: DiffZone = DiffZone.BOTH
+    ) -> DiffInfo | None:
+        self._check_open()
+        reads.check_block(shard, seqno)
+        _check_type("zone", zone, DiffZone)
+        with (
+            self.metrics.time("get_diff_info"),
+            self._store.snapshot(points=[Table.DIFF_INFO]) as snap,
+        ):
+            return reads.diff_info(snap, shard, seqno, zone)
+
+    def is_diff_exists(self, block: BlockIdShort) -> bool:
+        self._check_open()
+        _check_type("block", block, BlockIdShort)
+        with (
+            self.metrics.time("is_diff_exists"),
+            self._store.snapshot(points=[Table.DIFF_INFO]) as snap,
+        ):
+            return reads.diff_info(snap, block.shard, block.seqno) is not None
+
+    def get_diffs_tail_len(self, shard: ShardIdent, from_key: QueueKey) -> int:
+        """Number of stored diffs of ``shard`` (either zone) with ``max_message >= from_key``."""
+        self._check_open()
+        _check_type("shard", shard, ShardIdent)
+        _check_type("from_key", from_key, QueueKey)
+        scan = reads.tail_len_scan(shard, from_key)
+        with self.metrics.time("get_diffs_tail_len"), self._store.snapshot(scans=[scan]) as snap:
+            return sum(1 for _ in snap.cursors[0])
+
+    def load_diff_statistics(self, partition: int, range: QueueShardRange) -> dict[Any, int]:
+        """Per destination account: messages of diffs whose ``max_message`` is in ``range``."""
+        self._check_open()
+        check_partition(partition)
+        _check_type("range", range, QueueShardRange)
+        scan = reads.stats_scan(partition, range)
+        with self.metrics.time("load_diff_statistics"), self._store.snapshot(scans=[scan]) as snap:
+            return reads.sum_statistics(snap.cursors[0])
+
+    def load_separated_diff_statistics(
+        self, partitions: Iterable[int], range: QueueShardRange
+    ) -> dict[int, dict[QueueKey, dict[Any, int]]]:
+        """partition -> diff max_message -> account -> count; every partition present."""
+        self._check_open()
+        parts = sorted(_partitions(partitions))
+        _check_type("range", range, QueueShardRange)
+        with self.metrics.time("load_separated_diff_statistics"):
+            scans = [reads.stats_scan(p, range) for p in parts]
+            with self._store.snapshot(scans=scans) as snap:
+                return {p: reads.group_statistics(snap.cursors[i]) for i, p in enumerate(parts)}
+
+    def get_last_committed_mc_block_id(self) -> BlockId | None:
+        self._check_open()
+        with self.metrics.time("get_last_committed_mc_block_id"):
+            block: BlockId | None = self._store.cached("last_mc_block")
+            return block
+
+    def get_commit_pointers(self) -> dict[ShardIdent, CommitPointer]:
+        self._check_open()
+        with self.metrics.time("get_commit_pointers"):
+            return dict(self._store.cached("pointers"))
+
+    def get_last_applied_seqno(self, shard: ShardIdent) -> int | None:
+        """Highest seqno with a stored diff of ``shard``, either zone."""
+        self._check_open()
+        _check_type("shard", shard, ShardIdent)
+        scan = apply.last_seqno_scan(shard)
+        with (
+            self.metrics.time("get_last_applied_seqno"),
+            self._store.snapshot(scans=[scan]) as snap,
+        ):
+            return apply.last_seqno(snap, 0)
+
+
+def _mc_of(tops: Sequence[TopBlock]) -> BlockId | None:
+    return next((t.block_id for t in tops if t.block_id.is_masterchain), None)

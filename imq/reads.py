@@ -1,0 +1,116 @@
+"""Read helpers of the facade: diff infos by zone, scans for tail lengths and statistics,
+and the caches loaded at open."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from imq.storage import Scan, Snapshot, Store, Table, codec
+from imq.types import (
+    U32_MAX,
+    Address,
+    CommitPointer,
+    DiffInfo,
+    DiffZone,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+)
+from imq.zones import in_zone
+
+__all__ = [
+    "check_block",
+    "diff_info",
+    "group_statistics",
+    "load_caches",
+    "message_scans",
+    "stats_scan",
+    "sum_statistics",
+    "tail_len_scan",
+]
+
+
+def load_caches(store: Store) -> None:
+    """Fill the in-memory caches (D14) from the small tables, once at open."""
+    pointers: dict[ShardIdent, CommitPointer] = dict(
+        codec.decode_pointer(k, v) for k, v in store.load_table(Table.COMMIT_POINTERS)
+    )
+    raw_mc = store.get_latest(Table.VARS, codec.LAST_COMMITTED_MC_BLOCK)
+    raw_record = store.get_latest(Table.VARS, codec.COMMIT_RECORD)
+    raw_requested = store.get_latest(Table.VARS, codec.GC_REQUESTED)
+    raw_executed = store.get_latest(Table.VARS, codec.GC_EXECUTED)
+    store.publish(
+        {
+            "pointers": pointers,
+            "last_mc_block": None if raw_mc is None else codec.decode_block_id(raw_mc),
+            "commit_record": {} if raw_record is None else codec.decode_commit_record(raw_record),
+            "gc_requested": {}
+            if raw_requested is None
+            else codec.decode_gc_bounds(codec.GC_REQUESTED, raw_requested),
+            "gc_executed": {}
+            if raw_executed is None
+            else codec.decode_gc_bounds(codec.GC_EXECUTED, raw_executed),
+        }
+    )
+
+
+def check_block(shard: ShardIdent, seqno: int) -> None:
+    if type(shard) is not ShardIdent:
+        raise TypeError(f"shard must be a ShardIdent, got {type(shard).__name__}")
+    if not isinstance(seqno, int) or isinstance(seqno, bool):
+        raise TypeError(f"seqno must be an int, got {type(seqno).__name__}")
+    if not 0 <= seqno <= U32_MAX:
+        raise ValueError(f"seqno must be a u32, got {seqno}")
+
+
+def diff_info(
+    snap: Snapshot, shard: ShardIdent, seqno: int, zone: DiffZone = DiffZone.BOTH
+) -> DiffInfo | None:
+    key = codec.diff_info_key(shard, seqno)
+    raw = snap.get(Table.DIFF_INFO, key)
+    if raw is None:
+        return None
+    info = codec.decode_diff_info(key, raw)
+    return info if in_zone(info, snap.cache["pointers"].get(shard), zone) else None
+
+
+def message_scans(partition: int, ranges: Sequence[QueueShardRange]) -> list[Scan]:
+    seen: set[ShardIdent] = set()
+    scans = []
+    for r in ranges:
+        if type(r) is not QueueShardRange:
+            raise TypeError(f"ranges must hold QueueShardRange values, got {type(r).__name__}")
+        if r.shard in seen:
+            raise ValueError(f"two ranges name the source shard {r.shard}")
+        seen.add(r.shard)
+        lo, hi = codec.message_range(partition, r.shard, r.from_key, r.to_key)
+        scans.append(Scan(Table.MESSAGES, lo, max(lo, hi)))
+    return scans
+
+
+def tail_len_scan(shard: ShardIdent, from_key: QueueKey) -> Scan:
+    lo, hi = codec.tail_range(shard, from_key)
+    return Scan(Table.DIFF_TAIL, lo, hi, keys_only=True)
+
+
+def stats_scan(partition: int, r: QueueShardRange) -> Scan:
+    lo, hi = codec.stat_range(r.shard, partition, r.from_key, r.to_key)
+    return Scan(Table.STATISTICS, lo, max(lo, hi))
+
+
+def sum_statistics(rows: Iterable[Any]) -> dict[Address, int]:
+    totals: dict[Address, int] = {}
+    for key, value in rows:
+        _max_message, dst, count = codec.decode_stat_row(key, value)
+        totals[dst] = totals.get(dst, 0) + count
+    return totals
+
+
+def group_statistics(rows: Iterable[Any]) -> dict[QueueKey, dict[Address, int]]:
+    grouped: dict[QueueKey, dict[Address, int]] = {}
+    for key, value in rows:
+        max_message, dst, count = codec.decode_stat_row(key, value)
+        bucket = grouped.setdefault(max_message, {})
+        bucket[dst] = bucket.get(dst, 0) + count
+    return grouped

@@ -1,0 +1,101 @@
+"""The partition router: which partition a message goes to, by its addresses.
+
+Lookup order (SEMANTICS §12): the destination map, then the source map, then the
+default partition 0. Partition 0 is implicit and can never be inserted into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from imq.types import DEFAULT_PARTITION, Address, check_partition
+
+__all__ = ["PartitionRouter"]
+
+
+def _check_address(address: object) -> Address:
+    if type(address) is not Address:
+        raise TypeError(f"router addresses must be Address values, got {type(address).__name__}")
+    return address
+
+
+class PartitionRouter:
+    """Maps source and destination accounts to partitions. The one mutable value type."""
+
+    __slots__ = ("_dst", "_src")
+
+    def __init__(
+        self,
+        src: Mapping[int, Iterable[Address]] | None = None,
+        dst: Mapping[int, Iterable[Address]] | None = None,
+    ) -> None:
+        self._src: dict[Address, int] = {}
+        self._dst: dict[Address, int] = {}
+        # Ascending partition order: when an address is listed twice in one half,
+        # the highest partition wins, as in the original.
+        for partition in sorted((src or {}).keys()):
+            for address in (src or {})[partition]:
+                self.insert_src(address, partition)
+        for partition in sorted((dst or {}).keys()):
+            for address in (dst or {})[partition]:
+                self.insert_dst(address, partition)
+
+    @staticmethod
+    def _check_target(partition: int) -> int:
+        check_partition(partition)
+        if partition == DEFAULT_PARTITION:
+            raise ValueError("cannot insert into the default partition 0")
+        return partition
+
+    def insert_src(self, address: Address, partition: int) -> None:
+        """Route messages *from* ``address`` to ``partition`` (unless the destination is routed)."""
+        self._src[_check_address(address)] = self._check_target(partition)
+
+    def insert_dst(self, address: Address, partition: int) -> None:
+        """Route messages *to* ``address`` to ``partition``."""
+        self._dst[_check_address(address)] = self._check_target(partition)
+
+    def partition_for(self, src: Address | None, dst: Address) -> int:
+        partition = self._dst.get(dst)
+        if partition is not None:
+            return partition
+        if src is not None:
+            return self._src.get(src, DEFAULT_PARTITION)
+        return DEFAULT_PARTITION
+
+    @property
+    def is_empty(self) -> bool:
+        return not self._src and not self._dst
+
+    @staticmethod
+    def _group(mapping: Mapping[Address, int]) -> dict[int, frozenset[Address]]:
+        grouped: dict[int, set[Address]] = {}
+        for address, partition in mapping.items():
+            grouped.setdefault(partition, set()).add(address)
+        return {p: frozenset(grouped[p]) for p in sorted(grouped)}
+
+    def src_partitions(self) -> dict[int, frozenset[Address]]:
+        return self._group(self._src)
+
+    def dst_partitions(self) -> dict[int, frozenset[Address]]:
+        return self._group(self._dst)
+
+    def partitions(self) -> frozenset[int]:
+        """Every partition a message routed by this router can land in (0 included)."""
+        return frozenset((DEFAULT_PARTITION, *self._src.values(), *self._dst.values()))
+
+    def copy(self) -> PartitionRouter:
+        clone = PartitionRouter()
+        clone._src = dict(self._src)
+        clone._dst = dict(self._dst)
+        return clone
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PartitionRouter):
+            return NotImplemented
+        return self._src == other._src and self._dst == other._dst
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        return f"PartitionRouter(src={self.src_partitions()!r}, dst={self.dst_partitions()!r})"

@@ -1,0 +1,10 @@
+"""Storage: the only package that imports rocksdict.
+
+``tables`` declares the column families, ``codec`` owns every byte layout, ``rocks``
+opens the database and provides atomic transactions and consistent snapshots.
+"""
+
+from imq.storage.rocks import Cursor, Scan, Snapshot, Store, Transaction
+from imq.storage.tables import TABLES, StoreOptions, Table
+
+__all__ = ["TABLES", "Cursor", "Scan", "Snapshot", "Store", "StoreOptions", "Table", "Transaction"]

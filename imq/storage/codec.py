@@ -1,0 +1,467 @@
+"""Every byte layout of the database: keys, values, range bounds. Nothing else packs bytes.
+
+Keys are fixed-width big-endian so that byte order equals logical order (D1):
+signed numbers are stored offset-binary (value + 2**(bits-1)), so the masterchain
+(-1) sorts before the basechain (0) and workchain -128 before 127. Variable records
+(diff infos, the commit record, GC bounds) are msgpack positional arrays whose first
+element is a record version.
+
+Speed note: ``message_rows`` and the iterator's decoder are the per-message hot paths;
+they use precomputed prefixes and byte tables instead of ``struct`` calls.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import lru_cache
+from typing import Any
+
+import msgpack
+
+from imq.errors import CorruptDataError
+from imq.types import (
+    Address,
+    BlockId,
+    CommitPointer,
+    DiffInfo,
+    Message,
+    QueueKey,
+    ShardIdent,
+    _trusted_queue_key,
+    check_partition,
+)
+
+__all__ = [
+    "COMMIT_RECORD",
+    "GC_EXECUTED",
+    "GC_REQUESTED",
+    "LAST_COMMITTED_MC_BLOCK",
+    "MESSAGE_KEY_LEN",
+    "MESSAGE_VALUE_HEADER_LEN",
+    "SCHEMA_VERSION",
+    "SCHEMA_VERSION_KEY",
+]
+
+SCHEMA_VERSION = 1
+_RECORD_VERSION = 1
+
+# vars table keys
+SCHEMA_VERSION_KEY = b"schema_version"
+LAST_COMMITTED_MC_BLOCK = b"last_committed_mc_block_id"
+COMMIT_RECORD = b"commit_record"
+GC_REQUESTED = b"gc_requested"
+GC_EXECUTED = b"gc_executed"
+
+SHARD_LEN = 12
+KEY_LEN = 40
+ADDRESS_LEN = 33
+MESSAGE_PREFIX_LEN = 2 + SHARD_LEN
+MESSAGE_KEY_LEN = MESSAGE_PREFIX_LEN + KEY_LEN  # 54
+MESSAGE_VALUE_HEADER_LEN = 2 * ADDRESS_LEN  # dst then src
+STAT_PREFIX_LEN = SHARD_LEN + 2 + KEY_LEN  # 54
+STAT_KEY_LEN = STAT_PREFIX_LEN + 4 + ADDRESS_LEN  # 91
+TAIL_KEY_LEN = SHARD_LEN + KEY_LEN + 4  # 56
+DIFF_INFO_KEY_LEN = SHARD_LEN + 4  # 16
+
+_SHARD = struct.Struct(">IQ")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_I32_OFFSET = 1 << 31
+_WC_BYTE = {wc: bytes((wc + 128,)) for wc in range(-128, 128)}
+
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Primitives
+
+
+@lru_cache(maxsize=4096)
+def shard_bytes(shard: ShardIdent) -> bytes:
+    return _SHARD.pack(shard.workchain + _I32_OFFSET, shard.prefix)
+
+
+def decode_shard(data: bytes) -> ShardIdent:
+    """Decode 12 shard bytes; raises ``ValueError`` on an invalid shard."""
+    offset_wc, prefix = _SHARD.unpack(data)
+    return ShardIdent(offset_wc - _I32_OFFSET, prefix)
+
+
+def key_bytes(key: QueueKey) -> bytes:
+    return key[0].to_bytes(8, "big") + key[1]
+
+
+def decode_key(data: bytes) -> QueueKey:
+    if len(data) != KEY_LEN:
+        raise ValueError(f"a queue key is {KEY_LEN} bytes, got {len(data)}")
+    return _trusted_queue_key(int.from_bytes(data[:8], "big"), data[8:])
+
+
+def address_bytes(address: Address) -> bytes:
+    return _WC_BYTE[address[0]] + address[1]
+
+
+def decode_address(data: bytes) -> Address:
+    if len(data) != ADDRESS_LEN:
+        raise ValueError(f"an address is {ADDRESS_LEN} bytes, got {len(data)}")
+    return Address(data[0] - 128, data[1:])
+
+
+def workchain_byte(workchain: int) -> int | None:
+    """The stored header byte of an address in ``workchain``; ``None`` outside i8."""
+    return workchain + 128 if -128 <= workchain <= 127 else None
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The smallest byte string greater than every string that starts with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        raise ValueError("a prefix of only 0xff bytes has no finite end")
+    return stripped[:-1] + bytes((stripped[-1] + 1,))
+
+
+def _inclusive_end(prefix: bytes, key: QueueKey) -> bytes:
+    """Exclusive upper bound covering every key in ``prefix`` up to ``key`` inclusive."""
+    if key == QueueKey.MAX:
+        return prefix_end(prefix)
+    return prefix + key_bytes(key.next_value())
+
+
+# ---------------------------------------------------------------------------------------------
+# messages
+
+
+def message_prefix(partition: int, shard: ShardIdent) -> bytes:
+    return _U16.pack(partition) + shard_bytes(shard)
+
+
+def message_key(partition: int, shard: ShardIdent, key: QueueKey) -> bytes:
+    return message_prefix(partition, shard) + key_bytes(key)
+
+
+def message_range(
+    partition: int, shard: ShardIdent, from_key: QueueKey, to_key: QueueKey
+) -> tuple[bytes, bytes]:
+    """``[from_key, to_key)`` of one (partition, source shard)."""
+    prefix = message_prefix(partition, shard)
+    return prefix + key_bytes(from_key), prefix + key_bytes(to_key)
+
+
+def message_delete_range(
+    partition: int, shard: ShardIdent, first: QueueKey, last: QueueKey
+) -> tuple[bytes, bytes]:
+    """``[first, last]`` inclusive, as a half-open byte range for ``delete_range``."""
+    prefix = message_prefix(partition, shard)
+    return prefix + key_bytes(first), _inclusive_end(prefix, last)
+
+
+def message_rows(
+    shard: ShardIdent,
+    messages: Iterable[Message],
+    partition_for: Callable[[Address, Address], int] | None,
+) -> Iterator[tuple[bytes, bytes]]:
+    """(key, value) rows for ``messages`` of source ``shard``; ``partition_for=None`` puts
+    every message in partition 0."""
+    wc_byte = _WC_BYTE
+    shard_b = shard_bytes(shard)
+    prefixes: dict[int, bytes] = {}
+    default_prefix = _U16.pack(0) + shard_b
+    for key, src, dst, body in messages:
+        if partition_for is None:
+            prefix = default_prefix
+        else:
+            partition = partition_for(src, dst)
+            prefix = prefixes.get(partition) or prefixes.setdefault(
+                partition, _U16.pack(partition) + shard_b
+            )
+        yield (
+            prefix + key[0].to_bytes(8, "big") + key[1],
+            b"".join((wc_byte[dst[0]], dst[1], wc_byte[src[0]], src[1], body)),
+        )
+
+
+def decode_message(raw_key: bytes, value: bytes) -> Message:
+    """Rebuild a message from its stored row (the caller checked the lengths)."""
+    return Message(
+        decode_key(raw_key[MESSAGE_PREFIX_LEN:]),
+        decode_address(value[ADDRESS_LEN : 2 * ADDRESS_LEN]),
+        decode_address(value[:ADDRESS_LEN]),
+        value[2 * ADDRESS_LEN :],
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics
+
+
+def stat_prefix(shard: ShardIdent, partition: int, max_message: QueueKey) -> bytes:
+    return shard_bytes(shard) + _U16.pack(partition) + key_bytes(max_message)
+
+
+def stat_key(
+    shard: ShardIdent, partition: int, max_message: QueueKey, seqno: int, dst: Address
+) -> bytes:
+    return stat_prefix(shard, partition, max_message) + _U32.pack(seqno) + address_bytes(dst)
+
+
+def stat_range(
+    shard: ShardIdent, partition: int, from_key: QueueKey, to_key: QueueKey
+) -> tuple[bytes, bytes]:
+    """Rows of diffs whose max_message lies in ``[from_key, to_key)`` (clean prefix bounds)."""
+    return stat_prefix(shard, partition, from_key), stat_prefix(shard, partition, to_key)
+
+
+def stat_rows_of_diff(
+    shard: ShardIdent, partition: int, max_message: QueueKey, seqno: int
+) -> tuple[bytes, bytes]:
+    """Every statistics row of one diff in one partition, as a half-open byte range."""
+    prefix = stat_prefix(shard, partition, max_message) + _U32.pack(seqno)
+    return prefix, prefix_end(prefix)
+
+
+def stat_value(count: int) -> bytes:
+    return _U64.pack(count)
+
+
+def stat_rows(
+    shard: ShardIdent,
+    partition: int,
+    max_message: QueueKey,
+    seqno: int,
+    counts: Mapping[Address, int],
+) -> Iterator[tuple[bytes, bytes]]:
+    """The statistics rows of one diff in one partition."""
+    prefix = stat_prefix(shard, partition, max_message) + _U32.pack(seqno)
+    pack = _U64.pack
+    wc_byte = _WC_BYTE
+    for dst, count in counts.items():
+        yield prefix + wc_byte[dst[0]] + dst[1], pack(count)
+
+
+def stat_delete_range(
+    shard: ShardIdent, partition: int, first: QueueKey, last: QueueKey
+) -> tuple[bytes, bytes]:
+    """Every row of diffs with ``first <= max_message <= last`` (clean prefix bounds, D4)."""
+    prefix = shard_bytes(shard) + _U16.pack(partition)
+    return prefix + key_bytes(first), _inclusive_end(prefix, last)
+
+
+def decode_stat_row(key: bytes, value: bytes) -> tuple[QueueKey, Address, int]:
+    """(diff max_message, destination, count) of a statistics row."""
+    try:
+        if len(key) != STAT_KEY_LEN or len(value) != 8:
+            raise ValueError(f"bad lengths: key {len(key)} B, value {len(value)} B")
+        max_message = decode_key(key[SHARD_LEN + 2 : STAT_PREFIX_LEN])
+        dst = decode_address(key[STAT_PREFIX_LEN + 4 :])
+        return max_message, dst, _U64.unpack(value)[0]
+    except ValueError as exc:
+        raise CorruptDataError("statistics", key, str(exc)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# diff tail
+
+
+def tail_key(shard: ShardIdent, max_message: QueueKey, seqno: int) -> bytes:
+    return shard_bytes(shard) + key_bytes(max_message) + _U32.pack(seqno)
+
+
+def tail_range(shard: ShardIdent, from_key: QueueKey) -> tuple[bytes, bytes]:
+    """Tail rows of ``shard`` with max_message >= ``from_key`` (up to and including MAX)."""
+    prefix = shard_bytes(shard)
+    return prefix + key_bytes(from_key), prefix_end(prefix)
+
+
+def tail_range_inclusive(shard: ShardIdent, first: QueueKey, last: QueueKey) -> tuple[bytes, bytes]:
+    """Tail rows of ``shard`` with ``first <= max_message <= last``."""
+    prefix = shard_bytes(shard)
+    return prefix + key_bytes(first), _inclusive_end(prefix, last)
+
+
+def decode_tail_key(key: bytes) -> tuple[QueueKey, int]:
+    """(max_message, seqno) of a diff-tail row."""
+    if len(key) != TAIL_KEY_LEN:
+        raise CorruptDataError("diff_tail", key, f"a tail key is {TAIL_KEY_LEN} bytes")
+    max_message = decode_key(key[SHARD_LEN : SHARD_LEN + KEY_LEN])
+    return max_message, _U32.unpack(key[SHARD_LEN + KEY_LEN :])[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# diff info
+
+
+def diff_info_key(shard: ShardIdent, seqno: int) -> bytes:
+    return shard_bytes(shard) + _U32.pack(seqno)
+
+
+def diff_info_shard_range(shard: ShardIdent) -> tuple[bytes, bytes]:
+    prefix = shard_bytes(shard)
+    return prefix, prefix_end(prefix)
+
+
+def decode_diff_info_seqno(key: bytes) -> int:
+    if len(key) != DIFF_INFO_KEY_LEN:
+        raise CorruptDataError("diff_info", key, f"a diff-info key is {DIFF_INFO_KEY_LEN} bytes")
+    return int(_U32.unpack(key[SHARD_LEN:])[0])
+
+
+def _router_rows(partitions: Mapping[int, frozenset[Address]]) -> list[list[Any]]:
+    return [[p, sorted(address_bytes(a) for a in partitions[p])] for p in sorted(partitions)]
+
+
+def diff_info_value(info: DiffInfo, partitions: Iterable[int]) -> bytes:
+    """The stored record of a diff. ``partitions`` lists every partition the diff wrote
+    messages or statistics into, so deletes can find all of its rows."""
+    return bytes(
+        _pack(
+            [
+                _RECORD_VERSION,
+                key_bytes(info.min_message),
+                key_bytes(info.max_message),
+                [[shard_bytes(s), c] for s, c in sorted(info.shards_messages_count.items())],
+                info.hash,
+                [[shard_bytes(s), key_bytes(k)] for s, k in sorted(info.processed_to.items())],
+                _router_rows(info.router_src),
+                _router_rows(info.router_dst),
+                info.seqno,
+                info.prev_hash,
+                sorted(partitions),
+            ]
+        )
+    )
+
+
+def _decode_router(rows: Any) -> dict[int, frozenset[Address]]:
+    return {check_partition(p): frozenset(decode_address(a) for a in addrs) for p, addrs in rows}
+
+
+def decode_diff_info(key: bytes, value: bytes) -> DiffInfo:
+    return decode_diff_record(key, value)[0]
+
+
+def decode_diff_record(key: bytes, value: bytes) -> tuple[DiffInfo, frozenset[int]]:
+    """The diff info and the partitions the diff wrote rows into."""
+    try:
+        record = _unpack(value)
+        if record[0] != _RECORD_VERSION or len(record) != 11:
+            raise ValueError(f"unknown diff-info record version {record[0]!r}")
+        _, min_b, max_b, counts, hash_, processed, src, dst, seqno, prev_hash, parts = record
+        if not isinstance(hash_, bytes) or len(hash_) != 32:
+            raise ValueError("hash must be 32 bytes")
+        if prev_hash is not None and (not isinstance(prev_hash, bytes) or len(prev_hash) != 32):
+            raise ValueError("prev_hash must be 32 bytes or nil")
+        info_seqno = decode_diff_info_seqno(key)
+        if seqno != info_seqno:
+            raise ValueError(f"record seqno {seqno} differs from key seqno {info_seqno}")
+        info = DiffInfo(
+            min_message=decode_key(min_b),
+            max_message=decode_key(max_b),
+            shards_messages_count={decode_shard(s): int(c) for s, c in counts},
+            hash=hash_,
+            processed_to={decode_shard(s): decode_key(k) for s, k in processed},
+            router_src=_decode_router(src),
+            router_dst=_decode_router(dst),
+            seqno=seqno,
+            prev_hash=prev_hash,
+        )
+        return info, frozenset(check_partition(p) for p in parts)
+    except CorruptDataError:
+        raise
+    except (ValueError, TypeError, IndexError, KeyError, struct.error) as exc:
+        raise CorruptDataError("diff_info", key, f"{type(exc).__name__}: {exc}") from None
+    except Exception as exc:  # msgpack's own exception types
+        raise CorruptDataError("diff_info", key, f"{type(exc).__name__}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# commit pointers, vars
+
+
+def pointer_value(pointer: CommitPointer) -> bytes:
+    return key_bytes(pointer.key) + _U32.pack(pointer.seqno)
+
+
+def decode_pointer(key: bytes, value: bytes) -> tuple[ShardIdent, CommitPointer]:
+    try:
+        if len(key) != SHARD_LEN or len(value) != KEY_LEN + 4:
+            raise ValueError(f"bad lengths: key {len(key)} B, value {len(value)} B")
+        pointer = CommitPointer(decode_key(value[:KEY_LEN]), _U32.unpack(value[KEY_LEN:])[0])
+        return decode_shard(key), pointer
+    except ValueError as exc:
+        raise CorruptDataError("commit_pointers", key, str(exc)) from None
+
+
+def block_id_bytes(block_id: BlockId) -> bytes:
+    return (
+        shard_bytes(block_id.shard)
+        + _U32.pack(block_id.seqno)
+        + block_id.root_hash
+        + block_id.file_hash
+    )
+
+
+def decode_block_id(value: bytes) -> BlockId:
+    try:
+        if len(value) != SHARD_LEN + 4 + 64:
+            raise ValueError(f"a block id is 80 bytes, got {len(value)}")
+        shard = decode_shard(value[:SHARD_LEN])
+        seqno = _U32.unpack(value[SHARD_LEN : SHARD_LEN + 4])[0]
+        return BlockId(shard, seqno, value[SHARD_LEN + 4 : SHARD_LEN + 36], value[SHARD_LEN + 36 :])
+    except ValueError as exc:
+        raise CorruptDataError("vars", LAST_COMMITTED_MC_BLOCK, str(exc)) from None
+
+
+def u32_value(value: int) -> bytes:
+    return _U32.pack(value)
+
+
+def decode_u32(name: bytes, value: bytes) -> int:
+    if len(value) != 4:
+        raise CorruptDataError("vars", name, f"expected a 4-byte integer, got {len(value)} B")
+    return int(_U32.unpack(value)[0])
+
+
+CommitRecord = dict[ShardIdent, dict[ShardIdent, QueueKey]]
+GcBounds = dict[tuple[int, ShardIdent], QueueKey]
+
+
+def commit_record_value(record: CommitRecord) -> bytes:
+    rows = [
+        [shard_bytes(top), [[shard_bytes(s), key_bytes(k)] for s, k in sorted(pt.items())]]
+        for top, pt in sorted(record.items())
+    ]
+    return bytes(_pack([_RECORD_VERSION, rows]))
+
+
+def decode_commit_record(value: bytes) -> CommitRecord:
+    try:
+        version, rows = _unpack(value)
+        if version != _RECORD_VERSION:
+            raise ValueError(f"unknown commit record version {version!r}")
+        return {
+            decode_shard(top): {decode_shard(s): decode_key(k) for s, k in entries}
+            for top, entries in rows
+        }
+    except Exception as exc:
+        raise CorruptDataError("vars", COMMIT_RECORD, f"{type(exc).__name__}: {exc}") from None
+
+
+def gc_bounds_value(bounds: GcBounds) -> bytes:
+    rows = [[p, shard_bytes(s), key_bytes(k)] for (p, s), k in sorted(bounds.items())]
+    return bytes(_pack([_RECORD_VERSION, rows]))
+
+
+def decode_gc_bounds(name: bytes, value: bytes) -> GcBounds:
+    try:
+        version, rows = _unpack(value)
+        if version != _RECORD_VERSION:
+            raise ValueError(f"unknown GC bounds version {version!r}")
+        return {(check_partition(p), decode_shard(s)): decode_key(k) for p, s, k in rows}
+    except Exception as exc:
+        raise CorruptDataError("vars", name, f"{type(exc).__name__}: {exc}") from None

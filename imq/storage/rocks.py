@@ -1,0 +1,368 @@
+"""The RocksDB store: open and lock, atomic writes, consistent reads.
+
+Consistency without working snapshots. rocksdict 0.3.29 ignores a snapshot when
+iterating it, and a ``ReadOptions`` cannot carry one. What does hold: a plain iterator
+is an implicit snapshot taken when it is created, and ``snapshot[key]`` is consistent.
+So every write goes through one mutex (the *gate*), and a :class:`Snapshot` opens, under
+that same gate, the per-table point snapshots and every cursor its read call will use.
+All of them then see the same sequence number: one consistent view across tables (D12).
+The gate also publishes the small in-memory caches (commit pointers etc., D14) in step
+with the write that changed them.
+
+Bounds. ``set_iterate_lower_bound`` is broken (it sets the upper bound), so cursors
+seek to their lower bound instead; and a bound is a dangling pointer once its ``bytes``
+object dies, so each :class:`Cursor` keeps its bound and ``ReadOptions`` alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import threading
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+from rocksdict import (
+    Cache,
+    CompactOptions,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
+
+from imq.errors import DatabaseLockedError, ImqError, QueueClosedError, SchemaVersionError
+from imq.storage import codec
+from imq.storage.tables import TABLES, StoreOptions, Table, table_options
+
+__all__ = ["Closable", "Cursor", "Scan", "Snapshot", "Store", "Transaction"]
+
+LOCK_FILE = "imq.lock"
+
+
+class Closable(Protocol):
+    def close_for_queue(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """A bounded range read: ``[lo, hi)`` of ``table``; ``hi=None`` means to the table's end.
+    ``reverse`` reads the same range from its last key down (it needs ``hi``)."""
+
+    table: Table
+    lo: bytes
+    hi: bytes | None
+    keys_only: bool = False
+    reverse: bool = False
+
+
+class Cursor:
+    """One bounded forward iterator. Keep the cursor object alive while iterating:
+    it owns the bound bytes that RocksDB points into."""
+
+    __slots__ = ("__weakref__", "_hi", "_lo", "_reverse", "_ro", "items")
+
+    def __init__(self, rdict: Any, scan: Scan) -> None:
+        self._lo = scan.lo
+        self._hi = scan.hi
+        self._reverse = scan.reverse
+        self._ro = ReadOptions()
+        if scan.hi is not None:
+            self._ro.set_iterate_upper_bound(scan.hi)
+        if scan.reverse:
+            if scan.hi is None:
+                raise ValueError("a reverse scan needs an upper bound")
+            # seek_for_prev(hi) under upper bound hi: the last key below hi.
+            read = rdict.keys if scan.keys_only else rdict.items
+            self.items: Iterator[Any] = read(backwards=True, from_key=scan.hi, read_opt=self._ro)
+        elif scan.keys_only:
+            self.items = rdict.keys(from_key=scan.lo, read_opt=self._ro)
+        else:
+            self.items = rdict.items(from_key=scan.lo, read_opt=self._ro)
+
+    def __iter__(self) -> Iterator[Any]:
+        # A generator keeps ``self`` (and so the bounds) alive while the caller iterates.
+        if not self._reverse:
+            yield from self.items
+            return
+        lo = self._lo
+        for row in self.items:  # no lower bound in RocksDB (rocksdict bug): stop here
+            if (row if isinstance(row, bytes) else row[0]) < lo:
+                return
+            yield row
+
+    def close(self) -> None:
+        self.items = iter(())
+
+
+class Snapshot:
+    """A consistent read view: point reads on the tables named at creation, the cursors
+    declared at creation, and the in-memory caches as they were at that instant."""
+
+    __slots__ = ("_closed", "_points", "_store", "cache", "cursors")
+
+    def __init__(
+        self,
+        store: Store,
+        points: dict[Table, Any],
+        cursors: list[Cursor],
+        cache: dict[str, Any],
+    ) -> None:
+        self._store = store
+        self._points = points
+        self.cursors = cursors
+        self.cache = cache
+        self._closed = False
+
+    def get(self, table: Table, key: bytes) -> bytes | None:
+        try:
+            snap = self._points[table]
+        except KeyError:
+            raise ImqError(f"snapshot was not opened for point reads on {table.value}") from None
+        try:
+            value: bytes = snap[key]
+        except Exception as exc:  # rocksdict raises a bare Exception("key not found")
+            if "not found" in str(exc):
+                return None
+            raise
+        return value
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            for cursor in self.cursors:
+                cursor.close()
+            self._points.clear()
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Transaction:
+    """One atomic ``WriteBatch`` across tables, plus the cache values it publishes.
+
+    Single use: :meth:`Store.write` consumes it.
+    """
+
+    __slots__ = ("_handles", "batch", "cache_updates", "deleted_ranges")
+
+    def __init__(self, handles: Mapping[Table, Any]) -> None:
+        self._handles = handles
+        self.batch = WriteBatch(raw_mode=True)
+        self.cache_updates: dict[str, Any] = {}
+        self.deleted_ranges: list[tuple[Table, bytes, bytes]] = []
+
+    def put(self, table: Table, key: bytes, value: bytes) -> None:
+        self.batch.put(key, value, self._handles[table])
+
+    def put_many(self, table: Table, rows: Iterable[tuple[bytes, bytes]]) -> int:
+        put = self.batch.put
+        handle = self._handles[table]
+        n = 0
+        for key, value in rows:
+            put(key, value, handle)
+            n += 1
+        return n
+
+    def delete(self, table: Table, key: bytes) -> None:
+        self.batch.delete(key, self._handles[table])
+
+    def delete_range(self, table: Table, lo: bytes, hi: bytes) -> None:
+        """Delete ``[lo, hi)``; the range is remembered for compaction after the write."""
+        if lo < hi:
+            self.batch.delete_range(lo, hi, self._handles[table])
+            self.deleted_ranges.append((table, lo, hi))
+
+    def publish(self, name: str, value: Any) -> None:
+        """Set cache entry ``name`` to ``value`` once (and only if) the batch is written."""
+        self.cache_updates[name] = value
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    def size_in_bytes(self) -> int:
+        return int(self.batch.size_in_bytes())
+
+
+class Store:
+    """A dedicated RocksDB directory with imq's six column families."""
+
+    def __init__(self, path: str | os.PathLike[str], options: StoreOptions | None = None) -> None:
+        self.path = Path(path)
+        self.options = options or StoreOptions()
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = self._acquire_lock()
+        try:
+            self._db, self._tables, self._handles = self._open_rocksdb()
+        except BaseException:
+            self._release_lock()
+            raise
+        self._gate = threading.Lock()
+        self._cache: dict[str, Any] = {}
+        self._resources: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._closed = False
+        self._sync = WriteOptions()
+        self._sync.sync = True
+        try:
+            self._check_schema()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- open / close -------------------------------------------------------------------------
+
+    def _acquire_lock(self) -> int:
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DatabaseLockedError(
+                f"queue database {self.path} is already open (in this or another process)"
+            ) from None
+        return fd
+
+    def _release_lock(self) -> None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        with contextlib.suppress(OSError):
+            os.close(self._lock_fd)
+
+    def _open_rocksdb(self) -> tuple[Any, dict[Table, Any], dict[Table, Any]]:
+        cache = Cache(self.options.block_cache_size)
+        db_opts = Options(raw_mode=True)
+        db_opts.create_if_missing(True)
+        db_opts.create_missing_column_families(True)
+        db_opts.set_max_background_jobs(self.options.max_background_jobs)
+        cfs = {t.value: table_options(spec, cache, self.options) for t, spec in TABLES.items()}
+        try:
+            db = Rdict(str(self.path), options=db_opts, column_families=cfs)
+        except Exception as exc:
+            if "lock" in str(exc).lower():
+                raise DatabaseLockedError(f"queue database {self.path} is locked: {exc}") from exc
+            raise ImqError(f"cannot open queue database {self.path}: {exc}") from exc
+        tables = {t: db.get_column_family(t.value) for t in Table}
+        handles = {t: db.get_column_family_handle(t.value) for t in Table}
+        return db, tables, handles
+
+    def _check_schema(self) -> None:
+        raw = self._tables[Table.VARS].get(codec.SCHEMA_VERSION_KEY)
+        if raw is None:
+            if any(self._has_rows(t) for t in Table if t is not Table.VARS):
+                raise SchemaVersionError(
+                    f"queue database {self.path} holds data but no schema version"
+                )
+            self._tables[Table.VARS].put(
+                codec.SCHEMA_VERSION_KEY, codec.u32_value(codec.SCHEMA_VERSION), self._sync
+            )
+            return
+        version = codec.decode_u32(codec.SCHEMA_VERSION_KEY, raw)
+        if version != codec.SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"queue database {self.path} has schema version {version}; "
+                f"this imq reads version {codec.SCHEMA_VERSION}"
+            )
+
+    def _has_rows(self, table: Table) -> bool:
+        keys = self._tables[table].keys()
+        return next(iter(keys), None) is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def register(self, resource: Closable) -> None:
+        """Track a long-lived reader (an iterator) so :meth:`close` can release it first:
+        a live RocksDB iterator keeps the database open and its lock held."""
+        self._resources.add(resource)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._gate:
+            self._closed = True
+            for resource in list(self._resources):
+                resource.close_for_queue()
+            self._tables.clear()
+            self._handles.clear()
+            self._db.close()
+            self._db = None
+            self._release_lock()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise QueueClosedError(f"queue database {self.path} is closed")
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def snapshot(self, points: Iterable[Table] = (), scans: Sequence[Scan] = ()) -> Snapshot:
+        """Open a consistent view: point reads on ``points``, one cursor per scan."""
+        with self._gate:
+            self._check_open()
+            snaps = {t: self._tables[t].snapshot() for t in points}
+            cursors = [Cursor(self._tables[s.table], s) for s in scans]
+            cache = dict(self._cache)
+        return Snapshot(self, snaps, cursors, cache)
+
+    def cached(self, name: str, default: Any = None) -> Any:
+        return self._cache.get(name, default)
+
+    def load_table(self, table: Table) -> list[tuple[bytes, bytes]]:
+        """Every row of a small table (used at open to fill the caches)."""
+        self._check_open()
+        return list(self._tables[table].items())
+
+    def get_latest(self, table: Table, key: bytes) -> bytes | None:
+        self._check_open()
+        value: bytes | None = self._tables[table].get(key)
+        return value
+
+    # -- writes -------------------------------------------------------------------------------
+
+    def transaction(self) -> Transaction:
+        self._check_open()
+        return Transaction(self._handles)
+
+    def write(self, txn: Transaction, *, sync: bool = False) -> None:
+        """Write ``txn`` atomically and publish its cache updates."""
+        with self._gate:
+            self._check_open()
+            self._db.write(txn.batch, self._sync) if sync else self._db.write(txn.batch)
+            self._cache.update(txn.cache_updates)
+
+    def publish(self, values: Mapping[str, Any]) -> None:
+        """Set cache entries without a write (used when loading them at open)."""
+        with self._gate:
+            self._cache.update(values)
+
+    def compact(self, ranges: Iterable[tuple[Table, bytes, bytes]]) -> None:
+        """Compact exactly the given key ranges (after a range delete).
+
+        Runs without the gate: RocksDB compaction is safe beside reads and writes.
+        """
+        opts = CompactOptions()
+        for table, lo, hi in ranges:
+            self._check_open()
+            self._tables[table].compact_range(lo, hi, opts)
+
+    def flush(self, tables: Iterable[Table]) -> None:
+        self._check_open()
+        for table in tables:
+            self._tables[table].flush()
+
+    def disk_usage(self) -> int:
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())

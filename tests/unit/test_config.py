@@ -1,0 +1,344 @@
+"""QueueConfig: validation, the TOML loader, and the duration and size parsers."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from imq.config import QueueConfig, parse_duration, parse_size
+from imq.errors import ConfigError
+
+SHIPPED_CONFIG = Path(__file__).parents[2] / "config" / "imq.toml"
+MIB = 1024**2
+
+
+def write_toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "imq.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def load_table(tmp_path: Path, body: str) -> QueueConfig:
+    return QueueConfig.from_toml(write_toml(tmp_path, "[internal_queue]\n" + body))
+
+
+# --- parse_duration -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("5s", 5.0),
+        ("500ms", 0.5),
+        ("1m", 60.0),
+        ("1m30s", 90.0),
+        ("2h", 7200.0),
+        ("250us", 250e-6),
+        ("250µs", 250e-6),
+        ("10ns", 10e-9),
+        ("1d", 86400.0),
+        ("1.5s", 1.5),
+        ("0s", 0.0),
+        ("1h 30m", 5400.0),
+        ("1d2h3m4s5ms", 86400 + 7200 + 180 + 4 + 0.005),
+        ("  5s  ", 5.0),
+    ],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "empty"),
+        ("   ", "empty"),
+        ("-5s", "negative"),
+        ("5", "needs a unit"),
+        ("1.5", "needs a unit"),
+        ("5sec", "malformed"),
+        ("5S", "malformed"),
+        ("five seconds", "malformed"),
+        ("s", "malformed"),
+        ("1e3s", "malformed"),
+        ("+5s", "malformed"),
+        ("30s1m", "largest to smallest"),
+        ("1s1s", "largest to smallest"),
+        ("1us1µs", "largest to smallest"),
+        ("9" * 400 + "s", "too large"),
+    ],
+)
+def test_parse_duration_rejects(text: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        parse_duration(text)
+
+
+def test_parse_duration_rejects_non_strings() -> None:
+    with pytest.raises(TypeError):
+        parse_duration(5)  # type: ignore[arg-type]
+
+
+# --- parse_size -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("256MiB", 256 * MIB),
+        ("1GiB", 1024**3),
+        ("64 MiB", 64 * MIB),
+        ("512KiB", 512 * 1024),
+        ("1TiB", 1024**4),
+        ("1000000B", 1_000_000),
+        ("10MB", 10_000_000),
+        ("1KB", 1000),
+        ("2GB", 2_000_000_000),
+        ("1TB", 10**12),
+        ("256mib", 256 * MIB),
+        ("256MIB", 256 * MIB),
+        ("10 mb", 10_000_000),
+        ("12", 12),
+        ("1.5KiB", 1536),
+        ("0B", 0),
+    ],
+)
+def test_parse_size(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("", "empty"),
+        ("-1MiB", "negative"),
+        ("MiB", "malformed"),
+        ("1 2MiB", "malformed"),
+        ("1e3B", "malformed"),
+        ("1K", "unknown size unit"),
+        ("1M", "unknown size unit"),
+        ("12 parsecs", "unknown size unit"),
+        ("0.3B", "whole number"),
+    ],
+)
+def test_parse_size_rejects(text: str, reason: str) -> None:
+    with pytest.raises(ValueError, match=reason):
+        parse_size(text)
+
+
+# --- QueueConfig, Python API ----------------------------------------------------------
+
+
+def test_defaults() -> None:
+    config = QueueConfig()
+    assert config.gc_interval == 5.0
+    assert config.sync_commits is True
+    assert config.block_cache_size == 256 * MIB
+    assert config.write_buffer_size == 64 * MIB
+    assert config.max_background_jobs == 2
+    assert config.compact_after_delete is True
+
+
+def test_testing_profile() -> None:
+    config = QueueConfig.testing()
+    assert config.gc_interval == 0.05
+    assert config.sync_commits is False
+    assert config.block_cache_size == 8 * MIB
+    assert config.write_buffer_size == 4 * MIB
+
+
+def test_frozen_and_slotted() -> None:
+    config = QueueConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.gc_interval = 1.0  # type: ignore[misc]
+    assert not hasattr(config, "__dict__")
+
+
+def test_int_gc_interval_is_stored_as_float() -> None:
+    config = QueueConfig(gc_interval=2)
+    assert isinstance(config.gc_interval, float)
+    assert config.gc_interval == 2.0
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("gc_interval", 0),
+        ("gc_interval", -1.0),
+        ("gc_interval", math.inf),
+        ("gc_interval", math.nan),
+        ("block_cache_size", 0),
+        ("block_cache_size", -1),
+        ("write_buffer_size", 0),
+        ("max_background_jobs", 0),
+    ],
+)
+def test_bad_values_raise_value_error(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        QueueConfig(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("gc_interval", "5s"),
+        ("gc_interval", True),
+        ("sync_commits", 1),
+        ("sync_commits", "true"),
+        ("compact_after_delete", None),
+        ("block_cache_size", 1.0),
+        ("block_cache_size", "1MiB"),
+        ("write_buffer_size", True),
+        ("max_background_jobs", 2.0),
+    ],
+)
+def test_wrong_types_raise_type_error(field: str, value: object) -> None:
+    with pytest.raises(TypeError, match=field):
+        QueueConfig(**{field: value})  # type: ignore[arg-type]
+
+
+# --- from_toml / from_mapping ---------------------------------------------------------
+
+
+def test_shipped_config_equals_defaults() -> None:
+    assert QueueConfig.from_toml(SHIPPED_CONFIG) == QueueConfig()
+
+
+def test_shipped_config_lists_every_setting() -> None:
+    text = SHIPPED_CONFIG.read_text(encoding="utf-8")
+    for field in dataclasses.fields(QueueConfig):
+        assert f"\n{field.name} = " in text
+
+
+def test_missing_table_gives_defaults(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, '[other]\ngc_interval = "1s"\n')
+    assert QueueConfig.from_toml(path) == QueueConfig()
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    assert QueueConfig.from_toml(write_toml(tmp_path, "")) == QueueConfig()
+
+
+def test_missing_keys_take_defaults(tmp_path: Path) -> None:
+    config = load_table(tmp_path, 'gc_interval = "500ms"\nblock_cache_size = "1GiB"\n')
+    assert config == dataclasses.replace(QueueConfig(), gc_interval=0.5, block_cache_size=1024**3)
+
+
+def test_every_key(tmp_path: Path) -> None:
+    config = load_table(
+        tmp_path,
+        'gc_interval = "1m30s"\n'
+        "sync_commits = false\n"
+        'block_cache_size = "10MB"\n'
+        "write_buffer_size = 4194304\n"
+        "max_background_jobs = 8\n"
+        "compact_after_delete = false\n",
+    )
+    assert config == QueueConfig(
+        gc_interval=90.0,
+        sync_commits=False,
+        block_cache_size=10_000_000,
+        write_buffer_size=4 * MIB,
+        max_background_jobs=8,
+        compact_after_delete=False,
+    )
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [("2", 2.0), ("0.25", 0.25)])
+def test_bare_number_duration_means_seconds(tmp_path: Path, raw: str, seconds: float) -> None:
+    assert load_table(tmp_path, f"gc_interval = {raw}\n").gc_interval == seconds
+
+
+def test_accepts_path_and_str(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "[internal_queue]\nmax_background_jobs = 3\n")
+    assert QueueConfig.from_toml(path) == QueueConfig.from_toml(str(path))
+
+
+def test_unknown_key(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, '[internal_queue]\ngc_intreval = "5s"\n')
+    with pytest.raises(ConfigError, match=r"unknown key internal_queue\.gc_intreval") as info:
+        QueueConfig.from_toml(path)
+    assert str(path) in str(info.value)
+    assert "gc_interval" in str(info.value)  # lists the known keys
+
+
+def test_malformed_toml(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "[internal_queue\ngc_interval = 5s\n")
+    with pytest.raises(ConfigError, match="malformed TOML") as info:
+        QueueConfig.from_toml(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.toml"
+    with pytest.raises(ConfigError, match="cannot read") as info:
+        QueueConfig.from_toml(path)
+    assert str(path) in str(info.value)
+    assert isinstance(info.value.__cause__, OSError)
+
+
+def test_directory_instead_of_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        QueueConfig.from_toml(tmp_path)
+
+
+def test_table_of_wrong_type(tmp_path: Path) -> None:
+    path = write_toml(tmp_path, "internal_queue = 5\n")
+    with pytest.raises(ConfigError, match=r"\[internal_queue\] must be a table"):
+        QueueConfig.from_toml(path)
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        # durations
+        ('gc_interval = "-5s"', "negative"),
+        ('gc_interval = "5"', "needs a unit"),
+        ('gc_interval = "soon"', "malformed"),
+        ('gc_interval = "0s"', "> 0"),
+        ("gc_interval = 0", "> 0"),
+        ("gc_interval = -1", "> 0"),
+        ("gc_interval = nan", "> 0"),
+        ("gc_interval = inf", "> 0"),
+        ("gc_interval = true", "duration string"),
+        ("gc_interval = [5]", "duration string"),
+        # sizes
+        ('block_cache_size = "-1MiB"', "negative"),
+        ('block_cache_size = "12 parsecs"', "unknown size unit"),
+        ('block_cache_size = "0B"', ">= 1"),
+        ("block_cache_size = 0", ">= 1"),
+        ("write_buffer_size = -5", ">= 1"),
+        ("write_buffer_size = 1.5", "byte count"),
+        ("write_buffer_size = true", "byte count"),
+        # bools and ints
+        ('sync_commits = "yes"', "must be a bool"),
+        ("sync_commits = 1", "must be a bool"),
+        ("compact_after_delete = 0", "must be a bool"),
+        ("max_background_jobs = 0", ">= 1"),
+        ('max_background_jobs = "2"', "must be an int"),
+        ("max_background_jobs = 2.0", "must be an int"),
+        ("max_background_jobs = true", "must be an int"),
+    ],
+)
+def test_invalid_values(tmp_path: Path, line: str, reason: str) -> None:
+    key = line.split(" = ", maxsplit=1)[0]
+    path = write_toml(tmp_path, f"[internal_queue]\n{line}\n")
+    with pytest.raises(ConfigError, match=reason) as info:
+        QueueConfig.from_toml(path)
+    message = str(info.value)
+    assert str(path) in message
+    assert f"internal_queue.{key}" in message
+    assert isinstance(info.value.__cause__, TypeError | ValueError)
+
+
+def test_from_mapping_names_its_source() -> None:
+    with pytest.raises(ConfigError, match=r"^<mapping>: unknown key internal_queue.bogus"):
+        QueueConfig.from_mapping({"bogus": 1})
+    with pytest.raises(ConfigError, match=r"^env: invalid internal_queue.gc_interval"):
+        QueueConfig.from_mapping({"gc_interval": "x"}, source="env")
+
+
+def test_from_mapping_empty_is_default() -> None:
+    assert QueueConfig.from_mapping({}) == QueueConfig()
