@@ -1,0 +1,1 @@
+"""The ``imq`` command: thin wrappers that parse, call the facade and print."""
