@@ -13,6 +13,7 @@ tuple-based value types directly; see ``benchmarks/bench_core.py``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from heapq import heapify, heappop, heapreplace
 from types import TracebackType
@@ -86,7 +87,10 @@ class QueueIterator:
     def close(self) -> None:
         merged, self._merged = self._merged, None
         if merged is not None:
-            merged.close()  # type: ignore[attr-defined]
+            # ValueError: another thread is inside next() right now; its generator ends
+            # when that step returns and the object is dropped.
+            with contextlib.suppress(ValueError):
+                merged.close()  # type: ignore[attr-defined]
         self._snap.close()
 
     def close_for_queue(self) -> None:

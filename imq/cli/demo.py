@@ -96,7 +96,7 @@ class _Scenario:
                 zones.append(
                     f"#{seqno}={'committed' if committed else 'uncommitted' if exists else '-'}"
                 )
-            self.say(f"  {str(shard):22} {' '.join(zones)}")
+            self.say(f"  {shard!s:22} {' '.join(zones)}")
 
     def read_incoming(self, queue: Queue, for_shard: ShardIdent) -> None:
         ranges = [QueueShardRange(s, QueueKey.MIN, QueueKey.MAX) for s in SHARDS]
@@ -133,7 +133,7 @@ def run(db: Path, out: TextIO) -> None:
         tops = [TopBlock(BlockId(s, 1), 1) for s in SHARDS]
         queue.commit_diff(tops)
         for shard, pointer in sorted(queue.get_commit_pointers().items()):
-            say(f"  pointer {str(shard):22} -> {pointer.key} (seqno {pointer.seqno})")
+            say(f"  pointer {shard!s:22} -> {pointer.key} (seqno {pointer.seqno})")
         scenario.show_zones(queue, range(1, 3))
 
         say(f"\n3. Collating {LEFT}: read its incoming messages, merged across sources:")

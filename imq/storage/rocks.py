@@ -356,8 +356,17 @@ class Store:
         """
         opts = CompactOptions()
         for table, lo, hi in ranges:
-            self._check_open()
-            self._tables[table].compact_range(lo, hi, opts)
+            with self._gate:
+                self._check_open()
+                rdict = self._tables[table]
+            try:
+                rdict.compact_range(lo, hi, opts)
+            except Exception as exc:
+                if self._closed:
+                    raise QueueClosedError(
+                        f"queue database {self.path} closed during compaction"
+                    ) from exc
+                raise
 
     def flush(self, tables: Iterable[Table]) -> None:
         self._check_open()
