@@ -55,8 +55,13 @@ class QueueDiff:
                 raise ValueError(f"two messages share the key {after[0]!r}")
         if router is not None and not isinstance(router, PartitionRouter):
             raise TypeError("QueueDiff.router must be a PartitionRouter")
-        if prev_hash is not None and (not isinstance(prev_hash, bytes) or len(prev_hash) != 32):
-            raise ValueError("QueueDiff.prev_hash must be 32 bytes or None")
+        if prev_hash is not None:
+            if not isinstance(prev_hash, bytes):
+                raise TypeError(
+                    f"QueueDiff.prev_hash must be bytes, got {type(prev_hash).__name__}"
+                )
+            if len(prev_hash) != 32:
+                raise ValueError("QueueDiff.prev_hash must be 32 bytes")
         object.__setattr__(self, "messages", tuple(msgs))
         object.__setattr__(self, "processed_to", _check_processed_to(processed_to or {}))
         object.__setattr__(self, "router", router.copy() if router else PartitionRouter())
@@ -122,8 +127,10 @@ class DiffStatistics:
             for address, count in partitions[partition].items():
                 if type(address) is not Address:
                     raise TypeError("statistics must be keyed by Address values")
-                if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
-                    raise ValueError(f"statistics count for {address} must be a positive int")
+                if not isinstance(count, int) or isinstance(count, bool):
+                    raise TypeError(f"statistics count for {address} must be an int")
+                if count <= 0:
+                    raise ValueError(f"statistics count for {address} must be positive")
                 counts[address] = count
             if counts:
                 checked[partition] = counts

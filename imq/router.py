@@ -33,12 +33,11 @@ class PartitionRouter:
         self._dst: dict[Address, int] = {}
         # Ascending partition order: when an address is listed twice in one half,
         # the highest partition wins, as in the original.
-        for partition in sorted((src or {}).keys()):
-            for address in (src or {})[partition]:
-                self.insert_src(address, partition)
-        for partition in sorted((dst or {}).keys()):
-            for address in (dst or {})[partition]:
-                self.insert_dst(address, partition)
+        for half, insert in ((src or {}, self.insert_src), (dst or {}, self.insert_dst)):
+            for partition in sorted(half):
+                self._check_target(partition)
+                for address in half[partition]:
+                    insert(address, partition)
 
     @staticmethod
     def _check_target(partition: int) -> int:

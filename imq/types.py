@@ -16,6 +16,7 @@ The tuple order is the logical order of each type.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
@@ -48,6 +49,9 @@ FULL_PREFIX = 0x8000_0000_0000_0000
 _ZERO32 = bytes(32)
 _FF32 = b"\xff" * 32
 _tuple_new = tuple.__new__
+_INT = re.compile(r"-?[0-9]+")
+_HEX16 = re.compile(r"[0-9a-fA-F]{16}")
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 
 
 def _check_int(name: str, value: object, lo: int, hi: int) -> int:
@@ -152,7 +156,7 @@ class Address(_AddressFields):
     @classmethod
     def parse(cls, text: str) -> Address:
         wc, sep, hexpart = text.partition(":")
-        if not sep or len(hexpart) != 64:
+        if not sep or not _HEX64.fullmatch(hexpart) or not _INT.fullmatch(wc):
             raise ValueError(f"invalid address {text!r}: expected '<workchain>:<64 hex digits>'")
         try:
             return cls(int(wc), bytes.fromhex(hexpart))
@@ -233,7 +237,7 @@ class ShardIdent(_ShardFields):
     @classmethod
     def parse(cls, text: str) -> ShardIdent:
         wc, sep, hexpart = text.partition(":")
-        if not sep or not hexpart:
+        if not sep or not _HEX16.fullmatch(hexpart) or not _INT.fullmatch(wc):
             raise ValueError(f"invalid shard {text!r}: expected '<workchain>:<16 hex digits>'")
         try:
             return cls(int(wc), int(hexpart, 16))
@@ -344,6 +348,15 @@ class BlockId:
         if len(parts) != 5:
             raise ValueError(f"invalid block id {text!r}: expected wc:prefix:seqno:root:file")
         wc, prefix, seqno, root, file = parts
+        if not (
+            _INT.fullmatch(wc)
+            and _HEX16.fullmatch(prefix)
+            and seqno.isdigit()
+            and seqno.isascii()
+            and _HEX64.fullmatch(root)
+            and _HEX64.fullmatch(file)
+        ):
+            raise ValueError(f"invalid block id {text!r}: expected wc:prefix16:seqno:root64:file64")
         try:
             shard = ShardIdent(int(wc), int(prefix, 16))
             return cls(shard, int(seqno), bytes.fromhex(root), bytes.fromhex(file))
@@ -418,6 +431,31 @@ class DiffInfo:
     router_dst: dict[int, frozenset[Address]]
     seqno: int
     prev_hash: bytes | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        for name in ("min_message", "max_message"):
+            if type(getattr(self, name)) is not QueueKey:
+                raise TypeError(f"DiffInfo.{name} must be a QueueKey")
+        if self.max_message < self.min_message:
+            raise ValueError("DiffInfo.max_message is below min_message")
+        _check_bytes32("DiffInfo.hash", self.hash)
+        if self.prev_hash is not None:
+            _check_bytes32("DiffInfo.prev_hash", self.prev_hash)
+        _check_int("DiffInfo.seqno", self.seqno, 0, U32_MAX)
+        for shard, count in self.shards_messages_count.items():
+            if type(shard) is not ShardIdent:
+                raise TypeError("DiffInfo.shards_messages_count must be keyed by ShardIdent")
+            _check_int(f"message count for {shard}", count, 0, U64_MAX)
+        for shard, key in self.processed_to.items():
+            if type(shard) is not ShardIdent or type(key) is not QueueKey:
+                raise TypeError("DiffInfo.processed_to must map ShardIdent to QueueKey")
+        for router in (self.router_src, self.router_dst):
+            for partition, addresses in router.items():
+                check_partition(partition)
+                if not isinstance(addresses, frozenset) or any(
+                    type(a) is not Address for a in addresses
+                ):
+                    raise TypeError("DiffInfo routers must map partitions to frozensets of Address")
 
     @property
     def partitions(self) -> frozenset[int]:

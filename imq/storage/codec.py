@@ -362,7 +362,7 @@ def decode_diff_record(key: bytes, value: bytes) -> tuple[DiffInfo, frozenset[in
         info = DiffInfo(
             min_message=decode_key(min_b),
             max_message=decode_key(max_b),
-            shards_messages_count={decode_shard(s): int(c) for s, c in counts},
+            shards_messages_count={decode_shard(s): c for s, c in counts},
             hash=hash_,
             processed_to={decode_shard(s): decode_key(k) for s, k in processed},
             router_src=_decode_router(src),
