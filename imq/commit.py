@@ -66,16 +66,24 @@ def plan_commit(
     partitions: Iterable[int],
     *,
     pointers: Mapping[ShardIdent, CommitPointer],
+    last_mc_block: BlockId | None,
     record: CommitRecord,
     gc_requested: GcBounds,
     find_diff: DiffLookup,
     zerostate_seqno: int,
 ) -> CommitPlan | None:
     """The commit's effects, or ``None`` when an equal or later masterchain block was
-    already committed (the commit is then skipped)."""
+    already committed (the commit is then skipped).
+
+    The original skips only by the masterchain pointer's seqno; imq also skips by the
+    last committed block (decision I8), which a commit whose masterchain diff is absent
+    sets without moving that pointer, so the last committed block never moves back.
+    """
     mc_block = _masterchain_block(top_blocks)
     mc_pointer = pointers.get(ShardIdent.MASTERCHAIN)
     if mc_pointer is not None and mc_pointer.seqno >= mc_block.seqno:
+        return None
+    if last_mc_block is not None and last_mc_block.seqno >= mc_block.seqno:
         return None
 
     moved: dict[ShardIdent, CommitPointer] = {}

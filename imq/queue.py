@@ -177,8 +177,10 @@ class Queue:
     ) -> DiffStatistics:
         _check_type("diff", diff, QueueDiff)
         _check_type("block", block, BlockIdShort)
-        if not isinstance(diff_hash, bytes) or len(diff_hash) != 32:
-            raise ValueError("diff_hash must be 32 bytes")
+        if not isinstance(diff_hash, bytes):
+            raise TypeError(f"diff_hash must be bytes, got {type(diff_hash).__name__}")
+        if len(diff_hash) != 32:
+            raise ValueError(f"diff_hash must be 32 bytes, got {len(diff_hash)}")
         if check_sequence is not None:
             _check_type("check_sequence", check_sequence, DiffZone)
         if statistics is None:
@@ -255,6 +257,7 @@ class Queue:
                     tops,
                     sorted(parts),
                     pointers=snap.cache["pointers"],
+                    last_mc_block=snap.cache["last_mc_block"],
                     record=snap.cache["commit_record"],
                     gc_requested=snap.cache["gc_requested"],
                     find_diff=lambda shard, seqno: reads.diff_info(snap, shard, seqno),

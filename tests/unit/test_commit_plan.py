@@ -59,6 +59,7 @@ def plan(
     *,
     partitions: Iterable[int] = (0, 1),
     pointers: Mapping[ShardIdent, CommitPointer] | None = None,
+    last_mc_block: BlockId | None = None,
     record: Record | None = None,
     gc_requested: Bounds | None = None,
     zerostate_seqno: int = 0,
@@ -67,6 +68,7 @@ def plan(
         tops,
         partitions,
         pointers=pointers or {},
+        last_mc_block=last_mc_block,
         record=record or {},
         gc_requested=gc_requested or {},
         find_diff=Diffs(diffs),
@@ -123,6 +125,7 @@ def test_skip_when_mc_pointer_is_at_or_after_the_block(pointer_seqno: int) -> No
         [top(MC, 5)],
         (0, 1),
         pointers={MC: CommitPointer(k(99), pointer_seqno)},
+        last_mc_block=None,
         record={},
         gc_requested={},
         find_diff=diffs,
@@ -429,3 +432,15 @@ def test_plan_does_not_mutate_its_inputs() -> None:
     assert requested == {(0, LEFT): k(1)}
     result.record[LEFT][RIGHT] = k(0)
     assert diffs[(LEFT, 3)].processed_to == {LEFT: k(25)}
+
+
+@pytest.mark.parametrize("last_seqno", [5, 6, 100])
+def test_skip_when_the_last_committed_block_is_at_or_after_the_block(last_seqno: int) -> None:
+    """I8: no masterchain pointer (its diff was absent), but a later block was committed."""
+    last = BlockId(MC, last_seqno)
+    assert plan([top(MC, 5, updated=False)], {}, last_mc_block=last) is None
+
+
+def test_commit_proceeds_when_the_last_committed_block_is_older() -> None:
+    result = must_plan([top(MC, 5, updated=False)], {}, last_mc_block=BlockId(MC, 4))
+    assert result.mc_block == BlockId(MC, 5)

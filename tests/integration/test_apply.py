@@ -1,0 +1,475 @@
+"""prepare_diff / apply_diff on a real RocksDB (SEMANTICS §5.3, §5.4; API.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from builders import (
+    BASE,
+    MC,
+    Applied,
+    Chain,
+    address_in,
+    block,
+    derived_stats,
+    diff_hash,
+    dump,
+    key,
+    make_diff,
+    message,
+    quarter_shards,
+    rows,
+    split_shard,
+    stats,
+)
+
+from imq import (
+    DiffBelowCommitPointerError,
+    DiffConflictError,
+    DiffInfo,
+    DiffSequenceError,
+    DiffStatistics,
+    DiffZone,
+    ImqError,
+    PartitionRouter,
+    PendingDiff,
+    Queue,
+    QueueKey,
+    QueueShardRange,
+)
+from imq.storage import Table
+
+S = split_shard(0, 1, 0)  # 0:4000000000000000
+OTHER = split_shard(0, 1, 1)  # 0:c000000000000000
+
+
+def expected_info(applied: Applied, statistics: DiffStatistics | None = None) -> DiffInfo:
+    st = statistics or derived_stats(applied.diff, applied.shard)
+    return DiffInfo(
+        min_message=st.min_message,
+        max_message=st.max_message,
+        shards_messages_count=st.shards_messages_count,
+        hash=applied.hash,
+        processed_to=dict(applied.diff.processed_to),
+        router_src=applied.diff.router.src_partitions(),
+        router_dst=applied.diff.router.dst_partitions(),
+        seqno=applied.seqno,
+        prev_hash=applied.diff.prev_hash,
+    )
+
+
+def commit_on(queue: Queue, chain: Chain, mc_seqno: int, *tops: Applied) -> None:
+    """Apply an empty masterchain diff ``mc_seqno`` and commit it with ``tops``."""
+    mc = chain.apply(MC, 0, seqno=mc_seqno)
+    assert queue.commit_diff([mc.top(), *(t.top(mc_seqno) for t in tops)])
+
+
+# -- duplicates -------------------------------------------------------------------------------
+
+
+def test_same_hash_twice_is_written_once(queue: Queue, chain: Chain) -> None:
+    a = chain.build(S, 3, processed_to={BASE: key(5)})
+    assert queue.apply_diff(a.diff, a.block, a.hash) is True
+    after_first = dump(queue)
+    assert queue.get_diff_info(S, 1) == expected_info(a)
+    assert len(rows(queue, Table.MESSAGES)) == 3
+
+    assert queue.apply_diff(a.diff, a.block, a.hash) is False
+    assert queue.prepare_diff(a.diff, a.block, a.hash) is None
+    assert dump(queue) == after_first
+    counters = queue.metrics.snapshot()["counters"]
+    assert counters["diffs_applied"] == 1  # type: ignore[index]
+    assert counters["diffs_skipped"] == 2  # type: ignore[index]
+
+
+@pytest.mark.parametrize("same_content", [True, False])
+def test_different_hash_conflicts_and_writes_nothing(
+    queue: Queue, chain: Chain, same_content: bool
+) -> None:
+    a = chain.apply(S, 3)
+    before = dump(queue)
+    diff = a.diff if same_content else chain.build(S, 4, seqno=1).diff
+    other_hash = diff_hash("another")
+    with pytest.raises(DiffConflictError) as err:
+        queue.apply_diff(diff, a.block, other_hash)
+    text = str(err.value)
+    assert str(a.block) in text
+    assert a.hash.hex() in text
+    assert other_hash.hex() in text
+    with pytest.raises(DiffConflictError):
+        queue.prepare_diff(diff, a.block, other_hash)
+    assert dump(queue) == before
+    assert queue.get_diff_info(S, 1) == expected_info(a)
+    # The shard lock was released: the shard still accepts its next diff.
+    chain.apply(S, 1)
+
+
+# -- sequence check ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("zone", [None, DiffZone.UNCOMMITTED, DiffZone.BOTH, DiffZone.COMMITTED])
+@pytest.mark.parametrize("last_committed", [False, True])
+def test_sequence_rule(
+    queue: Queue, chain: Chain, zone: DiffZone | None, last_committed: bool
+) -> None:
+    chain.apply(S, 2, seqno=1)
+    last = chain.apply(S, 2, seqno=3)  # seqno 2 was never applied
+    if last_committed:
+        commit_on(queue, chain, 1, last)
+    visible = zone is not None and (
+        zone is DiffZone.BOTH or (zone is DiffZone.COMMITTED) == last_committed
+    )
+    before = dump(queue)
+
+    below = chain.build(S, 2, seqno=2)
+    gap = chain.build(S, 2, seqno=5)
+    if visible:
+        assert zone is not None
+        # seqno <= last visible: skipped, nothing written
+        assert queue.prepare_diff(below.diff, below.block, below.hash, None, zone) is None
+        assert queue.apply_diff(below.diff, below.block, below.hash, None, zone) is False
+        assert dump(queue) == before
+        # a gap: error naming both seqnos
+        with pytest.raises(DiffSequenceError) as err:
+            queue.apply_diff(gap.diff, gap.block, gap.hash, None, zone)
+        assert str(gap.block) in str(err.value)
+        assert "3" in str(err.value)
+        assert dump(queue) == before
+        # the next seqno is accepted
+        nxt = chain.build(S, 2, seqno=4)
+        assert queue.apply_diff(nxt.diff, nxt.block, nxt.hash, None, zone) is True
+        assert queue.get_last_applied_seqno(S) == 4
+    else:
+        # no constraint: both the lower seqno and the gap are written
+        assert queue.apply_diff(below.diff, below.block, below.hash, None, zone) is True
+        assert queue.apply_diff(gap.diff, gap.block, gap.hash, None, zone) is True
+        assert queue.get_diff_info(S, 5) == expected_info(gap)
+        assert queue.get_diff_info(S, 2) == expected_info(below)
+        assert queue.get_last_applied_seqno(S) == 5
+
+
+def test_sequence_rule_without_any_diff_of_the_shard(queue: Queue, chain: Chain) -> None:
+    chain.apply(OTHER, 1, seqno=1)
+    for zone in DiffZone:
+        a = chain.build(S, 1, seqno=7 + list(DiffZone).index(zone))
+        assert queue.apply_diff(a.diff, a.block, a.hash, None, zone) is True
+
+
+# -- commit pointer check ---------------------------------------------------------------------
+
+
+def test_first_message_must_be_above_the_commit_pointer(queue: Queue, chain: Chain) -> None:
+    committed = chain.apply(S, 3)
+    commit_on(queue, chain, 1, committed)
+    pointer = queue.get_commit_pointers()[S]
+    assert pointer.key == committed.max_message
+    before = dump(queue)
+    src, dst = address_in(S), address_in(OTHER)
+
+    for first in (committed.messages[0].key, pointer.key):
+        later = [message(chain.clock.next_key(), src, dst)]
+        diff = make_diff([message(first, src, dst), *later])
+        with pytest.raises(DiffBelowCommitPointerError) as err:
+            queue.apply_diff(diff, block(S, 2), diff_hash("below"))
+        assert str(block(S, 2)) in str(err.value)
+        assert str(S) in str(err.value)
+        assert dump(queue) == before
+
+    # The check reads the first message key, not statistics.min_message.
+    diff = make_diff([message(pointer.key, src, dst)])
+    high = chain.clock.next_key()
+    st = stats(S, high, high, {0: {dst: 1}})
+    with pytest.raises(DiffBelowCommitPointerError):
+        queue.prepare_diff(diff, block(S, 2), diff_hash("below"), st)
+    assert dump(queue) == before
+
+    # An empty diff passes, and so does a diff starting just above the pointer.
+    assert queue.apply_diff(make_diff(), block(S, 2), diff_hash("empty")) is True
+    just_above = make_diff([message(pointer.key.next_value(), src, dst)])
+    assert queue.apply_diff(just_above, block(S, 3), diff_hash("above")) is True
+    assert queue.get_last_applied_seqno(S) == 3
+
+
+def test_pointer_of_another_shard_does_not_constrain(queue: Queue, chain: Chain) -> None:
+    committed = chain.apply(OTHER, 3)
+    commit_on(queue, chain, 1, committed)
+    src, dst = address_in(S), address_in(OTHER)
+    diff = make_diff([message(QueueKey.min_for_lt(1).next_value(), src, dst)])
+    assert queue.apply_diff(diff, block(S, 1), diff_hash("low")) is True
+
+
+# -- order of checks --------------------------------------------------------------------------
+
+
+def test_duplicate_check_runs_before_sequence_check(queue: Queue, chain: Chain) -> None:
+    first = chain.apply(S, 2, seqno=1)
+    chain.apply(S, 2, seqno=3)
+    before = dump(queue)
+    # The sequence rule alone would skip seqno 1 (<= 3); the duplicate check raises first.
+    with pytest.raises(DiffConflictError):
+        queue.apply_diff(first.diff, first.block, diff_hash("other"), None, DiffZone.BOTH)
+    # Same hash: a duplicate (None) even with a zone in which the sequence rule applies.
+    assert queue.prepare_diff(first.diff, first.block, first.hash, None, DiffZone.BOTH) is None
+    assert dump(queue) == before
+
+
+def test_duplicate_check_runs_before_pointer_check(queue: Queue, chain: Chain) -> None:
+    committed = chain.apply(S, 3)
+    commit_on(queue, chain, 1, committed)
+    before = dump(queue)
+    # The committed diff's messages are all at or below the pointer.
+    assert queue.apply_diff(committed.diff, committed.block, committed.hash) is False
+    with pytest.raises(DiffConflictError):
+        queue.apply_diff(committed.diff, committed.block, diff_hash("x"))
+    assert dump(queue) == before
+
+
+def test_sequence_check_runs_before_pointer_check(queue: Queue, chain: Chain) -> None:
+    chain.apply(S, 2, seqno=1)
+    committed = chain.apply(S, 2, seqno=3)
+    commit_on(queue, chain, 1, committed)
+    before = dump(queue)
+    src, dst = address_in(S), address_in(OTHER)
+    below_pointer = make_diff([message(committed.messages[0].key, src, dst)])
+    # seqno 2 <= last: skipped before the pointer check could fail.
+    for zone in (DiffZone.BOTH, DiffZone.COMMITTED):
+        assert queue.apply_diff(below_pointer, block(S, 2), diff_hash(2), None, zone) is False
+    # seqno 9 is a gap: the sequence error wins over the pointer error.
+    with pytest.raises(DiffSequenceError):
+        queue.apply_diff(below_pointer, block(S, 9), diff_hash(9), None, DiffZone.BOTH)
+    # Without a sequence check the pointer check is what fails.
+    with pytest.raises(DiffBelowCommitPointerError):
+        queue.apply_diff(below_pointer, block(S, 2), diff_hash(2))
+    assert dump(queue) == before
+
+
+# -- PendingDiff ------------------------------------------------------------------------------
+
+
+def test_pending_diff_write(queue: Queue, chain: Chain) -> None:
+    a = chain.build(S, 3)
+    before = dump(queue)
+    pending = queue.prepare_diff(a.diff, a.block, a.hash)
+    assert isinstance(pending, PendingDiff)
+    assert pending.state == "pending"
+    assert dump(queue) == before  # nothing written before write()
+    assert queue.get_diff_info(S, 1) is None
+    pending.write()
+    assert pending.state == "written"
+    assert queue.get_diff_info(S, 1) == expected_info(a)
+    written = dump(queue)
+    with pytest.raises(ImqError):
+        pending.write()
+    with pytest.raises(ImqError):
+        pending.discard()
+    assert pending.state == "written"
+    assert dump(queue) == written
+
+
+def test_pending_diff_discard_leaves_no_trace(queue: Queue, chain: Chain) -> None:
+    chain.apply(S, 2)
+    before = dump(queue)
+    router = PartitionRouter(dst={1: [address_in(OTHER, 5)]})
+    a = chain.build(S, [address_in(OTHER, 5), address_in(BASE, 6)], router=router)
+    pending = queue.prepare_diff(a.diff, a.block, a.hash)
+    assert pending is not None
+    pending.discard()
+    assert pending.state == "discarded"
+    with pytest.raises(ImqError):
+        pending.discard()
+    with pytest.raises(ImqError):
+        pending.write()
+    assert pending.state == "discarded"
+
+    assert dump(queue) == before
+    assert queue.get_diff_info(S, 2) is None
+    assert not queue.is_diff_exists(a.block)
+    assert queue.get_last_applied_seqno(S) == 1
+    assert queue.get_diffs_tail_len(S, a.diff.min_message or QueueKey.MIN) == 0
+    whole = QueueShardRange(S, QueueKey.MIN, QueueKey.MAX)
+    assert queue.load_diff_statistics(1, whole) == {}
+    with queue.iterator(1, [whole], BASE) as it:
+        assert list(it) == []
+    # The locks were released: the same diff can now be applied.
+    assert queue.apply_diff(a.diff, a.block, a.hash) is True
+
+
+def test_pending_diff_context_manager(queue: Queue, chain: Chain) -> None:
+    a = chain.build(S, 2)
+    before = dump(queue)
+
+    def prepare() -> PendingDiff:
+        pending = queue.prepare_diff(a.diff, a.block, a.hash)
+        assert pending is not None
+        return pending
+
+    with prepare() as pending:
+        assert pending.state == "pending"
+    assert pending.state == "discarded"
+    assert dump(queue) == before
+
+    with pytest.raises(RuntimeError, match="boom"), prepare() as pending:
+        raise RuntimeError("boom")
+    assert pending.state == "discarded"
+    assert dump(queue) == before
+
+    with prepare() as pending:
+        pending.write()
+    assert pending.state == "written"
+    assert queue.get_diff_info(S, 1) == expected_info(a)
+
+
+# -- statistics -------------------------------------------------------------------------------
+
+
+def test_statistics_none_derives_from_the_diff(queue: Queue, chain: Chain) -> None:
+    q0, q1, q2, q3 = quarter_shards()
+    low = address_in(q1, 7)
+    router = PartitionRouter(dst={1: [low]}, src={2: [address_in(S, 1)]})
+    dsts = [address_in(q0), low, address_in(q2), low, address_in(MC), address_in(q3)]
+    a = chain.apply(S, dsts, router=router, processed_to={S: key(1), MC: key(2)})
+    info = queue.get_diff_info(S, 1)
+    assert info == expected_info(a)
+    assert info is not None
+    assert info.min_message == a.messages[0].key
+    assert info.max_message == a.messages[-1].key
+    assert info.shards_messages_count == {MC: 1, BASE: 5}
+    assert info.router_dst == {1: frozenset([low])}
+    assert info.router_src == {2: frozenset([address_in(S, 1)])}
+    assert info.processed_to == {S: key(1), MC: key(2)}
+
+    st = derived_stats(a.diff, S)
+    whole = QueueShardRange(S, QueueKey.MIN, QueueKey.MAX)
+    for partition in (0, 1, 2):
+        assert queue.load_diff_statistics(partition, whole) == st.partitions.get(partition, {})
+    assert queue.load_diff_statistics(1, whole) == {low: 2}
+    assert sum(queue.load_diff_statistics(p, whole).get(low, 0) for p in (0, 2)) == 0
+    assert queue.get_diffs_tail_len(S, info.max_message) == 1
+    assert queue.get_diffs_tail_len(S, info.max_message.next_value()) == 0
+
+
+def test_statistics_none_for_an_empty_diff(queue: Queue) -> None:
+    assert queue.apply_diff(make_diff(), block(S, 1), diff_hash(1)) is True
+    info = queue.get_diff_info(S, 1)
+    assert info is not None
+    assert (info.min_message, info.max_message) == (QueueKey.MIN, QueueKey.MIN)
+    assert info.shards_messages_count == {}
+    assert queue.get_diffs_tail_len(S, QueueKey.MIN) == 1
+    assert rows(queue, Table.STATISTICS) == []
+    assert rows(queue, Table.MESSAGES) == []
+
+
+def test_explicit_statistics_are_used_verbatim(queue: Queue, chain: Chain) -> None:
+    a = chain.build(S, 3)
+    dst_a, dst_b = address_in(OTHER, 1), address_in(MC, 2)
+    lo, hi = key(1), chain.clock.next_key()
+    st = stats(S, lo, hi, {0: {dst_a: 10}, 3: {dst_b: 4}})
+    assert queue.apply_diff(a.diff, a.block, a.hash, st) is True
+    info = queue.get_diff_info(S, 1)
+    assert info == expected_info(a, st)
+    assert info is not None
+    assert (info.min_message, info.max_message) == (lo, hi)
+    assert info.shards_messages_count == {MC: 4, BASE: 10}
+    whole = QueueShardRange(S, QueueKey.MIN, QueueKey.MAX)
+    assert queue.load_diff_statistics(0, whole) == {dst_a: 10}
+    assert queue.load_diff_statistics(3, whole) == {dst_b: 4}
+    # The tail row sits at statistics.max_message, not at the last message key.
+    assert queue.get_diffs_tail_len(S, hi) == 1
+    assert queue.get_diffs_tail_len(S, hi.next_value()) == 0
+    assert queue.load_separated_diff_statistics([0, 3], whole) == {
+        0: {hi: {dst_a: 10}},
+        3: {hi: {dst_b: 4}},
+    }
+
+
+def test_statistics_for_another_shard(queue: Queue, chain: Chain) -> None:
+    a = chain.build(S, 2)
+    st = derived_stats(a.diff, OTHER)
+    before = dump(queue)
+    with pytest.raises(ValueError, match=str(OTHER)):
+        queue.apply_diff(a.diff, a.block, a.hash, st)
+    with pytest.raises(ValueError):
+        queue.prepare_diff(a.diff, a.block, a.hash, st)
+    assert dump(queue) == before
+    assert queue.apply_diff(a.diff, a.block, a.hash) is True  # no lock left behind
+
+
+# -- argument validation ----------------------------------------------------------------------
+
+_A = make_diff()
+_B = block(S, 1)
+_H = diff_hash(1)
+
+BAD_TYPES: list[tuple[str, dict[str, Any]]] = [
+    ("diff list", {"diff": []}),
+    ("diff None", {"diff": None}),
+    ("block None", {"block": None}),
+    ("block tuple", {"block": (S, 1)}),
+    ("statistics dict", {"statistics": {0: {}}}),
+    ("check_sequence str", {"check_sequence": "both"}),
+]
+
+
+@pytest.mark.parametrize("method", ["prepare_diff", "apply_diff"])
+@pytest.mark.parametrize(("label", "override"), BAD_TYPES, ids=[b[0] for b in BAD_TYPES])
+def test_bad_argument_types(
+    queue: Queue, method: str, label: str, override: dict[str, Any]
+) -> None:
+    args: dict[str, Any] = {
+        "diff": _A,
+        "block": _B,
+        "diff_hash": _H,
+        "statistics": None,
+        "check_sequence": None,
+    }
+    args.update(override)
+    before = dump(queue)
+    with pytest.raises(TypeError):
+        getattr(queue, method)(**args)
+    assert dump(queue) == before
+    assert queue.apply_diff(_A, _B, _H) is True  # no lock left behind
+
+
+@pytest.mark.parametrize("method", ["prepare_diff", "apply_diff"])
+def test_diff_hash_of_the_wrong_type_is_a_type_error(queue: Queue, method: str) -> None:
+    """API.md: "values of the wrong type [raise] TypeError" -- a str/int/bytearray hash."""
+    before = dump(queue)
+    for bad in ("00" * 32, 0, bytearray(32)):
+        with pytest.raises(TypeError):
+            getattr(queue, method)(_A, _B, bad)
+    assert dump(queue) == before
+
+
+@pytest.mark.parametrize("method", ["prepare_diff", "apply_diff"])
+@pytest.mark.parametrize("size", [0, 31, 33])
+def test_diff_hash_must_be_32_bytes(queue: Queue, method: str, size: int) -> None:
+    before = dump(queue)
+    with pytest.raises(ValueError):
+        getattr(queue, method)(_A, _B, bytes(size))
+    assert dump(queue) == before
+
+
+def test_block_id_instead_of_short_is_a_type_error(queue: Queue) -> None:
+    from builders import block_id
+
+    with pytest.raises(TypeError):
+        queue.apply_diff(_A, block_id(S, 1), _H)  # type: ignore[arg-type]
+
+
+def test_messages_of_several_diffs_and_shards_are_stored_per_source(
+    queue: Queue, chain: Chain
+) -> None:
+    a1 = chain.apply(S, 2)
+    b1 = chain.apply(OTHER, 2)
+    a2 = chain.apply(S, 2)
+    ranges = [
+        QueueShardRange(S, QueueKey.MIN, QueueKey.MAX),
+        QueueShardRange(OTHER, QueueKey.MIN, QueueKey.MAX),
+    ]
+    with queue.iterator(0, ranges, BASE) as it:
+        got = list(it)
+    expected = sorted([*a1.iterated(), *b1.iterated(), *a2.iterated()], key=lambda m: m.message.key)
+    assert got == expected
+    assert len(rows(queue, Table.DIFF_INFO)) == 3
+    assert len(rows(queue, Table.DIFF_TAIL)) == 3

@@ -1,0 +1,506 @@
+"""Open, close, reopen, locking, schema version, corrupt rows, metrics and log events."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, MutableMapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import (
+    BASE,
+    MC,
+    Chain,
+    address_in,
+    block,
+    block_id,
+    diff_hash,
+    dump,
+    full_range,
+    iterate_all,
+    key,
+    make_diff,
+    open_queue,
+    rows,
+    split_shard,
+    state,
+    top,
+)
+
+from imq import (
+    CorruptDataError,
+    DatabaseLockedError,
+    DiffZone,
+    ImqError,
+    PartitionRouter,
+    Queue,
+    QueueClosedError,
+    QueueKey,
+    QueueShardRange,
+    SchemaVersionError,
+)
+from imq.storage import Table, codec
+
+S = split_shard(0, 1, 0)
+OTHER = split_shard(0, 1, 1)
+SHARDS = [MC, S, OTHER]
+
+
+def populate(queue: Queue) -> Chain:
+    """Committed and uncommitted diffs in three partitions; no processed_to (so no GC)."""
+    chain = Chain(queue)
+    router = PartitionRouter(dst={1: [address_in(OTHER, 1)], 2: [address_in(S, 2)]})
+    dsts = [address_in(OTHER, 1), address_in(S, 2), address_in(OTHER, 3), address_in(MC, 4)]
+    mc = chain.apply(MC, dsts, router=router)
+    s1 = chain.apply(S, dsts, router=router)
+    chain.apply(OTHER, dsts, router=router)
+    assert queue.commit_diff([mc.top(), s1.top(1)])
+    chain.apply(S, dsts, router=router)
+    chain.apply(OTHER, dsts)
+    return chain
+
+
+# -- close ------------------------------------------------------------------------------------
+
+
+def test_close_is_idempotent(db_path: Path) -> None:
+    queue = open_queue(db_path)
+    assert queue.closed is False
+    assert queue.path == db_path
+    queue.close()
+    assert queue.closed is True
+    queue.close()
+    assert queue.closed is True
+
+
+def test_context_manager_closes(db_path: Path) -> None:
+    with open_queue(db_path) as queue:
+        assert not queue.closed
+    assert queue.closed
+    with pytest.raises(RuntimeError), open_queue(db_path) as queue:
+        raise RuntimeError("boom")
+    assert queue.closed
+    with open_queue(db_path):  # the lock was released both times
+        pass
+
+
+CALLS: dict[str, Callable[[Queue], Any]] = {
+    "prepare_diff": lambda q: q.prepare_diff(make_diff(), block(S, 9), diff_hash(9)),
+    "apply_diff": lambda q: q.apply_diff(make_diff(), block(S, 9), diff_hash(9)),
+    "commit_diff": lambda q: q.commit_diff([top(MC, 9, updated=False)]),
+    "clear_uncommitted_state": lambda q: q.clear_uncommitted_state(),
+    "startup": lambda q: q.startup(block_id(MC, 9), [S]),
+    "iterator": lambda q: q.iterator(0, [full_range(S)], BASE),
+    "get_diff_info": lambda q: q.get_diff_info(S, 1),
+    "is_diff_exists": lambda q: q.is_diff_exists(block(S, 1)),
+    "get_diffs_tail_len": lambda q: q.get_diffs_tail_len(S, QueueKey.MIN),
+    "load_diff_statistics": lambda q: q.load_diff_statistics(0, full_range(S)),
+    "load_separated_diff_statistics": lambda q: q.load_separated_diff_statistics(
+        [0], full_range(S)
+    ),
+    "get_last_committed_mc_block_id": lambda q: q.get_last_committed_mc_block_id(),
+    "get_commit_pointers": lambda q: q.get_commit_pointers(),
+    "get_last_applied_seqno": lambda q: q.get_last_applied_seqno(S),
+}
+
+
+@pytest.mark.parametrize("method", sorted(CALLS))
+def test_every_method_after_close_raises(db_path: Path, method: str) -> None:
+    queue = open_queue(db_path)
+    populate(queue)
+    CALLS[method](queue)  # works while open
+    queue.close()
+    with pytest.raises(QueueClosedError):
+        CALLS[method](queue)
+
+
+def test_pending_diff_written_after_close(db_path: Path) -> None:
+    queue = open_queue(db_path)
+    pending = queue.prepare_diff(make_diff(), block(S, 1), diff_hash(1))
+    assert pending is not None
+    queue.close()
+    with pytest.raises(QueueClosedError):
+        pending.write()
+    assert pending.state != "written"
+    with open_queue(db_path) as again:
+        assert again.get_diff_info(S, 1) is None
+
+
+# -- reopen -----------------------------------------------------------------------------------
+
+
+def test_reopen_keeps_everything(db_path: Path) -> None:
+    with open_queue(db_path) as queue:
+        chain = populate(queue)
+        before = dump(queue)
+        api = state(queue, SHARDS)
+        infos = {a.block: queue.get_diff_info(a.shard, a.seqno) for a in chain.applied}
+        messages = {p: iterate_all(queue, SHARDS, p) for p in (0, 1, 2)}
+        stats = {p: queue.load_separated_diff_statistics([p], full_range(S)) for p in (0, 1, 2)}
+    with open_queue(db_path) as queue:
+        assert dump(queue) == before
+        assert state(queue, SHARDS) == api
+        assert {b: queue.get_diff_info(b.shard, b.seqno) for b in infos} == infos
+        assert {p: iterate_all(queue, SHARDS, p) for p in (0, 1, 2)} == messages
+        assert {
+            p: queue.load_separated_diff_statistics([p], full_range(S)) for p in (0, 1, 2)
+        } == stats
+        # Zones survive too (they follow the reloaded pointers).
+        assert queue.get_diff_info(S, 1, DiffZone.COMMITTED) is not None
+        assert queue.get_diff_info(S, 2, DiffZone.UNCOMMITTED) is not None
+        assert all(v for v in messages.values())
+
+
+# -- locking ----------------------------------------------------------------------------------
+
+
+def test_second_open_in_the_same_process_is_refused(db_path: Path) -> None:
+    first = open_queue(db_path)
+    try:
+        with pytest.raises(DatabaseLockedError, match=str(db_path)):
+            open_queue(db_path)
+        Chain(first).apply(S, 2)  # the first queue is unaffected
+        assert first.get_last_applied_seqno(S) == 1
+    finally:
+        first.close()
+    with open_queue(db_path) as again:
+        assert again.get_last_applied_seqno(S) == 1
+
+
+_CHILD = textwrap.dedent(
+    """
+    import logging, sys
+    import structlog
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    from imq import DatabaseLockedError, Queue, QueueConfig, ShardIdent
+    try:
+        q = Queue.open(sys.argv[1], QueueConfig.testing())
+    except DatabaseLockedError as exc:
+        print(f"DatabaseLockedError: {exc}", file=sys.stderr)
+        sys.exit(3)
+    print("seqno", q.get_last_applied_seqno(ShardIdent.parse(sys.argv[2])))
+    q.close()
+    """
+)
+
+
+def _child(db_path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _CHILD, str(db_path), str(S)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_second_process_is_refused_while_the_first_holds_the_lock(db_path: Path) -> None:
+    queue = open_queue(db_path)
+    try:
+        Chain(queue).apply(S, 1)
+        held = _child(db_path)
+        assert held.returncode == 3, held.stderr
+        assert "DatabaseLockedError" in held.stderr
+    finally:
+        queue.close()
+    free = _child(db_path)
+    assert free.returncode == 0, free.stderr
+    assert "seqno 1" in free.stdout
+
+
+def test_this_process_is_refused_while_another_holds_the_lock(db_path: Path) -> None:
+    open_queue(db_path).close()
+    holder = textwrap.dedent(
+        """
+        import logging, sys
+        import structlog
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+        from imq import Queue, QueueConfig
+        q = Queue.open(sys.argv[1], QueueConfig.testing())
+        print("ready", flush=True)
+        sys.stdin.readline()
+        q.close()
+        print("closed", flush=True)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", holder, str(db_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "ready"
+        with pytest.raises(DatabaseLockedError):
+            open_queue(db_path)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        assert out.strip() == "closed"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    with open_queue(db_path):
+        pass
+
+
+# -- schema version ---------------------------------------------------------------------------
+
+
+def test_schema_version_mismatch(db_path: Path) -> None:
+    with open_queue(db_path) as queue:
+        Chain(queue).apply(S, 1)
+        queue._store._tables[Table.VARS].put(codec.SCHEMA_VERSION_KEY, codec.u32_value(99))
+    for _ in range(2):  # a failed open releases the lock: the same error again
+        with pytest.raises(SchemaVersionError, match="99"):
+            open_queue(db_path)
+
+
+def test_missing_schema_version_with_data(db_path: Path) -> None:
+    with open_queue(db_path) as queue:
+        Chain(queue).apply(S, 1)
+        queue._store._tables[Table.VARS].delete(codec.SCHEMA_VERSION_KEY)
+    with pytest.raises(SchemaVersionError):
+        open_queue(db_path)
+
+
+def test_schema_version_is_written_on_create(db_path: Path) -> None:
+    with open_queue(db_path) as queue:
+        assert dict(rows(queue, Table.VARS)) == {
+            codec.SCHEMA_VERSION_KEY: codec.u32_value(codec.SCHEMA_VERSION)
+        }
+
+
+def test_corrupt_schema_version_bytes(db_path: Path) -> None:
+    with open_queue(db_path) as queue:
+        queue._store._tables[Table.VARS].put(codec.SCHEMA_VERSION_KEY, b"\x01\x02\x03")
+    with pytest.raises(CorruptDataError) as err:
+        open_queue(db_path)
+    assert err.value.table == "vars"
+    with pytest.raises(CorruptDataError):  # and the lock was released
+        open_queue(db_path)
+
+
+# -- corrupt rows -----------------------------------------------------------------------------
+
+GARBAGE = {
+    "text": b"garbage",
+    "empty": b"",
+    "msgpack-reserved-byte": b"\xc1",
+    "one-element-array": b"\x91\x01",
+    "map": b"\x81\xa1a\x01",
+    "eleven-ints": b"\x9b" + b"\x01" * 11,
+    "version-2": b"\x9b\x02" + b"\xc0" * 10,
+}
+
+
+@pytest.mark.parametrize("garbage", list(GARBAGE.values()), ids=list(GARBAGE))
+def test_corrupt_diff_info_raises_corrupt_data_error(queue: Queue, garbage: bytes) -> None:
+    chain = Chain(queue)
+    a = chain.apply(S, 2)
+    row_key = codec.diff_info_key(S, 1)
+    queue._store._tables[Table.DIFF_INFO].put(row_key, garbage)
+
+    def check(call: Callable[[], Any]) -> None:
+        with pytest.raises(CorruptDataError) as err:
+            call()
+        assert err.value.table == "diff_info"
+        assert err.value.key == row_key
+        assert "diff_info" in str(err.value)
+        assert row_key.hex() in str(err.value)
+
+    for zone in DiffZone:
+        check(functools.partial(queue.get_diff_info, S, 1, zone))
+    check(lambda: queue.is_diff_exists(a.block))
+    check(lambda: queue.apply_diff(a.diff, a.block, a.hash))  # duplicate check
+    later = chain.build(S, 1)
+    check(lambda: queue.apply_diff(later.diff, later.block, later.hash, None, DiffZone.BOTH))
+    mc = chain.apply(MC, 0)
+    check(lambda: queue.commit_diff([mc.top(), a.top(1)]))
+    # No lock was left behind by the failed calls.
+    assert queue.apply_diff(later.diff, later.block, later.hash) is True
+    assert queue.commit_diff([mc.top(), later.top(1)]) is True
+
+
+def test_truncated_diff_info_record(queue: Queue) -> None:
+    Chain(queue).apply(S, 2)
+    row_key, value = rows(queue, Table.DIFF_INFO)[0]
+    for cut in (1, len(value) // 2, len(value) - 1):
+        queue._store._tables[Table.DIFF_INFO].put(row_key, value[:cut])
+        with pytest.raises(CorruptDataError) as err:
+            queue.get_diff_info(S, 1)
+        assert err.value.table == "diff_info"
+        assert err.value.key == row_key
+
+
+_MSG_KEY = codec.message_key(0, S, key(5))
+CORRUPT_MESSAGES = {
+    "empty-value": (_MSG_KEY, b""),
+    "header-byte-only": (_MSG_KEY, b"\x80"),
+    "short-header": (_MSG_KEY, b"\x80" + bytes(40)),
+    "short-key": (_MSG_KEY[:-1], b"\x80" + bytes(65) + b"body"),
+    "long-key": (_MSG_KEY + b"\x00", b"\x80" + bytes(65) + b"body"),
+}
+
+
+@pytest.mark.parametrize(
+    ("row_key", "value"), list(CORRUPT_MESSAGES.values()), ids=list(CORRUPT_MESSAGES)
+)
+def test_corrupt_message_row_raises_corrupt_data_error(
+    queue: Queue, row_key: bytes, value: bytes
+) -> None:
+    Chain(queue).apply(S, [address_in(BASE, i) for i in range(3)])
+    queue._store._tables[Table.MESSAGES].put(row_key, value)
+    with queue.iterator(0, [full_range(S)], BASE) as it, pytest.raises(CorruptDataError) as err:
+        list(it)
+    assert err.value.table == "messages"
+    assert err.value.key == row_key, "the error should name the corrupt row's key"
+
+
+def test_corrupt_statistics_row(queue: Queue) -> None:
+    Chain(queue).apply(S, 2)
+    row_key, _ = rows(queue, Table.STATISTICS)[0]
+    queue._store._tables[Table.STATISTICS].put(row_key, b"\x01\x02\x03")
+    for load in (
+        lambda: queue.load_diff_statistics(0, full_range(S)),
+        lambda: queue.load_separated_diff_statistics([0], full_range(S)),
+    ):
+        with pytest.raises(CorruptDataError) as err:
+            load()
+        assert err.value.table == "statistics"
+        assert err.value.key == row_key
+
+
+def test_corrupt_diff_info_key(queue: Queue) -> None:
+    Chain(queue).apply(S, 2)
+    bad_key = codec.shard_bytes(S) + b"\xff" * 5  # one byte too long, sorts last
+    queue._store._tables[Table.DIFF_INFO].put(bad_key, b"x")
+    with pytest.raises(CorruptDataError) as err:
+        queue.get_last_applied_seqno(S)
+    assert err.value.table == "diff_info"
+    assert err.value.key == bad_key
+    assert queue.get_last_applied_seqno(OTHER) is None
+
+
+CORRUPT_AT_OPEN = {
+    "pointer-value": (Table.COMMIT_POINTERS, codec.shard_bytes(S), b"\x00" * 3, "commit_pointers"),
+    "pointer-key": (Table.COMMIT_POINTERS, b"\x00" * 5, b"\x00" * 44, "commit_pointers"),
+    "last-mc-block": (Table.VARS, codec.LAST_COMMITTED_MC_BLOCK, b"\x00" * 79, "vars"),
+    "commit-record": (Table.VARS, codec.COMMIT_RECORD, b"garbage", "vars"),
+    "gc-requested": (Table.VARS, codec.GC_REQUESTED, b"\x92\x07\x90", "vars"),
+}
+
+
+@pytest.mark.parametrize(
+    ("table", "row_key", "value", "name"), list(CORRUPT_AT_OPEN.values()), ids=list(CORRUPT_AT_OPEN)
+)
+def test_corrupt_small_tables_fail_the_open(
+    db_path: Path, table: Table, row_key: bytes, value: bytes, name: str
+) -> None:
+    with open_queue(db_path) as queue:
+        populate(queue)
+        queue._store._tables[table].put(row_key, value)
+    for _ in range(2):  # the failed open released the lock
+        with pytest.raises(CorruptDataError) as err:
+            open_queue(db_path)
+        assert err.value.table == name
+        assert err.value.key == row_key
+
+
+def test_corrupt_rows_are_imq_errors() -> None:
+    assert issubclass(CorruptDataError, ImqError)
+
+
+# -- metrics and log events -------------------------------------------------------------------
+
+
+def test_metrics_count_the_operations(queue: Queue) -> None:
+    chain = Chain(queue)
+    a = chain.apply(S, 3)
+    assert queue.apply_diff(a.diff, a.block, a.hash) is False
+    b = chain.build(S, 2)
+    pending = queue.prepare_diff(b.diff, b.block, b.hash)
+    assert pending is not None
+    pending.write()
+    mc = chain.apply(MC, 1)
+    assert queue.commit_diff([mc.top(), a.top(1)]) is True
+    assert queue.commit_diff([mc.top(), a.top(1)]) is False
+    got = iterate_all(queue, [S, MC], 0, BASE)
+    queue.get_diff_info(S, 1)
+    queue.load_diff_statistics(0, QueueShardRange(S, QueueKey.MIN, QueueKey.MAX))
+    queue.clear_uncommitted_state()
+
+    snap = queue.metrics.snapshot()
+    counters = snap["counters"]
+    assert isinstance(counters, dict)
+    assert counters["diffs_applied"] == 3
+    assert counters["diffs_skipped"] == 1
+    assert counters["messages_written"] == 3 + 2 + 1
+    assert counters["commits"] == 1
+    assert counters["commits_skipped"] == 1
+    assert counters["messages_iterated"] == len(got) == 5  # the mc-bound one is skipped
+    assert counters["messages_skipped_by_iterator"] == 1
+    assert counters["uncommitted_cleared"] == 1
+    operations = snap["operations"]
+    assert isinstance(operations, dict)
+    expected_counts = {
+        "apply_diff": 3,
+        "prepare_diff": 1,
+        "write_diff": 3,
+        "commit_diff": 2,
+        "iterator_create": 1,
+        "get_diff_info": 1,
+        "load_diff_statistics": 1,
+        "clear_uncommitted_state": 1,
+    }
+    assert {op: operations[op]["count"] for op in expected_counts} == expected_counts
+    for op in expected_counts:
+        summary = operations[op]
+        assert set(summary) == {"count", "mean", "p50", "p99", "max"}
+        assert 0 <= summary["p50"] <= summary["max"]
+    assert "run_gc" not in operations
+
+
+def test_log_events_have_their_fields(db_path: Path, logs: list[MutableMapping[str, Any]]) -> None:
+    with open_queue(db_path) as queue:
+        chain = Chain(queue)
+        a = chain.apply(S, 3)
+        queue.apply_diff(a.diff, a.block, a.hash)  # skipped
+        mc = chain.apply(MC, 1)
+        assert queue.commit_diff([mc.top(), a.top(1)])
+        assert not queue.commit_diff([mc.top(), a.top(1)])
+    by_event: dict[str, list[MutableMapping[str, Any]]] = {}
+    for entry in logs:
+        by_event.setdefault(entry["event"], []).append(entry)
+
+    applied = by_event["diff_applied"]
+    assert [(e["shard"], e["seqno"], e["messages"]) for e in applied] == [
+        (str(S), 1, 3),
+        (str(MC), 1, 1),
+    ]
+    for e in applied:
+        assert e["log_level"] == "info"
+        assert e["component"] == "queue"
+        assert e["db"] == str(db_path)
+
+    (committed,) = by_event["diff_committed"]
+    assert committed["log_level"] == "info"
+    assert committed["mc_block"] == str(block_id(MC, 1))
+    assert set(committed["pointers"]) == {str(S), str(MC)}
+    assert committed["pointers"][str(S)].endswith("@1")
+    assert str(a.max_message) in committed["pointers"][str(S)]
+
+    assert by_event["diff_skipped"][0]["block"] == str(a.block)
+    assert by_event["commit_skipped"][0]["mc_block"] == str(block_id(MC, 1))
+    assert [e["event"] for e in logs if e["event"].startswith("queue_")] == [
+        "queue_opened",
+        "queue_closed",
+    ]
