@@ -25,7 +25,7 @@ __all__ = [
 
 def read_diff(
     snap: Snapshot, shard: ShardIdent, seqno: int
-) -> tuple[DiffInfo, frozenset[int]] | None:
+) -> tuple[DiffInfo, dict[int, int]] | None:
     key = codec.diff_info_key(shard, seqno)
     raw = snap.get(Table.DIFF_INFO, key)
     return None if raw is None else codec.decode_diff_record(key, raw)
@@ -99,7 +99,9 @@ def stage_diff(
     shard, seqno = block.shard, block.seqno
     router = diff.router
     partition_for = None if router.is_empty else router.partition_for
-    txn.put_many(Table.MESSAGES, codec.message_rows(shard, diff.messages, partition_for))
+    per_partition: dict[int, int] = {}
+    rows = codec.message_rows(shard, diff.messages, partition_for, per_partition)
+    txn.put_many(Table.MESSAGES, rows)
     for partition, counts in stats.partitions.items():
         txn.put_many(
             Table.STATISTICS, codec.stat_rows(shard, partition, stats.max_message, seqno, counts)
@@ -116,7 +118,8 @@ def stage_diff(
         seqno=seqno,
         prev_hash=diff.prev_hash,
     )
-    partitions = router.partitions() | stats.partitions.keys()
+    written = router.partitions() | stats.partitions.keys()
+    partitions = {p: per_partition.get(p, 0) for p in written}
     txn.put(
         Table.DIFF_INFO,
         codec.diff_info_key(shard, seqno),

@@ -37,7 +37,13 @@ class DeletedDiffs:
     shard: ShardIdent
     seqnos: tuple[int, ...]
     partitions: frozenset[int]
-    messages: int  # messages of the deleted diffs, by their stored counts
+    # Per cleared partition: the messages of the diffs whose records this delete removed
+    # (a message range whose diff record an earlier delete removed counts as 0).
+    messages: dict[int, int]
+
+    @property
+    def total_messages(self) -> int:
+        return sum(self.messages.values())
 
 
 def tail_scan(r: DeleteRange) -> Scan:
@@ -51,16 +57,17 @@ def stage_delete(
     """Stage the deletion of ``r``; ``snap.cursors[cursor_index]`` is ``tail_scan(r)``."""
     partitions = set(r.partitions)
     seqnos: list[int] = []
-    messages = 0
+    counted: dict[int, int] = {}
     for tail in snap.cursors[cursor_index]:
         _max_message, seqno = codec.decode_tail_key(tail)
         info_key = codec.diff_info_key(r.shard, seqno)
         raw = snap.get(Table.DIFF_INFO, info_key)
         if raw is not None:
-            info, diff_partitions = codec.decode_diff_record(info_key, raw)
-            messages += sum(info.shards_messages_count.values())
+            _info, diff_partitions = codec.decode_diff_record(info_key, raw)
+            for partition, n in diff_partitions.items():
+                counted[partition] = counted.get(partition, 0) + n
             if r.include_diff_partitions:
-                partitions |= diff_partitions
+                partitions |= diff_partitions.keys()
             txn.delete(Table.DIFF_INFO, info_key)
         seqnos.append(seqno)
     if seqnos:
@@ -72,4 +79,5 @@ def stage_delete(
         txn.delete_range(
             Table.STATISTICS, *codec.stat_delete_range(r.shard, partition, r.first, r.last)
         )
+    messages = {p: counted.get(p, 0) for p in sorted(partitions)}
     return DeletedDiffs(r.shard, tuple(seqnos), frozenset(partitions), messages)

@@ -298,7 +298,7 @@ class Queue:
             "uncommitted_cleared",
             shards={str(d.shard): list(d.seqnos) for d in deleted if d.seqnos},
             diffs=sum(len(d.seqnos) for d in deleted),
-            messages=sum(d.messages for d in deleted),
+            messages=sum(d.total_messages for d in deleted),
         )
 
     def _clear(

@@ -165,13 +165,16 @@ def message_rows(
     shard: ShardIdent,
     messages: Iterable[Message],
     partition_for: Callable[[Address, Address], int] | None,
+    counts: dict[int, int] | None = None,
 ) -> Iterator[tuple[bytes, bytes]]:
     """(key, value) rows for ``messages`` of source ``shard``; ``partition_for=None`` puts
-    every message in partition 0."""
+    every message in partition 0. ``counts`` (if given) receives messages per partition."""
     wc_byte = _WC_BYTE
     shard_b = shard_bytes(shard)
     prefixes: dict[int, bytes] = {}
+    tally: dict[int, int] = {} if counts is None else counts
     default_prefix = _U16.pack(0) + shard_b
+    partition = 0
     for key, src, dst, body in messages:
         if partition_for is None:
             prefix = default_prefix
@@ -180,6 +183,7 @@ def message_rows(
             prefix = prefixes.get(partition) or prefixes.setdefault(
                 partition, _U16.pack(partition) + shard_b
             )
+        tally[partition] = tally.get(partition, 0) + 1
         yield (
             prefix + key[0].to_bytes(8, "big") + key[1],
             b"".join((wc_byte[dst[0]], dst[1], wc_byte[src[0]], src[1], body)),
@@ -315,9 +319,10 @@ def _router_rows(partitions: Mapping[int, frozenset[Address]]) -> list[list[Any]
     return [[p, sorted(address_bytes(a) for a in partitions[p])] for p in sorted(partitions)]
 
 
-def diff_info_value(info: DiffInfo, partitions: Iterable[int]) -> bytes:
-    """The stored record of a diff. ``partitions`` lists every partition the diff wrote
-    messages or statistics into, so deletes can find all of its rows."""
+def diff_info_value(info: DiffInfo, partitions: Mapping[int, int]) -> bytes:
+    """The stored record of a diff. ``partitions`` maps every partition the diff wrote
+    messages or statistics into to its number of messages there, so deletes can find
+    all of its rows and say how many messages they removed."""
     return bytes(
         _pack(
             [
@@ -331,7 +336,7 @@ def diff_info_value(info: DiffInfo, partitions: Iterable[int]) -> bytes:
                 _router_rows(info.router_dst),
                 info.seqno,
                 info.prev_hash,
-                sorted(partitions),
+                [[p, partitions[p]] for p in sorted(partitions)],
             ]
         )
     )
@@ -345,8 +350,9 @@ def decode_diff_info(key: bytes, value: bytes) -> DiffInfo:
     return decode_diff_record(key, value)[0]
 
 
-def decode_diff_record(key: bytes, value: bytes) -> tuple[DiffInfo, frozenset[int]]:
-    """The diff info and the partitions the diff wrote rows into."""
+def decode_diff_record(key: bytes, value: bytes) -> tuple[DiffInfo, dict[int, int]]:
+    """The diff info, and the partitions the diff wrote rows into with its message
+    count in each."""
     try:
         record = _unpack(value)
         if record[0] != _RECORD_VERSION or len(record) != 11:
@@ -370,7 +376,12 @@ def decode_diff_record(key: bytes, value: bytes) -> tuple[DiffInfo, frozenset[in
             seqno=seqno,
             prev_hash=prev_hash,
         )
-        return info, frozenset(check_partition(p) for p in parts)
+        partitions: dict[int, int] = {}
+        for p, n in parts:
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ValueError(f"bad message count {n!r} for partition {p!r}")
+            partitions[check_partition(p)] = n
+        return info, partitions
     except CorruptDataError:
         raise
     except (ValueError, TypeError, IndexError, KeyError, struct.error) as exc:

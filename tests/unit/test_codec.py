@@ -391,15 +391,15 @@ def test_decode_diff_info_seqno_length(length: int) -> None:
 
 
 @pytest.mark.parametrize("prev_hash", [None, b"\x22" * 32])
-@pytest.mark.parametrize("partitions", [(), (0,), (0, 1, 2, 65535)])
-def test_diff_info_round_trip(prev_hash: bytes | None, partitions: tuple[int, ...]) -> None:
+@pytest.mark.parametrize("partitions", [{}, {0: 3}, {0: 0, 1: 5, 2: 1, 65535: 0}])
+def test_diff_info_round_trip(prev_hash: bytes | None, partitions: dict[int, int]) -> None:
     info = make_info(prev_hash=prev_hash)
     key = codec.diff_info_key(LEFT, info.seqno)
     value = codec.diff_info_value(info, partitions)
     decoded, decoded_partitions = codec.decode_diff_record(key, value)
     assert decoded == info
     assert decoded.prev_hash == prev_hash
-    assert decoded_partitions == frozenset(partitions)
+    assert decoded_partitions == partitions
     assert codec.decode_diff_info(key, value) == info
     assert type(decoded.min_message) is QueueKey
     assert all(type(s) is ShardIdent for s in decoded.processed_to)
@@ -419,15 +419,17 @@ def test_diff_info_value_is_deterministic() -> None:
         router_dst=dict(reversed(a.router_dst.items())),
         seqno=a.seqno,
     )
-    assert codec.diff_info_value(a, [2, 0, 1]) == codec.diff_info_value(b, (0, 1, 2))
+    assert codec.diff_info_value(a, {2: 0, 0: 4, 1: 1}) == codec.diff_info_value(
+        b, {0: 4, 1: 1, 2: 0}
+    )
 
 
 def test_diff_info_empty_maps_round_trip() -> None:
     info = DiffInfo(QueueKey.MIN, QueueKey.MIN, {}, bytes(32), {}, {}, {}, 0)
     key = codec.diff_info_key(ShardIdent.MASTERCHAIN, 0)
-    assert codec.decode_diff_record(key, codec.diff_info_value(info, [0])) == (
+    assert codec.decode_diff_record(key, codec.diff_info_value(info, {0: 1})) == (
         info,
-        frozenset({0}),
+        {0: 1},
     )
 
 
@@ -451,7 +453,7 @@ def test_diff_info_truncated_anywhere() -> None:
 def test_diff_info_trailing_bytes() -> None:
     info = make_info()
     key = codec.diff_info_key(LEFT, info.seqno)
-    _corrupt(key, codec.diff_info_value(info, [0]) + b"\x00")
+    _corrupt(key, codec.diff_info_value(info, {0: 1}) + b"\x00")
 
 
 def test_diff_info_flipped_bytes_never_crash() -> None:
@@ -472,7 +474,7 @@ def test_diff_info_flipped_bytes_never_crash() -> None:
 
 def test_diff_info_wrong_key() -> None:
     info = make_info(seqno=7)
-    value = codec.diff_info_value(info, [0])
+    value = codec.diff_info_value(info, {0: 1})
     _corrupt(codec.diff_info_key(LEFT, 8), value)  # seqno differs from the key's
     _corrupt(codec.diff_info_key(LEFT, 7)[:-1], value)  # key too short
 
@@ -480,7 +482,7 @@ def test_diff_info_wrong_key() -> None:
 def _record(**changes: object) -> list[object]:
     """A valid raw record of make_info(), with fields replaced."""
     info = make_info()
-    fields = list(msgpack.unpackb(codec.diff_info_value(info, [0]), raw=False))
+    fields = list(msgpack.unpackb(codec.diff_info_value(info, {0: 1}), raw=False))
     names = [
         "version",
         "min",
@@ -524,7 +526,10 @@ def _record(**changes: object) -> list[object]:
         _record(seqno=None),
         _record(prev_hash=bytes(31)),
         _record(prev_hash="x" * 32),
-        _record(partitions=[65536]),
+        _record(partitions=[[65536, 1]]),
+        _record(partitions=[[0, -1]]),
+        _record(partitions=[[0, True]]),
+        _record(partitions=[0]),
         _record(partitions=None),
         {"a": 1},
         5,
