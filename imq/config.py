@@ -183,6 +183,7 @@ def _as_is(value: object) -> object:
 _Rule = tuple[Callable[[object], object], Callable[[str, object], None]]
 
 _RULES: dict[str, _Rule] = {
+    "gc_enabled": (_as_is, _check_bool),
     "gc_interval": (_duration_from_toml, _check_seconds),
     "sync_commits": (_as_is, _check_bool),
     "block_cache_size": (_size_from_toml, _check_int_at_least(1)),
@@ -196,6 +197,7 @@ _RULES: dict[str, _Rule] = {
 class QueueConfig:
     """Settings of one open queue.
 
+    - ``gc_enabled``: run the background GC worker (``Queue.run_gc`` works either way).
     - ``gc_interval``: seconds between GC ticks.
     - ``sync_commits``: write commits with fsync (diffs are never fsynced).
     - ``block_cache_size``: RocksDB block cache, bytes.
@@ -206,6 +208,7 @@ class QueueConfig:
     Constructing with a wrong type raises ``TypeError``, with a bad value ``ValueError``.
     """
 
+    gc_enabled: bool = True
     gc_interval: float = 5.0
     sync_commits: bool = True
     block_cache_size: int = 256 * _MIB
@@ -221,8 +224,10 @@ class QueueConfig:
 
     @classmethod
     def testing(cls) -> Self:
-        """A tiny, fast profile for tests: 50 ms GC ticks, no fsync, small caches."""
+        """A tiny, fast profile for tests: no background GC (tests that want it turn it on,
+        and ``run_gc`` works anyway), 50 ms ticks when on, no fsync, small caches."""
         return cls(
+            gc_enabled=False,
             gc_interval=0.05,
             sync_commits=False,
             block_cache_size=8 * _MIB,

@@ -27,13 +27,18 @@ class RWLock:
         self._writer = False
         self._writers_waiting = 0
 
-    def acquire_read(self, *, jump_queue: bool = False) -> None:
-        """Take a read lock. ``jump_queue`` lets a caller that already holds one pass a
-        waiting writer (otherwise it would wait for a writer that waits for it)."""
+    def acquire_read(self, *, jump_queue: bool = False, timeout: float | None = None) -> bool:
+        """Take a read lock; ``False`` if ``timeout`` seconds passed first. ``jump_queue``
+        lets a caller that already holds one pass a waiting writer (otherwise it would
+        wait for a writer that waits for it)."""
         with self._cond:
-            while self._writer or (self._writers_waiting and not jump_queue):
-                self._cond.wait()
+            if not self._cond.wait_for(
+                lambda: not (self._writer or (self._writers_waiting and not jump_queue)),
+                timeout,
+            ):
+                return False
             self._readers += 1
+            return True
 
     def release_read(self) -> None:
         with self._cond:

@@ -20,6 +20,7 @@ from imq.config import QueueConfig
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_scan
 from imq.diff import DiffStatistics, QueueDiff
 from imq.errors import QueueClosedError, StartupError
+from imq.gc import GarbageCollector, GcWorker
 from imq.iterator import QueueIterator
 from imq.locks import RWLock, ShardLocks
 from imq.observability import Metrics, get_logger
@@ -68,6 +69,18 @@ class Queue:
         self.metrics = Metrics()
         self._log = get_logger("queue", db=str(store.path))
         reads.load_caches(store)
+        self._gc = GarbageCollector(
+            store,
+            self._rw,
+            self._shard_locks,
+            self.metrics,
+            get_logger("gc", db=str(store.path)),
+            compact=config.compact_after_delete,
+        )
+        self._gc_worker: GcWorker | None = None
+        if config.gc_enabled:
+            self._gc_worker = GcWorker(self._gc, config.gc_interval, self._log)
+            self._gc_worker.start()
 
     @classmethod
     def open(
@@ -113,6 +126,9 @@ class Queue:
         with self._close_lock:
             if self._store.closed:
                 return
+            self._gc.stopping.set()
+            if self._gc_worker is not None:
+                self._gc_worker.stop()
             self._store.close()
             self._log.info("queue_closed")
 
@@ -415,6 +431,28 @@ class Queue:
             scans = [reads.stats_scan(p, range) for p in parts]
             with self._store.snapshot(scans=scans) as snap:
                 return {p: reads.group_statistics(snap.cursors[i]) for i, p in enumerate(parts)}
+
+    # -- garbage collection -------------------------------------------------------------------
+
+    def run_gc(self) -> int:
+        """Run one GC pass now, in the caller's thread; return how many (partition, shard)
+        deletions it executed."""
+        self._check_open()
+        self._pending.check_no_pending("run_gc")
+        with self.metrics.time("run_gc"):
+            return self._gc.run_pass()
+
+    def gc_bounds(
+        self,
+    ) -> tuple[dict[tuple[int, ShardIdent], QueueKey], dict[tuple[int, ShardIdent], QueueKey]]:
+        """The persisted GC bounds: (requested, executed), each keyed by (partition, shard)."""
+        self._check_open()
+        return dict(self._store.cached("gc_requested")), dict(self._store.cached("gc_executed"))
+
+    @property
+    def gc_worker(self) -> GcWorker | None:
+        """The background GC worker (``None`` when ``gc_enabled`` is off)."""
+        return self._gc_worker
 
     def get_last_committed_mc_block_id(self) -> BlockId | None:
         self._check_open()
