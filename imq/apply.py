@@ -100,11 +100,13 @@ def stage_diff(
     router = diff.router
     partition_for = None if router.is_empty else router.partition_for
     per_partition: dict[int, int] = {}
-    rows = codec.message_rows(shard, diff.messages, partition_for, per_partition)
-    txn.put_many(Table.MESSAGES, rows)
+    put, target = txn.writer(Table.MESSAGES)
+    codec.put_message_rows(put, target, shard, diff.messages, partition_for, counts=per_partition)
     for partition, counts in stats.partitions.items():
-        txn.put_many(
-            Table.STATISTICS, codec.stat_rows(shard, partition, stats.max_message, seqno, counts)
+        txn.put(
+            Table.STATISTICS,
+            codec.stat_key(shard, partition, stats.max_message, seqno),
+            codec.stat_value(counts),
         )
     txn.put(Table.DIFF_TAIL, codec.tail_key(shard, stats.max_message, seqno), b"")
     info = DiffInfo(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -13,6 +14,7 @@ from imq.types import Address, Message, QueueKey, ShardIdent, check_partition
 __all__ = ["DiffStatistics", "QueueDiff"]
 
 _by_key = itemgetter(0)
+_dst_of = itemgetter(2)
 
 
 def _check_processed_to(processed_to: Mapping[ShardIdent, QueueKey]) -> dict[ShardIdent, QueueKey]:
@@ -149,12 +151,8 @@ class DiffStatistics:
         partition_for = diff.router.partition_for
         counts: dict[int, dict[Address, int]] = {}
         if diff.router.is_empty:
-            default: dict[Address, int] = {}
-            get = default.get
-            for _key, _src, dst, _body in diff.messages:
-                default[dst] = get(dst, 0) + 1
-            if default:
-                counts[0] = default
+            if diff.messages:
+                counts[0] = dict(Counter(map(_dst_of, diff.messages)))
         else:
             for _key, src, dst, _body in diff.messages:
                 bucket = counts.setdefault(partition_for(src, dst), {})
@@ -172,8 +170,8 @@ class DiffStatistics:
         full shard (SEMANTICS §1.9)."""
         per_wc: dict[int, int] = {}
         for counts in self.partitions.values():
-            for address, count in counts.items():
-                per_wc[address.workchain] = per_wc.get(address.workchain, 0) + count
+            for (workchain, _account), count in counts.items():
+                per_wc[workchain] = per_wc.get(workchain, 0) + count
         return {ShardIdent.full(wc): per_wc[wc] for wc in sorted(per_wc)}
 
     @property

@@ -102,15 +102,17 @@ def stats_scan(partition: int, r: QueueShardRange) -> Scan:
 def sum_statistics(rows: Iterable[Any]) -> dict[Address, int]:
     totals: dict[Address, int] = {}
     for key, value in rows:
-        _max_message, dst, count = codec.decode_stat_row(key, value)
-        totals[dst] = totals.get(dst, 0) + count
+        _max_message, entries = codec.decode_stat_row(key, value)
+        for dst, count in entries:
+            totals[dst] = totals.get(dst, 0) + count
     return totals
 
 
 def group_statistics(rows: Iterable[Any]) -> dict[QueueKey, dict[Address, int]]:
     grouped: dict[QueueKey, dict[Address, int]] = {}
     for key, value in rows:
-        max_message, dst, count = codec.decode_stat_row(key, value)
+        max_message, entries = codec.decode_stat_row(key, value)
         bucket = grouped.setdefault(max_message, {})
-        bucket[dst] = bucket.get(dst, 0) + count
+        for dst, count in entries:
+            bucket[dst] = bucket.get(dst, 0) + count
     return grouped

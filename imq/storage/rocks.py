@@ -21,7 +21,7 @@ import fcntl
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -177,6 +177,11 @@ class Transaction:
             put(key, value, handle)
             n += 1
         return n
+
+    def writer(self, table: Table) -> tuple[Callable[[bytes, bytes, Any], object], Any]:
+        """``(put, target)`` for hot loops: ``put(key, value, target)`` adds a row to
+        ``table`` in this batch."""
+        return self.batch.put, self._handles[table]
 
     def delete(self, table: Table, key: bytes) -> None:
         self.batch.delete(key, self._handles[table])

@@ -165,18 +165,15 @@ def test_message_key_order_across_partitions_and_shards(
 @given(
     shards,
     st.one_of(
-        _lists(st.tuples(partitions, queue_keys, seqnos, addresses)),
-        _tied(st.tuples(partitions, queue_keys, seqnos), addresses),
-        _tied(st.tuples(partitions, queue_keys), st.tuples(seqnos, addresses)).map(
-            lambda values: [(p, k, *rest) for p, k, rest in values]
-        ),
-        _tied(st.tuples(partitions), st.tuples(queue_keys, seqnos, addresses)).map(
+        _lists(st.tuples(partitions, queue_keys, seqnos)),
+        _tied(st.tuples(partitions, queue_keys), seqnos),
+        _tied(st.tuples(partitions), st.tuples(queue_keys, seqnos)).map(
             lambda values: [(p, *rest) for p, rest in values]
         ),
     ),
 )
 def test_stat_key_order_within_shard(
-    shard: ShardIdent, values: list[tuple[int, QueueKey, int, Address]]
+    shard: ShardIdent, values: list[tuple[int, QueueKey, int]]
 ) -> None:
     assert_order_preserved(values, lambda v: codec.stat_key(shard, *v))
 
@@ -246,23 +243,23 @@ def test_message_delete_range_selects_inclusive(
             assert not _inside(codec.message_key(other_partition, other_shard, key), bounds)
 
 
-_stat_rows = _lists(st.tuples(queue_keys, seqnos, addresses))
+_stat_rows = _lists(st.tuples(queue_keys, seqnos))
 
 
 @given(_places, _ends, _stat_rows, _places)
 def test_stat_range_selects_half_open(
     place: tuple[int, ShardIdent],
     ends: tuple[QueueKey, QueueKey],
-    rows: list[tuple[QueueKey, int, Address]],
+    rows: list[tuple[QueueKey, int]],
     other: tuple[int, ShardIdent],
 ) -> None:
     (partition, shard), (from_key, to_key) = place, ends
     bounds = codec.stat_range(shard, partition, from_key, to_key)
-    for max_message, seqno, dst in [*rows, (QueueKey.MAX, U32_MAX, rows[0][2])]:
-        raw = codec.stat_key(shard, partition, max_message, seqno, dst)
+    for max_message, seqno in [*rows, (QueueKey.MAX, U32_MAX)]:
+        raw = codec.stat_key(shard, partition, max_message, seqno)
         assert _inside(raw, bounds) == (from_key <= max_message < to_key)
         if other != place:
-            raw = codec.stat_key(other[1], other[0], max_message, seqno, dst)
+            raw = codec.stat_key(other[1], other[0], max_message, seqno)
             assert not _inside(raw, bounds)
 
 
@@ -270,36 +267,18 @@ def test_stat_range_selects_half_open(
 def test_stat_delete_range_selects_inclusive(
     place: tuple[int, ShardIdent],
     ends: tuple[QueueKey, QueueKey],
-    rows: list[tuple[QueueKey, int, Address]],
+    rows: list[tuple[QueueKey, int]],
     other: tuple[int, ShardIdent],
 ) -> None:
     (partition, shard), (first, last) = place, ends
     bounds = codec.stat_delete_range(shard, partition, first, last)
-    extra = [
-        (first, 0, rows[0][2]),
-        (last, U32_MAX, rows[0][2]),
-        (QueueKey.MAX, U32_MAX, rows[0][2]),
-    ]
-    for max_message, seqno, dst in [*rows, *extra]:
-        raw = codec.stat_key(shard, partition, max_message, seqno, dst)
+    extra = [(first, 0), (last, U32_MAX), (QueueKey.MAX, U32_MAX)]
+    for max_message, seqno in [*rows, *extra]:
+        raw = codec.stat_key(shard, partition, max_message, seqno)
         assert _inside(raw, bounds) == (first <= max_message <= last)
         if other != place:
-            raw = codec.stat_key(other[1], other[0], max_message, seqno, dst)
+            raw = codec.stat_key(other[1], other[0], max_message, seqno)
             assert not _inside(raw, bounds)
-
-
-@given(partitions, shards, range_keys, seqnos, _stat_rows)
-def test_stat_rows_of_diff_select_one_diff(
-    partition: int,
-    shard: ShardIdent,
-    max_message: QueueKey,
-    seqno: int,
-    rows: list[tuple[QueueKey, int, Address]],
-) -> None:
-    bounds = codec.stat_rows_of_diff(shard, partition, max_message, seqno)
-    for row_max, row_seqno, dst in [*rows, (max_message, seqno, rows[0][2])]:
-        raw = codec.stat_key(shard, partition, row_max, row_seqno, dst)
-        assert _inside(raw, bounds) == ((row_max, row_seqno) == (max_message, seqno))
 
 
 _tail_rows = _lists(st.tuples(queue_keys, seqnos))

@@ -228,32 +228,35 @@ def test_message_delete_range_up_to_max(partition: int, shard: ShardIdent) -> No
 
 
 def test_stat_key_layout() -> None:
-    raw = codec.stat_key(LEFT, 2, k(7), 9, A)
-    assert len(raw) == codec.STAT_KEY_LEN == 91
+    raw = codec.stat_key(LEFT, 2, k(7), 9)
+    assert len(raw) == codec.STAT_KEY_LEN == 58
     assert raw[:12] == codec.shard_bytes(LEFT)
     assert raw[12:14] == b"\x00\x02"
     assert raw[14:54] == codec.key_bytes(k(7))
     assert raw[54:58] == (9).to_bytes(4, "big")
-    assert raw[58:] == codec.address_bytes(A)
 
 
-def test_stat_rows_round_trip() -> None:
+def test_stat_value_layout() -> None:
+    value = codec.stat_value({A: 5})
+    assert len(value) == 41
+    assert value[:33] == codec.address_bytes(A)
+    assert value[33:] == (5).to_bytes(8, "big")
+    assert codec.stat_value({}) == b""
+
+
+def test_stat_row_round_trip() -> None:
     counts = {A: 1, B: 2**40, C: 3, D: 2**64 - 1}
-    rows = list(codec.stat_rows(LEFT, 5, k(7), 11, counts))
-    assert len(rows) == len(counts)
-    decoded = {}
-    for raw_key, value in rows:
-        max_message, dst, count = codec.decode_stat_row(raw_key, value)
-        assert max_message == k(7)
-        assert raw_key == codec.stat_key(LEFT, 5, k(7), 11, dst)
-        assert value == codec.stat_value(count)
-        decoded[dst] = count
-    assert decoded == counts
+    raw_key = codec.stat_key(LEFT, 5, k(7), 11)
+    max_message, entries = codec.decode_stat_row(raw_key, codec.stat_value(counts))
+    assert max_message == k(7)
+    assert dict(entries) == counts
+    assert [dst for dst, _ in entries] == list(counts)
+    assert all(type(dst) is Address for dst, _ in entries)
 
 
 @pytest.mark.parametrize(
     ("key_len", "value_len"),
-    [(90, 8), (92, 8), (0, 8), (91, 7), (91, 9), (91, 0)],
+    [(57, 41), (59, 41), (0, 41), (58, 40), (58, 42), (58, 1)],
 )
 def test_decode_stat_row_lengths(key_len: int, value_len: int) -> None:
     with pytest.raises(CorruptDataError) as info:
@@ -263,46 +266,38 @@ def test_decode_stat_row_lengths(key_len: int, value_len: int) -> None:
     assert "statistics" in str(info.value)
 
 
-def test_stat_range_and_rows_of_diff() -> None:
+def test_stat_range_selects_diffs_by_max_message() -> None:
     lo, hi = codec.stat_range(LEFT, 1, k(3), k(8))
     assert lo == codec.stat_prefix(LEFT, 1, k(3))
     assert hi == codec.stat_prefix(LEFT, 1, k(8))
-    assert lo <= codec.stat_key(LEFT, 1, k(3), 0, A) < hi
-    assert lo <= codec.stat_key(LEFT, 1, k(7, 255), 2**32 - 1, D) < hi
-    assert not lo <= codec.stat_key(LEFT, 1, k(8), 0, A) < hi
-
-    lo, hi = codec.stat_rows_of_diff(LEFT, 1, k(3), 4)
-    for dst in ADDRESSES:
-        assert lo <= codec.stat_key(LEFT, 1, k(3), 4, dst) < hi
-        for seqno in (3, 5):
-            assert not lo <= codec.stat_key(LEFT, 1, k(3), seqno, dst) < hi
-        assert not lo <= codec.stat_key(LEFT, 2, k(3), 4, dst) < hi
-        assert not lo <= codec.stat_key(RIGHT, 1, k(3), 4, dst) < hi
+    assert lo <= codec.stat_key(LEFT, 1, k(3), 0) < hi
+    assert lo <= codec.stat_key(LEFT, 1, k(7, 255), 2**32 - 1) < hi
+    assert not lo <= codec.stat_key(LEFT, 1, k(8), 0) < hi
+    assert not lo <= codec.stat_key(LEFT, 2, k(5), 0) < hi
+    assert not lo <= codec.stat_key(RIGHT, 1, k(5), 0) < hi
 
 
 def test_stat_delete_range_inclusive() -> None:
     lo, hi = codec.stat_delete_range(LEFT, 1, k(3), k(5))
-    assert lo <= codec.stat_key(LEFT, 1, k(3), 0, A) < hi
-    for dst in ADDRESSES:
-        assert lo <= codec.stat_key(LEFT, 1, k(5), 2**32 - 1, dst) < hi
-        assert not lo <= codec.stat_key(LEFT, 1, k(5).next_value(), 0, dst) < hi
-        assert not lo <= codec.stat_key(LEFT, 1, QueueKey.max_for_lt(2), 2**32 - 1, dst) < hi
+    assert lo <= codec.stat_key(LEFT, 1, k(3), 0) < hi
+    assert lo <= codec.stat_key(LEFT, 1, k(5), 2**32 - 1) < hi
+    assert not lo <= codec.stat_key(LEFT, 1, k(5).next_value(), 0) < hi
+    assert not lo <= codec.stat_key(LEFT, 1, QueueKey.max_for_lt(2), 2**32 - 1) < hi
 
 
 @pytest.mark.parametrize("partition", [0, 1, 65535])
 @pytest.mark.parametrize("shard", SHARDS)
 def test_stat_delete_range_up_to_max(partition: int, shard: ShardIdent) -> None:
     lo, hi = codec.stat_delete_range(shard, partition, QueueKey.MIN, QueueKey.MAX)
-    for dst in ADDRESSES:
-        for seqno in (0, 2**32 - 1):
-            assert lo <= codec.stat_key(shard, partition, QueueKey.MAX, seqno, dst) < hi
-            assert lo <= codec.stat_key(shard, partition, QueueKey.MIN, seqno, dst) < hi
+    for seqno in (0, 2**32 - 1):
+        assert lo <= codec.stat_key(shard, partition, QueueKey.MAX, seqno) < hi
+        assert lo <= codec.stat_key(shard, partition, QueueKey.MIN, seqno) < hi
     for other_shard in SHARDS:
         for other_partition in {0, 1, partition - 1, partition + 1} & set(range(65536)):
             if (other_partition, other_shard) == (partition, shard):
                 continue
             for key in (QueueKey.MIN, QueueKey.MAX):
-                raw = codec.stat_key(other_shard, other_partition, key, 0, A)
+                raw = codec.stat_key(other_shard, other_partition, key, 0)
                 assert not lo <= raw < hi
 
 
