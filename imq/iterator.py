@@ -6,7 +6,7 @@ equals key order, D1). A message whose destination is not in ``for_shard`` is sk
 by reading only its fixed destination header (D2); its key still counts as consumed
 for ``current_position()``, which records the last key taken from each shard.
 
-Speed note: ``_merge`` is the per-message hot path and trades some clarity for speed
+Speed note: ``_runs`` is the per-message hot path and trades some clarity for speed
 (``benchmarks/bench_core.py`` measures it against raw rocksdict):
 
 - ``iter(queue_iterator)`` hands out the merge generator itself, so a ``for`` loop pays
@@ -26,6 +26,7 @@ import operator
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from heapq import heapify, heappop, heapreplace
+from itertools import chain
 from types import TracebackType
 from typing import Any, NoReturn
 
@@ -90,7 +91,10 @@ class QueueIterator:
         self._sources: list[Iterator[Any]] = [c.items for c in snap.cursors]
         self._closed_by_queue = False
         self._run: tuple[int, list[bytes], Iterator[IteratedMessage]] | None = None
-        self._merged: Iterator[IteratedMessage] = self._merge()
+        # Runs are handed out as list iterators and chained in C, so a message passes to
+        # the consumer without resuming a Python frame.
+        self._producer = self._runs()
+        self._merged: Iterator[IteratedMessage] = chain.from_iterable(self._producer)
 
     # -- public -------------------------------------------------------------------------------
 
@@ -122,8 +126,11 @@ class QueueIterator:
         """Release the cursors; the iterator is then exhausted."""
         # ValueError: another thread is inside next() right now; dropping the sources
         # below still ends it at its next pull.
+        self._merged = iter(())
+        # ValueError: another thread is producing a run right now; dropping the sources
+        # below still ends it at its next pull.
         with contextlib.suppress(ValueError):
-            self._merged.close()  # type: ignore[attr-defined]
+            self._producer.close()  # type: ignore[attr-defined]
         self._release(iter(()))
 
     def close_for_queue(self) -> None:
@@ -151,7 +158,7 @@ class QueueIterator:
 
     # -- the merge ----------------------------------------------------------------------------
 
-    def _merge(self) -> Iterator[IteratedMessage]:  # noqa: PLR0915 - one hot loop, kept flat
+    def _runs(self) -> Iterator[Iterator[IteratedMessage]]:  # noqa: PLR0915 - one hot loop
         for_shard = self._for_shard
         wc_byte = codec.workchain_byte(for_shard.workchain)
         if wc_byte is None:  # no std address lives in this workchain: skip everything
@@ -199,7 +206,7 @@ class QueueIterator:
                 batch = _decode(keys, values, shards[idx], cache)
                 run = iter(batch)
                 self._run = (idx, keys, run)
-                yield from run
+                yield run
                 # The consumer asked for the next message: the run is consumed, and its
                 # trailing skips count as consumed now (as the original records them).
                 self._run = None
@@ -219,7 +226,7 @@ class QueueIterator:
                 on_done(yielded, skipped)
 
 
-_RUN = 512  # rows decoded at once: bounds the memory of a run over a long shard range
+_RUN = 64  # rows decoded at once; best of 4..2048 measured (larger runs lose to GC and caches)
 _unpack_key = struct.Struct(">14xQ32s").unpack
 
 
