@@ -19,7 +19,7 @@ from imq.commit import plan_commit, stage_commit
 from imq.config import QueueConfig
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_scan
 from imq.diff import DiffStatistics, QueueDiff
-from imq.errors import QueueClosedError, StartupError
+from imq.errors import ImqError, QueueClosedError, StartupError
 from imq.gc import GarbageCollector, GcWorker
 from imq.iterator import QueueIterator
 from imq.locks import RWLock, ShardLocks
@@ -78,7 +78,7 @@ class Queue:
             compact=config.compact_after_delete,
         )
         self._gc_worker: GcWorker | None = None
-        if config.gc_enabled:
+        if config.gc_enabled and not store.read_only:
             self._gc_worker = GcWorker(self._gc, config.gc_interval, self._log)
             self._gc_worker.start()
 
@@ -89,8 +89,13 @@ class Queue:
         config: QueueConfig | None = None,
         *,
         zerostate_seqno: int = 0,
+        read_only: bool = False,
     ) -> Queue:
-        """Open (creating if missing) the queue database in directory ``path``."""
+        """Open (creating if missing) the queue database in directory ``path``.
+
+        ``read_only=True`` opens an existing database beside a live writer, for inspection:
+        no lock, no GC worker, and every call that would write raises ``ImqError``.
+        """
         config = config if config is not None else QueueConfig()
         _check_type("config", config, QueueConfig)
         if not isinstance(zerostate_seqno, int) or not 0 <= zerostate_seqno <= 0xFFFF_FFFF:
@@ -102,6 +107,7 @@ class Queue:
                 write_buffer_size=config.write_buffer_size,
                 max_background_jobs=config.max_background_jobs,
             ),
+            read_only=read_only,
         )
         try:
             queue = cls(store, config, zerostate_seqno)
@@ -147,6 +153,15 @@ class Queue:
         if self._store.closed:
             raise QueueClosedError(f"queue {self._store.path} is closed")
 
+    def _check_writable(self, operation: str) -> None:
+        self._check_open()
+        if self._store.read_only:
+            raise ImqError(f"{operation}: queue {self._store.path} is open read-only")
+
+    @property
+    def read_only(self) -> bool:
+        return self._store.read_only
+
     # -- applying diffs -----------------------------------------------------------------------
 
     def prepare_diff(
@@ -160,7 +175,7 @@ class Queue:
         """Run every pre-write check and stage the diff; ``None`` if it is already applied
         (same hash) or skipped by the sequence rule. Locks are held until the pending
         diff is written or discarded."""
-        self._check_open()
+        self._check_writable("prepare_diff")
         stats = self._check_diff_args(diff, block, diff_hash, statistics, check_sequence)
         with self.metrics.time("prepare_diff"):
             return self._prepare(diff, block, diff_hash, stats, check_sequence)
@@ -174,7 +189,7 @@ class Queue:
         check_sequence: DiffZone | None = None,
     ) -> bool:
         """Prepare and write at once; ``True`` if written, ``False`` if it was a no-op."""
-        self._check_open()
+        self._check_writable("apply_diff")
         stats = self._check_diff_args(diff, block, diff_hash, statistics, check_sequence)
         with self.metrics.time("apply_diff"):
             pending = self._prepare(diff, block, diff_hash, stats, check_sequence)
@@ -260,7 +275,7 @@ class Queue:
     ) -> bool:
         """Commit the queue on the masterchain block in ``top_blocks``; ``False`` if an
         equal or later masterchain block was already committed."""
-        self._check_open()
+        self._check_writable("commit_diff")
         tops = list(top_blocks)
         for top in tops:
             _check_type("top block", top, TopBlock)
@@ -299,7 +314,7 @@ class Queue:
     ) -> None:
         """Delete everything above the commit pointers; shards without a pointer are cleared
         entirely when listed in ``top_shards`` and left alone otherwise."""
-        self._check_open()
+        self._check_writable("clear_uncommitted_state")
         parts = _partitions(partitions)
         tops = list(top_shards)
         for shard in tops:
@@ -345,7 +360,7 @@ class Queue:
     ) -> None:
         """The node-start sequence: check the last committed masterchain block against the
         last applied one, then clear the uncommitted zone. A failed check changes nothing."""
-        self._check_open()
+        self._check_writable("startup")
         _check_type("last_applied_mc_block", last_applied_mc_block, BlockId)
         tops = list(top_shards)
         with self.metrics.time("startup"):
@@ -437,7 +452,7 @@ class Queue:
     def run_gc(self) -> int:
         """Run one GC pass now, in the caller's thread; return how many (partition, shard)
         deletions it executed."""
-        self._check_open()
+        self._check_writable("run_gc")
         self._pending.check_no_pending("run_gc")
         with self.metrics.time("run_gc"):
             return self._gc.run_pass()
@@ -453,6 +468,15 @@ class Queue:
     def gc_worker(self) -> GcWorker | None:
         """The background GC worker (``None`` when ``gc_enabled`` is off)."""
         return self._gc_worker
+
+    def summary(self) -> dict[str, Any]:
+        """What the queue holds, for operators: pointers, the last committed block, GC
+        bounds, and per shard its diffs by zone and its messages per partition. Reads
+        every diff record (one snapshot); meant for inspection, not for a hot path."""
+        self._check_open()
+        scan = reads.all_diffs_scan()
+        with self._store.snapshot(scans=[scan]) as snap:
+            return reads.summarize(snap, self._store.path, self._store.read_only)
 
     def get_last_committed_mc_block_id(self) -> BlockId | None:
         self._check_open()

@@ -116,3 +116,49 @@ def group_statistics(rows: Iterable[Any]) -> dict[QueueKey, dict[Address, int]]:
         for dst, count in entries:
             bucket[dst] = bucket.get(dst, 0) + count
     return grouped
+
+
+def all_diffs_scan() -> Scan:
+    return Scan(Table.DIFF_INFO, b"", None)
+
+
+def summarize(snap: Snapshot, path: object, read_only: bool) -> dict[str, Any]:
+    """A JSON-friendly picture of the queue (see ``Queue.summary``)."""
+    pointers: dict[ShardIdent, CommitPointer] = snap.cache["pointers"]
+    shards: dict[ShardIdent, dict[str, Any]] = {}
+    for key, value in snap.cursors[0]:
+        info, partitions = codec.decode_diff_record(key, value)
+        shard = codec.decode_shard(key[: codec.SHARD_LEN])
+        entry = shards.setdefault(
+            shard,
+            {"diffs": 0, "committed": 0, "uncommitted": 0, "seqnos": [None, None], "messages": {}},
+        )
+        entry["diffs"] += 1
+        entry[
+            "committed" if in_zone(info, pointers.get(shard), DiffZone.COMMITTED) else "uncommitted"
+        ] += 1
+        low, high = entry["seqnos"]
+        entry["seqnos"] = [
+            info.seqno if low is None else min(low, info.seqno),
+            max(high or 0, info.seqno),
+        ]
+        for partition, count in partitions.items():
+            entry["messages"][partition] = entry["messages"].get(partition, 0) + count
+    last = snap.cache["last_mc_block"]
+    requested, executed = snap.cache["gc_requested"], snap.cache["gc_executed"]
+    return {
+        "path": str(path),
+        "read_only": read_only,
+        "last_committed_mc_block": None if last is None else str(last),
+        "commit_pointers": {
+            str(s): {"key": str(p.key), "seqno": p.seqno} for s, p in sorted(pointers.items())
+        },
+        "shards": {str(s): shards[s] for s in sorted(shards)},
+        "gc": {
+            f"{p}/{s}": {
+                "requested": str(requested[(p, s)]),
+                "executed": str(executed[(p, s)]) if (p, s) in executed else None,
+            }
+            for p, s in sorted(requested)
+        },
+    }

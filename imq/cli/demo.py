@@ -35,6 +35,7 @@ LEFT = ShardIdent(0, 0x4000_0000_0000_0000)  # accounts whose first bit is 0
 RIGHT = ShardIdent(0, 0xC000_0000_0000_0000)  # accounts whose first bit is 1
 SHARDS = (MC, LEFT, RIGHT)
 MESSAGES_PER_DIFF = 6
+SEQNOS = range(1, 4)
 
 
 class _Scenario:
@@ -88,6 +89,7 @@ class _Scenario:
         return maxima
 
     def show_zones(self, queue: Queue, seqnos: range) -> None:
+        """One line per shard: the zone of each of its diffs (``-`` once deleted)."""
         for shard in SHARDS:
             zones = []
             for seqno in seqnos:
@@ -121,20 +123,27 @@ def run(db: Path, out: TextIO) -> None:
     say = scenario.say
     if db.exists():
         shutil.rmtree(db)
-    config = QueueConfig()
+    config = QueueConfig(gc_enabled=False)  # the demo runs GC itself, at a chosen step
     say(f"imq demo: database {db}")
     with Queue.open(db, config) as queue:
         say("\n1. The collator writes each block's diff at once, uncommitted:")
-        scenario.apply_round(queue, 1)
-        scenario.apply_round(queue, 2)
-        scenario.show_zones(queue, range(1, 3))
+        for seqno in SEQNOS:
+            scenario.apply_round(queue, seqno)
+        scenario.show_zones(queue, SEQNOS)
 
-        say("\n2. Masterchain block 1 is applied: commit on it (top blocks: seqno 1).")
-        tops = [TopBlock(BlockId(s, 1), 1) for s in SHARDS]
+        say("\n2. Masterchain block 2 is applied: commit on it (top blocks: seqno 2).")
+        tops = [TopBlock(BlockId(s, 2), 2) for s in SHARDS]
         queue.commit_diff(tops)
         for shard, pointer in sorted(queue.get_commit_pointers().items()):
             say(f"  pointer {shard!s:22} -> {pointer.key} (seqno {pointer.seqno})")
-        scenario.show_zones(queue, range(1, 3))
+        scenario.show_zones(queue, SEQNOS)
+
+        say("\n   GC deletes, per source shard, what every reader has processed (the minimum")
+        say("   processed_to over the committed diffs):")
+        bounds, _ = queue.gc_bounds()
+        for (partition, shard), bound in sorted(bounds.items()):
+            say(f"  bound p{partition} {str(shard):22} <= {bound}")
+        say(f"  run_gc: {queue.run_gc()} (partition, shard) ranges collected")
 
         say(f"\n3. Collating {LEFT}: read its incoming messages, merged across sources:")
         scenario.read_incoming(queue, LEFT)
@@ -143,13 +152,13 @@ def run(db: Path, out: TextIO) -> None:
 
         say("\n4. The collation is cancelled: reset the uncommitted zone.")
         queue.clear_uncommitted_state(top_shards=SHARDS)
-        scenario.show_zones(queue, range(1, 3))
+        scenario.show_zones(queue, SEQNOS)
 
     say("\n5. Restart: reopen the database; the committed state is still there.")
     with Queue.open(db, config) as queue:
         last = queue.get_last_committed_mc_block_id()
         say(f"  last committed masterchain block: {last.short if last else None}")
-        scenario.show_zones(queue, range(1, 3))
+        scenario.show_zones(queue, SEQNOS)
         scenario.read_incoming(queue, LEFT)
         say("\nLatency of the calls above (this process, after reopen):")
         for op, stats in sorted(queue.metrics.snapshot()["operations"].items()):  # type: ignore[attr-defined]

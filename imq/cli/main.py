@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from imq.cli import demo
+from imq.cli import demo, inspect
 from imq.errors import ImqError
 from imq.observability import configure_for_cli
 
@@ -35,6 +35,11 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_DEMO_DB,
         help=f"database directory, wiped first (default: {DEFAULT_DEMO_DB})",
     )
+    show = commands.add_parser(
+        "inspect", help="show what a queue database holds (read-only; safe beside a live node)"
+    )
+    show.add_argument("db", type=Path, help="database directory")
+    show.add_argument("--json", action="store_true", help="print the summary as JSON")
     return parser
 
 
@@ -48,6 +53,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             demo.run(args.db, out=sys.stdout)
+        elif args.command == "inspect":
+            inspect.run(args.db, as_json=args.json, out=sys.stdout)
     except ImqError as exc:
         print(f"imq: error: {exc}", file=sys.stderr)
         return 1

@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from rocksdict import (
+    AccessType,
     Cache,
     CompactOptions,
     Options,
@@ -206,11 +207,29 @@ class Transaction:
 class Store:
     """A dedicated RocksDB directory with imq's six column families."""
 
-    def __init__(self, path: str | os.PathLike[str], options: StoreOptions | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        options: StoreOptions | None = None,
+        *,
+        read_only: bool = False,
+    ) -> None:
+        """Open (creating if missing) the store in ``path``.
+
+        ``read_only`` opens an existing store beside a live writer, for inspection: no
+        lock is taken, nothing can be written, and the view is the state at open
+        (including the writer's unflushed log).
+        """
         self.path = Path(path)
         self.options = options or StoreOptions()
-        self.path.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = self._acquire_lock()
+        self.read_only = read_only
+        if read_only:
+            if not (self.path / "CURRENT").is_file():
+                raise ImqError(f"no queue database at {self.path}")
+            self._lock_fd = -1
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = self._acquire_lock()
         try:
             self._db, self._tables, self._handles = self._open_rocksdb()
         except BaseException:
@@ -242,6 +261,8 @@ class Store:
         return fd
 
     def _release_lock(self) -> None:
+        if self._lock_fd < 0:
+            return
         with contextlib.suppress(OSError):
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         with contextlib.suppress(OSError):
@@ -254,8 +275,9 @@ class Store:
         db_opts.create_missing_column_families(True)
         db_opts.set_max_background_jobs(self.options.max_background_jobs)
         cfs = {t.value: table_options(spec, cache, self.options) for t, spec in TABLES.items()}
+        access = AccessType.read_only() if self.read_only else AccessType.read_write()
         try:
-            db = Rdict(str(self.path), options=db_opts, column_families=cfs)
+            db = Rdict(str(self.path), options=db_opts, column_families=cfs, access_type=access)
         except Exception as exc:
             if "lock" in str(exc).lower():
                 raise DatabaseLockedError(f"queue database {self.path} is locked: {exc}") from exc
@@ -266,6 +288,8 @@ class Store:
 
     def _check_schema(self) -> None:
         raw = self._tables[Table.VARS].get(codec.SCHEMA_VERSION_KEY)
+        if raw is None and self.read_only:
+            raise SchemaVersionError(f"queue database {self.path} has no schema version")
         if raw is None:
             if any(self._has_rows(t) for t in Table if t is not Table.VARS):
                 raise SchemaVersionError(
@@ -340,6 +364,8 @@ class Store:
 
     def transaction(self) -> Transaction:
         self._check_open()
+        if self.read_only:
+            raise ImqError(f"queue database {self.path} is open read-only")
         return Transaction(self._handles)
 
     def write(self, txn: Transaction, *, sync: bool = False) -> None:
