@@ -656,7 +656,7 @@ class Report:
             f"{LAG_DIFFS} diffs of {LAG_DIFF_SIZE:,} messages ({LIVE:,} live); three producer "
             f"shards (`0:6…`, `0:a…`, `0:e…`) write diffs of {PRODUCER_DIFF_SIZE} messages "
             f"round-robin, {BODY_SIZE}-byte bodies, destinations from {DST_ACCOUNTS:,} "
-            "basechain accounts (so about one statistics row per message). One commit names "
+            "basechain accounts (so about one statistics entry per message). One commit names "
             "every shard's last diff; its GC bounds collect every producer message and none "
             "of the lagging shard's. " + (self.plot_note or "Plot: `gc.png` beside this file."),
             "",
@@ -724,7 +724,7 @@ def write_plot(report: Report, path: Path) -> str:
     except ImportError:
         return "No plot: matplotlib is not installed (`pip install -e '.[bench]'`)."
     xs = [r.collected for r in report.results]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.6))
     short = {
         next(iter(READS)): "iterator + first message",
         list(READS)[1]: "full read, 10k live",
@@ -738,7 +738,7 @@ def write_plot(report: Report, path: Path) -> str:
     left.set(xscale="log", yscale="log", xlabel="messages collected", ylabel="median seconds")
     left.set_title("reads after collection")
     left.grid(True, which="both", alpha=0.3)
-    left.legend(fontsize=8)
+    left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     med = statistics.median
     series = [
         ("imq run_gc", [med(x.seconds for x in r.imq) for r in report.results]),
@@ -752,7 +752,7 @@ def write_plot(report: Report, path: Path) -> str:
     right.set(xscale="log", yscale="log", xlabel="messages collected", ylabel="seconds")
     right.set_title("one GC pass")
     right.grid(True, which="both", alpha=0.3)
-    right.legend(fontsize=8)
+    right.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -1,0 +1,753 @@
+"""Garbage collection on a real RocksDB (SEMANTICS §7, §8 with D4, D5, D7, D8, D9).
+
+What a deletion removes and what it must not touch, per-partition bounds, bounds that
+never re-run, the idle-shard bound of D7, persistence across reopen, failures that are
+retried, the background worker's life cycle, GC beside concurrent writers and readers,
+and space coming back after compaction.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, MutableMapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import (
+    BASE,
+    MC,
+    Applied,
+    Chain,
+    Clock,
+    address_in,
+    block,
+    diff_hash,
+    dump,
+    full_range,
+    iterate_all,
+    key,
+    make_diff,
+    message,
+    message_keys,
+    quiet_config,
+    rows,
+    shard_rows,
+    split_shard,
+)
+
+from imq import (
+    Address,
+    DiffZone,
+    ImqError,
+    IteratedMessage,
+    PartitionRouter,
+    Queue,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+)
+from imq.storage import Table, codec
+
+A = split_shard(0, 1, 0)
+B = split_shard(0, 1, 1)
+HOT = address_in(B, 77)  # routed to partition 1 by destination
+Logs = list[MutableMapping[str, Any]]
+WAIT = 10.0  # seconds: generous bound for anything a background thread must do
+
+
+def open_gc_queue(path: Path, **overrides: Any) -> Queue:
+    """A queue with the background worker on; a long interval, so only the tick at open
+    and explicit ``tick`` calls run passes."""
+    return Queue.open(path, quiet_config(gc_enabled=True, **overrides))
+
+
+def worker(queue: Queue) -> Any:
+    assert queue.gc_worker is not None
+    return queue.gc_worker
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = WAIT) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def apply_keys(
+    chain: Chain,
+    shard: ShardIdent,
+    keys: Sequence[QueueKey],
+    dsts: Sequence[Address] | None = None,
+    *,
+    processed_to: dict[ShardIdent, QueueKey] | None = None,
+    router: PartitionRouter | None = None,
+    seqno: int | None = None,
+) -> Applied:
+    """Apply a diff of ``shard`` whose messages sit at exactly ``keys``."""
+    dsts = dsts or [address_in(shard, 900 + i) for i in range(len(keys))]
+    msgs = [
+        message(k, address_in(shard, i % 3), d)
+        for i, (k, d) in enumerate(zip(keys, dsts, strict=True))
+    ]
+    if seqno is None:
+        seqno = max((a.seqno for a in chain.of(shard)), default=0) + 1
+    applied = Applied(
+        block(shard, seqno), make_diff(msgs, processed_to, router), diff_hash((shard, seqno))
+    )
+    assert chain.queue.apply_diff(applied.diff, applied.block, applied.hash)
+    chain.record(applied)
+    return applied
+
+
+def commit(
+    queue: Queue,
+    mc: Applied,
+    *tops: Applied,
+    idle: Sequence[Applied] = (),
+    partitions: Sequence[int] = (0, 1),
+) -> None:
+    """Commit on ``mc`` with ``tops`` as updated top blocks and ``idle`` as unchanged ones."""
+    blocks = [mc.top(), *(t.top(mc.seqno) for t in tops)]
+    blocks += [t.top(mc.seqno, updated=False) for t in idle]
+    assert queue.commit_diff(blocks, partitions) is True
+
+
+def stat_rows_of(queue: Queue, shard: ShardIdent) -> list[tuple[QueueKey, int]]:
+    """(diff max_message, partition) of every statistics row of ``shard``, from the key
+    prefix alone (the destinations are read through the public API)."""
+    out = []
+    for k, _v in shard_rows(queue, Table.STATISTICS, shard):
+        partition = int.from_bytes(k[codec.SHARD_LEN : codec.SHARD_LEN + 2], "big")
+        out.append((codec.decode_key(k[codec.SHARD_LEN + 2 : codec.STAT_PREFIX_LEN]), partition))
+    return out
+
+
+def tail_rows_of(queue: Queue, shard: ShardIdent) -> list[tuple[QueueKey, int]]:
+    return [codec.decode_tail_key(k) for k, _ in shard_rows(queue, Table.DIFF_TAIL, shard)]
+
+
+def info_seqnos(queue: Queue, shard: ShardIdent) -> list[int]:
+    return [codec.decode_diff_info_seqno(k) for k, _ in shard_rows(queue, Table.DIFF_INFO, shard)]
+
+
+def events(logs: Logs, name: str) -> list[MutableMapping[str, Any]]:
+    return [e for e in logs if e["event"] == name]
+
+
+def keys_of(*applied: Applied) -> list[QueueKey]:
+    return [m.key for a in applied for m in a.messages]
+
+
+# -- what a deletion removes ------------------------------------------------------------------
+
+
+def test_deletion_is_inclusive_of_the_bound_and_touches_nothing_above(
+    queue: Queue, chain: Chain
+) -> None:
+    bound = key(5000)
+    b1 = chain.apply(B, 2)  # another shard: no bound, never touched
+    a1 = apply_keys(chain, A, [key(1000), key(1010)])
+    a2 = apply_keys(chain, A, [key(1020), bound])  # ends exactly on the bound
+    a3 = apply_keys(chain, A, [bound.next_value(), key(6000)])  # starts right above it
+    above = apply_keys(chain, A, [key(7000), key(8000)])
+    pt = {A: bound}
+    mc = chain.apply(MC, 0, processed_to=pt)
+    a4 = apply_keys(chain, A, [key(9000)], processed_to=pt)
+    commit(queue, mc, a4)
+    infos = {s: queue.get_diff_info(A, s) for s in (3, 4, 5)}
+    stats_before = queue.load_separated_diff_statistics([0, 1], full_range(A))
+    b_rows = {t: shard_rows(queue, t, B) for t in Table if t is not Table.MESSAGES}
+    b_messages = message_keys(queue, 0, B)
+
+    assert queue.run_gc() == 2  # (0, A) and (1, A)
+
+    assert message_keys(queue, 0, A) == keys_of(a3, above, a4)
+    assert message_keys(queue, 0, A)[0] == bound.next_value()
+    assert iterate_all(queue, [A]) == [m for a in (a3, above, a4) for m in a.iterated()]
+    # Statistics: every row of a1 and a2 gone, the others intact.
+    assert {mm for mm, _ in stat_rows_of(queue, A)} == {
+        a3.max_message,
+        above.max_message,
+        a4.max_message,
+    }
+    stats_after = queue.load_separated_diff_statistics([0, 1], full_range(A))
+    expected = {
+        p: {mm: c for mm, c in per.items() if mm > bound} for p, per in stats_before.items()
+    }
+    assert stats_after == expected
+    assert a2.max_message not in stats_after[0] and a3.max_message in stats_after[0]
+    assert queue.load_diff_statistics(0, QueueShardRange(A, QueueKey.MIN, bound.next_value())) == {}
+    # Tails and diff infos: a1 and a2 gone, the rest intact.
+    assert queue.get_diffs_tail_len(A, QueueKey.MIN) == 3
+    assert queue.get_diffs_tail_len(A, bound) == 3
+    assert tail_rows_of(queue, A) == [(a.max_message, a.seqno) for a in (a3, above, a4)]
+    assert queue.get_diff_info(A, a1.seqno) is None
+    assert queue.get_diff_info(A, a2.seqno) is None
+    assert not queue.is_diff_exists(a2.block)
+    assert {s: queue.get_diff_info(A, s) for s in (3, 4, 5)} == infos
+    assert info_seqnos(queue, A) == [3, 4, 5]
+    # Another shard's rows are untouched.
+    assert {t: shard_rows(queue, t, B) for t in Table if t is not Table.MESSAGES} == b_rows
+    assert message_keys(queue, 0, B) == b_messages == keys_of(b1)
+
+
+def test_a_diff_straddling_the_bound_keeps_its_records_and_upper_messages(
+    queue: Queue, chain: Chain
+) -> None:
+    a1 = apply_keys(chain, A, [key(1000), key(1010), key(1020), key(1030)])
+    bound = a1.messages[1].key
+    mc = chain.apply(MC, 0, processed_to={A: bound})
+    commit(queue, mc, a1)
+    info = queue.get_diff_info(A, 1)
+    stats = queue.load_diff_statistics(0, full_range(A))
+
+    assert queue.run_gc() == 2
+
+    assert message_keys(queue, 0, A) == [key(1020), key(1030)]
+    assert queue.get_diff_info(A, 1) == info  # max_message is above the bound
+    assert queue.get_diffs_tail_len(A, QueueKey.MIN) == 1
+    assert queue.load_diff_statistics(0, full_range(A)) == stats  # whole-diff statistics stay
+
+
+def test_bounds_are_per_partition(queue: Queue, chain: Chain) -> None:
+    router = PartitionRouter(dst={1: [HOT]})
+    a1 = chain.apply(A, [address_in(A, 1), HOT, address_in(A, 2), HOT], router=router)
+    bound = a1.max_message
+    hot_keys = [m.key for m in a1.messages if m.dst == HOT]
+    mc1 = chain.apply(MC, 0, processed_to={A: bound})
+    commit(queue, mc1, a1, partitions=(0,))
+    assert queue.gc_bounds() == ({(0, A): bound}, {})
+
+    assert queue.run_gc() == 1
+
+    assert queue.gc_bounds() == ({(0, A): bound}, {(0, A): bound})
+    assert message_keys(queue, 0, A) == []
+    assert message_keys(queue, 1, A) == hot_keys  # partition 1 waits for its own bound
+    assert queue.load_diff_statistics(0, full_range(A)) == {}
+    assert queue.load_diff_statistics(1, full_range(A)) == {HOT: 2}
+    assert queue.get_diff_info(A, 1) is None  # the diff's records go with the first delete
+    assert queue.run_gc() == 0
+
+    mc2 = chain.apply(MC, 0, processed_to={A: bound})
+    commit(queue, mc2, idle=[a1], partitions=(0, 1))  # a1's diff is gone: record kept (D7)
+    assert queue.gc_bounds()[0] == {(0, A): bound, (1, A): bound}
+
+    assert queue.run_gc() == 1  # only (1, A): (0, A) already ran at this bound
+
+    assert message_keys(queue, 1, A) == []
+    assert queue.load_diff_statistics(1, full_range(A)) == {}
+    assert shard_rows(queue, Table.STATISTICS, A) == []
+    assert queue.gc_bounds()[1] == {(0, A): bound, (1, A): bound}
+
+
+def test_seqno_zero_diff_is_deleted(queue: Queue, chain: Chain) -> None:
+    """D5: the only diff found is seqno 0, and it goes (the original kept it)."""
+    a0 = chain.apply(A, 2, seqno=0)
+    a1 = chain.apply(A, 2)
+    mc = chain.apply(MC, 0, processed_to={A: a0.max_message})
+    commit(queue, mc, a1)
+
+    assert queue.run_gc() == 2
+
+    assert queue.get_diff_info(A, 0) is None
+    assert not queue.is_diff_exists(a0.block)
+    assert info_seqnos(queue, A) == [1]
+    assert queue.get_last_applied_seqno(A) == 1
+    assert tail_rows_of(queue, A) == [(a1.max_message, 1)]
+    assert message_keys(queue, 0, A) == keys_of(a1)
+
+
+def test_statistics_rows_of_deleted_diffs_all_go_including_masterchain_destinations(
+    queue: Queue, chain: Chain
+) -> None:
+    """D4: clean prefix bounds. The original's §8.3 quirk kept, among others, the rows of
+    the diff ending exactly on the bound whose destination is the masterchain."""
+    dsts = [
+        address_in(MC, 1),  # workchain -1: 0x7f after the offset
+        Address(-128, bytes(32)),
+        Address(-1, b"\xff" * 32),
+        address_in(BASE, 2),
+        Address(127, b"\xff" * 32),  # the all-0xff destination
+        Address(127, bytes(32)),
+    ]
+    a1 = chain.apply(A, dsts)
+    a2 = chain.apply(A, dsts)  # ends exactly on the bound
+    a3 = chain.apply(A, dsts)  # above: its rows all stay
+    mc = chain.apply(MC, 0, processed_to={A: a2.max_message})
+    commit(queue, mc, a3)
+    per_diff = dict.fromkeys(dsts, 1)
+    assert queue.load_separated_diff_statistics([0], full_range(A)) == {
+        0: {a.max_message: per_diff for a in (a1, a2, a3)}
+    }
+
+    assert queue.run_gc() == 2
+
+    assert {mm for mm, _ in stat_rows_of(queue, A)} == {a3.max_message}
+    assert queue.load_separated_diff_statistics([0], full_range(A)) == {
+        0: {a3.max_message: per_diff}
+    }
+    assert queue.load_diff_statistics(0, QueueShardRange(A, QueueKey.MIN, a3.max_message)) == {}
+
+
+# -- bounds that never re-run, the idle shard -------------------------------------------------
+
+
+def test_an_equal_or_smaller_bound_never_reruns(db_path: Path, logs: Logs) -> None:
+    with Queue.open(db_path, quiet_config()) as queue:
+        chain = Chain(queue)
+        a1 = chain.apply(A, 3)
+        a2 = chain.apply(A, 3)
+        bound = a1.max_message
+        mc1 = chain.apply(MC, 0, processed_to={A: bound})
+        commit(queue, mc1, a2)
+        assert queue.run_gc() == 2
+        assert queue.metrics.counter("gc_ranges_deleted") == 2
+        logs.clear()
+
+        assert queue.run_gc() == 0  # the same bound: nothing due
+
+        mc2 = chain.apply(MC, 0, processed_to={A: bound})
+        commit(queue, mc2, idle=[a2])  # an equal bound from a new commit
+        assert queue.run_gc() == 0
+
+        # A new top shard that has read less of A lowers A's bound: stored, not executed.
+        lower = a1.messages[0].key
+        b1 = chain.apply(B, 1, processed_to={A: lower})
+        mc3 = chain.apply(MC, 0, processed_to={A: a2.max_message})
+        commit(queue, mc3, b1, idle=[a2])
+        requested, executed = queue.gc_bounds()
+        assert requested[(0, A)] == requested[(1, A)] == lower
+        assert executed == {(0, A): bound, (1, A): bound}
+        assert queue.run_gc() == 0
+
+        assert queue.metrics.counter("gc_ranges_deleted") == 2
+        assert events(logs, "gc_range_deleted") == []
+        assert message_keys(queue, 0, A) == keys_of(a2)
+
+
+def test_an_idle_shard_holds_back_deletion_of_what_it_has_not_read(
+    queue: Queue, chain: Chain
+) -> None:
+    """D7: B read only A's first message, then went idle. B's own diff is collected, yet
+    A's bound stays at B's read position in every later commit."""
+    to_b = [address_in(B, i) for i in range(3)]  # A writes to B's accounts
+    a1 = chain.apply(A, to_b)
+    b_read = a1.messages[0].key
+    b1 = chain.apply(B, 2, processed_to={A: b_read})
+    a2 = chain.apply(A, to_b, processed_to={A: a1.max_message, B: b1.max_message})
+    mc1 = chain.apply(MC, 0, processed_to={A: a2.max_message, B: b1.max_message})
+    commit(queue, mc1, a2, b1)
+    assert queue.gc_bounds()[0] == {
+        (p, s): k for p in (0, 1) for s, k in ((A, b_read), (B, b1.max_message))
+    }
+
+    assert queue.run_gc() == 4
+
+    assert queue.get_diff_info(B, 1) is None  # B's own diff is gone ...
+    assert message_keys(queue, 0, B) == []
+    unread = keys_of(a1, a2)[1:]
+    assert message_keys(queue, 0, A) == unread
+
+    for _ in range(3):  # ... and A keeps producing and committing while B stays idle
+        a_next = chain.apply(A, to_b, processed_to={A: chain.of(A)[-1].max_message})
+        mc = chain.apply(MC, 0, processed_to={A: a_next.max_message, B: b1.max_message})
+        commit(queue, mc, a_next, idle=[b1])
+        assert queue._store.cached("commit_record")[B] == b1.diff.processed_to
+        assert queue.gc_bounds()[0][(0, A)] == b_read
+        queue.run_gc()
+        unread += keys_of(a_next)
+
+    assert message_keys(queue, 0, A) == unread
+    ranges = [QueueShardRange(A, b_read.next_value(), QueueKey.MAX)]
+    with queue.iterator(0, ranges, B) as it:  # what B reads next: nothing lost
+        assert [m.message.key for m in it] == [
+            m.key for a in chain.of(A) for m in a.messages if m.key > b_read and B.contains(m.dst)
+        ]
+    assert iterate_all(queue, [A]) == [
+        IteratedMessage(A, m) for a in chain.of(A) for m in a.messages if m.key > b_read
+    ]
+
+
+# -- persistence ------------------------------------------------------------------------------
+
+
+def test_bounds_and_executed_positions_survive_reopen(db_path: Path) -> None:
+    with Queue.open(db_path, quiet_config()) as queue:
+        chain = Chain(queue)
+        a1 = chain.apply(A, 3)
+        a2 = chain.apply(A, 3)
+        mc1 = chain.apply(MC, 0, processed_to={A: a1.max_message})
+        commit(queue, mc1, a2)
+        assert queue.run_gc() == 2
+        bounds = queue.gc_bounds()
+        before = dump(queue)
+    with Queue.open(db_path, quiet_config()) as queue:
+        assert queue.gc_bounds() == bounds
+        assert queue.run_gc() == 0  # the executed positions came back: nothing re-runs
+        assert dump(queue) == before
+
+
+def test_gc_continues_after_reopen_without_a_new_commit(db_path: Path, logs: Logs) -> None:
+    clock = Clock()
+    with Queue.open(db_path, quiet_config()) as queue:
+        chain = Chain(queue, clock)
+        a1 = chain.apply(A, 3)
+        a2 = chain.apply(A, 3)
+        a3 = chain.apply(A, 3)
+        mc1 = chain.apply(MC, 0, processed_to={A: a1.max_message})
+        commit(queue, mc1, a2)
+        assert queue.run_gc() == 2
+        mc2 = chain.apply(MC, 0, processed_to={A: a2.max_message})
+        commit(queue, mc2, a3)  # a new bound, not collected before the close
+        requested, executed = queue.gc_bounds()
+        assert requested[(0, A)] == a2.max_message and executed[(0, A)] == a1.max_message
+
+    logs.clear()
+    with open_gc_queue(db_path) as queue:
+        # The first tick fires at open, with no call and no commit.
+        assert wait_for(lambda: worker(queue).passes >= 1)
+        assert queue.gc_bounds() == (requested, requested)
+        assert message_keys(queue, 0, A) == keys_of(a3)
+        assert queue.get_diffs_tail_len(A, QueueKey.MIN) == 1
+        deleted = events(logs, "gc_range_deleted")
+        assert {(e["partition"], e["bound"]) for e in deleted} == {
+            (0, str(a2.max_message)),
+            (1, str(a2.max_message)),
+        }
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+
+def _two_shards_due(chain: Chain) -> tuple[Applied, Applied, Applied, Applied]:
+    a1 = chain.apply(A, 3)
+    a2 = chain.apply(A, 2)
+    b1 = chain.apply(B, 2)
+    b2 = chain.apply(B, 2)
+    mc = chain.apply(MC, 0, processed_to={A: a1.max_message, B: b1.max_message})
+    commit(chain.queue, mc, a2, b2)
+    return a1, a2, b1, b2
+
+
+def test_a_failed_compaction_is_logged_not_marked_and_retried(db_path: Path, logs: Logs) -> None:
+    with Queue.open(db_path, quiet_config()) as queue:
+        chain = Chain(queue)
+        a1, a2, b1, b2 = _two_shards_due(chain)
+        compact = queue._store.compact
+        calls: list[int] = []
+
+        def fail_once(ranges: Any) -> None:
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("injected compaction failure")
+            compact(ranges)
+
+        queue._store.compact = fail_once  # type: ignore[method-assign]
+        assert queue.run_gc() == 2  # A failed, B went through
+
+        failed = events(logs, "gc_range_failed")
+        assert [(e["partition"], e["shard"], e["bound"]) for e in failed] == [
+            (0, str(A), str(a1.max_message)),
+            (1, str(A), str(a1.max_message)),
+        ]
+        assert all(e["error"] == "RuntimeError: injected compaction failure" for e in failed)
+        assert all(e["log_level"] == "error" for e in failed)
+        assert queue.gc_bounds()[1] == {(0, B): b1.max_message, (1, B): b1.max_message}
+        assert queue.metrics.counter("gc_ranges_failed") == 2
+        [summary] = events(logs, "gc_pass_finished")
+        assert (summary["executed"], summary["failed"]) == (2, 2)
+
+        logs.clear()
+        assert queue.run_gc() == 2  # the retry: the deletes are idempotent
+        assert events(logs, "gc_range_failed") == []
+        assert [e["partition"] for e in events(logs, "gc_range_deleted")] == [0, 1]
+        assert queue.gc_bounds()[1] == {
+            (p, s): k for p in (0, 1) for s, k in ((A, a1.max_message), (B, b1.max_message))
+        }
+        assert message_keys(queue, 0, A) == keys_of(a2)
+        assert message_keys(queue, 0, B) == keys_of(b2)
+        assert queue.run_gc() == 0
+
+
+def test_a_failed_delete_write_changes_nothing_and_is_retried(db_path: Path, logs: Logs) -> None:
+    with Queue.open(db_path, quiet_config()) as queue:
+        chain = Chain(queue)
+        a1, a2, _b1, b2 = _two_shards_due(chain)
+        write = queue._store.write
+        failures = [RuntimeError("injected write failure")]
+
+        def fail_first(txn: Any, **kwargs: Any) -> None:
+            if failures:
+                raise failures.pop()
+            write(txn, **kwargs)
+
+        queue._store.write = fail_first  # type: ignore[method-assign]
+        assert queue.run_gc() == 2  # A's delete batch failed, B's went through
+
+        assert message_keys(queue, 0, A) == keys_of(a1, a2)  # the batch is atomic
+        assert queue.get_diff_info(A, a1.seqno) is not None
+        assert message_keys(queue, 0, B) == keys_of(b2)
+        assert (0, A) not in queue.gc_bounds()[1]
+        [failed, _] = events(logs, "gc_range_failed")
+        assert failed["error"] == "RuntimeError: injected write failure"
+
+        assert queue.run_gc() == 2
+        assert message_keys(queue, 0, A) == keys_of(a2)
+        assert queue.get_diff_info(A, a1.seqno) is None
+        assert queue.gc_bounds()[1][(0, A)] == a1.max_message
+
+
+def test_the_worker_survives_a_failed_pass(db_path: Path, logs: Logs) -> None:
+    with open_gc_queue(db_path) as queue:
+        gc = worker(queue)
+        assert gc.tick(timeout=WAIT)
+        chain = Chain(queue)
+        a1 = chain.apply(A, 3)
+        a2 = chain.apply(A, 3)
+        mc = chain.apply(MC, 0, processed_to={A: a1.max_message})
+        commit(queue, mc, a2)
+        run_pass = queue._gc.run_pass
+        failures = [RuntimeError("injected pass failure")]
+
+        def fail_once() -> int:
+            if failures:
+                raise failures.pop()
+            return run_pass()
+
+        queue._gc.run_pass = fail_once  # type: ignore[method-assign]
+        passes = gc.passes
+        assert gc.tick(timeout=WAIT)
+        assert gc.passes == passes + 1
+        [failed] = events(logs, "gc_pass_failed")
+        assert failed["error"] == "RuntimeError: injected pass failure"
+        assert message_keys(queue, 0, A) == keys_of(a1, a2)
+
+        assert gc.tick(timeout=WAIT)  # still alive: the next pass collects
+        assert gc.passes >= passes + 2
+        assert message_keys(queue, 0, A) == keys_of(a2)
+        assert queue.gc_bounds()[1] == {(0, A): a1.max_message, (1, A): a1.max_message}
+
+
+def test_close_stops_a_worker_blocked_on_a_pending_diff(db_path: Path) -> None:
+    """The pass waits for A's mutex, which a pending diff holds; close must not hang."""
+    queue = open_gc_queue(db_path)
+    chain = Chain(queue)
+    pending = None
+    try:
+        gc = worker(queue)
+        assert gc.tick(timeout=WAIT)
+        a1 = chain.apply(A, 3)
+        a2 = chain.apply(A, 3)
+        mc = chain.apply(MC, 0, processed_to={A: a1.max_message})
+        commit(queue, mc, a2)
+        nxt = chain.build(A, 2)
+        pending = queue.prepare_diff(nxt.diff, nxt.block, nxt.hash)
+        assert pending is not None
+        assert not gc.tick(timeout=0.3)  # the pass is stuck behind the pending diff
+        assert message_keys(queue, 0, A) == keys_of(a1, a2)
+
+        closer = threading.Thread(target=queue.close, daemon=True)
+        closer.start()
+        closer.join(timeout=5.0)
+        assert not closer.is_alive(), "close() hung behind the GC worker"
+        assert queue.closed
+    finally:
+        if pending is not None and pending.state == "pending":
+            pending.discard()  # first: a failed assertion above must not hang close()
+        queue.close()
+    with Queue.open(db_path, quiet_config()) as queue:  # nothing was collected or marked
+        assert queue.gc_bounds()[1] == {}
+        assert message_keys(queue, 0, A) == keys_of(a1, a2)
+        assert queue.run_gc() == 2
+        assert message_keys(queue, 0, A) == keys_of(a2)
+
+
+def test_run_gc_while_this_thread_holds_a_pending_diff_raises(queue: Queue, chain: Chain) -> None:
+    a1 = chain.apply(A, 3)
+    mc = chain.apply(MC, 0, processed_to={A: a1.max_message})
+    commit(queue, mc, a1)
+    nxt = chain.build(B, 1)
+    pending = queue.prepare_diff(nxt.diff, nxt.block, nxt.hash)
+    assert pending is not None
+    with pytest.raises(ImqError, match="run_gc"):
+        queue.run_gc()
+    pending.discard()
+    assert queue.run_gc() == 2
+
+
+# -- logs -------------------------------------------------------------------------------------
+
+
+def test_gc_logs_each_range_and_a_summary_per_pass(db_path: Path, logs: Logs) -> None:
+    with Queue.open(db_path, quiet_config()) as queue:
+        chain = Chain(queue)
+        a1 = chain.apply(A, 3)
+        a2 = chain.apply(A, 2)
+        a3 = chain.apply(A, 1)
+        mc = chain.apply(MC, 0, processed_to={A: a2.max_message})
+        commit(queue, mc, a3)
+        assert queue.run_gc() == 2
+
+    deleted = events(logs, "gc_range_deleted")
+    assert [
+        {k: e[k] for k in ("partition", "shard", "bound", "messages", "diffs", "component")}
+        for e in deleted
+    ] == [
+        {
+            "partition": p,
+            "shard": str(A),
+            "bound": str(a2.max_message),
+            "messages": n,
+            "diffs": 2,
+            "component": "gc",
+        }
+        for p, n in ((0, len(a1.messages) + len(a2.messages)), (1, 0))
+    ]
+    assert all(isinstance(e["seconds"], float) and e["seconds"] >= 0 for e in deleted)
+    assert all(e["log_level"] == "info" for e in deleted)
+    [summary] = events(logs, "gc_pass_finished")
+    assert (summary["executed"], summary["failed"]) == (2, 0)
+    assert isinstance(summary["seconds"], float)
+
+
+# -- GC beside writers and readers ------------------------------------------------------------
+
+
+ROUNDS = 12
+
+
+def _script(chain: Chain) -> list[tuple[Applied, Applied, Applied]]:
+    """Per round: a diff of A and of B (each read the other's previous diff), then an empty
+    masterchain diff; the commit on it names both. Built once, applied to two queues."""
+    rounds = []
+    last: dict[ShardIdent, QueueKey] = {A: QueueKey.MIN, B: QueueKey.MIN}
+    for _ in range(ROUNDS):
+        a = chain.build(A, [address_in(A, 5), address_in(B, 6), HOT], processed_to=dict(last))
+        b = chain.build(B, [address_in(B, 7), address_in(A, 8)], processed_to=dict(last))
+        mc = chain.build(MC, 0, processed_to=dict(last))
+        last = {A: a.max_message, B: b.max_message}
+        rounds.append((a, b, mc))
+    return rounds
+
+
+def _run_script(queue: Queue, rounds: Sequence[tuple[Applied, Applied, Applied]]) -> None:
+    for a, b, mc in rounds:
+        for d in (a, b, mc):
+            assert queue.apply_diff(d.diff, d.block, d.hash)
+        commit(queue, mc, a, b)
+
+
+def _observable(queue: Queue, rounds: Sequence[tuple[Applied, Applied, Applied]]) -> Any:
+    diffs = [d for r in rounds for d in r]
+    return {
+        "messages": {p: iterate_all(queue, [A, B, MC], p) for p in (0, 1)},
+        "infos": {d.block: queue.get_diff_info(d.shard, d.seqno) for d in diffs},
+        "zones": {
+            d.block: queue.get_diff_info(d.shard, d.seqno, DiffZone.COMMITTED) for d in diffs
+        },
+        "tails": {s: queue.get_diffs_tail_len(s, QueueKey.MIN) for s in (A, B, MC)},
+        "stats": {p: queue.load_diff_statistics(p, full_range(A)) for p in (0, 1)},
+        "bounds": queue.gc_bounds(),
+        "rows": {t: rows(queue, t) for t in Table if t is not Table.VARS},
+    }
+
+
+def _check_snapshot(seen: list[IteratedMessage], order: dict[ShardIdent, list[QueueKey]]) -> None:
+    """One iterator's output: sorted, and per source shard a contiguous run of that shard's
+    keys (GC removes a prefix, writers append): no hole, no duplicate."""
+    assert [m.message.key for m in seen] == sorted(m.message.key for m in seen)
+    for shard, all_keys in order.items():
+        got = [m.message.key for m in seen if m.source == shard]
+        if got:
+            start = all_keys.index(got[0])
+            assert got == all_keys[start : start + len(got)]
+
+
+def test_gc_in_its_thread_beside_writers_and_readers_matches_gc_alone(tmp_path: Path) -> None:
+    with Queue.open(tmp_path / "alone", quiet_config()) as alone:
+        rounds = _script(Chain(alone))
+        _run_script(alone, rounds)
+        assert alone.run_gc() > 0
+        expected = _observable(alone, rounds)
+
+    order = {
+        s: [m.key for r in rounds for d in r if d.shard == s for m in d.messages] for s in (A, B)
+    }
+    queue = open_gc_queue(tmp_path / "busy", gc_interval=0.002)
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def guarded(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:
+                errors.append(exc)
+                done.set()
+
+        return run
+
+    def write() -> None:
+        try:
+            for i, r in enumerate(rounds):
+                _run_script(queue, [r])
+                if i % 3 == 2:  # make sure passes with work overlap the writes and reads
+                    assert worker(queue).tick(timeout=WAIT)
+                else:
+                    time.sleep(0.001)
+        finally:
+            done.set()
+
+    def read() -> None:
+        while not done.is_set():
+            for partition in (0, 1):
+                _check_snapshot(iterate_all(queue, [A, B], partition), order)
+            queue.get_diffs_tail_len(A, QueueKey.MIN)
+            queue.load_separated_diff_statistics([0, 1], full_range(B))
+
+    try:
+        threads = [threading.Thread(target=guarded(f)) for f in (write, read, read)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+        assert not any(t.is_alive() for t in threads)
+        assert queue.metrics.counter("gc_ranges_deleted") >= 2 * (ROUNDS // 3)
+        queue.run_gc()  # whatever the worker had not reached yet
+        assert _observable(queue, rounds) == expected
+    finally:
+        queue.close()
+
+
+# -- compaction gives space back --------------------------------------------------------------
+
+
+def flushed_size(queue: Queue) -> int:
+    queue._store.flush(list(Table))
+    return queue._store.disk_usage()
+
+
+def test_collecting_a_large_range_shrinks_the_database(queue: Queue, chain: Chain) -> None:
+    body = bytes(range(256)) * 4  # 1 KiB
+    applied = [chain.apply(A, 1000, body=body) for _ in range(20)]  # 20k messages, ~21 MB
+    keep = applied[-1]
+    mc = chain.apply(MC, 0, processed_to={A: applied[-2].max_message})
+    commit(queue, mc, keep)
+    before = flushed_size(queue)
+
+    assert queue.run_gc() == 2
+
+    after = flushed_size(queue)
+    assert before > 20_000_000
+    assert after < before / 5, (before, after)
+    assert iterate_all(queue, [A]) == keep.iterated()
+    middle = keep.messages[500].key
+    with queue.iterator(0, [QueueShardRange(A, middle, QueueKey.MAX)], BASE) as it:
+        assert [m.message for m in it] == list(keep.messages[500:])
+    assert queue.get_diffs_tail_len(A, QueueKey.MIN) == 1
+    assert message_keys(queue, 0, A) == keys_of(keep)
