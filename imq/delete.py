@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from imq.storage import Scan, Snapshot, Table, Transaction, codec
 from imq.types import QueueKey, ShardIdent
 
-__all__ = ["DeleteRange", "DeletedDiffs", "stage_delete", "tail_scan"]
+__all__ = ["DeleteRange", "DeletedDiffs", "DiffSpan", "stage_delete", "tail_scan"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,17 +33,32 @@ class DeleteRange:
 
 
 @dataclass(frozen=True, slots=True)
+class DiffSpan:
+    """A deleted diff: its seqno, key range and messages per partition."""
+
+    seqno: int
+    min_message: QueueKey
+    max_message: QueueKey
+    messages: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
 class DeletedDiffs:
     shard: ShardIdent
-    seqnos: tuple[int, ...]
+    diffs: tuple[DiffSpan, ...]
     partitions: frozenset[int]
-    # Per cleared partition: the messages of the diffs whose records this delete removed
-    # (a message range whose diff record an earlier delete removed counts as 0).
-    messages: dict[int, int]
+
+    @property
+    def seqnos(self) -> tuple[int, ...]:
+        return tuple(d.seqno for d in self.diffs)
+
+    def messages_of_diffs(self, partition: int) -> int:
+        """Messages in ``partition`` of the diffs whose records this delete removed."""
+        return sum(d.messages.get(partition, 0) for d in self.diffs)
 
     @property
     def total_messages(self) -> int:
-        return sum(self.messages.values())
+        return sum(sum(d.messages.values()) for d in self.diffs)
 
 
 def tail_scan(r: DeleteRange) -> Scan:
@@ -56,22 +71,28 @@ def stage_delete(
 ) -> DeletedDiffs:
     """Stage the deletion of ``r``; ``snap.cursors[cursor_index]`` is ``tail_scan(r)``."""
     partitions = set(r.partitions)
+    diffs: list[DiffSpan] = []
     seqnos: list[int] = []
-    counted: dict[int, int] = {}
     for tail in snap.cursors[cursor_index]:
         _max_message, seqno = codec.decode_tail_key(tail)
+        seqnos.append(seqno)
         info_key = codec.diff_info_key(r.shard, seqno)
         raw = snap.get(Table.DIFF_INFO, info_key)
-        if raw is not None:
-            _info, diff_partitions = codec.decode_diff_record(info_key, raw)
-            for partition, n in diff_partitions.items():
-                counted[partition] = counted.get(partition, 0) + n
-            if r.include_diff_partitions:
-                partitions |= diff_partitions.keys()
-            txn.delete(Table.DIFF_INFO, info_key)
-        seqnos.append(seqno)
+        if raw is None:
+            continue
+        min_message, max_message, counts = codec.decode_diff_span(info_key, raw)
+        diffs.append(DiffSpan(seqno, min_message, max_message, counts))
+        if r.include_diff_partitions:
+            partitions |= counts.keys()
+        txn.delete(Table.DIFF_INFO, info_key)
     if seqnos:
         txn.delete_range(Table.DIFF_TAIL, *codec.tail_range_inclusive(r.shard, r.first, r.last))
+        # The diff-info rows go by point deletes; compact their span too, or the
+        # tombstones stay (no automatic compaction) and slow every later seek there.
+        lo = codec.diff_info_key(r.shard, min(seqnos))
+        txn.compact_after(
+            Table.DIFF_INFO, lo, codec.prefix_end(codec.diff_info_key(r.shard, max(seqnos)))
+        )
     for partition in sorted(partitions):
         txn.delete_range(
             Table.MESSAGES, *codec.message_delete_range(partition, r.shard, r.first, r.last)
@@ -79,5 +100,4 @@ def stage_delete(
         txn.delete_range(
             Table.STATISTICS, *codec.stat_delete_range(r.shard, partition, r.first, r.last)
         )
-    messages = {p: counted.get(p, 0) for p in sorted(partitions)}
-    return DeletedDiffs(r.shard, tuple(seqnos), frozenset(partitions), messages)
+    return DeletedDiffs(r.shard, tuple(diffs), frozenset(partitions))

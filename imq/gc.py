@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
-from imq.delete import DeleteRange, stage_delete, tail_scan
+from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_scan
 from imq.errors import QueueClosedError
 from imq.locks import RWLock, ShardLocks
 from imq.observability import Metrics
-from imq.storage import Store, Table, codec
+from imq.storage import Scan, Store, Table, codec
 from imq.storage.codec import GcBounds
 from imq.types import QueueKey, ShardIdent
 
@@ -53,8 +53,54 @@ def due_tasks(requested: GcBounds, executed: GcBounds) -> list[GcTask]:
     return sorted(GcTask(s, b, tuple(sorted(ps))) for (s, b), ps in groups.items())
 
 
+@dataclass(frozen=True, slots=True)
+class _Deleted:
+    task: GcTask
+    messages: dict[int, int]  # per partition: messages this deletion removed
+    diffs: int
+    seconds: float
+
+
+def _count_plan(
+    shard: ShardIdent,
+    partition: int,
+    after: QueueKey | None,
+    bound: QueueKey,
+    deleted: DeletedDiffs,
+) -> tuple[int, list[tuple[bytes, bytes]]]:
+    """How to count the messages of ``partition`` in ``(after, bound]``: the diffs that
+    lie wholly inside count by their records; the gaps between them (at most a partial
+    diff at each end, when a shard's diffs cover disjoint key ranges as blocks do) are
+    counted row by row. Returns (counted from records, gap byte ranges to count)."""
+    low = QueueKey.MIN if after is None else after.next_value()
+    if after is not None and after == QueueKey.MAX:
+        return 0, []
+    inside = sorted(
+        (d for d in deleted.diffs if low <= d.min_message and d.max_message <= bound),
+        key=lambda d: d.min_message,
+    )
+    counted = sum(d.messages.get(partition, 0) for d in inside)
+    gaps: list[tuple[bytes, bytes]] = []
+    cursor = low
+    for d in inside:
+        if cursor < d.min_message:
+            gaps.append(codec.message_range(partition, shard, cursor, d.min_message))
+        if d.max_message == QueueKey.MAX:
+            return counted, gaps
+        cursor = max(cursor, d.max_message.next_value())
+    if cursor <= bound:
+        gaps.append(codec.message_delete_range(partition, shard, cursor, bound))
+    return counted, gaps
+
+
 class GarbageCollector:
-    """Runs GC passes; one at a time, from the worker or from ``Queue.run_gc``."""
+    """Runs GC passes; one at a time, from the worker or from ``Queue.run_gc``.
+
+    A pass writes every due deletion first, then compacts all deleted ranges at once,
+    then marks the bounds executed in one batch. Compacting after each shard's delete
+    instead cost 4x more: each compaction rewrote the live rows of shards not yet
+    deleted (``benchmarks/results/gc.md``).
+    """
 
     def __init__(
         self,
@@ -80,67 +126,119 @@ class GarbageCollector:
         with self._pass_lock:
             started = perf_counter()
             tasks = due_tasks(self._store.cached("gc_requested"), self._store.cached("gc_executed"))
-            done = failed = 0
+            if not tasks:
+                return 0
+            deleted: list[_Deleted] = []
+            ranges: list[tuple[Table, bytes, bytes]] = []
+            failed = 0
             for task in tasks:
                 if self.stopping.is_set():
                     break
                 try:
-                    self._run(task)
+                    done, task_ranges = self._delete(task)
                 except QueueClosedError:
                     raise
                 except Exception as exc:
-                    failed += len(task.partitions)
-                    self._metrics.inc("gc_ranges_failed", len(task.partitions))
-                    for partition in task.partitions:
-                        self._log.error(
-                            "gc_range_failed",
-                            partition=partition,
-                            shard=str(task.shard),
-                            bound=str(task.bound),
-                            error=f"{type(exc).__name__}: {exc}",
-                        )
+                    failed += self._failed([task], exc)
                 else:
-                    done += len(task.partitions)
-            if tasks:
-                self._log.info(
-                    "gc_pass_finished",
-                    executed=done,
-                    failed=failed,
-                    seconds=round(perf_counter() - started, 6),
-                )
-            return done
+                    deleted.append(done)
+                    ranges.extend(task_ranges)
+            compact_started = perf_counter()
+            try:
+                if deleted and self._compact:
+                    self._store.compact(sorted(set(ranges), key=lambda r: (r[0].value, r[1])))
+                self._mark_executed([d.task for d in deleted])
+            except QueueClosedError:
+                raise
+            except Exception as exc:
+                failed += self._failed([d.task for d in deleted], exc)
+                deleted = []
+            self._report(deleted, failed, started, perf_counter() - compact_started)
+            return sum(len(d.task.partitions) for d in deleted)
 
-    def _run(self, task: GcTask) -> None:
+    def _delete(self, task: GcTask) -> tuple[_Deleted, list[tuple[Table, bytes, bytes]]]:
+        """Write one (shard, bound) deletion; return it and the ranges to compact."""
         started = perf_counter()
         store = self._store
         r = DeleteRange(task.shard, QueueKey.MIN, task.bound, frozenset(task.partitions), False)
+        executed = store.cached("gc_executed")
         txn = store.transaction()
         with self._locked(task.shard):
+            # Under the shard's mutex nothing writes this shard, so two snapshots agree.
             with store.snapshot(points=[Table.DIFF_INFO], scans=[tail_scan(r)]) as snap:
-                deleted = stage_delete(snap, 0, txn, r)
+                found = stage_delete(snap, 0, txn, r)
+            messages = self._count_removed(task, executed, found)
             store.write(txn)
-        if self._compact:
-            store.compact(txn.deleted_ranges)
-        executed = dict(store.cached("gc_executed"))
-        for partition in task.partitions:
-            executed[(partition, task.shard)] = task.bound
-        mark = store.transaction()
+        seconds = perf_counter() - started
+        return _Deleted(task, messages, len(found.diffs), seconds), txn.deleted_ranges
+
+    def _count_removed(
+        self, task: GcTask, executed: GcBounds, found: DeletedDiffs
+    ) -> dict[int, int]:
+        plans = {
+            p: _count_plan(task.shard, p, executed.get((p, task.shard)), task.bound, found)
+            for p in task.partitions
+        }
+        scan = Scan(Table.MESSAGES, b"", None, keys_only=True, seekable=True)
+        with self._store.snapshot(scans=[scan]) as snap:
+            cursor = snap.cursors[0]
+            return {
+                p: counted + sum(cursor.count(lo, hi) for lo, hi in gaps)
+                for p, (counted, gaps) in plans.items()
+            }
+
+    def _mark_executed(self, tasks: list[GcTask]) -> None:
+        if not tasks:
+            return
+        executed = dict(self._store.cached("gc_executed"))
+        for task in tasks:
+            for partition in task.partitions:
+                executed[(partition, task.shard)] = task.bound
+        mark = self._store.transaction()
         mark.put(Table.VARS, codec.GC_EXECUTED, codec.gc_bounds_value(executed))
         mark.publish("gc_executed", executed)
-        store.write(mark)
-        seconds = round(perf_counter() - started, 6)
-        self._metrics.inc("gc_ranges_deleted", len(task.partitions))
-        self._metrics.inc("messages_deleted", deleted.total_messages)
-        for partition in task.partitions:
-            self._log.info(
-                "gc_range_deleted",
-                partition=partition,
-                shard=str(task.shard),
-                bound=str(task.bound),
-                messages=deleted.messages.get(partition, 0),
-                diffs=len(deleted.seqnos),
-                seconds=seconds,
-            )
+        self._store.write(mark)
+
+    def _failed(self, tasks: list[GcTask], exc: Exception) -> int:
+        n = sum(len(t.partitions) for t in tasks)
+        self._metrics.inc("gc_ranges_failed", n)
+        for task in tasks:
+            for partition in task.partitions:
+                self._log.error(
+                    "gc_range_failed",
+                    partition=partition,
+                    shard=str(task.shard),
+                    bound=str(task.bound),
+                    error=f"{type(exc).__name__}: {exc}",
+                )
+        return n
+
+    def _report(
+        self, deleted: list[_Deleted], failed: int, started: float, compaction: float
+    ) -> None:
+        executed = sum(len(d.task.partitions) for d in deleted)
+        removed = sum(sum(d.messages.values()) for d in deleted)
+        self._metrics.inc("gc_ranges_deleted", executed)
+        self._metrics.inc("messages_deleted", removed)
+        for d in deleted:
+            for partition in d.task.partitions:
+                self._log.info(
+                    "gc_range_deleted",
+                    partition=partition,
+                    shard=str(d.task.shard),
+                    bound=str(d.task.bound),
+                    messages=d.messages[partition],
+                    diffs=d.diffs,
+                    seconds=round(d.seconds, 6),
+                )
+        self._log.info(
+            "gc_pass_finished",
+            executed=executed,
+            failed=failed,
+            messages=removed,
+            compaction_seconds=round(compaction, 6),
+            seconds=round(perf_counter() - started, 6),
+        )
 
     def _locked(self, shard: ShardIdent) -> _Held:
         """Take the read lock and the shard's mutex, giving up if the queue is stopping."""

@@ -142,7 +142,7 @@ def run(db: Path, out: TextIO) -> None:
         say("   processed_to over the committed diffs):")
         bounds, _ = queue.gc_bounds()
         for (partition, shard), bound in sorted(bounds.items()):
-            say(f"  bound p{partition} {str(shard):22} <= {bound}")
+            say(f"  bound p{partition} {shard!s:22} <= {bound}")
         say(f"  run_gc: {queue.run_gc()} (partition, shard) ranges collected")
 
         say(f"\n3. Collating {LEFT}: read its incoming messages, merged across sources:")

@@ -61,13 +61,14 @@ class Scan:
     hi: bytes | None
     keys_only: bool = False
     reverse: bool = False
+    seekable: bool = False  # a raw iterator for Cursor.count over many sub-ranges
 
 
 class Cursor:
     """One bounded forward iterator. Keep the cursor object alive while iterating:
     it owns the bound bytes that RocksDB points into."""
 
-    __slots__ = ("__weakref__", "_hi", "_lo", "_reverse", "_ro", "items")
+    __slots__ = ("__weakref__", "_hi", "_lo", "_raw", "_reverse", "_ro", "items")
 
     def __init__(self, rdict: Any, scan: Scan) -> None:
         self._lo = scan.lo
@@ -76,12 +77,16 @@ class Cursor:
         self._ro = ReadOptions()
         if scan.hi is not None:
             self._ro.set_iterate_upper_bound(scan.hi)
-        if scan.reverse:
+        self.items: Iterator[Any] = iter(())
+        self._raw: Any = None
+        if scan.seekable:
+            self._raw = rdict.iter(self._ro)
+        elif scan.reverse:
             if scan.hi is None:
                 raise ValueError("a reverse scan needs an upper bound")
             # seek_for_prev(hi) under upper bound hi: the last key below hi.
             read = rdict.keys if scan.keys_only else rdict.items
-            self.items: Iterator[Any] = read(backwards=True, from_key=scan.hi, read_opt=self._ro)
+            self.items = read(backwards=True, from_key=scan.hi, read_opt=self._ro)
         elif scan.keys_only:
             self.items = rdict.keys(from_key=scan.lo, read_opt=self._ro)
         else:
@@ -98,8 +103,24 @@ class Cursor:
                 return
             yield row
 
+    def count(self, lo: bytes, hi: bytes) -> int:
+        """Rows in ``[lo, hi)`` (a seekable cursor; one seek per call)."""
+        raw = self._raw
+        if raw is None:
+            raise ValueError("count needs a seekable cursor")
+        n = 0
+        raw.seek(lo)
+        while raw.valid():
+            key = raw.key()
+            if key >= hi:
+                break
+            n += 1
+            raw.next()
+        return n
+
     def close(self) -> None:
         self.items = iter(())
+        self._raw = None
 
 
 class Snapshot:
@@ -186,6 +207,11 @@ class Transaction:
 
     def delete(self, table: Table, key: bytes) -> None:
         self.batch.delete(key, self._handles[table])
+
+    def compact_after(self, table: Table, lo: bytes, hi: bytes) -> None:
+        """Compact ``[lo, hi)`` after the write (for point deletes spread over a span)."""
+        if lo < hi:
+            self.deleted_ranges.append((table, lo, hi))
 
     def delete_range(self, table: Table, lo: bytes, hi: bytes) -> None:
         """Delete ``[lo, hi)``; the range is remembered for compaction after the write."""

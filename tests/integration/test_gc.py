@@ -434,6 +434,9 @@ def _two_shards_due(chain: Chain) -> tuple[Applied, Applied, Applied, Applied]:
 
 
 def test_a_failed_compaction_is_logged_not_marked_and_retried(db_path: Path, logs: Logs) -> None:
+    """A pass compacts all its deleted ranges at once, after writing every delete; a
+    failed compaction leaves every bound of the pass unexecuted (logged per range), and
+    the next pass redoes the (idempotent) deletes and the compaction."""
     with Queue.open(db_path, quiet_config()) as queue:
         chain = Chain(queue)
         a1, a2, b1, b2 = _two_shards_due(chain)
@@ -447,24 +450,26 @@ def test_a_failed_compaction_is_logged_not_marked_and_retried(db_path: Path, log
             compact(ranges)
 
         queue._store.compact = fail_once  # type: ignore[method-assign]
-        assert queue.run_gc() == 2  # A failed, B went through
+        assert queue.run_gc() == 0
 
         failed = events(logs, "gc_range_failed")
         assert [(e["partition"], e["shard"], e["bound"]) for e in failed] == [
-            (0, str(A), str(a1.max_message)),
-            (1, str(A), str(a1.max_message)),
+            (p, str(s), str(k))
+            for s, k in ((A, a1.max_message), (B, b1.max_message))
+            for p in (0, 1)
         ]
         assert all(e["error"] == "RuntimeError: injected compaction failure" for e in failed)
         assert all(e["log_level"] == "error" for e in failed)
-        assert queue.gc_bounds()[1] == {(0, B): b1.max_message, (1, B): b1.max_message}
-        assert queue.metrics.counter("gc_ranges_failed") == 2
+        assert queue.gc_bounds()[1] == {}
+        assert queue.metrics.counter("gc_ranges_failed") == 4
         [summary] = events(logs, "gc_pass_finished")
-        assert (summary["executed"], summary["failed"]) == (2, 2)
+        assert (summary["executed"], summary["failed"]) == (0, 4)
+        assert message_keys(queue, 0, A) == keys_of(a2)  # the deletes themselves went through
 
         logs.clear()
-        assert queue.run_gc() == 2  # the retry: the deletes are idempotent
+        assert queue.run_gc() == 4  # the retry: the deletes are idempotent
         assert events(logs, "gc_range_failed") == []
-        assert [e["partition"] for e in events(logs, "gc_range_deleted")] == [0, 1]
+        assert [e["partition"] for e in events(logs, "gc_range_deleted")] == [0, 1, 0, 1]
         assert queue.gc_bounds()[1] == {
             (p, s): k for p in (0, 1) for s, k in ((A, a1.max_message), (B, b1.max_message))
         }
@@ -612,6 +617,36 @@ def test_gc_logs_each_range_and_a_summary_per_pass(db_path: Path, logs: Logs) ->
     [summary] = events(logs, "gc_pass_finished")
     assert (summary["executed"], summary["failed"]) == (2, 0)
     assert isinstance(summary["seconds"], float)
+
+
+def test_gc_range_deleted_counts_exactly_what_it_removed(db_path: Path, logs: Logs) -> None:
+    """Bounds that fall inside a diff (the usual case: processed_to stops mid-diff): the
+    count covers the partial diffs at both ends of (previous bound, bound], over two
+    passes, and matches the rows actually removed."""
+    with Queue.open(db_path, quiet_config()) as queue:
+        chain = Chain(queue)
+        a1 = chain.apply(A, 4)
+        chain.apply(A, 4)
+        a3 = chain.apply(A, 4)
+        mid_a1 = sorted(m.key for m in a1.messages)[1]  # 2 of a1's 4 messages are <= it
+        mc1 = chain.apply(MC, 0, processed_to={A: mid_a1})
+        commit(queue, mc1, a3)
+        before = len(message_keys(queue, 0, A))
+        assert queue.run_gc() == 2
+        first = {e["partition"]: e["messages"] for e in events(logs, "gc_range_deleted")}
+        assert first == {0: 2, 1: 0}
+        assert before - len(message_keys(queue, 0, A)) == 2
+
+        logs.clear()
+        mid_a3 = sorted(m.key for m in a3.messages)[0]  # rest of a1, all of a2, 1 of a3
+        mc2 = chain.apply(MC, 0, processed_to={A: mid_a3})
+        commit(queue, mc2, a3)
+        assert queue.run_gc() == 2
+        second = {e["partition"]: e["messages"] for e in events(logs, "gc_range_deleted")}
+        assert second == {0: 2 + 4 + 1, 1: 0}
+        assert message_keys(queue, 0, A) == sorted(m.key for m in a3.messages)[1:]
+        [summary] = events(logs, "gc_pass_finished")
+        assert summary["messages"] == 7
 
 
 # -- GC beside writers and readers ------------------------------------------------------------
