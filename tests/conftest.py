@@ -1,0 +1,68 @@
+"""Shared test setup: hypothesis profiles, quiet structlog, a ``queue`` fixture.
+
+Hypothesis profiles (pick one with ``HYPOTHESIS_PROFILE=<name>``; otherwise ``ci`` when
+the ``CI`` environment variable is set, else ``dev``):
+
+- ``dev``: quick local runs;
+- ``ci``: hypothesis' own ``ci`` profile (derandomized, no example database) with more
+  examples;
+- ``thorough``: bug hunting, minutes per state machine.
+
+The tests directory is put on ``sys.path`` so test modules can ``import model``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+from hypothesis import settings
+
+from imq import Queue, QueueConfig
+
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+
+settings.register_profile("dev", max_examples=30, deadline=None, stateful_step_count=25)
+settings.register_profile(
+    "ci",
+    settings.get_profile("ci"),
+    max_examples=40,
+    stateful_step_count=30,
+    deadline=None,
+)
+settings.register_profile("thorough", max_examples=500, stateful_step_count=80, deadline=None)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+)
+
+
+def _quiet_structlog() -> None:
+    # No cache_logger_on_first_use: structlog.testing.capture_logs must keep working.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+_quiet_structlog()
+
+
+@pytest.fixture(autouse=True)
+def _structlog_quiet_again() -> Iterator[None]:
+    """Some tests reset structlog to its defaults; keep later tests quiet anyway."""
+    if not structlog.is_configured():
+        _quiet_structlog()
+    yield
+
+
+@pytest.fixture
+def queue(tmp_path: Path) -> Iterator[Queue]:
+    q = Queue.open(tmp_path / "db", QueueConfig.testing())
+    try:
+        yield q
+    finally:
+        q.close()

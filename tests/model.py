@@ -1,0 +1,387 @@
+"""A plain-Python model of the queue's semantics, for the model-based tests.
+
+Written from ``spec/SEMANTICS.md`` (Part B, with the Part A decisions) and imq's own
+decisions (``docs/architecture.md``, I1-I8), not from imq's internals: no bytes, no
+RocksDB, no imq module other than its public value types and errors. Every operation
+checks first and mutates only when every check passed, so a raised error leaves the
+model unchanged, as the real queue must.
+
+What the model holds:
+
+- ``messages``: ``(partition, source shard, key) -> Message``;
+- ``diffs``: ``(shard, seqno) -> ModelDiff`` (its DiffInfo and the partitions it wrote);
+- ``stats``: ``(shard, partition, diff max_message, seqno, destination) -> count``;
+- ``pointers``, ``last_mc_block``, the commit record (D7) and the GC requested bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from imq import (
+    Address,
+    BlockId,
+    BlockIdShort,
+    CommitError,
+    CommitPointer,
+    DiffBelowCommitPointerError,
+    DiffConflictError,
+    DiffInfo,
+    DiffSequenceError,
+    DiffZone,
+    IteratedMessage,
+    Message,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+    StartupError,
+    TopBlock,
+)
+
+__all__ = ["DiffInput", "ModelDiff", "ModelIterator", "QueueModel"]
+
+MessageKey = tuple[int, ShardIdent, QueueKey]
+StatKey = tuple[ShardIdent, int, QueueKey, int, Address]
+
+
+@dataclass(frozen=True)
+class DiffInput:
+    """Everything a test passes to ``prepare_diff`` / ``apply_diff``, in plain values.
+
+    ``router_src`` / ``router_dst`` map an account to its partition (each account once).
+    ``bounds`` is the explicit statistics ``(min_message, max_message)``; ``None`` means
+    the default (the diff's first and last keys, or ``MIN`` for an empty diff).
+    """
+
+    block: BlockIdShort
+    diff_hash: bytes
+    messages: tuple[Message, ...]
+    processed_to: dict[ShardIdent, QueueKey] = field(default_factory=dict)
+    router_src: dict[Address, int] = field(default_factory=dict)
+    router_dst: dict[Address, int] = field(default_factory=dict)
+    prev_hash: bytes | None = None
+    bounds: tuple[QueueKey, QueueKey] | None = None
+
+    def sorted_messages(self) -> list[Message]:
+        return sorted(self.messages, key=lambda m: m.key)
+
+    def partition_for(self, message: Message) -> int:
+        """SEMANTICS §12: the destination map, then the source map, then 0."""
+        if message.dst in self.router_dst:
+            return self.router_dst[message.dst]
+        return self.router_src.get(message.src, 0)
+
+    def stat_bounds(self) -> tuple[QueueKey, QueueKey]:
+        if self.bounds is not None:
+            return self.bounds
+        msgs = self.sorted_messages()
+        if not msgs:
+            return QueueKey.MIN, QueueKey.MIN
+        return msgs[0].key, msgs[-1].key
+
+    def statistics(self) -> dict[int, dict[Address, int]]:
+        """partition -> destination -> count, as ``DiffStatistics.from_diff`` counts."""
+        counts: dict[int, dict[Address, int]] = {}
+        for message in self.messages:
+            bucket = counts.setdefault(self.partition_for(message), {})
+            bucket[message.dst] = bucket.get(message.dst, 0) + 1
+        return counts
+
+
+def _group(mapping: Mapping[Address, int]) -> dict[int, frozenset[Address]]:
+    grouped: dict[int, set[Address]] = {}
+    for address, partition in mapping.items():
+        grouped.setdefault(partition, set()).add(address)
+    return {p: frozenset(a) for p, a in grouped.items()}
+
+
+@dataclass(frozen=True)
+class ModelDiff:
+    info: DiffInfo
+    partitions: frozenset[int]  # 0, the router's partitions and the statistics' partitions
+
+
+def _in_zone(info: DiffInfo, pointer: CommitPointer | None, zone: DiffZone) -> bool:
+    """SEMANTICS §6: committed iff a pointer exists and its key >= the diff's max_message."""
+    committed = pointer is not None and pointer.key >= info.max_message
+    if zone is DiffZone.BOTH:
+        return True
+    return committed == (zone is DiffZone.COMMITTED)
+
+
+class ModelIterator:
+    """SEMANTICS §11.2: refill every source not in the heap (recording skipped keys),
+    then pop the smallest message. ``current_position`` is the last key consumed per
+    source shard, skipped ones included."""
+
+    def __init__(
+        self,
+        messages: Mapping[MessageKey, Message],
+        partition: int,
+        ranges: Sequence[QueueShardRange],
+        for_shard: ShardIdent,
+    ) -> None:
+        shards = [r.shard for r in ranges]
+        if len(set(shards)) != len(shards):
+            raise ValueError("two ranges name one source shard")
+        self._shards = shards
+        self._streams: list[list[tuple[QueueKey, Message]]] = []
+        for r in ranges:
+            stream = sorted(
+                (key, msg)
+                for (p, shard, key), msg in messages.items()
+                if p == partition and shard == r.shard and r.from_key <= key < r.to_key
+            )
+            self._streams.append(stream)
+        self._next = [0] * len(ranges)
+        self._heads: dict[int, tuple[QueueKey, Message]] = {}
+        self._for_shard = for_shard
+        self._position: dict[ShardIdent, QueueKey] = {}
+
+    def __iter__(self) -> Iterator[IteratedMessage]:
+        return self
+
+    def __next__(self) -> IteratedMessage:
+        for idx, stream in enumerate(self._streams):
+            if idx in self._heads:
+                continue
+            while self._next[idx] < len(stream):
+                key, msg = stream[self._next[idx]]
+                self._next[idx] += 1
+                if self._for_shard.contains(msg.dst):
+                    self._heads[idx] = (key, msg)
+                    break
+                self._position[self._shards[idx]] = key
+        if not self._heads:
+            raise StopIteration
+        idx = min(self._heads, key=lambda i: (self._heads[i][0], i))
+        key, msg = self._heads.pop(idx)
+        self._position[self._shards[idx]] = key
+        return IteratedMessage(self._shards[idx], msg)
+
+    def current_position(self) -> dict[ShardIdent, QueueKey]:
+        return dict(self._position)
+
+
+class QueueModel:
+    def __init__(self, zerostate_seqno: int = 0) -> None:
+        self.zerostate_seqno = zerostate_seqno
+        self.messages: dict[MessageKey, Message] = {}
+        self.diffs: dict[tuple[ShardIdent, int], ModelDiff] = {}
+        self.stats: dict[StatKey, int] = {}
+        self.pointers: dict[ShardIdent, CommitPointer] = {}
+        self.last_mc_block: BlockId | None = None
+        self.commit_record: dict[ShardIdent, dict[ShardIdent, QueueKey]] = {}
+        self.gc_requested: dict[tuple[int, ShardIdent], QueueKey] = {}
+
+    # -- applying diffs (SEMANTICS §5.3, §5.4) ------------------------------------------------
+
+    def check_diff(self, diff: DiffInput, check_sequence: DiffZone | None) -> bool:
+        """The pre-write checks in their exact order; True if the diff would be written,
+        False for a no-op (already applied, or skipped by the sequence rule)."""
+        shard, seqno = diff.block.shard, diff.block.seqno
+        stored = self.diffs.get((shard, seqno))
+        if stored is not None:
+            if stored.info.hash != diff.diff_hash:
+                raise DiffConflictError(f"{diff.block} stored with another hash")
+            return False
+        if check_sequence is not None:
+            last = self.get_last_applied_seqno(shard)
+            if last is not None and _in_zone(
+                self.diffs[(shard, last)].info, self.pointers.get(shard), check_sequence
+            ):
+                if seqno <= last:
+                    return False
+                if seqno != last + 1:
+                    raise DiffSequenceError(f"{diff.block} after {last}")
+        pointer = self.pointers.get(shard)
+        msgs = diff.sorted_messages()
+        if pointer is not None and msgs and msgs[0].key <= pointer.key:
+            raise DiffBelowCommitPointerError(f"{diff.block} below {pointer}")
+        return True
+
+    def apply(self, diff: DiffInput, check_sequence: DiffZone | None) -> bool:
+        if not self.check_diff(diff, check_sequence):
+            return False
+        self._write(diff)
+        return True
+
+    def _write(self, diff: DiffInput) -> None:
+        shard, seqno = diff.block.shard, diff.block.seqno
+        min_message, max_message = diff.stat_bounds()
+        for message in diff.messages:
+            self.messages[(diff.partition_for(message), shard, message.key)] = message
+        stats = diff.statistics()
+        per_workchain: dict[int, int] = {}
+        for partition, counts in stats.items():
+            for dst, count in counts.items():
+                self.stats[(shard, partition, max_message, seqno, dst)] = count
+                per_workchain[dst.workchain] = per_workchain.get(dst.workchain, 0) + count
+        info = DiffInfo(
+            min_message=min_message,
+            max_message=max_message,
+            shards_messages_count={ShardIdent.full(wc): n for wc, n in per_workchain.items()},
+            hash=diff.diff_hash,
+            processed_to=dict(diff.processed_to),
+            router_src=_group(diff.router_src),
+            router_dst=_group(diff.router_dst),
+            seqno=seqno,
+            prev_hash=diff.prev_hash,
+        )
+        partitions = frozenset(
+            {0, *diff.router_src.values(), *diff.router_dst.values(), *stats.keys()}
+        )
+        self.diffs[(shard, seqno)] = ModelDiff(info, partitions)
+
+    # -- commit (SEMANTICS §5.5 with D6, D7) ---------------------------------------------------
+
+    def commit(self, top_blocks: Sequence[TopBlock], partitions: Iterable[int]) -> bool:
+        mc_block = next((t.block_id for t in top_blocks if t.block_id.is_masterchain), None)
+        if mc_block is None:
+            raise CommitError("no masterchain block")
+        mc_pointer = self.pointers.get(ShardIdent.MASTERCHAIN)
+        if mc_pointer is not None and mc_pointer.seqno >= mc_block.seqno:
+            return False
+        # I8 (docs/architecture.md): the last committed block never moves back either.
+        if self.last_mc_block is not None and self.last_mc_block.seqno >= mc_block.seqno:
+            return False
+        moved: dict[ShardIdent, CommitPointer] = {}
+        record: dict[ShardIdent, dict[ShardIdent, QueueKey]] = {}
+        listed: set[ShardIdent] = set()
+        for top in top_blocks:
+            shard = top.block_id.shard
+            if shard in listed:
+                raise CommitError(f"{shard} listed twice")
+            listed.add(shard)
+            stored = self.diffs.get((shard, top.block_id.seqno))
+            if stored is None:
+                if top.updated and top.ref_by_mc_seqno > self.zerostate_seqno:
+                    raise CommitError(f"diff of {top.block_id} not found")
+                if shard in self.commit_record:
+                    record[shard] = self.commit_record[shard]
+                continue
+            new = CommitPointer(stored.info.max_message, stored.info.seqno)
+            old = self.pointers.get(shard)
+            if old is not None and (new.key < old.key or new.seqno < old.seqno):
+                raise CommitError(f"pointer of {shard} would move backwards")
+            moved[shard] = new
+            record[shard] = dict(stored.info.processed_to)
+        self.pointers.update(moved)
+        self.last_mc_block = mc_block
+        self.commit_record = record
+        bounds = self.gc_bounds()
+        for partition in set(partitions):
+            for source, key in bounds.items():
+                self.gc_requested[(partition, source)] = key
+        return True
+
+    def gc_bounds(self) -> dict[ShardIdent, QueueKey]:
+        """D7: per source shard, the minimum processed_to over the commit record."""
+        bounds: dict[ShardIdent, QueueKey] = {}
+        for processed_to in self.commit_record.values():
+            for source, key in processed_to.items():
+                if source not in bounds or key < bounds[source]:
+                    bounds[source] = key
+        return bounds
+
+    # -- clear and startup (SEMANTICS §5.6, §14.2) ---------------------------------------------
+
+    def clear(self, partitions: Iterable[int], top_shards: Iterable[ShardIdent]) -> None:
+        requested = set(partitions)
+        for shard in set(self.pointers) | set(top_shards):
+            pointer = self.pointers.get(shard)
+
+            def above(key: QueueKey, pointer: CommitPointer | None = pointer) -> bool:
+                return pointer is None or key > pointer.key
+
+            doomed = [
+                k for k, d in self.diffs.items() if k[0] == shard and above(d.info.max_message)
+            ]
+            parts = set(requested)
+            for k in doomed:
+                parts |= self.diffs.pop(k).partitions
+            self.messages = {
+                k: m
+                for k, m in self.messages.items()
+                if not (k[1] == shard and k[0] in parts and above(k[2]))
+            }
+            self.stats = {
+                k: n
+                for k, n in self.stats.items()
+                if not (k[0] == shard and k[1] in parts and above(k[2]))
+            }
+
+    def startup(
+        self,
+        last_applied_mc_block: BlockId,
+        top_shards: Iterable[ShardIdent],
+        partitions: Iterable[int],
+    ) -> None:
+        committed = self.last_mc_block
+        if committed is not None and not (
+            committed == last_applied_mc_block or committed.seqno < last_applied_mc_block.seqno
+        ):
+            raise StartupError(f"committed {committed} is ahead of {last_applied_mc_block}")
+        self.clear(partitions, top_shards)
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def iterator(
+        self, partition: int, ranges: Sequence[QueueShardRange], for_shard: ShardIdent
+    ) -> ModelIterator:
+        return ModelIterator(dict(self.messages), partition, ranges, for_shard)
+
+    def get_diff_info(
+        self, shard: ShardIdent, seqno: int, zone: DiffZone = DiffZone.BOTH
+    ) -> DiffInfo | None:
+        stored = self.diffs.get((shard, seqno))
+        if stored is None or not _in_zone(stored.info, self.pointers.get(shard), zone):
+            return None
+        return stored.info
+
+    def is_diff_exists(self, block: BlockIdShort) -> bool:
+        return (block.shard, block.seqno) in self.diffs
+
+    def get_diffs_tail_len(self, shard: ShardIdent, from_key: QueueKey) -> int:
+        """Stored diffs of ``shard`` with ``max_message >= from_key``, MAX included."""
+        return sum(
+            1 for (s, _), d in self.diffs.items() if s == shard and d.info.max_message >= from_key
+        )
+
+    def _stat_rows(
+        self, partition: int, r: QueueShardRange
+    ) -> Iterator[tuple[QueueKey, Address, int]]:
+        for (shard, p, max_message, _seqno, dst), count in self.stats.items():
+            if shard == r.shard and p == partition and r.from_key <= max_message < r.to_key:
+                yield max_message, dst, count
+
+    def load_diff_statistics(self, partition: int, r: QueueShardRange) -> dict[Address, int]:
+        totals: dict[Address, int] = {}
+        for _max, dst, count in self._stat_rows(partition, r):
+            totals[dst] = totals.get(dst, 0) + count
+        return totals
+
+    def load_separated_diff_statistics(
+        self, partitions: Iterable[int], r: QueueShardRange
+    ) -> dict[int, dict[QueueKey, dict[Address, int]]]:
+        result: dict[int, dict[QueueKey, dict[Address, int]]] = {}
+        for partition in set(partitions):
+            grouped: dict[QueueKey, dict[Address, int]] = {}
+            for max_message, dst, count in self._stat_rows(partition, r):
+                bucket = grouped.setdefault(max_message, {})
+                bucket[dst] = bucket.get(dst, 0) + count
+            result[partition] = grouped
+        return result
+
+    def get_last_applied_seqno(self, shard: ShardIdent) -> int | None:
+        return max((seqno for s, seqno in self.diffs if s == shard), default=None)
+
+    def get_commit_pointers(self) -> dict[ShardIdent, CommitPointer]:
+        return dict(self.pointers)
+
+    def get_last_committed_mc_block_id(self) -> BlockId | None:
+        return self.last_mc_block
+
+    def seqnos(self, shard: ShardIdent) -> list[int]:
+        return sorted(seqno for s, seqno in self.diffs if s == shard)

@@ -1,0 +1,789 @@
+"""The whole queue against a plain-Python model (``tests/model.py``).
+
+A hypothesis ``RuleBasedStateMachine`` drives a real ``Queue`` (RocksDB in a fresh
+temporary directory per example) and the model with the same operations: apply,
+prepare then write or discard, commit, clear, startup, reopen and iterate. Every
+outcome (result or error type) must agree, and after every step every read of the
+public API must return what the model says.
+
+Rule arguments are plain values (names, indexes, modes) resolved against the current
+state when the rule runs, so a shrunk failing program prints as something that can be
+pasted into a regression test (see the end of this file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+from model import DiffInput, QueueModel
+
+from imq import (
+    Address,
+    BlockId,
+    BlockIdShort,
+    DiffStatistics,
+    DiffZone,
+    ImqError,
+    Message,
+    PartitionRouter,
+    Queue,
+    QueueClosedError,
+    QueueConfig,
+    QueueDiff,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+    TopBlock,
+)
+
+# ---------------------------------------------------------------------------------------------
+# The world: shards, accounts, partitions
+
+MC = ShardIdent.MASTERCHAIN
+LEFT = ShardIdent(0, 0x4000_0000_0000_0000)  # accounts 0x00.. to 0x7f..
+RIGHT = ShardIdent(0, 0xC000_0000_0000_0000)  # accounts 0x80.. to 0xff..
+SHARDS: dict[str, ShardIdent] = {"mc": MC, "left": LEFT, "right": RIGHT}
+BASE_SHARDS = ("left", "right")
+FOR_SHARDS: dict[str, ShardIdent] = {
+    **SHARDS,
+    "basechain": ShardIdent.BASECHAIN,
+    "w0_20": ShardIdent(0, 0x2000_0000_0000_0000),  # accounts 0x00.. to 0x3f..
+    "w0_a0": ShardIdent(0, 0xA000_0000_0000_0000),  # accounts 0x80.. to 0xbf..
+    "w1": ShardIdent.full(1),  # no account lives there
+    "w127": ShardIdent.full(127),
+    "w-128": ShardIdent.full(-128),
+}
+PARTITIONS = (0, 1, 2)
+U32_MAX = 0xFFFF_FFFF
+U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
+ZONES: dict[str | None, DiffZone | None] = {
+    None: None,
+    "uncommitted": DiffZone.UNCOMMITTED,
+    "both": DiffZone.BOTH,
+    "committed": DiffZone.COMMITTED,
+}
+
+
+def _account(first_byte: int, tag: int) -> bytes:
+    return bytes([first_byte, tag]) + bytes([tag ^ 0x5A]) * 30
+
+
+ACCOUNTS: tuple[Address, ...] = (
+    *(
+        Address(wc, _account(first, tag))
+        for tag, (wc, first) in enumerate(
+            [
+                (0, 0x00),
+                (0, 0x3F),
+                (0, 0x40),
+                (0, 0x7F),
+                (0, 0x80),
+                (0, 0xBF),
+                (0, 0xC0),
+                (0, 0xFF),
+                (-1, 0x10),
+                (-1, 0xE0),
+            ]
+        )
+    ),
+    # The extreme std workchains, with the smallest and the largest account.
+    Address(127, b"\xff" * 32),
+    Address(-128, bytes(32)),
+)
+
+
+def _root_hash(variant: int) -> bytes:
+    return bytes([variant]) * 32
+
+
+# ---------------------------------------------------------------------------------------------
+# Rule arguments
+
+
+@dataclass(frozen=True)
+class MessageSpec:
+    src: int  # index into ACCOUNTS
+    dst: int
+    lt_mode: str  # "next" | "same" | "old" | "at_pointer" | "huge" (near u64::MAX)
+    step: int
+    body: bytes
+
+
+@dataclass(frozen=True)
+class DiffSpec:
+    shard: str
+    seqno_mode: str  # "next" | "skip" | "any" | "huge" (near u32::MAX)
+    seqno_pick: int
+    hash_mode: str  # "fresh" | "stored" (the stored diff's hash, when there is one)
+    check_sequence: str | None
+    messages: tuple[MessageSpec, ...]
+    router_src: tuple[tuple[int, int], ...]  # (account index, partition)
+    router_dst: tuple[tuple[int, int], ...]
+    processed_to: tuple[tuple[str, str, int], ...]  # (shard, "min" | "lt_min" | "lt_max", back)
+    bounds_mode: str  # "default" | "from_diff" | "max"
+    prev_hash: bytes | None
+
+
+@dataclass(frozen=True)
+class TopSpec:
+    shard: str
+    mode: str  # "latest" | "older" | "missing"
+    pick: int
+    updated: bool
+    ref_zero: bool
+
+
+rarely = st.sampled_from((False, False, False, True))
+often = st.sampled_from((True, True, True, False))
+partition_sets = st.lists(st.sampled_from(PARTITIONS), unique=True, max_size=3)
+shard_sets = st.lists(st.sampled_from(tuple(SHARDS)), unique=True, max_size=3)
+
+message_specs = st.builds(
+    MessageSpec,
+    src=st.integers(0, len(ACCOUNTS) - 1),
+    dst=st.integers(0, len(ACCOUNTS) - 1),
+    lt_mode=st.sampled_from(("next", "next", "next", "next", "same", "old", "at_pointer", "huge")),
+    step=st.integers(0, 3),
+    body=st.binary(max_size=6),
+)
+router_entries = st.lists(
+    st.tuples(st.integers(0, len(ACCOUNTS) - 1), st.sampled_from((1, 2))),
+    unique_by=lambda e: e[0],
+    max_size=3,
+).map(tuple)
+
+diff_specs = st.builds(
+    DiffSpec,
+    shard=st.sampled_from(tuple(SHARDS)),
+    seqno_mode=st.sampled_from(("next", "next", "next", "next", "skip", "any", "huge")),
+    seqno_pick=st.integers(0, 5),
+    hash_mode=st.sampled_from(("fresh", "stored")),
+    check_sequence=st.sampled_from(tuple(ZONES)),
+    messages=st.lists(message_specs, max_size=8).map(tuple),
+    router_src=st.one_of(st.just(()), router_entries),
+    router_dst=st.one_of(st.just(()), router_entries),
+    processed_to=st.lists(
+        st.tuples(
+            st.sampled_from(tuple(SHARDS)),
+            st.sampled_from(("lt_max", "lt_min", "min")),
+            st.integers(0, 20),
+        ),
+        unique_by=lambda e: e[0],
+        max_size=3,
+    ).map(tuple),
+    bounds_mode=st.sampled_from(("default", "default", "from_diff", "max")),
+    prev_hash=st.none() | st.binary(min_size=32, max_size=32),
+)
+
+top_specs = st.builds(
+    TopSpec,
+    shard=st.sampled_from(BASE_SHARDS),
+    mode=st.sampled_from(("latest", "latest", "older", "missing")),
+    pick=st.integers(0, 5),
+    updated=often,
+    ref_zero=rarely,
+)
+
+bound_modes = st.tuples(
+    st.sampled_from(("min", "max", "pointer", "pointer_next", "clock", "message")),
+    st.integers(0, 10),
+)
+range_specs = st.lists(
+    st.tuples(st.sampled_from(tuple(SHARDS)), bound_modes, bound_modes),
+    unique_by=lambda r: r[0],
+    max_size=3,
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
+    """("ok", result) or ("raised", exception type) for the errors the API documents."""
+    try:
+        return "ok", fn()
+    except (ImqError, ValueError) as exc:
+        return "raised", type(exc)
+
+
+def note_outcome(operation: str, result: tuple[str, Any]) -> None:
+    """Label the outcome for ``--hypothesis-show-statistics``."""
+    if not currently_in_test_context():  # a regression test replaying steps
+        return
+    shown = result[1].__name__ if result[0] == "raised" else repr(result[1])
+    event(f"{operation}: {shown}")
+
+
+def build_diff(d: DiffInput) -> tuple[QueueDiff, DiffStatistics | None]:
+    """The real arguments for a model diff input."""
+    router = None
+    if d.router_src or d.router_dst:
+        router = PartitionRouter(
+            src={p: [a for a, q in d.router_src.items() if q == p] for p in (1, 2)},
+            dst={p: [a for a, q in d.router_dst.items() if q == p] for p in (1, 2)},
+        )
+    diff = QueueDiff(d.messages, d.processed_to, router, d.prev_hash)
+    stats = None
+    if d.bounds is not None:
+        lo, hi = d.bounds
+        if hi == QueueKey.MAX:
+            stats = DiffStatistics(d.block.shard, lo, hi, d.statistics())
+        else:
+            stats = DiffStatistics.from_diff(diff, d.block.shard, lo, hi)
+    return diff, stats
+
+
+def key_ranges(model: QueueModel, shard: ShardIdent, clock: int) -> list[QueueShardRange]:
+    """A few interesting ranges over one shard, for the statistics invariants."""
+    mid = QueueKey.min_for_lt(clock // 2)
+    ranges = [
+        QueueShardRange(shard, QueueKey.MIN, QueueKey.MAX),
+        QueueShardRange(shard, mid, QueueKey.MAX),
+        QueueShardRange(shard, QueueKey.MIN, mid),
+    ]
+    pointer = model.pointers.get(shard)
+    if pointer is not None:
+        ranges.append(QueueShardRange(shard, QueueKey.MIN, pointer.key.next_value()))
+        ranges.append(QueueShardRange(shard, pointer.key.next_value(), QueueKey.MAX))
+        ranges.append(QueueShardRange(shard, pointer.key, pointer.key))
+    return ranges
+
+
+# ---------------------------------------------------------------------------------------------
+# The machine
+
+
+class QueueMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="imq-machine-"))
+        self.path = self.tmp / "db"
+        self.zerostate_seqno = 0
+        self.queue = Queue.open(self.path, QueueConfig.testing())
+        self.model = QueueModel()
+        self.clock = 100
+        self.counter = 0
+
+    @initialize(zerostate_seqno=st.sampled_from((0, 0, 1, 2)))
+    def open_with_zerostate(self, zerostate_seqno: int) -> None:
+        """Reopen the empty queue with a zerostate seqno: a missing diff of a top block
+        referenced at or below it is skipped by commit instead of failing it."""
+        self.zerostate_seqno = zerostate_seqno
+        self.model = QueueModel(zerostate_seqno)
+        self.reopen()
+
+    def teardown(self) -> None:
+        try:
+            self.queue.close()
+        finally:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- value generation ---------------------------------------------------------------------
+
+    def fresh_hash(self) -> bytes:
+        self.counter += 1
+        return hashlib.blake2b(self.counter.to_bytes(8, "big"), digest_size=32).digest()
+
+    def _message_key(self, shard: ShardIdent, spec: MessageSpec) -> QueueKey:
+        pointer = self.model.pointers.get(shard)
+        if spec.lt_mode == "at_pointer" and pointer is not None:
+            return pointer.key
+        if spec.lt_mode == "next":
+            self.clock += 1 + spec.step
+            lt = self.clock
+        elif spec.lt_mode == "huge":
+            lt = U64_MAX - spec.step
+        elif spec.lt_mode == "old":
+            base = pointer.key.lt if pointer is not None else self.clock
+            lt = max(0, min(base, self.clock) - spec.step)
+        else:
+            lt = max(0, self.clock - spec.step)
+        return QueueKey(lt, self.fresh_hash())
+
+    def _seqno(self, shard: ShardIdent, spec: DiffSpec) -> int:
+        last = self.model.get_last_applied_seqno(shard)
+        if spec.seqno_mode == "huge":
+            return U32_MAX - spec.seqno_pick % 2
+        if spec.seqno_mode == "next":
+            return 1 if last is None else min(last + 1, U32_MAX)
+        if spec.seqno_mode == "skip":
+            return min((last or 0) + 2 + spec.seqno_pick % 2, U32_MAX)
+        return spec.seqno_pick % ((last or 0) + 3) if last != U32_MAX else U32_MAX
+
+    def resolve(self, spec: DiffSpec) -> tuple[DiffInput, DiffZone | None]:
+        shard = SHARDS[spec.shard]
+        seqno = self._seqno(shard, spec)
+        stored = self.model.diffs.get((shard, seqno))
+        diff_hash = (
+            stored.info.hash if stored is not None and spec.hash_mode == "stored" else None
+        ) or self.fresh_hash()
+        messages: dict[QueueKey, Message] = {}
+        for m in spec.messages:
+            key = self._message_key(shard, m)
+            if key in messages:
+                key = QueueKey(self.clock, self.fresh_hash())
+            messages[key] = Message(key, ACCOUNTS[m.src], ACCOUNTS[m.dst], m.body)
+        processed_to = {}
+        for name, mode, back in spec.processed_to:
+            lt = max(0, self.clock - back)
+            processed_to[SHARDS[name]] = {
+                "min": QueueKey.MIN,
+                "lt_min": QueueKey.min_for_lt(lt),
+                "lt_max": QueueKey.max_for_lt(lt),
+            }[mode]
+        keys = sorted(messages)
+        bounds = None
+        if spec.bounds_mode == "from_diff":
+            bounds = (
+                (QueueKey.min_for_lt(keys[0].lt), QueueKey.max_for_lt(keys[-1].lt))
+                if keys
+                else (QueueKey.min_for_lt(self.clock), QueueKey.max_for_lt(self.clock))
+            )
+        elif spec.bounds_mode == "max":
+            bounds = (keys[0] if keys else QueueKey.MIN, QueueKey.MAX)
+        d = DiffInput(
+            block=BlockIdShort(shard, seqno),
+            diff_hash=diff_hash,
+            messages=tuple(messages.values()),
+            processed_to=processed_to,
+            router_src={ACCOUNTS[i]: p for i, p in spec.router_src},
+            router_dst={ACCOUNTS[i]: p for i, p in spec.router_dst},
+            prev_hash=spec.prev_hash,
+            bounds=bounds,
+        )
+        return d, ZONES[spec.check_sequence]
+
+    def _top(self, spec: TopSpec, mc_seqno: int, root: int) -> TopBlock:
+        shard = SHARDS[spec.shard]
+        seqnos = self.model.seqnos(shard)
+        if spec.mode == "latest" and seqnos:
+            seqno = seqnos[-1]
+        elif spec.mode == "older" and seqnos:
+            seqno = seqnos[-1 - spec.pick % len(seqnos)]
+        else:
+            seqno = min(seqnos[-1] + 1, U32_MAX) if seqnos else 1
+        ref = 0 if spec.ref_zero else mc_seqno
+        return TopBlock(BlockId(shard, seqno, _root_hash(root)), ref, spec.updated)
+
+    def _mc_seqno(self, mode: str, pick: int) -> int:
+        seqnos = self.model.seqnos(MC)
+        last = seqnos[-1] if seqnos else 0
+        if mode == "latest":
+            return last if seqnos else 1
+        if mode == "missing":
+            return min(last + 1 + pick % 2, U32_MAX)
+        if mode == "stale":
+            pointer = self.model.pointers.get(MC)
+            return max(0, pointer.seqno - pick % 2) if pointer is not None else pick
+        return pick % (last + 3) if last < U32_MAX else last
+
+    # -- rules: diffs -------------------------------------------------------------------------
+
+    @rule(spec=diff_specs)
+    def apply_diff(self, spec: DiffSpec) -> None:
+        d, zone = self.resolve(spec)
+        diff, stats = build_diff(d)
+        expected = outcome(lambda: self.model.apply(d, zone))
+        actual = outcome(lambda: self.queue.apply_diff(diff, d.block, d.diff_hash, stats, zone))
+        assert actual == expected, f"apply_diff {d.block}: queue {actual}, model {expected}"
+        note_outcome("apply_diff", expected)
+
+    @rule(
+        spec=diff_specs,
+        as_context=st.booleans(),
+        try_commit=rarely,
+        try_clear=rarely,
+        try_again=rarely,
+    )
+    def prepare_then_discard(
+        self,
+        *,
+        spec: DiffSpec,
+        as_context: bool,
+        try_commit: bool,
+        try_clear: bool,
+        try_again: bool,
+    ) -> None:
+        d, zone = self.resolve(spec)
+        diff, stats = build_diff(d)
+        expected = outcome(lambda: self.model.check_diff(d, zone))
+        actual = outcome(lambda: self.queue.prepare_diff(diff, d.block, d.diff_hash, stats, zone))
+        pending = actual[1] if actual[0] == "ok" else None
+        shown = ("ok", pending is not None) if actual[0] == "ok" else actual
+        assert shown == expected, f"prepare_diff {d.block}: queue {shown}, model {expected}"
+        note_outcome("prepare_diff", expected)
+        if pending is None:
+            return
+        assert not self.queue.is_diff_exists(d.block)
+        # I5: calls that would deadlock on this thread's own pending diff are refused
+        # with a plain ImqError (not a CommitError or any other subclass).
+        if try_commit:
+            with pytest.raises(ImqError) as refused:
+                self.queue.commit_diff([TopBlock(BlockId(MC, 0xFFFF), 0xFFFF)])
+            assert refused.type is ImqError
+        if try_clear:
+            with pytest.raises(ImqError) as refused:
+                self.queue.clear_uncommitted_state(PARTITIONS, list(SHARDS.values()))
+            assert refused.type is ImqError
+        if try_again:
+            with pytest.raises(ImqError) as refused:
+                self.queue.prepare_diff(diff, d.block, d.diff_hash, stats, zone)
+            assert refused.type is ImqError
+        if as_context:
+            with pending:
+                pass
+        else:
+            pending.discard()
+        assert pending.state == "discarded"
+        with pytest.raises(ImqError):
+            pending.write()
+
+    @rule(spec=diff_specs, as_context=st.booleans())
+    def prepare_then_write(self, spec: DiffSpec, as_context: bool) -> None:
+        d, zone = self.resolve(spec)
+        diff, stats = build_diff(d)
+        expected = outcome(lambda: self.model.apply(d, zone))
+        actual = outcome(lambda: self.queue.prepare_diff(diff, d.block, d.diff_hash, stats, zone))
+        pending = actual[1] if actual[0] == "ok" else None
+        shown = ("ok", pending is not None) if actual[0] == "ok" else actual
+        assert shown == expected, f"prepare_diff {d.block}: queue {shown}, model {expected}"
+        note_outcome("prepare_diff", expected)
+        if pending is None:
+            return
+        if as_context:
+            with pending as p:
+                p.write()
+        else:
+            pending.write()
+        assert pending.state == "written"
+        with pytest.raises(ImqError):
+            pending.discard()
+
+    @rule(specs=st.tuples(diff_specs, diff_specs, diff_specs), partitions=partition_sets)
+    def collate_round(self, specs: tuple[DiffSpec, ...], partitions: list[int]) -> None:
+        """The collator's happy path: the next diff of every shard, then a commit on the
+        masterchain block with every shard's newest diff as a top block."""
+        for name, spec in zip(SHARDS, specs, strict=True):
+            fixed = replace(spec, shard=name, seqno_mode="next", check_sequence="uncommitted")
+            self.apply_diff(fixed)
+        mc_seqno = self._mc_seqno("latest", 0)
+        tops = [TopSpec(name, "latest", 0, True, False) for name in BASE_SHARDS]
+        blocks = [TopBlock(BlockId(MC, mc_seqno), mc_seqno)]
+        blocks += [self._top(t, mc_seqno, 0) for t in tops]
+        expected = outcome(lambda: self.model.commit(blocks, partitions))
+        actual = outcome(lambda: self.queue.commit_diff(blocks, partitions))
+        assert actual == expected, f"commit_diff {blocks}: queue {actual}, model {expected}"
+        note_outcome("collate_round commit", expected)
+
+    # -- rules: commit, clear, startup, reopen ------------------------------------------------
+
+    @rule(
+        mc_mode=st.sampled_from(("latest", "latest", "latest", "missing", "stale", "any", "none")),
+        mc_pick=st.integers(0, 5),
+        mc_updated=often,
+        mc_ref_zero=rarely,
+        root=st.integers(0, 1),
+        tops=st.lists(top_specs, unique_by=lambda t: t.shard, max_size=2),
+        duplicate=rarely,
+        mc_position=st.integers(0, 2),
+        partitions=partition_sets,
+    )
+    def commit(
+        self,
+        *,
+        mc_mode: str,
+        mc_pick: int,
+        mc_updated: bool,
+        mc_ref_zero: bool,
+        root: int,
+        tops: list[TopSpec],
+        duplicate: bool,
+        mc_position: int,
+        partitions: list[int],
+    ) -> None:
+        mc_seqno = self._mc_seqno(mc_mode, mc_pick)
+        blocks = [self._top(t, mc_seqno, root) for t in tops]
+        if duplicate and blocks:
+            again = tops[0]
+            blocks.append(self._top(TopSpec(again.shard, "older", mc_pick, True, False), 1, 1))
+        if mc_mode != "none":
+            mc = TopBlock(
+                BlockId(MC, mc_seqno, _root_hash(root)), 0 if mc_ref_zero else mc_seqno, mc_updated
+            )
+            blocks.insert(min(mc_position, len(blocks)), mc)
+        expected = outcome(lambda: self.model.commit(blocks, partitions))
+        actual = outcome(lambda: self.queue.commit_diff(blocks, partitions))
+        assert actual == expected, f"commit_diff {blocks}: queue {actual}, model {expected}"
+        note_outcome("commit_diff", expected)
+
+    def _clear_both(self, partitions: Sequence[int], top_shards: Sequence[ShardIdent]) -> None:
+        self.model.clear(partitions, top_shards)
+        self.queue.clear_uncommitted_state(partitions, top_shards)
+
+    @rule(partitions=partition_sets, top_shards=shard_sets)
+    def clear_uncommitted_state(self, partitions: list[int], top_shards: list[str]) -> None:
+        self._clear_both(partitions, [SHARDS[s] for s in top_shards])
+
+    @rule(
+        mode=st.sampled_from(("equal", "ahead", "behind", "other_hash")),
+        pick=st.integers(0, 5),
+        top_shards=shard_sets,
+        partitions=partition_sets,
+    )
+    def startup(self, mode: str, pick: int, top_shards: list[str], partitions: list[int]) -> None:
+        committed = self.model.last_mc_block
+        if committed is None:
+            block = BlockId(MC, pick)
+        else:
+            seqno, root = committed.seqno, committed.root_hash
+            if mode == "ahead":
+                seqno = min(seqno + 1 + pick % 2, U32_MAX)
+            elif mode == "behind" and seqno > 0:
+                seqno -= 1
+            elif mode != "equal":
+                root = _root_hash(7)
+            block = BlockId(MC, seqno, root)
+        tops = [SHARDS[s] for s in top_shards]
+        expected = outcome(lambda: self.model.startup(block, tops, partitions))
+        actual = outcome(lambda: self.queue.startup(block, tops, partitions))
+        assert actual == expected, f"startup {block}: queue {actual}, model {expected}"
+        note_outcome("startup", expected)
+
+    @rule()
+    def reopen(self) -> None:
+        self.queue.close()
+        self.queue = Queue.open(
+            self.path, QueueConfig.testing(), zerostate_seqno=self.zerostate_seqno
+        )
+
+    # -- rules: iterate -----------------------------------------------------------------------
+
+    def _bound(self, shard: ShardIdent, mode: str, pick: int) -> QueueKey:
+        pointer = self.model.pointers.get(shard)
+        if mode == "max":
+            return QueueKey.MAX
+        if mode in ("pointer", "pointer_next") and pointer is not None:
+            return pointer.key if mode == "pointer" else pointer.key.next_value()
+        if mode == "clock":
+            return QueueKey.min_for_lt(self.clock * pick // 10)
+        if mode == "message":
+            keys = sorted(k for (_, s, k) in self.model.messages if s == shard)
+            if keys:
+                return keys[pick % len(keys)]
+        return QueueKey.MIN
+
+    @rule(
+        partition=st.sampled_from(PARTITIONS),
+        ranges=range_specs,
+        for_shard=st.sampled_from(tuple(FOR_SHARDS)),
+        stop_after=st.none() | st.integers(0, 6),
+        duplicate=rarely,
+        clear_midway=st.none() | st.tuples(partition_sets, shard_sets),
+        close_midway=rarely,
+    )
+    def iterate(
+        self,
+        *,
+        partition: int,
+        ranges: list[tuple[str, tuple[str, int], tuple[str, int]]],
+        for_shard: str,
+        stop_after: int | None,
+        duplicate: bool,
+        clear_midway: tuple[list[int], list[str]] | None,
+        close_midway: bool,
+    ) -> None:
+        shard_ranges = []
+        for name, lo, hi in ranges:
+            shard = SHARDS[name]
+            shard_ranges.append(
+                QueueShardRange(shard, self._bound(shard, *lo), self._bound(shard, *hi))
+            )
+        if duplicate and shard_ranges:
+            shard_ranges.append(shard_ranges[0])
+        target = FOR_SHARDS[for_shard]
+        expected = outcome(lambda: self.model.iterator(partition, shard_ranges, target))
+        actual = outcome(lambda: self.queue.iterator(partition, shard_ranges, target))
+        if expected[0] == "raised" or actual[0] == "raised":
+            assert actual == expected, f"iterator {shard_ranges}: queue {actual}, model {expected}"
+            return
+        model_it, real_it = expected[1], actual[1]
+        with real_it:
+            assert real_it.current_position() == {}
+            if stop_after is not None:
+                got = [m for _, m in zip(range(stop_after), real_it, strict=False)]
+                want = [m for _, m in zip(range(stop_after), model_it, strict=False)]
+                assert got == want
+                assert real_it.current_position() == model_it.current_position()
+                if close_midway:
+                    # Closing the queue stops its open iterators.
+                    self.queue.close()
+                    with pytest.raises(QueueClosedError):
+                        next(real_it)
+                    self.reopen()
+                    return
+                if clear_midway is not None:
+                    # The iterator reads one snapshot: later writes must not show.
+                    partitions, tops = clear_midway
+                    self._clear_both(partitions, [SHARDS[s] for s in tops])
+            assert list(real_it) == list(model_it)
+            assert real_it.current_position() == model_it.current_position()
+            assert next(real_it, None) is None
+
+    # -- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def pointers_and_last_committed(self) -> None:
+        assert self.queue.get_commit_pointers() == self.model.get_commit_pointers()
+        assert (
+            self.queue.get_last_committed_mc_block_id()
+            == self.model.get_last_committed_mc_block_id()
+        )
+        assert self.queue._store.cached("gc_requested") == self.model.gc_requested
+
+    @invariant()
+    def diff_infos(self) -> None:
+        probes = set(self.model.diffs)
+        for shard in SHARDS.values():
+            last = self.model.get_last_applied_seqno(shard)
+            assert self.queue.get_last_applied_seqno(shard) == last
+            probes |= {(shard, 0), (shard, 1), (shard, min((last or 0) + 1, U32_MAX))}
+        for shard, seqno in sorted(probes):
+            for zone in DiffZone:
+                got = self.queue.get_diff_info(shard, seqno, zone)
+                assert got == self.model.get_diff_info(shard, seqno, zone), (shard, seqno, zone)
+            block = BlockIdShort(shard, seqno)
+            assert self.queue.is_diff_exists(block) == self.model.is_diff_exists(block)
+
+    @invariant()
+    def tail_lengths(self) -> None:
+        for shard in SHARDS.values():
+            keys = {QueueKey.MIN, QueueKey.MAX, QueueKey.min_for_lt(self.clock // 2)}
+            pointer = self.model.pointers.get(shard)
+            if pointer is not None:
+                keys |= {pointer.key, pointer.key.next_value()}
+            keys |= {d.info.max_message for (s, _), d in self.model.diffs.items() if s == shard}
+            for key in sorted(keys):
+                got = self.queue.get_diffs_tail_len(shard, key)
+                assert got == self.model.get_diffs_tail_len(shard, key), (shard, key)
+
+    @invariant()
+    def statistics(self) -> None:
+        for shard in SHARDS.values():
+            for r in key_ranges(self.model, shard, self.clock):
+                for partition in PARTITIONS:
+                    got = self.queue.load_diff_statistics(partition, r)
+                    assert got == self.model.load_diff_statistics(partition, r), (r, partition)
+                got_sep = self.queue.load_separated_diff_statistics(PARTITIONS, r)
+                assert got_sep == self.model.load_separated_diff_statistics(PARTITIONS, r), r
+
+    @invariant()
+    def messages(self) -> None:
+        ranges = [QueueShardRange(s, QueueKey.MIN, QueueKey.MAX) for s in SHARDS.values()]
+        stored = {}
+        for partition in PARTITIONS:
+            for target in (ShardIdent.BASECHAIN, MC, FOR_SHARDS["w127"], FOR_SHARDS["w-128"]):
+                with self.queue.iterator(partition, ranges, target) as it:
+                    for source, message in it:
+                        stored[(partition, source, message.key)] = message
+        assert stored == self.model.messages
+
+
+TestQueueMachine = QueueMachine.TestCase
+
+
+# ---------------------------------------------------------------------------------------------
+# Regressions: shrunk programs the machine found, replayed step by step
+
+
+def replay(steps: Callable[[QueueMachine], None]) -> None:
+    """Run ``steps`` on a fresh machine, then every invariant, then tear down."""
+    machine = QueueMachine()
+    try:
+        steps(machine)
+        machine.pointers_and_last_committed()
+        machine.diff_infos()
+        machine.tail_lengths()
+        machine.statistics()
+        machine.messages()
+    finally:
+        machine.teardown()
+
+
+def test_commit_without_masterchain_diff_then_same_block_is_skipped() -> None:
+    """I8: a commit whose masterchain diff is absent (ref_by_mc_seqno at the zerostate)
+    moves no pointer but sets the last committed block; committing that block again is
+    a skip (False), not a missing-diff CommitError. The model once lacked I8."""
+
+    def steps(m: QueueMachine) -> None:
+        mc = {"mc_mode": "latest", "mc_pick": 0, "mc_position": 0, "mc_updated": True}
+        rest = {"duplicate": False, "partitions": [], "root": 0, "tops": []}
+        m.commit(**mc, **rest, mc_ref_zero=True)
+        m.commit(**mc, **rest, mc_ref_zero=False)
+        assert m.queue.get_last_committed_mc_block_id() == BlockId(MC, 1)
+        assert m.queue.get_commit_pointers() == {}
+
+    replay(steps)
+
+
+def test_iterator_keeps_its_snapshot_across_a_clear() -> None:
+    """An iterator created before a clear still yields what it saw, skipped keys count
+    in current_position, and the clear shows only to later reads."""
+
+    def steps(m: QueueMachine) -> None:
+        to_left = MessageSpec(src=0, dst=0, lt_mode="next", step=0, body=b"l")
+        to_right = MessageSpec(src=0, dst=7, lt_mode="next", step=0, body=b"r")
+        spec = DiffSpec(
+            shard="left",
+            seqno_mode="next",
+            seqno_pick=0,
+            hash_mode="fresh",
+            check_sequence=None,
+            messages=(to_left, to_right, to_left, to_right),
+            router_src=(),
+            router_dst=(),
+            processed_to=(),
+            bounds_mode="default",
+            prev_hash=None,
+        )
+        m.apply_diff(spec)
+        m.iterate(
+            partition=0,
+            ranges=[("left", ("min", 0), ("max", 0))],
+            for_shard="left",
+            stop_after=1,
+            duplicate=False,
+            clear_midway=([0], ["left"]),
+            close_midway=False,
+        )
+        assert m.model.diffs == {}
+
+    replay(steps)
+
+
+@pytest.mark.slow
+def test_queue_machine_soak() -> None:
+    run_state_machine_as_test(
+        QueueMachine,
+        settings=settings(
+            settings.get_profile("thorough"),
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
