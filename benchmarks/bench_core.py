@@ -37,8 +37,9 @@ from pathlib import Path
 from time import perf_counter, perf_counter_ns
 from typing import Any
 
-from rocksdict import Cache, Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import ReadOptions, WriteBatch
 
+from benchmarks.common import RawDb
 from imq import (
     Address,
     BlockId,
@@ -54,7 +55,7 @@ from imq import (
     TopBlock,
 )
 from imq.storage import codec
-from imq.storage.tables import TABLES, StoreOptions, Table, table_options
+from imq.storage.tables import Table
 
 # ---------------------------------------------------------------------------------------------
 # Sizes, seeds, the workload's shape
@@ -216,35 +217,10 @@ def prepare(sizes: Sizes) -> tuple[list[Prepared], float]:
 # The raw floor: bare rocksdict with imq's column families and options
 
 
-class RawDb:
-    """A rocksdict database opened exactly as ``imq.storage.rocks.Store`` opens one."""
-
-    def __init__(self, path: Path, config: QueueConfig = CONFIG) -> None:
-        opts = StoreOptions(
-            block_cache_size=config.block_cache_size,
-            write_buffer_size=config.write_buffer_size,
-            max_background_jobs=config.max_background_jobs,
-        )
-        cache = Cache(opts.block_cache_size)
-        db_opts = Options(raw_mode=True)
-        db_opts.create_if_missing(True)
-        db_opts.create_missing_column_families(True)
-        db_opts.set_max_background_jobs(opts.max_background_jobs)
-        cfs = {t.value: table_options(spec, cache, opts) for t, spec in TABLES.items()}
-        self.db: Any = Rdict(str(path), options=db_opts, column_families=cfs)
-        self.messages: Any = self.db.get_column_family(Table.MESSAGES.value)
-        self.handle: Any = self.db.get_column_family_handle(Table.MESSAGES.value)
-        self.stats_handle: Any = self.db.get_column_family_handle(Table.STATISTICS.value)
-
-    def close(self) -> None:
-        # A live column-family object keeps RocksDB open: drop them before closing.
-        self.messages = self.handle = self.stats_handle = None
-        self.db.close()
-
-
 def raw_write(db: RawDb, prepared: Sequence[Prepared], with_stats: bool = False) -> None:
     """One batch per diff: its message rows, and its statistics rows if ``with_stats``."""
-    handle, stats_handle, write = db.handle, db.stats_handle, db.db.write
+    handle, stats_handle = db.handle[Table.MESSAGES], db.handle[Table.STATISTICS]
+    write = db.db.write
     for p in prepared:
         batch = WriteBatch(raw_mode=True)
         put = batch.put
@@ -265,7 +241,7 @@ def raw_merged_read(db: RawDb) -> int:
         ro = ReadOptions()
         ro.set_iterate_upper_bound(hi)
         keep_alive.append((hi, ro))
-        sources.append(db.messages.items(from_key=lo, read_opt=ro))
+        sources.append(db.cf[Table.MESSAGES].items(from_key=lo, read_opt=ro))
     count = sum(1 for _ in heapq.merge(*sources, key=lambda kv: kv[0][14:]))
     del sources, keep_alive
     return count
@@ -349,7 +325,7 @@ def _imq_write(path: Path, prepared: Sequence[Prepared], with_stats: bool) -> fl
 
 
 def _raw_write(path: Path, prepared: Sequence[Prepared], with_stats: bool) -> float:
-    db = RawDb(path)
+    db = RawDb(path, CONFIG)
     try:
         seconds, _ = timed(lambda: raw_write(db, prepared, with_stats))
     finally:
@@ -404,7 +380,7 @@ def bench_read(
     """Reads on the databases of the last write run. Closing them after the write flushed
     every memtable to L0 (no compaction on either side). One untimed warm-up pass each."""
     state = f"imq: {_sst_summary(imq_path)}; raw: {_sst_summary(raw_path)}; no compaction"
-    queue, raw = Queue.open(imq_path, CONFIG), RawDb(raw_path)
+    queue, raw = Queue.open(imq_path, CONFIG), RawDb(raw_path, CONFIG)
     full = Throughput("iterator, 4 shards merged, all accepted", total)
     split = Throughput("iterator, 4 shards merged, split for_shard", total)
     floor = Throughput("raw 4 ranges + heapq.merge (floor)", total)

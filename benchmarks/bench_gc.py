@@ -36,9 +36,10 @@ from pathlib import Path
 from time import perf_counter, perf_counter_ns
 from typing import Any
 
-from rocksdict import Cache, CompactOptions, Options, Rdict, ReadOptions, WriteBatch
+from rocksdict import CompactOptions, ReadOptions, WriteBatch
 
 from benchmarks.bench_core import machine_lines, percentile
+from benchmarks.common import RawDb
 from imq import (
     Address,
     BlockId,
@@ -53,7 +54,6 @@ from imq import (
     TopBlock,
 )
 from imq.storage import Table, codec
-from imq.storage.tables import TABLES, StoreOptions, table_options
 
 # ---------------------------------------------------------------------------------------------
 # Sizes, seeds, the workload's shape
@@ -215,33 +215,6 @@ def gc_tasks(collected: int) -> list[Task]:
 # The raw floor: the same deletes and compactions with bare rocksdict
 
 
-class RawDb:
-    """A rocksdict database opened exactly as ``imq.storage.rocks.Store`` opens one."""
-
-    def __init__(self, path: Path, config: QueueConfig = CONFIG) -> None:
-        opts = StoreOptions(
-            block_cache_size=config.block_cache_size,
-            write_buffer_size=config.write_buffer_size,
-            max_background_jobs=config.max_background_jobs,
-        )
-        cache = Cache(opts.block_cache_size)
-        db_opts = Options(raw_mode=True)
-        db_opts.create_if_missing(True)
-        db_opts.create_missing_column_families(True)
-        db_opts.set_max_background_jobs(opts.max_background_jobs)
-        cfs = {t.value: table_options(spec, cache, opts) for t, spec in TABLES.items()}
-        self.db: Any = Rdict(str(path), options=db_opts, column_families=cfs)
-        self.cf: dict[Table, Any] = {t: self.db.get_column_family(t.value) for t in Table}
-        self.handle: dict[Table, Any] = {
-            t: self.db.get_column_family_handle(t.value) for t in Table
-        }
-
-    def close(self) -> None:
-        self.cf.clear()  # live column-family objects keep RocksDB open
-        self.handle.clear()
-        self.db.close()
-
-
 Range = tuple[Table, bytes, bytes]
 
 
@@ -371,7 +344,7 @@ def _instrumented_gc(queue: Queue) -> GcRun:
 
 
 def _raw_timed(path: Path, fn: Callable[[RawDb, Sequence[Task]], None], tasks: list[Task]) -> float:
-    db = RawDb(path)
+    db = RawDb(path, CONFIG)
     try:
         gc.collect()
         started = perf_counter()

@@ -4,7 +4,17 @@
 opens the database and provides atomic transactions and consistent snapshots.
 """
 
-from imq.storage.rocks import Cursor, Scan, Snapshot, Store, Transaction
+from imq.storage.rocks import Cursor, Scan, Snapshot, Store, Transaction, open_rdict
 from imq.storage.tables import TABLES, StoreOptions, Table
 
-__all__ = ["TABLES", "Cursor", "Scan", "Snapshot", "Store", "StoreOptions", "Table", "Transaction"]
+__all__ = [
+    "TABLES",
+    "Cursor",
+    "Scan",
+    "Snapshot",
+    "Store",
+    "StoreOptions",
+    "Table",
+    "Transaction",
+    "open_rdict",
+]

@@ -42,7 +42,7 @@ from imq.errors import DatabaseLockedError, ImqError, QueueClosedError, SchemaVe
 from imq.storage import codec
 from imq.storage.tables import TABLES, StoreOptions, Table, table_options
 
-__all__ = ["Closable", "Cursor", "Scan", "Snapshot", "Store", "Transaction"]
+__all__ = ["Closable", "Cursor", "Scan", "Snapshot", "Store", "Transaction", "open_rdict"]
 
 LOCK_FILE = "imq.lock"
 
@@ -230,6 +230,20 @@ class Transaction:
         return int(self.batch.size_in_bytes())
 
 
+def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) -> Any:
+    """Open the rocksdict database with imq's six column families and options (raw mode,
+    one block cache shared by all tables). ``Store`` opens through this; so does the raw
+    floor of the benchmarks, so both measure the same engine configuration."""
+    cache = Cache(options.block_cache_size)
+    db_opts = Options(raw_mode=True)
+    db_opts.create_if_missing(True)
+    db_opts.create_missing_column_families(True)
+    db_opts.set_max_background_jobs(options.max_background_jobs)
+    cfs = {t.value: table_options(spec, cache, options) for t, spec in TABLES.items()}
+    access = AccessType.read_only() if read_only else AccessType.read_write()
+    return Rdict(str(path), options=db_opts, column_families=cfs, access_type=access)
+
+
 class Store:
     """A dedicated RocksDB directory with imq's six column families."""
 
@@ -295,15 +309,8 @@ class Store:
             os.close(self._lock_fd)
 
     def _open_rocksdb(self) -> tuple[Any, dict[Table, Any], dict[Table, Any]]:
-        cache = Cache(self.options.block_cache_size)
-        db_opts = Options(raw_mode=True)
-        db_opts.create_if_missing(True)
-        db_opts.create_missing_column_families(True)
-        db_opts.set_max_background_jobs(self.options.max_background_jobs)
-        cfs = {t.value: table_options(spec, cache, self.options) for t, spec in TABLES.items()}
-        access = AccessType.read_only() if self.read_only else AccessType.read_write()
         try:
-            db = Rdict(str(self.path), options=db_opts, column_families=cfs, access_type=access)
+            db = open_rdict(self.path, self.options, read_only=self.read_only)
         except Exception as exc:
             if "lock" in str(exc).lower():
                 raise DatabaseLockedError(f"queue database {self.path} is locked: {exc}") from exc
