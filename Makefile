@@ -37,6 +37,7 @@ soak: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.bench_core
+	$(BIN)/python -m benchmarks.bench_gc
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .hypothesis var

@@ -1,0 +1,29 @@
+"""The benchmarks still run (their --quick form); their numbers are not checked here:
+speed targets live in benchmarks/results, never in tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("module", ["benchmarks.bench_core", "benchmarks.bench_gc"])
+def test_benchmark_quick_run_writes_its_report(module: str, tmp_path: Path) -> None:
+    out = tmp_path / "report.md"
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--quick", "--out", str(out), "--dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = out.read_text()
+    assert report.startswith("# imq")
+    assert "| " in report  # at least one table
