@@ -124,8 +124,6 @@ class QueueIterator:
 
     def close(self) -> None:
         """Release the cursors; the iterator is then exhausted."""
-        # ValueError: another thread is inside next() right now; dropping the sources
-        # below still ends it at its next pull.
         self._merged = iter(())
         # ValueError: another thread is producing a run right now; dropping the sources
         # below still ends it at its next pull.

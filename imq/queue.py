@@ -69,17 +69,18 @@ class Queue:
         self.metrics = Metrics()
         self._log = get_logger("queue", db=str(store.path))
         reads.load_caches(store)
+        gc_log = get_logger("gc", db=str(store.path))
         self._gc = GarbageCollector(
             store,
             self._rw,
             self._shard_locks,
             self.metrics,
-            get_logger("gc", db=str(store.path)),
+            gc_log,
             compact=config.compact_after_delete,
         )
         self._gc_worker: GcWorker | None = None
         if config.gc_enabled and not store.read_only:
-            self._gc_worker = GcWorker(self._gc, config.gc_interval, self._log)
+            self._gc_worker = GcWorker(self._gc, config.gc_interval, gc_log)
             self._gc_worker.start()
 
     @classmethod
