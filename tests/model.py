@@ -11,7 +11,20 @@ What the model holds:
 - ``messages``: ``(partition, source shard, key) -> Message``;
 - ``diffs``: ``(shard, seqno) -> ModelDiff`` (its DiffInfo and the partitions it wrote);
 - ``stats``: ``(shard, partition, diff max_message, seqno, destination) -> count``;
-- ``pointers``, ``last_mc_block``, the commit record (D7) and the GC requested bounds.
+- ``pointers``, ``last_mc_block``, the commit record (D7);
+- the GC bounds (SEMANTICS §7 with D7, D8): ``gc_requested`` (written by commit) and
+  ``gc_executed`` (written by a GC pass), both ``(partition, source shard) -> key`` and
+  both persisted, so they survive a reopen.
+
+A GC pass (:meth:`QueueModel.run_gc`) runs every ``(partition, shard)`` whose requested
+bound is strictly above its executed one (or has none). For each, with bound ``b``
+(SEMANTICS §8 with D4, D5): the messages of that partition and source shard with key
+``<= b``, the statistics rows of that ``(shard, partition)`` whose diff ``max_message``
+is ``<= b``, and every diff of the shard with ``max_message <= b`` (its record, so all
+its partitions' bookkeeping, seqno 0 included) go; statistics rows of *other*
+partitions of those diffs stay until a bound of their own partition runs. A diff GC
+removed is gone from ``diffs``, so a later clear no longer knows which partitions it
+wrote (imq's clear reads them from the stored record, which GC deleted too).
 """
 
 from __future__ import annotations
@@ -174,6 +187,7 @@ class QueueModel:
         self.last_mc_block: BlockId | None = None
         self.commit_record: dict[ShardIdent, dict[ShardIdent, QueueKey]] = {}
         self.gc_requested: dict[tuple[int, ShardIdent], QueueKey] = {}
+        self.gc_executed: dict[tuple[int, ShardIdent], QueueKey] = {}
 
     # -- applying diffs (SEMANTICS §5.3, §5.4) ------------------------------------------------
 
@@ -284,6 +298,39 @@ class QueueModel:
                 if source not in bounds or key < bounds[source]:
                     bounds[source] = key
         return bounds
+
+    # -- garbage collection (SEMANTICS §7, §8 with D4, D5, D7, D8) ------------------------------
+
+    def gc_due(self) -> dict[tuple[int, ShardIdent], QueueKey]:
+        """Every (partition, shard) whose requested bound is strictly above the executed
+        one, or has none: a bound that moved back is kept but not run (§7.4)."""
+        return {
+            entry: bound
+            for entry, bound in self.gc_requested.items()
+            if entry not in self.gc_executed or bound > self.gc_executed[entry]
+        }
+
+    def run_gc(self) -> int:
+        """One GC pass; returns how many (partition, shard) deletions ran."""
+        due = self.gc_due()
+        for (partition, shard), bound in due.items():
+            self.messages = {
+                k: m
+                for k, m in self.messages.items()
+                if not (k[0] == partition and k[1] == shard and k[2] <= bound)
+            }
+            self.stats = {
+                k: n
+                for k, n in self.stats.items()
+                if not (k[0] == shard and k[1] == partition and k[2] <= bound)
+            }
+            self.diffs = {
+                k: d
+                for k, d in self.diffs.items()
+                if not (k[0] == shard and d.info.max_message <= bound)
+            }
+        self.gc_executed.update(due)
+        return len(due)
 
     # -- clear and startup (SEMANTICS §5.6, §14.2) ---------------------------------------------
 

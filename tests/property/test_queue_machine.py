@@ -2,9 +2,18 @@
 
 A hypothesis ``RuleBasedStateMachine`` drives a real ``Queue`` (RocksDB in a fresh
 temporary directory per example) and the model with the same operations: apply,
-prepare then write or discard, commit, clear, startup, reopen and iterate. Every
-outcome (result or error type) must agree, and after every step every read of the
-public API must return what the model says.
+prepare then write or discard, commit, clear, startup, reopen, iterate, and garbage
+collection, both ``run_gc`` and a tick of the background worker. Every outcome (result
+or error type, and the number of GC deletions) must agree, and after every step every
+read of the public API, the GC bounds included, must return what the model says.
+
+The queue runs with the GC worker on and a one-hour interval, so the worker passes only
+right after each open (its first tick fires at once) and when a rule ticks it: the
+machine waits for that first pass after every open and lets the model run one too,
+which checks that requested and executed bounds survive a reopen (D7).
+
+The end of the file runs GC in its own thread while other threads apply, commit and
+iterate, and checks that the final state equals running GC alone.
 
 Rule arguments are plain values (names, indexes, modes) resolved against the current
 state when the rule runs, so a shrunk failing program prints as something that can be
@@ -14,9 +23,13 @@ pasted into a regression test (see the end of this file).
 from __future__ import annotations
 
 import hashlib
+import random
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -71,6 +84,9 @@ FOR_SHARDS: dict[str, ShardIdent] = {
     "w-128": ShardIdent.full(-128),
 }
 PARTITIONS = (0, 1, 2)
+# The worker passes right after open and when ticked, never on its own timer.
+CONFIG = replace(QueueConfig.testing(), gc_enabled=True, gc_interval=3600.0)
+OPEN_DEADLINE = 30.0  # seconds to wait for the worker's first pass after an open
 U32_MAX = 0xFFFF_FFFF
 U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 ZONES: dict[str | None, DiffZone | None] = {
@@ -136,7 +152,10 @@ class DiffSpec:
     messages: tuple[MessageSpec, ...]
     router_src: tuple[tuple[int, int], ...]  # (account index, partition)
     router_dst: tuple[tuple[int, int], ...]
-    processed_to: tuple[tuple[str, str, int], ...]  # (shard, "min" | "lt_min" | "lt_max", back)
+    # (shard, mode, back): mode "min", "lt_min" or "lt_max" (of the clock minus back), or
+    # "message" / "diff_max" (a stored message key / diff max_message of that shard, the
+    # back-th from the newest): GC bounds that fall exactly on a key
+    processed_to: tuple[tuple[str, str, int], ...]
     bounds_mode: str  # "default" | "from_diff" | "max"
     prev_hash: bytes | None
 
@@ -150,6 +169,7 @@ class TopSpec:
     ref_zero: bool
 
 
+READ_MODES = ("lt_max", "lt_min", "min", "message", "diff_max")
 rarely = st.sampled_from((False, False, False, True))
 often = st.sampled_from((True, True, True, False))
 partition_sets = st.lists(st.sampled_from(PARTITIONS), unique=True, max_size=3)
@@ -182,7 +202,7 @@ diff_specs = st.builds(
     processed_to=st.lists(
         st.tuples(
             st.sampled_from(tuple(SHARDS)),
-            st.sampled_from(("lt_max", "lt_min", "min")),
+            st.sampled_from(READ_MODES),
             st.integers(0, 20),
         ),
         unique_by=lambda e: e[0],
@@ -190,6 +210,11 @@ diff_specs = st.builds(
     ).map(tuple),
     bounds_mode=st.sampled_from(("default", "default", "from_diff", "max")),
     prev_hash=st.none() | st.binary(min_size=32, max_size=32),
+)
+
+# processed_to naming every shard, each a little behind the clock
+reads_every_shard = st.tuples(
+    *[st.tuples(st.just(name), st.sampled_from(READ_MODES), st.integers(0, 20)) for name in SHARDS]
 )
 
 top_specs = st.builds(
@@ -277,8 +302,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.tmp = Path(tempfile.mkdtemp(prefix="imq-machine-"))
         self.path = self.tmp / "db"
         self.zerostate_seqno = 0
-        self.queue = Queue.open(self.path, QueueConfig.testing())
         self.model = QueueModel()
+        self.queue = self._open()
         self.clock = 100
         self.counter = 0
 
@@ -289,6 +314,24 @@ class QueueMachine(RuleBasedStateMachine):
         self.zerostate_seqno = zerostate_seqno
         self.model = QueueModel(zerostate_seqno)
         self.reopen()
+
+    def _open(self) -> Queue:
+        """Open the queue, wait for the worker's first pass (it fires at open, D7: GC
+        resumes without a new commit) and let the model run that pass too."""
+        queue = Queue.open(self.path, CONFIG, zerostate_seqno=self.zerostate_seqno)
+        try:
+            worker = queue.gc_worker
+            assert worker is not None
+            deadline = time.monotonic() + OPEN_DEADLINE
+            while worker.passes < 1:
+                assert time.monotonic() < deadline, "the GC worker did not pass after open"
+                time.sleep(0.001)
+            expected = self._model_gc("gc at open")
+            assert queue.metrics.counter("gc_ranges_deleted") == expected
+        except BaseException:
+            queue.close()
+            raise
+        return queue
 
     def teardown(self) -> None:
         try:
@@ -318,6 +361,26 @@ class QueueMachine(RuleBasedStateMachine):
             lt = max(0, self.clock - spec.step)
         return QueueKey(lt, self.fresh_hash())
 
+    def _read_key(
+        self, source: ShardIdent, mode: str, back: int, new: dict[QueueKey, Message]
+    ) -> QueueKey:
+        """A processed_to key for ``source``; ``new`` are the messages of the diff being
+        built (for its own shard), which count as stored ones."""
+        if mode == "message":
+            keys = sorted({k for (_, s, k) in self.model.messages if s == source} | set(new))
+        elif mode == "diff_max":
+            keys = sorted(
+                {d.info.max_message for (s, _), d in self.model.diffs.items() if s == source}
+            )
+        else:
+            keys = []
+        if keys:
+            return keys[-1 - back % len(keys)]
+        lt = max(0, self.clock - back)
+        if mode == "min":
+            return QueueKey.MIN
+        return QueueKey.min_for_lt(lt) if mode == "lt_min" else QueueKey.max_for_lt(lt)
+
     def _seqno(self, shard: ShardIdent, spec: DiffSpec) -> int:
         last = self.model.get_last_applied_seqno(shard)
         if spec.seqno_mode == "huge":
@@ -343,12 +406,9 @@ class QueueMachine(RuleBasedStateMachine):
             messages[key] = Message(key, ACCOUNTS[m.src], ACCOUNTS[m.dst], m.body)
         processed_to = {}
         for name, mode, back in spec.processed_to:
-            lt = max(0, self.clock - back)
-            processed_to[SHARDS[name]] = {
-                "min": QueueKey.MIN,
-                "lt_min": QueueKey.min_for_lt(lt),
-                "lt_max": QueueKey.max_for_lt(lt),
-            }[mode]
+            source = SHARDS[name]
+            own = messages if source == shard else {}
+            processed_to[source] = self._read_key(source, mode, back, own)
         keys = sorted(messages)
         bounds = None
         if spec.bounds_mode == "from_diff":
@@ -411,6 +471,7 @@ class QueueMachine(RuleBasedStateMachine):
         as_context=st.booleans(),
         try_commit=rarely,
         try_clear=rarely,
+        try_gc=rarely,
         try_again=rarely,
     )
     def prepare_then_discard(
@@ -420,6 +481,7 @@ class QueueMachine(RuleBasedStateMachine):
         as_context: bool,
         try_commit: bool,
         try_clear: bool,
+        try_gc: bool,
         try_again: bool,
     ) -> None:
         d, zone = self.resolve(spec)
@@ -442,6 +504,10 @@ class QueueMachine(RuleBasedStateMachine):
         if try_clear:
             with pytest.raises(ImqError) as refused:
                 self.queue.clear_uncommitted_state(PARTITIONS, list(SHARDS.values()))
+            assert refused.type is ImqError
+        if try_gc:
+            with pytest.raises(ImqError) as refused:
+                self.queue.run_gc()
             assert refused.type is ImqError
         if try_again:
             with pytest.raises(ImqError) as refused:
@@ -492,6 +558,36 @@ class QueueMachine(RuleBasedStateMachine):
         actual = outcome(lambda: self.queue.commit_diff(blocks, partitions))
         assert actual == expected, f"commit_diff {blocks}: queue {actual}, model {expected}"
         note_outcome("collate_round commit", expected)
+
+    @rule(
+        specs=st.tuples(diff_specs, diff_specs, diff_specs),
+        reads=st.tuples(*[reads_every_shard] * len(SHARDS)),
+        partitions=st.lists(st.sampled_from(PARTITIONS), unique=True, min_size=1, max_size=3),
+        by_worker=st.booleans(),
+    )
+    def collate_then_collect(
+        self,
+        specs: tuple[DiffSpec, ...],
+        reads: tuple[tuple[tuple[str, str, int], ...], ...],
+        partitions: list[int],
+        by_worker: bool,
+    ) -> None:
+        """A collate round whose diffs each report how far they read every shard, so the
+        commit requests a GC bound for every source shard; then a GC pass. Messages take
+        fresh keys, so the round is rarely refused and GC has something to delete."""
+        read = tuple(
+            replace(
+                spec,
+                processed_to=r,
+                messages=tuple(replace(m, lt_mode="next") for m in spec.messages),
+            )
+            for spec, r in zip(specs, reads, strict=True)
+        )
+        self.collate_round(read, partitions)
+        if by_worker:
+            self.tick()
+        else:
+            self.gc()
 
     # -- rules: commit, clear, startup, reopen ------------------------------------------------
 
@@ -570,9 +666,37 @@ class QueueMachine(RuleBasedStateMachine):
     @rule()
     def reopen(self) -> None:
         self.queue.close()
-        self.queue = Queue.open(
-            self.path, QueueConfig.testing(), zerostate_seqno=self.zerostate_seqno
-        )
+        self.queue = self._open()
+
+    # -- rules: garbage collection ------------------------------------------------------------
+
+    def _model_gc(self, operation: str) -> int:
+        """A GC pass of the model, labelled by what it removed."""
+        before = len(self.model.messages), len(self.model.diffs), len(self.model.stats)
+        ran = self.model.run_gc()
+        after = len(self.model.messages), len(self.model.diffs), len(self.model.stats)
+        if currently_in_test_context():
+            names = ("messages", "diffs", "stats")
+            removed = [n for n, b, a in zip(names, before, after, strict=True) if a < b]
+            event(f"{operation}: {'ran' if ran else 'nothing due'}, removed {removed or 'nothing'}")
+        return ran
+
+    @rule()
+    def gc(self) -> None:
+        """``run_gc``: one pass in this thread; it returns the deletions it ran."""
+        actual = outcome(self.queue.run_gc)
+        expected = ("ok", self._model_gc("run_gc"))
+        assert actual == expected, f"run_gc: queue {actual}, model {expected}"
+
+    @rule()
+    def tick(self) -> None:
+        """A tick of the background worker: one pass in its thread, waited for."""
+        worker = self.queue.gc_worker
+        assert worker is not None
+        before = self.queue.metrics.counter("gc_ranges_deleted")
+        assert worker.tick(timeout=30)
+        expected = self._model_gc("gc tick")
+        assert self.queue.metrics.counter("gc_ranges_deleted") - before == expected
 
     # -- rules: iterate -----------------------------------------------------------------------
 
@@ -597,6 +721,7 @@ class QueueMachine(RuleBasedStateMachine):
         stop_after=st.none() | st.integers(0, 6),
         duplicate=rarely,
         clear_midway=st.none() | st.tuples(partition_sets, shard_sets),
+        gc_midway=rarely,
         close_midway=rarely,
     )
     def iterate(
@@ -608,6 +733,7 @@ class QueueMachine(RuleBasedStateMachine):
         stop_after: int | None,
         duplicate: bool,
         clear_midway: tuple[list[int], list[str]] | None,
+        gc_midway: bool,
         close_midway: bool,
     ) -> None:
         shard_ranges = []
@@ -643,6 +769,9 @@ class QueueMachine(RuleBasedStateMachine):
                     # The iterator reads one snapshot: later writes must not show.
                     partitions, tops = clear_midway
                     self._clear_both(partitions, [SHARDS[s] for s in tops])
+                if gc_midway:
+                    # Nor may a GC pass: the snapshot keeps what GC deletes.
+                    self.gc()
             assert list(real_it) == list(model_it)
             assert real_it.current_position() == model_it.current_position()
             assert next(real_it, None) is None
@@ -656,7 +785,10 @@ class QueueMachine(RuleBasedStateMachine):
             self.queue.get_last_committed_mc_block_id()
             == self.model.get_last_committed_mc_block_id()
         )
-        assert self.queue._store.cached("gc_requested") == self.model.gc_requested
+        requested, executed = self.queue.gc_bounds()
+        assert requested == self.model.gc_requested
+        assert executed == self.model.gc_executed
+        assert self.queue.metrics.counter("gc_ranges_failed") == 0
 
     @invariant()
     def diff_infos(self) -> None:
@@ -771,11 +903,233 @@ def test_iterator_keeps_its_snapshot_across_a_clear() -> None:
             stop_after=1,
             duplicate=False,
             clear_midway=([0], ["left"]),
+            gc_midway=False,
             close_midway=False,
         )
         assert m.model.diffs == {}
 
     replay(steps)
+
+
+def _apply_both(m: QueueMachine, d: DiffInput) -> None:
+    diff, stats = build_diff(d)
+    assert m.model.apply(d, None)
+    assert m.queue.apply_diff(diff, d.block, d.diff_hash, stats)
+
+
+def test_clear_after_gc_removed_an_uncommitted_diff_keeps_its_other_partitions() -> None:
+    """GC deletes every diff of the shard up to the bound, its record included, but the
+    messages of only the partitions whose bound ran. When a bound passes the commit
+    pointer (a processed_to ahead of what is committed), a later clear no longer finds
+    that uncommitted diff, so it cannot add the partitions the diff wrote (I3): its
+    partition-2 message survives a clear of partition 0. The model does the same."""
+
+    def steps(m: QueueMachine) -> None:
+        to_p2 = ACCOUNTS[5]
+        k1, k2, k3 = (QueueKey(lt, bytes([lt]) * 32) for lt in (10, 20, 30))
+        _apply_both(
+            m,
+            DiffInput(BlockIdShort(LEFT, 1), m.fresh_hash(), (Message(k1, ACCOUNTS[0], to_p2),)),
+        )
+        uncommitted = (Message(k2, ACCOUNTS[0], to_p2), Message(k3, ACCOUNTS[0], ACCOUNTS[0]))
+        _apply_both(
+            m,
+            DiffInput(BlockIdShort(LEFT, 2), m.fresh_hash(), uncommitted, router_dst={to_p2: 2}),
+        )
+        mc = DiffInput(BlockIdShort(MC, 1), m.fresh_hash(), (), processed_to={LEFT: k3})
+        _apply_both(m, mc)
+        tops = [TopBlock(BlockId(MC, 1), 1), TopBlock(BlockId(LEFT, 1), 1)]
+        assert m.model.commit(tops, [0])
+        assert m.queue.commit_diff(tops, [0])
+        assert m.queue.get_commit_pointers()[LEFT].key == k1
+        assert m.queue.run_gc() == m.model.run_gc() == 1
+        assert not m.queue.is_diff_exists(BlockIdShort(LEFT, 2))
+        m._clear_both([0], [])
+        assert set(m.model.messages) == {(2, LEFT, k2)}
+
+    replay(steps)
+
+
+# ---------------------------------------------------------------------------------------------
+# GC in its own thread while other threads apply, commit and iterate
+#
+# A seeded collator-like workload: every round applies the next diff of every shard (one
+# thread per shard, some through prepare_diff then write), reads the committed messages
+# and statistics above the GC bounds in another thread, commits, and sometimes applies
+# an extra diff and clears it. Meanwhile GC runs in a thread of its own, with whatever
+# bounds it finds. Every diff reports a processed_to that only moves forward and lags
+# at least one round, so GC only deletes what the workload no longer reads, and what
+# the readers see must not depend on when GC ran. At the end one more pass runs, and
+# the whole state must equal the model's after the same operations and one GC pass.
+
+CONCURRENT_ROUNDS = 20
+
+
+class _Workload:
+    def __init__(self, machine: QueueMachine, rng: random.Random) -> None:
+        self.m = machine
+        self.rng = rng
+        self.read: dict[tuple[ShardIdent, ShardIdent], QueueKey] = {}
+        self.round_max: dict[ShardIdent, list[QueueKey]] = {s: [] for s in SHARDS.values()}
+
+    def diff(self, shard: ShardIdent, seqno: int) -> DiffInput:
+        m, rng = self.m, self.rng
+        messages = []
+        for _ in range(rng.randint(1, 4)):
+            m.clock += 1 + rng.randint(0, 2)
+            key = QueueKey(m.clock, m.fresh_hash())
+            src, dst = rng.choice(ACCOUNTS), rng.choice(ACCOUNTS)
+            messages.append(Message(key, src, dst, rng.randbytes(rng.randint(0, 4))))
+        processed_to = {}
+        for source, done in self.round_max.items():
+            if not done:
+                continue
+            # Up to the end of a finished round, never back.
+            candidate = done[rng.randrange(max(0, len(done) - 3), len(done))]
+            if rng.random() < 0.3:
+                candidate = QueueKey.min_for_lt(candidate.lt)
+            previous = self.read.get((shard, source))
+            if previous is not None and candidate < previous:
+                candidate = previous
+            self.read[(shard, source)] = candidate
+            processed_to[source] = candidate
+        routed = rng.sample(ACCOUNTS, rng.randint(0, 3))
+        return DiffInput(
+            block=BlockIdShort(shard, seqno),
+            diff_hash=m.fresh_hash(),
+            messages=tuple(messages),
+            processed_to=processed_to,
+            router_dst={a: rng.choice((1, 2)) for a in routed},
+        )
+
+    def apply(self, d: DiffInput, prepared: bool) -> None:
+        diff, stats = build_diff(d)
+        if prepared:
+            pending = self.m.queue.prepare_diff(diff, d.block, d.diff_hash, stats)
+            assert pending is not None, d.block
+            with pending:
+                pending.write()
+        else:
+            assert self.m.queue.apply_diff(diff, d.block, d.diff_hash, stats), d.block
+
+    def reads(self, below: QueueKey) -> Callable[[], None]:
+        """What a reader may see now below ``below`` and above every GC bound: it must
+        see exactly that whatever GC does meanwhile. Returns the check to run."""
+        m, rng = self.m, self.rng
+        partition = rng.choice(PARTITIONS)
+        target = FOR_SHARDS[rng.choice(("basechain", "mc", "left", "w0_a0"))]
+        ranges = []
+        for shard in SHARDS.values():
+            bound = m.model.gc_requested.get((partition, shard))
+            low = QueueKey.MIN if bound is None else bound.next_value()
+            if low < below:
+                ranges.append(QueueShardRange(shard, low, below))
+        want = list(m.model.iterator(partition, ranges, target))
+        want_stats = [m.model.load_diff_statistics(partition, r) for r in ranges]
+
+        def check() -> None:
+            with m.queue.iterator(partition, ranges, target) as it:
+                assert list(it) == want
+            got = [m.queue.load_diff_statistics(partition, r) for r in ranges]
+            assert got == want_stats
+
+        return check
+
+    def commit(self, seqno: int) -> None:
+        m, rng = self.m, self.rng
+        tops = [TopBlock(BlockId(MC, seqno), seqno)]
+        tops += [TopBlock(BlockId(s, seqno), seqno) for s in (LEFT, RIGHT)]
+        partitions = rng.sample(PARTITIONS, rng.randint(1, len(PARTITIONS)))
+        assert m.model.commit(tops, partitions)
+        assert m.queue.commit_diff(tops, partitions)
+
+    def clear_extra(self, seqno: int) -> None:
+        """An uncommitted diff above the pointers, then a clear that removes it."""
+        m, rng = self.m, self.rng
+        d = self.diff(rng.choice(list(SHARDS.values())), seqno)
+        assert m.model.apply(d, None)
+        self.apply(d, prepared=rng.random() < 0.5)
+        partitions = rng.sample(PARTITIONS, rng.randint(0, len(PARTITIONS)))
+        m._clear_both(partitions, [])
+
+    def run(self, rounds: int, pool: ThreadPoolExecutor) -> None:
+        m, rng = self.m, self.rng
+        for seqno in range(1, rounds + 1):
+            below = QueueKey.min_for_lt(m.clock + 1)  # every key of this round is above
+            check = self.reads(below)
+            diffs = [self.diff(s, seqno) for s in SHARDS.values()]
+            for d in diffs:
+                assert m.model.apply(d, None)
+            jobs = [pool.submit(self.apply, d, rng.random() < 0.5) for d in diffs]
+            jobs.append(pool.submit(check))
+            for job in jobs:
+                job.result()
+            for d in diffs:
+                self.round_max[d.block.shard].append(max(x.key for x in d.messages))
+            self.commit(seqno)
+            if seqno == rounds // 2:
+                self.wait_for_collector()
+            if rng.random() < 0.25:
+                self.clear_extra(seqno + 1)
+
+    def wait_for_collector(self) -> None:
+        """Let the GC thread catch up with every bound once, so it surely deleted
+        something while the workload ran (the final check is the same either way)."""
+        deadline = time.monotonic() + OPEN_DEADLINE
+        while True:
+            requested, executed = self.m.queue.gc_bounds()
+            if requested and executed == requested:
+                return
+            assert time.monotonic() < deadline, "the GC thread never caught up"
+            time.sleep(0.001)
+
+
+def _collect_until(stop: threading.Event, queue: Queue, by_worker: bool) -> int:
+    """GC passes in this thread until ``stop``; returns how many deletions they ran."""
+    ran = 0
+    worker = queue.gc_worker
+    assert worker is not None
+    while not stop.is_set():
+        if by_worker:
+            before = queue.metrics.counter("gc_ranges_deleted")
+            assert worker.tick(timeout=30)
+            ran += queue.metrics.counter("gc_ranges_deleted") - before
+        else:
+            ran += queue.run_gc()
+        time.sleep(0.001)
+    return ran
+
+
+@pytest.mark.parametrize("by_worker", [False, True], ids=["run_gc", "worker"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_gc_concurrent_with_apply_commit_iterate_equals_gc_alone(
+    seed: int, by_worker: bool
+) -> None:
+    machine = QueueMachine()
+    try:
+        workload = _Workload(machine, random.Random(seed))
+        stop = threading.Event()
+        with ThreadPoolExecutor(max_workers=5) as pool:
+            collector = pool.submit(_collect_until, stop, machine.queue, by_worker)
+            try:
+                workload.run(CONCURRENT_ROUNDS, pool)
+            finally:
+                stop.set()
+                ran_concurrently = collector.result(timeout=60)
+        machine.queue.run_gc()
+        machine.model.run_gc()
+        assert machine.model.gc_due() == {}
+        assert machine.queue.run_gc() == 0
+        machine.pointers_and_last_committed()
+        machine.diff_infos()
+        machine.tail_lengths()
+        machine.statistics()
+        machine.messages()
+        # GC did delete diffs, and did so while the workload ran (not only at the end).
+        assert len(machine.model.diffs) < len(SHARDS) * CONCURRENT_ROUNDS
+        assert ran_concurrently > 0
+    finally:
+        machine.teardown()
 
 
 @pytest.mark.slow
