@@ -39,7 +39,14 @@ from typing import Any
 
 from rocksdict import ReadOptions, WriteBatch
 
-from benchmarks.common import RawDb
+from benchmarks.common import (
+    RawDb,
+    account_in,
+    count_label,
+    parse_args,
+    quiet_logs,
+    write_report,
+)
 from imq import (
     Address,
     BlockId,
@@ -119,14 +126,6 @@ QUICK = Sizes(
 # Workload
 
 
-def _account_in(rng: random.Random, shard: ShardIdent) -> bytes:
-    """A random 32-byte account whose leading bits put it inside ``shard``."""
-    shift = 64 - shard.prefix_len
-    head = int.from_bytes(rng.randbytes(8), "big") & ((1 << shift) - 1)
-    head |= (shard.prefix >> shift) << shift
-    return head.to_bytes(8, "big") + rng.randbytes(24)
-
-
 @dataclass(frozen=True, slots=True)
 class DiffInput:
     """One block's diff before it becomes a ``QueueDiff``."""
@@ -149,7 +148,7 @@ class Workload:
         self.rng = random.Random(seed)
         self.dst = [Address(0, self.rng.randbytes(32)) for _ in range(DST_ACCOUNTS)]
         self.src = {
-            s: [Address(0, _account_in(self.rng, s)) for _ in range(SRC_ACCOUNTS)]
+            s: [Address(0, account_in(self.rng, s)) for _ in range(SRC_ACCOUNTS)]
             for s in SOURCE_SHARDS
         }
 
@@ -544,7 +543,7 @@ def _alternate(
 def bench_scale(workdir: Path, sizes: Sizes) -> tuple[list[Latency], list[ScaleQueue]]:
     mc_diffs = 2 * (sizes.warmup + sizes.calls)  # commits with and without fsync
     queues = [
-        build_scale_queue(_count_label(c * s), workdir / f"scale-{c * s}", (c, s), mc_diffs)
+        build_scale_queue(count_label(c * s), workdir / f"scale-{c * s}", (c, s), mc_diffs)
         for c, s in (sizes.small, sizes.large)
     ]
     rng = random.Random(SEED + 1)
@@ -564,10 +563,6 @@ def bench_scale(workdir: Path, sizes: Sizes) -> tuple[list[Latency], list[ScaleQ
         Latency(f"get_diffs_tail_len (tail of {TAIL_LEN})", synced["get_diffs_tail_len"]),
     ]
     return rows, queues
-
-
-def _count_label(n: int) -> str:
-    return f"{n // 1_000_000}M" if n % 1_000_000 == 0 else f"{n / 1000:g}k"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -817,14 +812,6 @@ METHOD = """## Method
 # Main
 
 
-def _quiet_logs() -> None:
-    import logging
-
-    import structlog
-
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-
-
 def run(args: argparse.Namespace, workdir: Path) -> Report:
     sizes = QUICK if args.quick else FULL
     command = " ".join(["python -m benchmarks.bench_core", *sys.argv[1:]])
@@ -848,44 +835,15 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_core", description=__doc__.split("\n")[0]
+    args = parse_args(
+        argv, "core", __doc__.split("\n")[0], "write/read runs (default 5; 1 with --quick)"
     )
-    parser.add_argument("--quick", action="store_true", help="small smoke sizes (seconds)")
-    parser.add_argument(
-        "--repeats", type=int, default=None, help="write/read runs (default 5; 1 with --quick)"
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="results file (default benchmarks/results/core.md; core-quick.md with --quick)",
-    )
-    parser.add_argument(
-        "--dir",
-        type=Path,
-        default=None,
-        help="where the temporary databases go (default: system temp)",
-    )
-    args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 1 if args.quick else 5
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
-    if args.out is None:
-        results = Path(__file__).resolve().parent / "results"
-        args.out = results / ("core-quick.md" if args.quick else "core.md")
-    _quiet_logs()
-    if args.dir is not None:
-        args.dir.mkdir(parents=True, exist_ok=True)
+    quiet_logs()
     with tempfile.TemporaryDirectory(prefix="imq-bench-", dir=args.dir) as tmp:
         report = run(args, Path(tmp))
-    text = report.render()
-    print()
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n", encoding="utf-8")
-    print(f"\nwritten to {args.out}")
+    write_report(args.out, report.render())
     return 0
 
 

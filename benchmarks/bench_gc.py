@@ -39,7 +39,14 @@ from typing import Any
 from rocksdict import CompactOptions, ReadOptions, WriteBatch
 
 from benchmarks.bench_core import machine_lines, percentile
-from benchmarks.common import RawDb
+from benchmarks.common import (
+    RawDb,
+    account_in,
+    count_label,
+    parse_args,
+    quiet_logs,
+    write_report,
+)
 from imq import (
     Address,
     BlockId,
@@ -111,13 +118,6 @@ DISK_TARGET = 1.2  # disk after collection within 1.2x of a fresh database
 # Workload
 
 
-def _account_in(rng: random.Random, shard: ShardIdent) -> bytes:
-    shift = 64 - shard.prefix_len
-    head = int.from_bytes(rng.randbytes(8), "big") & ((1 << shift) - 1)
-    head |= (shard.prefix >> shift) << shift
-    return head.to_bytes(8, "big") + rng.randbytes(24)
-
-
 @dataclass(frozen=True, slots=True)
 class DiffInput:
     block: BlockIdShort
@@ -133,7 +133,7 @@ class Workload:
     def __init__(self, seed: int, collected: int) -> None:
         self.rng = random.Random(seed)
         self.dst = [Address(0, self.rng.randbytes(32)) for _ in range(DST_ACCOUNTS)]
-        self.src = {s: [Address(0, _account_in(self.rng, s)) for _ in range(64)] for s in SOURCES}
+        self.src = {s: [Address(0, account_in(self.rng, s)) for _ in range(64)] for s in SOURCES}
         self.collected = collected
         last_lt = PRODUCER_LT + collected - 1
         self.processed_to = {LAGGING: BELOW_LAGGING}
@@ -367,7 +367,7 @@ class SizeResult:
 
     @property
     def label(self) -> str:
-        return _count_label(self.collected)
+        return count_label(self.collected)
 
 
 def bench_size(collected: int, workdir: Path, sizes: Sizes) -> SizeResult:
@@ -493,12 +493,6 @@ def bench_reads(dbs: dict[str, Path], sizes: Sizes) -> dict[str, dict[str, list[
 
 # ---------------------------------------------------------------------------------------------
 # Report
-
-
-def _count_label(n: int) -> str:
-    if n >= 1_000_000 and n % 1_000_000 == 0:
-        return f"{n // 1_000_000}M"
-    return f"{n / 1000:g}k"
 
 
 def _mb(n: int) -> str:
@@ -737,14 +731,6 @@ def write_plot(report: Report, path: Path) -> str:
 # Main
 
 
-def _quiet_logs() -> None:
-    import logging
-
-    import structlog
-
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-
-
 def run(args: argparse.Namespace, workdir: Path) -> Report:
     sizes = QUICK if args.quick else FULL
     if args.repeats is not None:
@@ -771,41 +757,18 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_gc", description=__doc__.split("\n")[0]
+    args = parse_args(
+        argv,
+        "gc",
+        __doc__.split("\n")[0],
+        "GC passes per size and variant (default 3)",
+        "; the plot goes beside it with the extension .png",
     )
-    parser.add_argument("--quick", action="store_true", help="small smoke sizes (seconds)")
-    parser.add_argument(
-        "--repeats", type=int, default=None, help="GC passes per size and variant (default 3)"
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="results file (default benchmarks/results/gc.md; gc-quick.md with --quick); "
-        "the plot goes beside it with the extension .png",
-    )
-    parser.add_argument(
-        "--dir", type=Path, default=None, help="where the temporary databases go (system temp)"
-    )
-    args = parser.parse_args(argv)
-    if args.repeats is not None and args.repeats < 1:
-        parser.error("--repeats must be >= 1")
-    if args.out is None:
-        results = Path(__file__).resolve().parent / "results"
-        args.out = results / ("gc-quick.md" if args.quick else "gc.md")
-    _quiet_logs()
-    if args.dir is not None:
-        args.dir.mkdir(parents=True, exist_ok=True)
+    quiet_logs()
     with tempfile.TemporaryDirectory(prefix="imq-bench-gc-", dir=args.dir) as tmp:
         report = run(args, Path(tmp))
     report.plot_note = write_plot(report, args.out.with_suffix(".png"))
-    text = report.render()
-    print()
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n", encoding="utf-8")
-    print(f"\nwritten to {args.out}")
+    write_report(args.out, report.render())
     return 0
 
 

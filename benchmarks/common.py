@@ -2,13 +2,77 @@
 
 from __future__ import annotations
 
+import argparse
+import logging
+import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from imq import QueueConfig
+import structlog
+
+from imq import QueueConfig, ShardIdent
 from imq.storage import StoreOptions, Table, open_rdict
 
-__all__ = ["RawDb"]
+__all__ = ["RawDb", "account_in", "count_label", "parse_args", "quiet_logs", "write_report"]
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(
+    argv: Sequence[str] | None, name: str, description: str, repeats_help: str, out_note: str = ""
+) -> argparse.Namespace:
+    """The flags every benchmark takes: --quick, --repeats, --out, --dir. ``--out``
+    defaults to ``results/<name>.md`` (``<name>-quick.md`` with --quick)."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m benchmarks.bench_{name}", description=description
+    )
+    parser.add_argument("--quick", action="store_true", help="small smoke sizes (seconds)")
+    parser.add_argument("--repeats", type=int, default=None, help=repeats_help)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"results file (default benchmarks/results/{name}.md; {name}-quick.md with --quick)"
+        + out_note,
+    )
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where the temporary databases go (system temp)"
+    )
+    args = parser.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    if args.out is None:
+        args.out = RESULTS / (f"{name}-quick.md" if args.quick else f"{name}.md")
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def write_report(out: Path, text: str) -> None:
+    print()
+    print(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n", encoding="utf-8")
+    print(f"\nwritten to {out}")
+
+
+def quiet_logs() -> None:
+    """Drop events below WARNING, as a production service would for per-diff info events."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+def account_in(rng: random.Random, shard: ShardIdent) -> bytes:
+    """A random 32-byte account whose leading bits put it inside ``shard``."""
+    shift = 64 - shard.prefix_len
+    head = int.from_bytes(rng.randbytes(8), "big") & ((1 << shift) - 1)
+    head |= (shard.prefix >> shift) << shift
+    return head.to_bytes(8, "big") + rng.randbytes(24)
+
+
+def count_label(n: int) -> str:
+    """1000 -> "1k", 1000000 -> "1M"."""
+    return f"{n // 1_000_000}M" if n >= 1_000_000 and n % 1_000_000 == 0 else f"{n / 1000:g}k"
 
 
 class RawDb:
