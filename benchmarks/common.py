@@ -12,7 +12,8 @@ from typing import Any
 import structlog
 
 from imq import QueueConfig, ShardIdent
-from imq.storage import StoreOptions, Table, open_rdict
+from imq.queue import store_options
+from imq.storage import Table, open_rdict
 
 __all__ = ["RawDb", "account_in", "count_label", "parse_args", "quiet_logs", "write_report"]
 
@@ -80,12 +81,7 @@ class RawDb:
     floor runs on the same engine configuration as imq."""
 
     def __init__(self, path: Path, config: QueueConfig) -> None:
-        opts = StoreOptions(
-            block_cache_size=config.block_cache_size,
-            write_buffer_size=config.write_buffer_size,
-            max_background_jobs=config.max_background_jobs,
-        )
-        self.db: Any = open_rdict(path, opts)
+        self.db: Any = open_rdict(path, store_options(config))
         self.cf: dict[Table, Any] = {t: self.db.get_column_family(t.value) for t in Table}
         self.handle: dict[Table, Any] = {
             t: self.db.get_column_family_handle(t.value) for t in Table

@@ -7,28 +7,19 @@ written until the pending diff is.
 
 from __future__ import annotations
 
+from imq import reads
 from imq.diff import DiffStatistics, QueueDiff
 from imq.errors import DiffBelowCommitPointerError, DiffConflictError, DiffSequenceError
 from imq.storage import Scan, Snapshot, Table, Transaction, codec
 from imq.types import BlockIdShort, CommitPointer, DiffInfo, DiffZone, ShardIdent
-from imq.zones import in_zone
 
 __all__ = [
     "check_above_pointer",
     "check_duplicate",
     "check_sequence",
     "last_seqno_scan",
-    "read_diff",
     "stage_diff",
 ]
-
-
-def read_diff(
-    snap: Snapshot, shard: ShardIdent, seqno: int
-) -> tuple[DiffInfo, dict[int, int]] | None:
-    key = codec.diff_info_key(shard, seqno)
-    raw = snap.get(Table.DIFF_INFO, key)
-    return None if raw is None else codec.decode_diff_record(key, raw)
 
 
 def last_seqno_scan(shard: ShardIdent) -> Scan:
@@ -45,12 +36,12 @@ def last_seqno(snap: Snapshot, cursor_index: int) -> int | None:
 
 def check_duplicate(snap: Snapshot, block: BlockIdShort, diff_hash: bytes) -> bool:
     """True if this exact diff is already stored; a different hash is a conflict."""
-    stored = read_diff(snap, block.shard, block.seqno)
+    stored = reads.diff_info(snap, block.shard, block.seqno)
     if stored is None:
         return False
-    if stored[0].hash != diff_hash:
+    if stored.hash != diff_hash:
         raise DiffConflictError(
-            f"diff of block {block} is already stored with hash {stored[0].hash.hex()}, "
+            f"diff of block {block} is already stored with hash {stored.hash.hex()}, "
             f"not {diff_hash.hex()}"
         )
     return True
@@ -61,9 +52,7 @@ def check_sequence(snap: Snapshot, cursor_index: int, block: BlockIdShort, zone:
     last = last_seqno(snap, cursor_index)
     if last is None:
         return False
-    stored = read_diff(snap, block.shard, last)
-    pointer = snap.cache["pointers"].get(block.shard)
-    if stored is None or not in_zone(stored[0], pointer, zone):
+    if reads.diff_info(snap, block.shard, last, zone) is None:  # absent or not in zone
         return False
     if block.seqno <= last:
         return True

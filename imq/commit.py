@@ -21,7 +21,7 @@ from imq.storage import Table, Transaction, codec
 from imq.storage.codec import CommitRecord, GcBounds
 from imq.types import BlockId, CommitPointer, DiffInfo, QueueKey, ShardIdent, TopBlock
 
-__all__ = ["CommitPlan", "gc_bounds", "plan_commit", "stage_commit"]
+__all__ = ["CommitPlan", "gc_bounds", "masterchain_block", "plan_commit", "stage_commit"]
 
 DiffLookup = Callable[[ShardIdent, int], DiffInfo | None]
 
@@ -35,7 +35,7 @@ class CommitPlan:
     gc_requested: GcBounds
 
 
-def _masterchain_block(top_blocks: Sequence[TopBlock]) -> BlockId:
+def masterchain_block(top_blocks: Sequence[TopBlock]) -> BlockId:
     for top in top_blocks:
         if top.block_id.is_masterchain:
             return top.block_id
@@ -79,7 +79,7 @@ def plan_commit(
     last committed block (decision I8), which a commit whose masterchain diff is absent
     sets without moving that pointer, so the last committed block never moves back.
     """
-    mc_block = _masterchain_block(top_blocks)
+    mc_block = masterchain_block(top_blocks)
     mc_pointer = pointers.get(ShardIdent.MASTERCHAIN)
     if mc_pointer is not None and mc_pointer.seqno >= mc_block.seqno:
         return None

@@ -52,10 +52,6 @@ class DeletedDiffs:
     def seqnos(self) -> tuple[int, ...]:
         return tuple(d.seqno for d in self.diffs)
 
-    def messages_of_diffs(self, partition: int) -> int:
-        """Messages in ``partition`` of the diffs whose records this delete removed."""
-        return sum(d.messages.get(partition, 0) for d in self.diffs)
-
     @property
     def total_messages(self) -> int:
         return sum(sum(d.messages.values()) for d in self.diffs)

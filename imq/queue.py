@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from imq import apply, reads
-from imq.commit import plan_commit, stage_commit
+from imq.commit import masterchain_block, plan_commit, stage_commit
 from imq.config import QueueConfig
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_scan
 from imq.diff import DiffStatistics, QueueDiff
@@ -39,13 +39,22 @@ from imq.types import (
     check_partition,
 )
 
-__all__ = ["Queue"]
+__all__ = ["Queue", "store_options"]
 
 _DEFAULT_PARTITIONS = (0, 1)
 
 
 def _partitions(partitions: Iterable[int]) -> frozenset[int]:
     return frozenset(check_partition(p) for p in partitions)
+
+
+def store_options(config: QueueConfig) -> StoreOptions:
+    """The storage settings a queue config asks for."""
+    return StoreOptions(
+        block_cache_size=config.block_cache_size,
+        write_buffer_size=config.write_buffer_size,
+        max_background_jobs=config.max_background_jobs,
+    )
 
 
 def _check_type(name: str, value: object, expected: type) -> None:
@@ -101,15 +110,7 @@ class Queue:
         _check_type("config", config, QueueConfig)
         if not isinstance(zerostate_seqno, int) or not 0 <= zerostate_seqno <= 0xFFFF_FFFF:
             raise ValueError(f"zerostate_seqno must be a u32, got {zerostate_seqno!r}")
-        store = Store(
-            Path(path),
-            StoreOptions(
-                block_cache_size=config.block_cache_size,
-                write_buffer_size=config.write_buffer_size,
-                max_background_jobs=config.max_background_jobs,
-            ),
-            read_only=read_only,
-        )
+        store = Store(Path(path), store_options(config), read_only=read_only)
         try:
             queue = cls(store, config, zerostate_seqno)
         except BaseException:
@@ -297,7 +298,7 @@ class Queue:
                 )
             if plan is None:
                 self.metrics.inc("commits_skipped")
-                self._log.debug("commit_skipped", mc_block=str(_mc_of(tops)))
+                self._log.debug("commit_skipped", mc_block=str(masterchain_block(tops)))
                 return False
             txn = self._store.transaction()
             stage_commit(txn, plan)
@@ -500,7 +501,3 @@ class Queue:
             self._store.snapshot(scans=[scan]) as snap,
         ):
             return apply.last_seqno(snap, 0)
-
-
-def _mc_of(tops: Sequence[TopBlock]) -> BlockId | None:
-    return next((t.block_id for t in tops if t.block_id.is_masterchain), None)

@@ -191,15 +191,6 @@ class Transaction:
     def put(self, table: Table, key: bytes, value: bytes) -> None:
         self.batch.put(key, value, self._handles[table])
 
-    def put_many(self, table: Table, rows: Iterable[tuple[bytes, bytes]]) -> int:
-        put = self.batch.put
-        handle = self._handles[table]
-        n = 0
-        for key, value in rows:
-            put(key, value, handle)
-            n += 1
-        return n
-
     def writer(self, table: Table) -> tuple[Callable[[bytes, bytes, Any], object], Any]:
         """``(put, target)`` for hot loops: ``put(key, value, target)`` adds a row to
         ``table`` in this batch."""
