@@ -24,6 +24,8 @@ from imq.iterator import QueueIterator
 from imq.pending import PendingDiff
 from imq.queue import Queue
 from imq.router import PartitionRouter
+from imq.state.exporter import ExportReport
+from imq.state.importer import ImportReport
 from imq.types import (
     DEFAULT_PARTITION,
     LOW_PRIORITY_PARTITION,
@@ -60,6 +62,8 @@ __all__ = [
     "DiffSequenceError",
     "DiffStatistics",
     "DiffZone",
+    "ExportReport",
+    "ImportReport",
     "ImqError",
     "IteratedMessage",
     "Message",

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 from imq import apply, reads
 from imq.commit import masterchain_block, plan_commit, stage_commit
@@ -23,8 +23,11 @@ from imq.errors import ImqError, QueueClosedError, StartupError
 from imq.gc import GarbageCollector, GcWorker
 from imq.iterator import QueueIterator
 from imq.locks import RWLock, ShardLocks
-from imq.observability import Metrics, get_logger
+from imq.observability import Metrics, ProgressLine, get_logger
 from imq.pending import PendingDiff, PendingRegistry
+from imq.state import exporter, importer
+from imq.state.exporter import ExportReport
+from imq.state.importer import ImportReport, Progress
 from imq.storage import Store, StoreOptions, Table
 from imq.types import (
     BlockId,
@@ -77,6 +80,8 @@ class Queue:
         self._close_lock = threading.Lock()
         self.metrics = Metrics()
         self._log = get_logger("queue", db=str(store.path))
+        if importer.rollback_import_at_open(store, self._log):
+            self.metrics.inc("imports_rolled_back")
         reads.load_caches(store)
         gc_log = get_logger("gc", db=str(store.path))
         self._gc = GarbageCollector(
@@ -448,6 +453,62 @@ class Queue:
             scans = [reads.stats_scan(p, range) for p in parts]
             with self._store.snapshot(scans=scans) as snap:
                 return {p: reads.group_statistics(snap.cursors[i]) for i, p in enumerate(parts)}
+
+    # -- persistent state ---------------------------------------------------------------------
+
+    def import_state(
+        self,
+        source: str | os.PathLike[str] | BinaryIO,
+        block_id: BlockId,
+        top_update: tuple[bytes, int] | None = None,
+        *,
+        progress: bool | Progress = False,
+    ) -> ImportReport:
+        """Import the persistent queue state of ``block_id`` (SEMANTICS §13.5, D10, D11):
+        all or nothing, streamed with bounded memory. ``progress=True`` draws a progress
+        line on stderr; a callable gets ``(messages done, messages in the state)``."""
+        self._check_writable("import_state")
+        _check_type("block_id", block_id, BlockId)
+        self._pending.check_no_pending("import_state")
+        line = ProgressLine(f"import {block_id.short}") if progress is True else None
+        callback: Progress | None = line
+        if callable(progress):
+            callback = progress
+        try:
+            with self.metrics.time("import_state"), self._rw.write_locked():
+                self._check_open()
+                report = importer.import_state(
+                    self._store, source, block_id, top_update, log=self._log, progress=callback
+                )
+        finally:
+            if line is not None:
+                line.close()
+        self.metrics.inc("states_imported")
+        self.metrics.inc("messages_imported", report.messages)
+        return report
+
+    def export_state(
+        self,
+        shard: ShardIdent,
+        seqno: int,
+        tail_len: int,
+        dest: str | os.PathLike[str] | BinaryIO,
+    ) -> ExportReport:
+        """Write the persistent queue state of block (``shard``, ``seqno``) with its
+        ``tail_len`` diffs to ``dest`` (zstd when a path ends in ``.queue``)."""
+        self._check_open()
+        reads.check_block(shard, seqno)
+        guard = self._pending.acquire(self._rw, self._shard_locks, shard)
+        try:
+            with self.metrics.time("export_state"):
+                self._check_open()
+                report = exporter.export_state(
+                    self._store, shard, seqno, tail_len, dest, log=self._log
+                )
+        finally:
+            guard.release()
+        self.metrics.inc("states_exported")
+        return report
 
     # -- garbage collection -------------------------------------------------------------------
 

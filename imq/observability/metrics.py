@@ -57,6 +57,10 @@ COUNTERS: Final[tuple[str, ...]] = (
     "messages_deleted",
     "gc_ranges_deleted",
     "gc_ranges_failed",
+    "states_imported",
+    "messages_imported",
+    "states_exported",
+    "imports_rolled_back",
 )
 """Events counted by :meth:`Metrics.inc`."""
 

@@ -37,6 +37,7 @@ __all__ = [
     "COMMIT_RECORD",
     "GC_EXECUTED",
     "GC_REQUESTED",
+    "IMPORT_MARKER",
     "LAST_COMMITTED_MC_BLOCK",
     "MESSAGE_KEY_LEN",
     "MESSAGE_VALUE_HEADER_LEN",
@@ -53,6 +54,7 @@ LAST_COMMITTED_MC_BLOCK = b"last_committed_mc_block_id"
 COMMIT_RECORD = b"commit_record"
 GC_REQUESTED = b"gc_requested"
 GC_EXECUTED = b"gc_executed"
+IMPORT_MARKER = b"import_in_progress"
 
 SHARD_LEN = 12
 KEY_LEN = 40
@@ -211,6 +213,38 @@ def put_message_rows(
         )
         n += 1
     return n
+
+
+def put_raw_message_rows(
+    put: Callable[[bytes, bytes, Any], object],
+    target: Any,
+    shard: ShardIdent,
+    rows: Iterable[tuple[int, int, bytes, int, bytes, int, bytes, bytes]],
+) -> None:
+    """Put message rows given as plain fields, without building ``Message`` objects (the
+    import path): ``(partition, lt, hash, src_wc, src_account, dst_wc, dst_account, body)``.
+    The bytes equal what :func:`put_message_rows` writes for the same message."""
+    pack_key = _MESSAGE_KEY.pack
+    pack_header = _MESSAGE_HEADER.pack
+    shard_b = shard_bytes(shard)
+    prefixes: dict[int, bytes] = {}
+    for partition, lt, hash_, src_wc, src_acc, dst_wc, dst_acc, body in rows:
+        prefix = prefixes.get(partition) or prefixes.setdefault(
+            partition, _U16.pack(partition) + shard_b
+        )
+        put(
+            pack_key(prefix, lt, hash_),
+            pack_header(dst_wc + 128, dst_acc, src_wc + 128, src_acc) + body,
+            target,
+        )
+
+
+def decode_message_hash_body(raw_key: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """(message hash, body) of a stored row: what an export needs, without decoding
+    the addresses."""
+    if len(raw_key) != MESSAGE_KEY_LEN or len(value) < MESSAGE_VALUE_HEADER_LEN:
+        raise CorruptDataError("messages", raw_key, "bad key or value length")
+    return raw_key[MESSAGE_KEY_LEN - 32 :], value[MESSAGE_VALUE_HEADER_LEN:]
 
 
 def message_rows(
@@ -508,3 +542,42 @@ def decode_gc_bounds(name: bytes, value: bytes) -> GcBounds:
         return {(check_partition(p), decode_shard(s)): decode_key(k) for p, s, k in rows}
     except Exception as exc:
         raise CorruptDataError("vars", name, f"{type(exc).__name__}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# the import marker (D10)
+
+
+def import_marker_value(
+    block_id: BlockId,
+    diffs: Iterable[tuple[int, QueueKey, QueueKey]],
+    partitions: Iterable[int],
+) -> bytes:
+    """What an import in progress has begun to write: the block, the ``(seqno, min, max)``
+    of every diff it writes (all of the block's shard) and every partition it writes to."""
+    return bytes(
+        _pack(
+            [
+                _RECORD_VERSION,
+                block_id_bytes(block_id),
+                [[s, key_bytes(lo), key_bytes(hi)] for s, lo, hi in diffs],
+                sorted(partitions),
+            ]
+        )
+    )
+
+
+def decode_import_marker(
+    value: bytes,
+) -> tuple[BlockId, list[tuple[int, QueueKey, QueueKey]], list[int]]:
+    try:
+        record = _unpack(value)
+        if record[0] != _RECORD_VERSION or len(record) != 4:
+            raise ValueError(f"unknown import marker version {record[0]!r}")
+        block_id = decode_block_id(record[1])
+        diffs = [(int(s), decode_key(lo), decode_key(hi)) for s, lo, hi in record[2]]
+        return block_id, diffs, [check_partition(p) for p in record[3]]
+    except CorruptDataError:
+        raise
+    except Exception as exc:
+        raise CorruptDataError("vars", IMPORT_MARKER, f"{type(exc).__name__}: {exc}") from None

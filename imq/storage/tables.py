@@ -44,8 +44,8 @@ TABLES: dict[Table, TableSpec] = {
         ),
         TableSpec(
             Table.STATISTICS,
-            key="source shard (12) | partition u16 | diff max_message (40) | seqno u32 | dst (33)",
-            value="count u64",
+            key="source shard (12) | partition u16 | diff max_message (40) | seqno u32 = 58 B",
+            value="per destination: wc (1) | account (32) | count u64, packed",
             bulk=True,
         ),
         TableSpec(

@@ -1,0 +1,395 @@
+"""Importing a persistent queue state into the store (SEMANTICS §13.5, with D10, D11, D13).
+
+Memory stays bounded: the file is streamed chunk by chunk and written in batches. The
+caller sees all or nothing because of a marker in the variables table:
+
+1. plan under the facade's write lock: the header's checks, the block id, the top
+   update, diffs already stored (same hash: kept; another hash: ``DiffConflictError``),
+   overlap with stored diffs and the commit pointer (D6) -- nothing is written yet;
+2. write the marker (synced): the block, the span of every diff the import will write,
+   and the partitions it writes into;
+3. stream the messages in batches; finish each diff with its statistics, tail and info;
+4. one synced batch sets the commit pointer (and, for a masterchain state, the last
+   committed block) and removes the marker.
+
+Any failure after step 2 deletes what was written (:func:`rollback_import`); a crash
+leaves the marker, and the next open rolls back the same way.
+
+Hot path: ``_stage_segment`` runs once per message root; it keeps plain tuples and
+counts in dicts, and builds the API's value types only once per diff.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import BinaryIO
+
+from structlog.typing import FilteringBoundLogger
+
+from imq.delete import DeleteRange, stage_delete, tail_scan
+from imq.errors import CommitError, DiffConflictError, StateFormatError
+from imq.state.message import MessageFormatError, parse_internal_header
+from imq.state.reader import Segment, StateReader
+from imq.state.source import open_source
+from imq.state.tl import TlDiff
+from imq.storage import Scan, Snapshot, Store, Table, Transaction, codec
+from imq.types import (
+    Address,
+    BlockId,
+    CommitPointer,
+    DiffInfo,
+    ShardIdent,
+)
+
+__all__ = [
+    "ImportReport",
+    "Progress",
+    "import_state",
+    "rollback_import",
+    "rollback_import_at_open",
+]
+
+BATCH_ROWS = 16_384  # messages per write batch: a few MiB, bounded memory
+Progress = Callable[[int, int], None]  # (messages done, messages in the state)
+
+
+@dataclass(frozen=True, slots=True)
+class ImportReport:
+    """What an import did. ``bytes`` counts the decompressed state; ``kept_diffs`` were
+    already stored with the same hash and left as they were."""
+
+    diffs: int
+    messages: int
+    bytes: int
+    seconds: float
+    written_diffs: int = 0
+    kept_diffs: int = 0
+    source_bytes: int = 0
+
+
+@dataclass(slots=True)
+class _DiffWork:
+    """A diff being imported: its routing and the counts its rows need."""
+
+    diff: TlDiff
+    hash: bytes
+    write: bool
+    route_dst: dict[tuple[int, bytes], int]
+    route_src: dict[tuple[int, bytes], int]
+    stats: dict[tuple[int, int, bytes], int] = field(default_factory=dict)
+
+
+def import_state(
+    store: Store,
+    source: str | os.PathLike[str] | BinaryIO,
+    block_id: BlockId,
+    top_update: tuple[bytes, int] | None,
+    *,
+    log: FilteringBoundLogger,
+    progress: Progress | None = None,
+) -> ImportReport:
+    """Import ``source`` as the queue state of ``block_id``. The caller holds the
+    facade's write lock."""
+    started = perf_counter()
+    with open_source(source) as src:
+        reader = StateReader(src)
+        header = reader.header
+        _check_block(header.shard, header.seqno, block_id)
+        if top_update is not None:
+            reader.check_top_update(*_check_top_update(top_update))
+        works = _plan(store, reader, block_id)
+        new = [w for w in works if w.write]
+        if new:
+            _write_marker(store, block_id, new)
+        try:
+            messages = _stream(store, reader, works, block_id.shard, progress)
+            _finish(store, block_id, header.diffs[0])
+        except BaseException:
+            if new:
+                rollback_import(store, log, reason="failed")
+            raise
+        report = ImportReport(
+            diffs=len(works),
+            messages=messages,
+            bytes=src.offset,
+            seconds=perf_counter() - started,
+            written_diffs=len(new),
+            kept_diffs=len(works) - len(new),
+            source_bytes=src.raw_bytes_read,
+        )
+    log.info(
+        "state_imported",
+        block=str(block_id),
+        diffs=report.diffs,
+        written_diffs=report.written_diffs,
+        messages=report.messages,
+        bytes=report.bytes,
+        seconds=round(report.seconds, 6),
+    )
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# planning: every check that needs no message, before anything is written
+
+
+def _check_block(shard: ShardIdent, seqno: int, block_id: BlockId) -> None:
+    if shard != block_id.shard or seqno != block_id.seqno:
+        raise StateFormatError(
+            f"the state belongs to block {shard}:{seqno}, not to {block_id.shard}:"
+            f"{block_id.seqno} (header at offset 8)"
+        )
+
+
+def _check_top_update(top_update: tuple[bytes, int]) -> tuple[bytes, int]:
+    diff_hash, tail_len = top_update
+    if not isinstance(diff_hash, bytes) or len(diff_hash) != 32:
+        raise ValueError("top_update's diff hash must be 32 bytes")
+    if not isinstance(tail_len, int) or isinstance(tail_len, bool) or tail_len < 0:
+        raise ValueError(f"top_update's tail_len must be a non-negative int, got {tail_len!r}")
+    return diff_hash, tail_len
+
+
+def _plan(store: Store, reader: StateReader, block_id: BlockId) -> list[_DiffWork]:
+    header = reader.header
+    shard = header.shard
+    lo, hi = codec.diff_info_shard_range(shard)
+    with store.snapshot(scans=[Scan(Table.DIFF_INFO, lo, hi)]) as snap:
+        stored = {codec.decode_diff_info_seqno(k): v for k, v in snap.cursors[0]}
+    works = []
+    for diff, diff_hash in zip(header.diffs, header.diff_hashes, strict=True):
+        raw = stored.get(diff.seqno)
+        if raw is not None:
+            info = codec.decode_diff_info(codec.diff_info_key(shard, diff.seqno), raw)
+            if info.hash != diff_hash:
+                raise DiffConflictError(
+                    f"diff of block {shard}:{diff.seqno} is already stored with hash "
+                    f"{info.hash.hex()}; the state's diff hashes to {diff_hash.hex()}"
+                )
+        works.append(_DiffWork(diff, diff_hash, raw is None, *_routes(diff)))
+    # A rollback deletes the spans of the diffs it wrote: they must not hold stored rows.
+    spans = [
+        codec.decode_diff_span(codec.diff_info_key(shard, s), v)[:2] for s, v in stored.items()
+    ]
+    for work in works:
+        d = work.diff
+        if work.write and any(lo <= d.max_message and d.min_message <= hi for lo, hi in spans):
+            raise DiffConflictError(
+                f"diff of block {shard}:{d.seqno} ({d.min_message}..{d.max_message}) overlaps "
+                f"a stored diff of the same shard"
+            )
+    _check_pointer(store, shard, header.diffs[0])
+    return works
+
+
+def _routes(diff: TlDiff) -> tuple[dict[tuple[int, bytes], int], dict[tuple[int, bytes], int]]:
+    """Address -> partition for each router half; the lowest partition listing an
+    address wins, as in the original import (§13.5)."""
+    halves = []
+    for half in (diff.router_dst, diff.router_src):
+        route: dict[tuple[int, bytes], int] = {}
+        for partition, addresses in half:
+            for address in addresses:
+                route.setdefault((address[0], address[1]), partition)
+        halves.append(route)
+    return halves[0], halves[1]
+
+
+def _check_pointer(store: Store, shard: ShardIdent, top: TlDiff) -> None:
+    pointer: CommitPointer | None = store.cached("pointers", {}).get(shard)
+    if pointer is not None and (pointer.key > top.max_message or pointer.seqno > top.seqno):
+        raise CommitError(
+            f"importing the state of {shard}:{top.seqno} would move the commit pointer of "
+            f"shard {shard} back from ({pointer.key}, seqno {pointer.seqno}) to "
+            f"({top.max_message}, seqno {top.seqno})"
+        )
+
+
+def _write_marker(store: Store, block_id: BlockId, new: list[_DiffWork]) -> None:
+    partitions = {0}
+    for work in new:
+        partitions.update(work.route_dst.values(), work.route_src.values())
+    txn = store.transaction()
+    spans = [(w.diff.seqno, w.diff.min_message, w.diff.max_message) for w in new]
+    txn.put(Table.VARS, codec.IMPORT_MARKER, codec.import_marker_value(block_id, spans, partitions))
+    store.write(txn, sync=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# streaming the messages
+
+
+def _stream(
+    store: Store,
+    reader: StateReader,
+    works: list[_DiffWork],
+    shard: ShardIdent,
+    progress: Progress | None,
+) -> int:
+    total = reader.total_messages
+    done = 0
+    txn = store.transaction()
+    pending = 0
+    for segment in reader.segments():
+        work = works[segment.diff_index]
+        rows = _stage_segment(segment, work)
+        if work.write:
+            put, target = txn.writer(Table.MESSAGES)
+            codec.put_raw_message_rows(put, target, shard, rows)
+            pending += len(rows)
+        if segment.last and work.write:
+            _stage_diff_rows(txn, shard, work)
+        done += len(rows)
+        if pending >= BATCH_ROWS:
+            store.write(txn)
+            txn, pending = store.transaction(), 0
+        if progress is not None and rows:
+            progress(done, total)
+    store.write(txn)
+    if progress is not None:
+        progress(done, total)
+    return done
+
+
+def _stage_segment(
+    segment: Segment, work: _DiffWork
+) -> list[tuple[int, int, bytes, int, bytes, int, bytes, bytes]]:
+    diff = work.diff
+    lo, hi = diff.min_message, diff.max_message
+    route_dst, route_src, stats = work.route_dst, work.route_src, work.stats
+    routed = bool(route_dst or route_src)
+    rows = []
+    for i, root in enumerate(segment.roots):
+        try:
+            lt, src_wc, src_acc, dst_wc, dst_acc = parse_internal_header(root.data, root.bits)
+        except MessageFormatError as exc:
+            raise _message_error(segment, i, diff, f"bad {exc.field}: {exc}") from None
+        if not lo <= (lt, root.hash) <= hi:
+            raise _message_error(
+                segment, i, diff, f"key ({lt}, {root.hash.hex()}) outside the diff's range"
+            )
+        partition = 0
+        if routed:
+            partition = route_dst.get((dst_wc, dst_acc), -1)
+            if partition < 0:
+                partition = route_src.get((src_wc, src_acc), 0)
+        stat = (partition, dst_wc, dst_acc)
+        stats[stat] = stats.get(stat, 0) + 1
+        rows.append((partition, lt, root.hash, src_wc, src_acc, dst_wc, dst_acc, root.boc))
+    return rows
+
+
+def _message_error(segment: Segment, i: int, diff: TlDiff, what: str) -> StateFormatError:
+    return StateFormatError(
+        f"message {segment.first + i} of diff seqno {diff.seqno} (chunk {segment.chunk_index} "
+        f"at offset {segment.chunk_offset}, root {segment.root_index + i}): {what}"
+    )
+
+
+def _stage_diff_rows(txn: Transaction, shard: ShardIdent, work: _DiffWork) -> None:
+    """The statistics, tail and info rows of a completely read diff."""
+    diff = work.diff
+    per_partition: dict[int, dict[Address, int]] = {}
+    messages: dict[int, int] = {}
+    coarse: dict[ShardIdent, int] = {}
+    for (partition, wc, account), count in work.stats.items():
+        per_partition.setdefault(partition, {})[Address(wc, account)] = count
+        messages[partition] = messages.get(partition, 0) + count
+        full = ShardIdent.full(wc)
+        coarse[full] = coarse.get(full, 0) + count
+    for partition, counts in per_partition.items():
+        txn.put(
+            Table.STATISTICS,
+            codec.stat_key(shard, partition, diff.max_message, diff.seqno),
+            codec.stat_value(counts),
+        )
+    txn.put(Table.DIFF_TAIL, codec.tail_key(shard, diff.max_message, diff.seqno), b"")
+    info = DiffInfo(
+        min_message=diff.min_message,
+        max_message=diff.max_message,
+        shards_messages_count=coarse,
+        hash=work.hash,
+        processed_to=dict(diff.processed_to),
+        router_src={p: frozenset(a) for p, a in diff.router_src},
+        router_dst={p: frozenset(a) for p, a in diff.router_dst},
+        seqno=diff.seqno,
+        prev_hash=diff.prev_hash,
+    )
+    partitions = {p: 0 for p, _ in (*diff.router_src, *diff.router_dst)} | messages
+    txn.put(
+        Table.DIFF_INFO,
+        codec.diff_info_key(shard, diff.seqno),
+        codec.diff_info_value(info, partitions),
+    )
+    work.stats = {}
+
+
+def _finish(store: Store, block_id: BlockId, top: TlDiff) -> None:
+    """The pointer, the last committed masterchain block, and the marker gone: one
+    synced batch, after which the import is complete."""
+    txn = store.transaction()
+    shard = block_id.shard
+    pointer = CommitPointer(top.max_message, top.seqno)
+    txn.put(Table.COMMIT_POINTERS, codec.shard_bytes(shard), codec.pointer_value(pointer))
+    txn.publish("pointers", {**store.cached("pointers", {}), shard: pointer})
+    if block_id.is_masterchain:
+        last: BlockId | None = store.cached("last_mc_block")
+        if last is None or last.seqno <= block_id.seqno:
+            txn.put(Table.VARS, codec.LAST_COMMITTED_MC_BLOCK, codec.block_id_bytes(block_id))
+            txn.publish("last_mc_block", block_id)
+    txn.delete(Table.VARS, codec.IMPORT_MARKER)
+    store.write(txn, sync=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# rollback
+
+
+def rollback_import_at_open(store: Store, log: FilteringBoundLogger) -> bool:
+    """At open: remove what an import interrupted by a crash wrote (D10) and say so. A
+    read-only open cannot, and warns that the view holds a partial import."""
+    if store.read_only:
+        if store.get_latest(Table.VARS, codec.IMPORT_MARKER) is not None:
+            log.warning("import_incomplete", detail="a writer's next open will roll it back")
+        return False
+    return rollback_import(store, log, reason="interrupted")
+
+
+def rollback_import(store: Store, log: FilteringBoundLogger, *, reason: str) -> bool:
+    """Delete everything an unfinished import wrote, and its marker; False if there was
+    no unfinished import. Used after a failed import and at open after a crash."""
+    raw = store.get_latest(Table.VARS, codec.IMPORT_MARKER)
+    if raw is None:
+        return False
+    block_id, spans, partitions = codec.decode_import_marker(raw)
+    shard = block_id.shard
+    ranges = [DeleteRange(shard, lo, hi, frozenset(partitions), True) for _, lo, hi in spans]
+    txn = store.transaction()
+    with store.snapshot(points=[Table.DIFF_INFO], scans=[tail_scan(r) for r in ranges]) as snap:
+        for i, r in enumerate(ranges):
+            stage_delete(snap, i, txn, r)
+        _delete_orphan_infos(snap, txn, shard, [s for s, _, _ in spans])
+    txn.delete(Table.VARS, codec.IMPORT_MARKER)
+    store.write(txn, sync=True)
+    store.compact(txn.deleted_ranges)
+    log.warning(
+        "import_rolled_back",
+        block=str(block_id),
+        reason=reason,
+        diffs=[s for s, _, _ in spans],
+    )
+    return True
+
+
+def _delete_orphan_infos(
+    snap: Snapshot, txn: Transaction, shard: ShardIdent, seqnos: list[int]
+) -> None:
+    """Diff infos are written with their tail row, so the tail scan finds them; deleting
+    by key as well costs nothing and keeps a rollback exact whatever was written."""
+    for seqno in seqnos:
+        key = codec.diff_info_key(shard, seqno)
+        if snap.get(Table.DIFF_INFO, key) is not None:
+            txn.delete(Table.DIFF_INFO, key)

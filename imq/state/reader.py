@@ -1,0 +1,159 @@
+"""A persistent queue state as a checked stream (SEMANTICS §13.3, with D11).
+
+The header (every diff with its hash list) is read first; then chunks are read one at
+a time and their roots handed out as *segments*: consecutive message roots of one diff,
+each root's representation hash already checked against the diff's list. Memory is one
+chunk plus the header, never the file.
+
+Checks beyond the original reader (D11): a diff read only partway, a chunk that is never
+needed, and bytes after the last chunk are all errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from imq.errors import StateFormatError
+from imq.state.boc import BocError, RootView, split_roots
+from imq.state.source import ByteSource
+from imq.state.tl import MAX_CHUNK_ROOTS, StateHeader, read_chunk, read_state_header
+
+__all__ = ["Segment", "StateReader"]
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Consecutive message roots of diff ``diff_index`` (an index into the header's
+    diffs, newest first), starting at message ``first`` of that diff. ``last`` is True
+    when the segment completes the diff; an empty diff yields one empty, last segment."""
+
+    diff_index: int
+    first: int
+    roots: list[RootView]
+    last: bool
+    chunk_index: int
+    chunk_offset: int
+    root_index: int  # position of roots[0] in its chunk's root list
+
+
+class StateReader:
+    """Reads one state from ``src``; ``header`` is available at once."""
+
+    def __init__(self, src: ByteSource) -> None:
+        self._src = src
+        self.header: StateHeader = read_state_header(src)
+        self.chunks_read = 0
+
+    @property
+    def total_messages(self) -> int:
+        return sum(d.n_messages for d in self.header.diffs)
+
+    def check_top_update(self, diff_hash: bytes, tail_len: int) -> None:
+        """The checks of ``begin_from_mapped``: the newest diff's hash and the diff count."""
+        header = self.header
+        if header.diff_hashes[0] != diff_hash:
+            raise StateFormatError(
+                f"top queue diff hash mismatch: the state's newest diff (seqno "
+                f"{header.diffs[0].seqno}, offset {header.diff_offsets[0]}) hashes to "
+                f"{header.diff_hashes[0].hex()}, the top update says {diff_hash.hex()}"
+            )
+        if len(header.diffs) != tail_len:
+            raise StateFormatError(
+                f"queue diffs count mismatch: the state holds {len(header.diffs)} diffs, "
+                f"the top update says tail_len {tail_len}"
+            )
+
+    def segments(self) -> Iterator[Segment]:
+        """Every diff's message roots in file order, then the end-of-file checks."""
+        roots: list[RootView] = []
+        pos = 0  # next unread root of the current chunk
+        chunk_offset = 0
+        chunk_index = -1
+        for index, diff in enumerate(self.header.diffs):
+            done = 0
+            need = diff.n_messages
+            if need == 0:
+                yield Segment(index, 0, [], True, chunk_index, chunk_offset, pos)
+                continue
+            while done < need:
+                if pos == len(roots):
+                    chunk_index, chunk_offset, roots = self._next_chunk(index, done)
+                    pos = 0
+                take = min(need - done, len(roots) - pos)
+                part = roots[pos : pos + take]
+                self._check_hashes(
+                    index,
+                    done,
+                    part,
+                    chunk_index=chunk_index,
+                    chunk_offset=chunk_offset,
+                    root_index=pos,
+                )
+                yield Segment(
+                    index, done, part, done + take == need, chunk_index, chunk_offset, pos
+                )
+                done += take
+                pos += take
+        if pos != len(roots):
+            raise StateFormatError(
+                f"too many messages: chunk {chunk_index} (offset {chunk_offset}) has "
+                f"{len(roots) - pos} roots after the last message of the last diff"
+            )
+        self._check_end()
+
+    def _next_chunk(self, diff_index: int, done: int) -> tuple[int, int, list[RootView]]:
+        index = self.chunks_read
+        diff = self.header.diffs[diff_index]
+        if index >= self.header.n_chunks:
+            raise StateFormatError(
+                f"not enough messages: diff seqno {diff.seqno} lists {diff.n_messages} messages "
+                f"but the {self.header.n_chunks} chunks end after {done} of them "
+                f"(offset {self._src.offset})"
+            )
+        offset = self._src.offset
+        data = read_chunk(self._src, index)
+        self.chunks_read += 1
+        try:
+            roots = split_roots(data, max_roots=MAX_CHUNK_ROOTS)
+        except BocError as exc:
+            raise StateFormatError(
+                f"chunk {index} at offset {offset}: bad BOC ({exc.check}) at offset "
+                f"{offset + 4 + exc.offset}: {exc}"
+            ) from None
+        return index, offset, roots
+
+    def _check_hashes(
+        self,
+        diff_index: int,
+        first: int,
+        roots: list[RootView],
+        *,
+        chunk_index: int,
+        chunk_offset: int,
+        root_index: int,
+    ) -> None:
+        diff = self.header.diffs[diff_index]
+        expected = diff.hashes[first * 32 : (first + len(roots)) * 32]
+        if b"".join([r.hash for r in roots]) == expected:
+            return
+        for i, root in enumerate(roots):
+            if root.hash != expected[i * 32 : i * 32 + 32]:
+                raise StateFormatError(
+                    f"message hash mismatch: message {first + i} of diff seqno {diff.seqno} "
+                    f"(chunk {chunk_index} at offset {chunk_offset}, root {root_index + i}) "
+                    f"hashes to {root.hash.hex()}, the diff lists "
+                    f"{expected[i * 32 : i * 32 + 32].hex()}"
+                )
+
+    def _check_end(self) -> None:
+        if self.chunks_read < self.header.n_chunks:
+            raise StateFormatError(
+                f"extra chunk: the state announces {self.header.n_chunks} chunks but its "
+                f"messages end in chunk {self.chunks_read - 1} (offset {self._src.offset})"
+            )
+        if not self._src.at_eof():
+            raise StateFormatError(
+                f"data not fully read: trailing bytes after the last chunk at offset "
+                f"{self._src.offset}"
+            )
