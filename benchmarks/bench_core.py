@@ -61,6 +61,7 @@ from imq import (
     ShardIdent,
     TopBlock,
 )
+from imq import iterator as iterator_module
 from imq.storage import codec
 from imq.storage.tables import Table
 
@@ -367,6 +368,16 @@ def _imq_read(queue: Queue, for_shard: ShardIdent) -> int:
         return sum(1 for _ in it)
 
 
+def _imq_read_pure_python(queue: Queue) -> int:
+    """The same pass with the pure-Python decode (what a machine without a C compiler runs)."""
+    saved = iterator_module._decode_run
+    iterator_module._decode_run = iterator_module._decode
+    try:
+        return _imq_read(queue, ShardIdent.BASECHAIN)
+    finally:
+        iterator_module._decode_run = saved
+
+
 def _sst_summary(path: Path) -> str:
     ssts = [f.stat().st_size for f in path.rglob("*.sst")]
     wal = sum(f.stat().st_size for f in path.rglob("*.log"))
@@ -378,14 +389,26 @@ def bench_read(
 ) -> tuple[list[Throughput], str]:
     """Reads on the databases of the last write run. Closing them after the write flushed
     every memtable to L0 (no compaction on either side). One untimed warm-up pass each."""
-    state = f"imq: {_sst_summary(imq_path)}; raw: {_sst_summary(raw_path)}; no compaction"
+    decode = "compiled (imq._speedups)" if iterator_module.COMPILED else "pure Python"
+    state = (
+        f"imq: {_sst_summary(imq_path)}; raw: {_sst_summary(raw_path)}; no compaction; "
+        f"the iterator's decode: {decode}"
+    )
     queue, raw = Queue.open(imq_path, CONFIG), RawDb(raw_path, CONFIG)
     full = Throughput("iterator, 4 shards merged, all accepted", total)
     split = Throughput("iterator, 4 shards merged, split for_shard", total)
+    pure = Throughput("iterator, all accepted, pure-Python decode", total)
     floor = Throughput("raw 4 ranges + heapq.merge (floor)", total)
+    full.note = (
+        "compiled decode (imq._speedups)"
+        if iterator_module.COMPILED
+        else "pure-Python decode: imq._speedups was not built"
+    )
+    pure.note = "IMQ_PURE_PYTHON=1, or no C compiler at install"
     try:
         runs: list[tuple[Throughput, Callable[[], int]]] = [
             (full, lambda: _imq_read(queue, ShardIdent.BASECHAIN)),
+            (pure, lambda: _imq_read_pure_python(queue)),
             (split, lambda: _imq_read(queue, SPLIT_FOR_SHARD)),
             (floor, lambda: raw_merged_read(raw)),
         ]
@@ -403,7 +426,7 @@ def bench_read(
     assert counts[full.name] == counts[floor.name] == total, (counts, total)
     accepted = counts[split.name]
     split.note = f"yields {accepted:,} of {total:,} ({accepted / total:.0%}); rate = rows scanned"
-    return [full, split, floor], state
+    return [full, pure, split, floor], state
 
 
 # ---------------------------------------------------------------------------------------------
@@ -634,6 +657,7 @@ def _targets(throughput: list[Throughput]) -> dict[str, tuple[Throughput, float]
         "apply_diff, statistics precomputed": (write_floor, 0.5),
         "iterator, 4 shards merged, all accepted": (read_floor, 0.5),
         "iterator, 4 shards merged, split for_shard": (read_floor, 0.0),
+        "iterator, all accepted, pure-Python decode": (read_floor, 0.0),
     }
 
 

@@ -617,7 +617,7 @@ def split_roots(data: bytes | memoryview, *, max_roots: int = 10_000) -> list[Ro
     slow = [r for r in layout.roots if r in special] if special else []
     built = _build_cells(layout, slow) if slow else {}
     views: dict[int, RootView] = {}
-    headers, tag_bits, sha, new, view_cls = _LEAF_HEADERS, _TAG_BITS, _sha256, _tuple_new, RootView
+    headers, tag_bits, sha, new = _LEAF_HEADERS, _TAG_BITS, _sha256, _tuple_new
     out = []
     for r in layout.roots:
         if r in built:
@@ -634,7 +634,7 @@ def split_roots(data: bytes | memoryview, *, max_roots: int = 10_000) -> list[Ro
         raw = buf[st:en]
         d2 = raw[1]
         bits = d2 * 4 if not d2 & 1 else (d2 - 1) * 4 + tag_bits[raw[-1]]
-        out.append(new(view_cls, (sha(raw).digest(), raw[2:], bits, headers[en - st] + raw)))
+        out.append(new(RootView, (sha(raw).digest(), raw[2:], bits, headers[en - st] + raw)))
     return out
 
 

@@ -112,14 +112,15 @@ def with_extras(
 ) -> bytes:
     """The same BOC with an index (cumulative end offsets, shifted with cache bits) and/or
     a CRC32C, as the TON reference encoder writes them."""
-    _s, o, _roots, _roots_at, cells_at, spans = boc_fields(boc)
+    s, o, _roots, roots_at, cells_at, spans = boc_fields(boc)
     flags = boc[4] | (0x80 if index else 0) | (0x40 if crc else 0) | (0x20 if cache else 0)
-    out = bytearray(boc[:cells_at])
-    out[4] = flags
+    total = spans[-1][1] - cells_at
+    entries = [((end - cells_at) << 1 | 1) if cache else end - cells_at for _, end in spans]
+    o2 = max(o, (max(entries).bit_length() + 7) // 8) if index else o
+    out = bytearray(MAGIC + bytes((flags, o2)) + boc[6 : 6 + 3 * s] + total.to_bytes(o2))
+    out += boc[roots_at:cells_at]
     if index:
-        for _start, end in spans:
-            entry = end - cells_at
-            out += ((entry << 1 | 1) if cache else entry).to_bytes(o)
+        out += b"".join(entry.to_bytes(o2) for entry in entries)
     out += boc[cells_at:]
     if crc:
         out += crc32c(bytes(out)).to_bytes(4, "little")
@@ -581,6 +582,8 @@ def test_corrupted_bocs_raise_only_boc_error(
 ) -> None:
     data = bytearray(with_extras(encode_boc(roots), index=extras, crc=False))
     for at, value in edits:
+        if not data:
+            break
         i = at % len(data)
         if how == "flip":
             data[i] ^= value or 1
