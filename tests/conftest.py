@@ -52,11 +52,15 @@ _quiet_structlog()
 
 
 @pytest.fixture(autouse=True)
-def _structlog_quiet_again() -> Iterator[None]:
-    """Some tests reset structlog to its defaults; keep later tests quiet anyway."""
+def _structlog_restored() -> Iterator[None]:
+    """Each test starts quiet and leaves structlog as it found it: a test that runs the
+    CLI in-process configures structlog to write to pytest's captured stderr, which is
+    closed by the time a later test logs."""
     if not structlog.is_configured():
         _quiet_structlog()
+    saved = structlog.get_config()
     yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture

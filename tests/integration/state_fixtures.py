@@ -17,7 +17,17 @@ import zstandard
 from pytoniq_core import Cell as OracleCell
 from pytoniq_core import MessageAny
 
-from imq import Address, DiffInfo, IteratedMessage, Queue, QueueKey, QueueShardRange, ShardIdent
+from imq import (
+    Address,
+    BlockId,
+    DiffInfo,
+    IteratedMessage,
+    Queue,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+)
+from imq.state.block import parse_block_id_name
 from imq.state.synth import SynthState, write_synth_state
 
 TYCHO = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tycho"
@@ -50,13 +60,13 @@ class RealState:
     seqnos: tuple[int, ...]  # newest first
     messages: tuple[int, ...]  # per diff
     top_hash: str  # hex: the full hash or the README's prefix ("" when none is listed)
-    size: int  # decompressed bytes
     chunks: int
     block: Path | None = None  # the block whose top update the state matches
 
     @property
     def id(self) -> str:
-        return f"{self.path.parent.parent.name}/{self.shard.workchain}:{self.seqnos[0]}"
+        folder = self.path.parent.parent if self.path.suffix == ".queue" else self.path.parent
+        return f"{folder.name}/{self.shard.workchain}:{self.seqnos[0]}"
 
     @property
     def seqno(self) -> int:
@@ -72,12 +82,11 @@ def _dump(folder: str, wc: int, seqno: int, seqnos: tuple[int, ...], top: str) -
     queue = _one(f"{folder}/queues", f"{name}.queue")
     blocks = list((TYCHO / folder / "blocks").glob(f"{name}.block"))
     shard = MC if wc == -1 else BASE
-    size = 252 * len(seqnos) + 28
-    return RealState(queue, shard, seqnos, (0,) * len(seqnos), top, size, 0, *blocks[:1])
+    return RealState(queue, shard, seqnos, (0,) * len(seqnos), top, 0, *blocks[:1])
 
 
-SHARD_STATE = RealState(SHARD_BIN, BASE, (160, 159, 158), (4300, 0, 0), SHARD_TOP_HASH, 538_308, 1)
-MASTER_STATE = RealState(MASTER_BIN, MC, (90,), (0,), MASTER_TOP_HASH, 284, 0)
+SHARD_STATE = RealState(SHARD_BIN, BASE, (160, 159, 158), (4300, 0, 0), SHARD_TOP_HASH, 1)
+MASTER_STATE = RealState(MASTER_BIN, MC, (90,), (0,), MASTER_TOP_HASH, 0)
 DUMP_STATES = (
     _dump("dump", -1, 57, (57,), "0ece7b3b"),
     _dump("dump", 0, 35, (35,), "f7aac545"),
@@ -88,6 +97,24 @@ DUMP_STATES = (
 )
 REAL_STATES = (SHARD_STATE, MASTER_STATE, *DUMP_STATES)
 REAL_BLOCKS = tuple(s.block for s in DUMP_STATES if s.block is not None)
+
+
+def block_id(real: RealState) -> BlockId:
+    """The block id a real state is imported as: from its file name when it has one."""
+    if real.path.suffix == ".queue":
+        return parse_block_id_name(real.path.name)
+    return BlockId(real.shard, real.seqno)
+
+
+def top_update(real: RealState) -> tuple[bytes, int] | None:
+    """The update a real state is checked against: its block's (read by the oracle), else
+    the README's."""
+    if real.block is not None:
+        block = oracle_block(real.block)
+        return block.diff_hash, block.tail_len
+    if len(real.top_hash) == 64:
+        return bytes.fromhex(real.top_hash), real.tail_len
+    return None
 
 
 # -- an independent reader of the TL layout (FORMAT.md §3) --------------------------------------

@@ -1,0 +1,290 @@
+"""Exporting persistent queue states from a real RocksDB (SEMANTICS §13.2 with D11): the
+real states come out byte for byte, generated states survive export then import into a
+fresh queue unchanged, diffs applied through ``apply_diff`` export, and every refusal
+(missing diff, bad tail length, messages collected by GC, bodies that are no message)
+raises without leaving a file behind.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import address_in, dump, message, open_queue, top
+from state_fixtures import (
+    BASE,
+    MC,
+    REAL_STATES,
+    SHARD_BIN,
+    SHARD_TOP,
+    ZSTD_MAGIC,
+    RealState,
+    block_id,
+    boc_root_count,
+    iterate,
+    observable,
+    parse_state,
+    state_bytes,
+    top_update,
+    write_state,
+)
+
+from imq import (
+    Address,
+    BlockId,
+    BlockIdShort,
+    ImqError,
+    Message,
+    Queue,
+    QueueDiff,
+    QueueKey,
+)
+from imq.state.boc import encode_boc
+from imq.state.message import build_internal_message
+from imq.state.synth import SynthState, synth_state
+
+
+def _import_synth(queue: Queue, tmp_path: Path, **kwargs: Any) -> tuple[SynthState, Path]:
+    state = synth_state(**kwargs)
+    path, _ = write_state(state, tmp_path / "in.bin")
+    queue.import_state(path, state.block_id, state.top_update)
+    return state, path
+
+
+def _fresh(tmp_path: Path, name: str) -> Queue:
+    return open_queue(tmp_path / name)
+
+
+def _no_leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".temp"))
+
+
+# -- real states --------------------------------------------------------------------------------
+
+
+def test_the_real_shard_state_exports_byte_identical(tmp_path: Path, queue: Queue) -> None:
+    queue.import_state(SHARD_BIN, BlockId(BASE, 160), SHARD_TOP)
+    original = SHARD_BIN.read_bytes()
+    out = tmp_path / "out"
+    out.mkdir()
+
+    raw = queue.export_state(BASE, 160, 3, out / "state.bin")
+    packed = queue.export_state(BASE, 160, 3, out / "state.queue")
+    buffer = io.BytesIO()
+    in_memory = queue.export_state(BASE, 160, 3, buffer)
+
+    assert (out / "state.bin").read_bytes() == original
+    assert buffer.getvalue() == original
+    assert (out / "state.queue").read_bytes()[:4] == ZSTD_MAGIC
+    assert state_bytes(out / "state.queue") == original
+    for report in (raw, packed, in_memory):
+        assert (report.diffs, report.messages, report.chunks) == (3, 4300, 1)
+        assert report.bytes == len(original) == 538_308
+        assert report.bit_exact
+    assert _no_leftovers(out) == []
+    with _fresh(tmp_path, "again") as again:
+        report = again.import_state(out / "state.queue", BlockId(BASE, 160), SHARD_TOP)
+        assert (report.diffs, report.messages) == (3, 4300)
+        assert observable(again, BASE, (158, 159, 160)) == observable(queue, BASE, (158, 159, 160))
+
+
+@pytest.mark.parametrize("real", REAL_STATES, ids=lambda r: r.id)
+def test_every_real_state_exports_as_it_was_read(
+    real: RealState, tmp_path: Path, queue: Queue
+) -> None:
+    queue.import_state(real.path, block_id(real), top_update(real))
+    out = tmp_path / "out.bin"
+    report = queue.export_state(real.shard, real.seqno, real.tail_len, out)
+    assert out.read_bytes() == state_bytes(real.path)
+    assert (report.diffs, report.messages, report.chunks) == (
+        real.tail_len,
+        sum(real.messages),
+        real.chunks,
+    )
+    assert report.bit_exact
+
+
+# -- generated states ---------------------------------------------------------------------------
+
+SYNTH_CASES = {  # name: (synth_state arguments, chunks of the export)
+    "routers-and-masterchain": (
+        {"diffs": 3, "messages_per_diff": 20, "routed_every": 3, "masterchain_every": 4},
+        1,
+    ),
+    "multi-cell": (
+        {"diffs": 2, "messages_per_diff": 10, "body_in_ref": True, "body_bytes": 300},
+        1,
+    ),
+    "multi-chunk-with-an-empty-diff": ({"diffs": 3, "messages_per_diff": [7_000, 0, 5_000]}, 2),
+    # D11: cut at 10 MiB; the original would announce ceil(5,200 / 10,000) = 1 chunk.
+    "size-cut-chunks": ({"diffs": 1, "messages_per_diff": 5_200, "body_bytes": 2_000}, 2),
+}
+
+
+@pytest.mark.parametrize("case", list(SYNTH_CASES))
+def test_generated_states_round_trip_through_export_and_import(
+    case: str, tmp_path: Path, queue: Queue
+) -> None:
+    kwargs, chunks = SYNTH_CASES[case]
+    state, original = _import_synth(queue, tmp_path, seed=11, **kwargs)
+    seqnos = [d.seqno for d in state.diffs]
+    out = tmp_path / "out.queue"
+
+    report = queue.export_state(BASE, state.seqno, len(seqnos), out)
+
+    assert out.read_bytes()[:4] == ZSTD_MAGIC
+    oracle = parse_state(out)
+    assert report.chunks == oracle.n_chunks == len(oracle.chunks) == chunks
+    assert sum(boc_root_count(c) for c in oracle.chunks) == report.messages
+    assert (report.diffs, report.messages) == (len(seqnos), len(state.messages))
+    assert report.bytes == len(state_bytes(out))
+    assert report.bit_exact
+    assert state_bytes(out) == original.read_bytes()
+    with _fresh(tmp_path, "again") as again:
+        again.import_state(out, state.block_id, state.top_update)
+        assert observable(again, BASE, seqnos) == observable(queue, BASE, seqnos)
+
+
+def test_a_shorter_tail_exports_the_newest_diffs_and_extends_back(
+    tmp_path: Path, queue: Queue
+) -> None:
+    state, _ = _import_synth(queue, tmp_path, diffs=3, messages_per_diff=8, routed_every=2)
+    hashes = {d.seqno: d.hash for d in state.diffs}
+    newest, older = tmp_path / "newest.bin", tmp_path / "older.bin"
+
+    assert queue.export_state(BASE, 100, 2, newest).bit_exact
+    assert queue.export_state(BASE, 99, 2, older).bit_exact
+
+    assert [(d.seqno, d.hash) for d in parse_state(newest).diffs] == [
+        (100, hashes[100]),
+        (99, hashes[99]),
+    ]
+    assert [(d.seqno, d.hash) for d in parse_state(older).diffs] == [
+        (99, hashes[99]),
+        (98, hashes[98]),
+    ]
+    with _fresh(tmp_path, "older") as q:
+        q.import_state(older, BlockId(BASE, 99), (hashes[99], 2))
+        assert {s: q.get_diff_info(BASE, s) for s in (98, 99)} == {
+            s: queue.get_diff_info(BASE, s) for s in (98, 99)
+        }
+    # The two newest, then the whole state: the stored diffs are kept, the third written,
+    # and the database ends exactly as after importing the whole state at once.
+    with _fresh(tmp_path, "grown") as q:
+        q.import_state(newest, state.block_id, (hashes[100], 2))
+        report = q.import_state(tmp_path / "in.bin", state.block_id, state.top_update)
+        assert (report.diffs, report.written_diffs, report.kept_diffs) == (3, 1, 2)
+        assert dump(q) == dump(queue)
+
+
+# -- diffs applied through apply_diff ------------------------------------------------------------
+
+
+def _real_messages(first_lt: int, dsts: list[Address]) -> list[Message]:
+    src = address_in(BASE, 7)
+    out = []
+    for i, dst in enumerate(dsts):
+        lt = first_lt + i
+        cell = build_internal_message(src, dst, lt, value=1_000 + i, body=b"hi %d" % i)
+        out.append(Message(QueueKey(lt, cell.hash), src, dst, encode_boc([cell])))
+    return out
+
+
+def test_applied_diffs_with_message_bocs_export_and_import_back(
+    tmp_path: Path, queue: Queue
+) -> None:
+    dsts = [address_in(BASE, 1), address_in(MC, 2), address_in(BASE, 3)]
+    first = _real_messages(1_000, dsts)
+    second = _real_messages(2_000, dsts[::-1])
+    processed = {MC: QueueKey.max_for_lt(5), BASE: QueueKey.max_for_lt(900)}
+    queue.apply_diff(QueueDiff(first, processed), BlockIdShort(BASE, 10), b"\x0a" * 32)
+    queue.apply_diff(QueueDiff(second, processed), BlockIdShort(BASE, 11), b"\x0b" * 32)
+    out = tmp_path / "applied.bin"
+
+    report = queue.export_state(BASE, 11, 2, out)
+
+    assert (report.diffs, report.messages, report.chunks) == (2, 6, 1)
+    assert not report.bit_exact  # the applied diffs' hashes are not the hashes of their TL
+    oracle = parse_state(out)
+    assert oracle.diffs[1].prev_hash == bytes(32)  # unknown: zero
+    assert oracle.diffs[0].prev_hash == oracle.diffs[1].hash
+    with _fresh(tmp_path, "imported") as q:
+        q.import_state(out, BlockId(BASE, 11), (oracle.diffs[0].hash, 2))
+        got = [m.message for f in (BASE, MC) for m in iterate(q, BASE, 0, f)]
+        assert sorted(got, key=lambda m: m.key) == sorted(first + second, key=lambda m: m.key)
+        for seqno, diff in zip((11, 10), oracle.diffs, strict=True):
+            mine, theirs = q.get_diff_info(BASE, seqno), queue.get_diff_info(BASE, seqno)
+            assert (mine.hash, mine.prev_hash) == (diff.hash, diff.prev_hash)
+            assert (mine.min_message, mine.max_message, mine.processed_to) == (
+                theirs.min_message,
+                theirs.max_message,
+                theirs.processed_to,
+            )
+            assert mine.shards_messages_count == theirs.shards_messages_count == {BASE: 2, MC: 1}
+        again = io.BytesIO()
+        assert q.export_state(BASE, 11, 2, again).bit_exact
+        assert again.getvalue() == out.read_bytes()
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+
+def test_a_missing_diff_is_named(tmp_path: Path, queue: Queue) -> None:
+    _import_synth(queue, tmp_path, diffs=3)  # seqnos 98..100
+    out = tmp_path / "out.bin"
+    with pytest.raises(ImqError, match=r"the diff of 0:8000000000000000:101 is not stored"):
+        queue.export_state(BASE, 101, 1, out)
+    with pytest.raises(ImqError, match=r"the diff of 0:8000000000000000:97 is not stored"):
+        queue.export_state(BASE, 100, 4, out)
+    with pytest.raises(ImqError, match=r"-1:8000000000000000:100 is not stored"):
+        queue.export_state(MC, 100, 1, out)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["in.bin"]
+
+
+@pytest.mark.parametrize(("seqno", "tail_len"), [(100, 0), (100, -1), (3, 5), (2_000, 1_001)])
+def test_a_bad_tail_length_is_a_value_error(
+    seqno: int, tail_len: int, tmp_path: Path, queue: Queue
+) -> None:
+    with pytest.raises(ValueError, match="tail_len"):
+        queue.export_state(BASE, seqno, tail_len, tmp_path / "out.bin")
+    assert not (tmp_path / "out.bin").exists()
+
+
+def test_messages_collected_by_gc_refuse_the_export(tmp_path: Path, queue: Queue) -> None:
+    state, _ = _import_synth(queue, tmp_path, diffs=1, messages_per_diff=10, seed=3)
+    bound = sorted(m.key for m in state.messages)[4]
+    later = message(QueueKey(200_000_000, b"\x11" * 32), address_in(BASE, 1), address_in(BASE, 2))
+    queue.apply_diff(
+        QueueDiff([later], {BASE: bound, MC: QueueKey.MIN}), BlockIdShort(BASE, 101), b"\x22" * 32
+    )
+    queue.apply_diff(QueueDiff([], {BASE: bound}), BlockIdShort(MC, 5), b"\x33" * 32)
+    assert queue.commit_diff([top(MC, 5), top(BASE, 101, 5)])
+    assert queue.run_gc() > 0
+    assert len(iterate(queue, BASE, 0, BASE)) == 5 + 1  # the upper half and the later diff
+
+    with pytest.raises(ImqError, match=r"0:8000000000000000:100: it wrote 10 messages, 5 are"):
+        queue.export_state(BASE, 100, 1, tmp_path / "out.queue")
+
+    assert not (tmp_path / "out.queue").exists()
+    assert _no_leftovers(tmp_path) == []
+
+
+def test_a_body_that_is_no_message_fails_without_leaving_a_file(
+    tmp_path: Path, queue: Queue
+) -> None:
+    src, dst = address_in(BASE, 1), address_in(BASE, 2)
+    plain = [message(QueueKey(1_000 + i, bytes([i + 1]) * 32), src, dst) for i in range(3)]
+    queue.apply_diff(QueueDiff(plain), BlockIdShort(BASE, 1), b"\x01" * 32)
+    existing = tmp_path / "old.queue"
+    existing.write_bytes(b"previous export")
+
+    for dest in (tmp_path / "new.queue", tmp_path / "new.bin", existing):
+        with pytest.raises(ImqError, match="not a message BOC"):
+            queue.export_state(BASE, 1, 1, dest)
+
+    assert not (tmp_path / "new.queue").exists()
+    assert not (tmp_path / "new.bin").exists()
+    assert existing.read_bytes() == b"previous export"
+    assert _no_leftovers(tmp_path) == []
