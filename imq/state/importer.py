@@ -231,24 +231,29 @@ def _stream(
 ) -> int:
     total = reader.total_messages
     done = 0
-    txn = store.transaction()
+    batch: list[Transaction] = [store.transaction()]
     pending = 0
-    for segment in reader.segments():
-        work = works[segment.diff_index]
-        rows = _stage_segment(segment, work)
-        if work.write:
-            put, target = txn.writer(Table.MESSAGES)
-            codec.put_raw_message_rows(put, target, shard, rows)
-            pending += len(rows)
-        if segment.last and work.write:
-            _stage_diff_rows(txn, shard, work)
-        done += len(rows)
-        if pending >= BATCH_ROWS:
-            store.write(txn)
-            txn, pending = store.transaction(), 0
-        if progress is not None and rows:
-            progress(done, total)
-    store.write(txn)
+    try:
+        for segment in reader.segments():
+            work = works[segment.diff_index]
+            rows = _stage_segment(segment, work)
+            if work.write:
+                codec.put_raw_message_rows(*batch[0].writer(Table.MESSAGES), shard, rows)
+                pending += len(rows)
+            if segment.last and work.write:
+                _stage_diff_rows(batch[0], shard, work)
+            done += len(rows)
+            if pending >= BATCH_ROWS:
+                store.write(batch[0])
+                batch[0], pending = store.transaction(), 0
+            if progress is not None and rows:
+                progress(done, total)
+        store.write(batch[0])
+    finally:
+        # A failed batch holds column-family handles, and RocksDB stays open (and
+        # locked) while any handle lives: a caller keeping the exception, whose
+        # traceback keeps this frame, must not keep the database open after close().
+        batch.clear()
     if progress is not None:
         progress(done, total)
     return done

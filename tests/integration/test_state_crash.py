@@ -1,0 +1,301 @@
+"""A process killed in the middle of ``Queue.import_state`` leaves no partial import (D10).
+
+A child process imports a synthetic state of 30,000 messages in 60 chunks into a queue
+that already holds data, tells the parent on stdout how far it got, and is killed with
+SIGKILL. The parent then opens the queue: the open rolls the import back (warning
+``import_rolled_back``), every table holds exactly what it held before, the marker is
+gone, and importing the same file again succeeds. A read-only open before that sees the
+marker and warns ``import_incomplete``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import BASE, MC, Chain, dump, open_queue, shard_rows
+
+from imq import BlockId, Queue, ShardIdent
+from imq.state import importer
+from imq.state.synth import SynthState, synth_state, write_synth_state
+from imq.storage import Table, codec
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+TYCHO = REPO.parent / "shared" / "data" / "tycho"
+MASTER_BIN = TYCHO / "persistent_state" / "master.bin"
+OTHER = ShardIdent(0, 0x2000_0000_0000_0000)
+APPLIED = ShardIdent(0, 0xA000_0000_0000_0000)
+MESSAGES = 30_000
+WAIT = 120.0  # seconds a child may take to report; only a broken child gets near it
+
+Logs = list[MutableMapping[str, Any]]
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+
+    sys.path.insert(0, sys.argv[1])
+    from builders import open_queue
+    from imq import BlockId, ShardIdent
+
+    db, source = Path(sys.argv[2]), sys.argv[3]
+    wc, prefix, seqno, tail, threshold = (int(a) for a in sys.argv[4:9])
+    top_hash, hold = bytes.fromhex(sys.argv[9]), sys.argv[10] == "hold"
+    queue = open_queue(db)
+    said = False
+
+    def progress(done, total):
+        global said
+        if not said and done >= threshold:
+            said = True
+            print("started", done, total, flush=True)
+            if hold:
+                time.sleep(600)
+
+    block = BlockId(ShardIdent(wc, prefix), seqno)
+    report = queue.import_state(source, block, (top_hash, tail), progress=progress)
+    print("finished", report.messages, flush=True)
+    queue.close()
+    """
+)
+
+
+@dataclass(frozen=True)
+class Crash:
+    state: SynthState
+    path: Path
+
+
+@pytest.fixture(scope="module")
+def crash_state(tmp_path_factory: pytest.TempPathFactory) -> Crash:
+    state = synth_state(BASE, top_seqno=500, diffs=3, messages_per_diff=10_000, seed=31)
+    path = tmp_path_factory.mktemp("crash") / "state.bin"
+    assert write_synth_state(state, path, max_chunk_roots=500) == 60
+    return Crash(state, path)
+
+
+def build_prior(path: Path) -> dict[str, list[tuple[bytes, bytes]]]:
+    """The same data before every import: the masterchain state, a state of another
+    shard and two applied diffs. Returns the dump."""
+    with open_queue(path) as queue:
+        queue.import_state(MASTER_BIN, BlockId(MC, 90))
+        other = synth_state(OTHER, top_seqno=40, diffs=2, messages_per_diff=6, seed=7)
+        buf = io.BytesIO()
+        write_synth_state(other, buf)
+        buf.seek(0)
+        queue.import_state(buf, other.block_id, other.top_update)
+        chain = Chain(queue)
+        chain.apply(APPLIED, 3)
+        chain.apply(APPLIED, 2)
+        return dump(queue)
+
+
+@dataclass
+class Child:
+    proc: subprocess.Popen[str]
+    lines: list[str]
+
+    def wait_for(self, word: str) -> str:
+        """The first stdout line starting with ``word`` (fails if the child exits first)."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        buffer = b""
+        while True:
+            ready, _, _ = select.select([fd], [], [], WAIT)
+            assert ready, f"the child said nothing for {WAIT} s"
+            data = os.read(fd, 4096)
+            if not data:
+                self.proc.wait()
+                assert self.proc.stderr is not None
+                raise AssertionError(
+                    f"the child exited ({self.proc.returncode}) before '{word}': "
+                    f"{self.proc.stderr.read()}"
+                )
+            buffer += data
+            *done, rest = buffer.split(b"\n")
+            buffer = rest
+            self.lines += [line.decode() for line in done]
+            for line in self.lines:
+                if line.startswith(word):
+                    return line
+
+    def kill(self) -> list[str]:
+        """SIGKILL; returns every line the child printed."""
+        os.kill(self.proc.pid, signal.SIGKILL)
+        out, _ = self.proc.communicate(timeout=WAIT)
+        assert self.proc.returncode in (-signal.SIGKILL, 0)
+        return self.lines + out.splitlines()
+
+
+def start_child(tmp_path: Path, db: Path, crash: Crash, threshold: int, *, hold: bool) -> Child:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    state = crash.state
+    top_hash, tail = state.top_update
+    args = [
+        sys.executable,
+        str(script),
+        str(HERE),
+        str(db),
+        str(crash.path),
+        str(state.shard.workchain),
+        str(state.shard.prefix),
+        str(state.seqno),
+        str(tail),
+        str(threshold),
+        top_hash.hex(),
+        "hold" if hold else "run",
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    return Child(proc, [])
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    """Children still running at the end of a test are killed (by their own pid)."""
+    started: list[Child] = []
+    yield started
+    for child in started:
+        if child.proc.poll() is None:
+            os.kill(child.proc.pid, signal.SIGKILL)
+            child.proc.communicate(timeout=WAIT)
+
+
+def marker(queue: Queue) -> bytes | None:
+    return queue._store.get_latest(Table.VARS, codec.IMPORT_MARKER)
+
+
+def events(logs: Logs, name: str) -> list[MutableMapping[str, Any]]:
+    return [e for e in logs if e["event"] == name]
+
+
+def assert_rolled_back(queue: Queue, prior: dict[str, list[tuple[bytes, bytes]]]) -> None:
+    assert marker(queue) is None
+    assert dump(queue) == prior
+    assert BASE not in queue.get_commit_pointers()
+    assert queue.get_last_committed_mc_block_id() == BlockId(MC, 90)
+
+
+def assert_reimport(queue: Queue, crash: Crash, tmp_path: Path) -> None:
+    """The same file imports completely, into exactly what a clean import writes."""
+    state = crash.state
+    report = queue.import_state(crash.path, state.block_id, state.top_update)
+    assert report.messages == MESSAGES and report.written_diffs == 3
+    assert queue.get_commit_pointers()[BASE].seqno == state.seqno
+    reference = tmp_path / "reference"
+    build_prior(reference)
+    with open_queue(reference) as clean:
+        clean.import_state(crash.path, state.block_id, state.top_update)
+        assert dump(queue) == dump(clean)
+
+
+# -----------------------------------------------------------------------------------------------
+
+
+def test_kill_after_batches_were_written(
+    tmp_path: Path, db_path: Path, crash_state: Crash, children: list[Child], logs: Logs
+) -> None:
+    prior = build_prior(db_path)
+    child = start_child(tmp_path, db_path, crash_state, 20_000, hold=True)
+    children.append(child)
+    line = child.wait_for("started")
+    assert int(line.split()[1]) > importer.BATCH_ROWS  # a batch of messages is on disk
+    lines = child.kill()
+    assert not any(x.startswith("finished") for x in lines)
+    with open_queue(db_path) as queue:
+        (event,) = events(logs, "import_rolled_back")
+        assert event["reason"] == "interrupted" and sorted(event["diffs"]) == [498, 499, 500]
+        assert queue.metrics.counter("imports_rolled_back") == 1
+        assert_rolled_back(queue, prior)
+        assert_reimport(queue, crash_state, tmp_path)
+
+
+def test_kill_before_any_batch(
+    tmp_path: Path, db_path: Path, crash_state: Crash, children: list[Child], logs: Logs
+) -> None:
+    """The marker is written, no message batch yet."""
+    prior = build_prior(db_path)
+    child = start_child(tmp_path, db_path, crash_state, 1, hold=True)
+    children.append(child)
+    line = child.wait_for("started")
+    assert int(line.split()[1]) < importer.BATCH_ROWS
+    child.kill()
+    with open_queue(db_path) as queue:
+        (event,) = events(logs, "import_rolled_back")
+        assert event["reason"] == "interrupted"
+        assert_rolled_back(queue, prior)
+        assert_reimport(queue, crash_state, tmp_path)
+
+
+def test_read_only_open_sees_the_partial_import_and_warns(
+    tmp_path: Path, db_path: Path, crash_state: Crash, children: list[Child], logs: Logs
+) -> None:
+    prior = build_prior(db_path)
+    child = start_child(tmp_path, db_path, crash_state, 20_000, hold=True)
+    children.append(child)
+    child.wait_for("started")
+    child.kill()
+    with Queue.open(db_path, read_only=True) as viewer:
+        (event,) = events(logs, "import_incomplete")
+        assert event["log_level"] == "warning"
+        assert events(logs, "import_rolled_back") == []
+        assert marker(viewer) is not None
+        assert len(shard_rows(viewer, Table.MESSAGES, BASE)) > importer.BATCH_ROWS
+    with open_queue(db_path) as queue:
+        assert len(events(logs, "import_rolled_back")) == 1
+        assert_rolled_back(queue, prior)
+    with Queue.open(db_path, read_only=True):
+        assert len(events(logs, "import_incomplete")) == 1  # nothing left to warn about
+
+
+@pytest.mark.parametrize("threshold", [1, 9_000, 17_000, 25_000, MESSAGES])
+def test_all_or_nothing_wherever_the_kill_lands(
+    tmp_path: Path,
+    db_path: Path,
+    *,
+    crash_state: Crash,
+    children: list[Child],
+    logs: Logs,
+    threshold: int,
+) -> None:
+    """Killed while it runs on (no pause): whatever the child managed, the queue after
+    reopen holds either the prior data or the prior data plus the whole state."""
+    prior = build_prior(db_path)
+    child = start_child(tmp_path, db_path, crash_state, threshold, hold=False)
+    children.append(child)
+    child.wait_for("started")
+    finished = any(x.startswith("finished") for x in child.kill())
+    with open_queue(db_path) as queue:
+        assert marker(queue) is None
+        rolled = events(logs, "import_rolled_back")
+        pointer = queue.get_commit_pointers().get(BASE)
+        if pointer is None:
+            assert not finished and len(rolled) == 1
+            assert_rolled_back(queue, prior)
+            assert_reimport(queue, crash_state, tmp_path)
+        else:
+            assert rolled == [] and pointer.seqno == crash_state.state.seqno
+            assert len(shard_rows(queue, Table.MESSAGES, BASE)) == MESSAGES
