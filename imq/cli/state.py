@@ -9,7 +9,7 @@ from typing import Any, TextIO
 from imq.config import QueueConfig
 from imq.errors import StateFormatError
 from imq.queue import Queue
-from imq.state.block import parse_block_id_name, read_block_top_update
+from imq.state.block import check_block_id, parse_block_id_name, read_block_top_update
 from imq.state.source import DIFF_MAGIC, open_source
 from imq.state.tl import TlDiff, decode_diff, diff_hash, read_state_header
 from imq.types import BlockId, ShardIdent
@@ -57,6 +57,7 @@ def run_import(
 ) -> None:
     if block_file is not None:
         update = read_block_top_update(block_file.read_bytes())
+        check_block_id(update, block_id)
         if update.tail_len is None:
             raise StateFormatError(f"block {block_file.name} has no tail length")
         top_update = (update.diff_hash, update.tail_len)

@@ -1,32 +1,28 @@
-"""TON cells and the bag-of-cells (BOC) container of persistent queue state chunks.
+"""The bag-of-cells (BOC) container of persistent queue state chunks and blocks.
 
-Owns the byte format of cells and BOCs (FORMAT.md §3, §4, §7): decoding with full
-validation, encoding, cell representation hashes, and the two hot paths of state import
-and export, :func:`split_roots` (a multi-root chunk into one-root BOCs) and
-:func:`join_roots` (the inverse).
+Owns the BOC byte format (FORMAT.md §3, §4): decoding with full validation, encoding,
+and the two hot paths of state import and export, :func:`split_roots` (a multi-root
+chunk into one-root BOCs) and :func:`join_roots` (the inverse). Cells and their hashes
+are :mod:`imq.state.cells`; their names are re-exported here.
 
-``Cell.data`` is the serialized form: ``ceil(bits / 8)`` bytes, and when ``bits % 8 != 0``
-the last byte carries the completion tag (a 1 bit, then zeros) after the data bits. That
-is what a BOC stores and what the representation hash covers, so a leaf cell's hash is
-``sha256(d1 d2 data)`` with no conversion.
-
-Supported: ordinary cells and level-0 exotic cells (library, Merkle proof and update
-over level-0 trees). Rejected: any cell with a non-zero level mask (pruned branches and
-everything above them), stored hashes, absent cells, and the two legacy BOC magics,
-none of which tycho writes. One leniency: a root list may name a cell twice (so
-more roots than cells), which tycho's decoder rejects; :func:`encode_boc` writes that
-only for duplicate roots, which a valid state (hashes strictly ascending) never has.
+Supported: ordinary and exotic cells of any level (a block's Merkle update over pruned
+branches). A state chunk's roots must be level 0, as messages are. Rejected: stored
+hashes, absent cells and the two legacy BOC magics, none of which tycho writes. One
+leniency: a root list may name a cell twice (so more roots than cells), which tycho's
+decoder rejects; :func:`encode_boc` writes that only for duplicate roots, which a valid
+state (hashes strictly ascending) never has.
 
 ``BocError.check`` names the failed check: ``magic``, ``flags``, ``header``,
 ``cell count``, ``root count``, ``absent``, ``cells size``, ``truncated``,
 ``trailing bytes``, ``crc32c``, ``root index``, ``index``, ``cell refs``, ``ref order``,
-``ref range``, ``stored hashes``, ``cell level``, ``completion tag``, ``exotic cell``,
-``cell depth``.
+``ref range``, ``stored hashes``, ``completion tag``, the cell rules ``exotic cell``,
+``cell depth``, ``cell level`` (d1's level mask is not the computed one), and
+``root level`` (a chunk root that is not level 0).
 
 Speed: :func:`split_roots` and :func:`join_roots` trade some clarity for speed. They
-never build :class:`Cell` objects for ordinary leaf roots (every message in real
+never build :class:`Cell` objects for ordinary level-0 leaf roots (every message in real
 states): a leaf's BOC bytes are its representation, so its hash is one ``sha256`` of a
-slice and its one-root BOC is a constant header plus the same slice. Roots with refs go
+slice and its one-root BOC is a constant header plus the same slice. Other roots go
 through :class:`Cell` and :func:`encode_boc`. ``benchmarks/`` and the tests measure it.
 """
 
@@ -34,10 +30,13 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
+from imq.state.cells import MAX_CELL_BITS, MAX_DEPTH, MAX_REFS, Cell, CellBuilder, CellError
+
 __all__ = [
+    "MAGIC",
     "MAX_CELL_BITS",
     "MAX_DEPTH",
     "MAX_REFS",
@@ -55,9 +54,6 @@ __all__ = [
 
 MAGIC = b"\xb5\xee\x9c\x72"
 _LEGACY_MAGICS = (b"\x68\xff\x65\xf3", b"\xac\xc3\xa7\x28")
-MAX_CELL_BITS = 1023
-MAX_REFS = 4
-MAX_DEPTH = 1024
 _tuple_new = tuple.__new__
 _sha256 = hashlib.sha256
 
@@ -67,8 +63,6 @@ _TAG_BITS = bytes([0] + [7 - ((b & -b).bit_length() - 1) for b in range(1, 256)]
 # offset size 1, one cell, one root, no absent cells, total size k, root index 0.
 _LEAF_PREFIX = MAGIC + b"\x01\x01\x01\x01\x00"
 _LEAF_HEADERS = [_LEAF_PREFIX + bytes((k, 0)) if k < 256 else b"" for k in range(256)]
-# Merkle/library exotic cells: type byte -> (bits, refs). Type 1 (pruned) has level > 0.
-_EXOTIC_SHAPES = {2: (8 + 256, 0), 3: (8 + 256 + 16, 1), 4: (8 + 512 + 32, 2)}
 
 
 class BocError(ValueError):
@@ -106,223 +100,6 @@ def crc32c(data: bytes, crc: int = 0) -> int:
     for byte in data:
         crc = table[(crc ^ byte) & 0xFF] ^ (crc >> 8)
     return crc ^ 0xFFFFFFFF
-
-
-# ---------------------------------------------------------------------------------------------
-# Cells
-
-
-def _exotic_problem(data: bytes, bits: int, refs: tuple[Cell, ...]) -> str | None:
-    if bits < 8:
-        return "an exotic cell needs an 8-bit type"
-    kind = data[0]
-    if kind == 1:
-        return "pruned branch cells have a non-zero level (unsupported)"
-    shape = _EXOTIC_SHAPES.get(kind)
-    if shape is None:
-        return f"unknown exotic cell type {kind}"
-    if (bits, len(refs)) != shape:
-        return f"exotic type {kind} needs {shape[0]} bits and {shape[1]} refs"
-    for i, child in enumerate(refs):  # Merkle cells store each child's hash and depth
-        stored_hash = data[1 + 32 * i : 33 + 32 * i]
-        at = 1 + 32 * len(refs) + 2 * i
-        if stored_hash != child._hash or int.from_bytes(data[at : at + 2]) != child._depth:
-            return f"Merkle cell's stored hash or depth of ref {i} does not match the ref"
-    return None
-
-
-class Cell:
-    """An immutable cell of up to 1023 bits and 4 refs, with its hash and depth computed
-    once at construction (children first, so no recursion on deep trees).
-
-    ``data`` may be given with anything after the first ``bits`` bits; it is stored in the
-    serialized form (completion tag added). Equality is by representation hash.
-    """
-
-    __slots__ = ("_bits", "_data", "_depth", "_exotic", "_hash", "_refs")
-
-    _bits: int
-    _data: bytes
-    _depth: int
-    _exotic: bool
-    _hash: bytes
-    _refs: tuple[Cell, ...]
-
-    def __init__(
-        self, data: bytes, bits: int, refs: Sequence[Cell] = (), *, exotic: bool = False
-    ) -> None:
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise TypeError(f"Cell data must be bytes, got {type(data).__name__}")
-        if not isinstance(bits, int) or not 0 <= bits <= MAX_CELL_BITS:
-            raise ValueError(f"Cell bits must be in 0..={MAX_CELL_BITS}, got {bits!r}")
-        if len(data) != (bits + 7) // 8:
-            raise ValueError(f"{bits} bits need {(bits + 7) // 8} data bytes, got {len(data)}")
-        ref_tuple = tuple(refs)
-        if len(ref_tuple) > MAX_REFS:
-            raise ValueError(f"a cell has at most {MAX_REFS} refs, got {len(ref_tuple)}")
-        if not all(type(r) is Cell for r in ref_tuple):
-            raise TypeError("Cell refs must be Cell values")
-        payload = _normalize(bytes(data), bits)
-        problem = _depth_problem(ref_tuple)
-        if exotic and problem is None:
-            problem = _exotic_problem(payload, bits, ref_tuple)
-        if problem is not None:
-            raise ValueError(problem)
-        _init_cell(self, payload, bits, ref_tuple, bool(exotic))
-
-    @property
-    def data(self) -> bytes:
-        return self._data
-
-    @property
-    def bits(self) -> int:
-        return self._bits
-
-    @property
-    def refs(self) -> tuple[Cell, ...]:
-        return self._refs
-
-    @property
-    def exotic(self) -> bool:
-        return self._exotic
-
-    @property
-    def level(self) -> int:
-        """The level mask; always 0, as cells with another level are rejected."""
-        return 0
-
-    @property
-    def hash(self) -> bytes:
-        """The 32-byte representation hash."""
-        return self._hash
-
-    @property
-    def depth(self) -> int:
-        return self._depth
-
-    @property
-    def descriptor(self) -> bytes:
-        """The two descriptor bytes d1, d2 (without the stored-hashes flag)."""
-        bits = self._bits
-        return bytes((len(self._refs) | (8 if self._exotic else 0), (bits >> 3) + (bits + 7 >> 3)))
-
-    def iter_tree(self) -> Iterator[Cell]:
-        """Each distinct cell of the tree once, parents before children."""
-        seen = {self._hash}
-        stack = [self]
-        while stack:
-            cell = stack.pop()
-            yield cell
-            for child in reversed(cell._refs):
-                if child._hash not in seen:
-                    seen.add(child._hash)
-                    stack.append(child)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Cell):
-            return NotImplemented
-        return self._hash == other._hash
-
-    def __hash__(self) -> int:
-        return int.from_bytes(self._hash[:8])
-
-    def __repr__(self) -> str:
-        return f"Cell(bits={self._bits}, refs={len(self._refs)}, hash={self._hash.hex()})"
-
-
-def _normalize(data: bytes, bits: int) -> bytes:
-    rem = bits & 7
-    if not rem:
-        return data
-    last = (data[-1] & (0xFF00 >> rem) & 0xFF) | (0x80 >> rem)
-    return data[:-1] + bytes((last,))
-
-
-def _depth_problem(refs: tuple[Cell, ...]) -> str | None:
-    if refs and (depth := 1 + max(r._depth for r in refs)) > MAX_DEPTH:
-        return f"cell depth {depth} exceeds {MAX_DEPTH}"
-    return None
-
-
-def _init_cell(cell: Cell, data: bytes, bits: int, refs: tuple[Cell, ...], exotic: bool) -> None:
-    """Set the fields and compute hash and depth; the caller has validated everything."""
-    head = bytes((len(refs) | (8 if exotic else 0), (bits >> 3) + (bits + 7 >> 3)))
-    if refs:
-        depth = 1 + max(r._depth for r in refs)
-        depths = b"".join(r._depth.to_bytes(2) for r in refs)
-        digest = _sha256(head + data + depths + b"".join(r._hash for r in refs)).digest()
-    else:
-        depth = 0
-        digest = _sha256(head + data).digest()
-    cell._data = data
-    cell._bits = bits
-    cell._refs = refs
-    cell._exotic = exotic
-    cell._hash = digest
-    cell._depth = depth
-
-
-def _trusted_cell(data: bytes, bits: int, refs: tuple[Cell, ...], exotic: bool) -> Cell:
-    """A cell from already-normalized, already-checked data."""
-    cell = Cell.__new__(Cell)
-    _init_cell(cell, data, bits, refs, exotic)
-    return cell
-
-
-class CellBuilder:
-    """Builds a cell bit by bit; every ``store_*`` returns the builder."""
-
-    __slots__ = ("_acc", "_bits", "_refs")
-
-    def __init__(self) -> None:
-        self._acc = 0
-        self._bits = 0
-        self._refs: list[Cell] = []
-
-    @property
-    def bits(self) -> int:
-        return self._bits
-
-    @property
-    def bits_left(self) -> int:
-        return MAX_CELL_BITS - self._bits
-
-    def store_uint(self, value: int, bits: int) -> CellBuilder:
-        if bits < 0 or not 0 <= value < (1 << bits):
-            raise ValueError(f"{value} does not fit in {bits} unsigned bits")
-        if self._bits + bits > MAX_CELL_BITS:
-            raise ValueError(f"cell overflow: {self._bits} + {bits} bits > {MAX_CELL_BITS}")
-        self._acc = (self._acc << bits) | value
-        self._bits += bits
-        return self
-
-    def store_int(self, value: int, bits: int) -> CellBuilder:
-        if bits <= 0 or not -(1 << (bits - 1)) <= value < (1 << (bits - 1)):
-            raise ValueError(f"{value} does not fit in {bits} signed bits")
-        return self.store_uint(value & ((1 << bits) - 1), bits)
-
-    def store_bit(self, bit: bool | int) -> CellBuilder:
-        return self.store_uint(1 if bit else 0, 1)
-
-    def store_bytes(self, data: bytes) -> CellBuilder:
-        return self.store_uint(int.from_bytes(data), 8 * len(data))
-
-    def store_ref(self, cell: Cell) -> CellBuilder:
-        if type(cell) is not Cell:
-            raise TypeError(f"store_ref needs a Cell, got {type(cell).__name__}")
-        if len(self._refs) >= MAX_REFS:
-            raise ValueError(f"a cell has at most {MAX_REFS} refs")
-        self._refs.append(cell)
-        return self
-
-    def end(self) -> Cell:
-        bits = self._bits
-        pad = -bits & 7
-        value = ((self._acc << 1 | 1) << (pad - 1)) if pad else self._acc
-        refs = tuple(self._refs)
-        if (problem := _depth_problem(refs)) is not None:
-            raise ValueError(problem)
-        return _trusted_cell(value.to_bytes((bits + 7) >> 3), bits, refs, False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,8 +242,6 @@ def _cell_refs(
         raise BocError("cell refs", p, f"cell {i} has {nrefs} refs (absent or invalid)")
     if d1 & 16:
         raise BocError("stored hashes", p, f"cell {i} has stored hashes (unsupported)")
-    if d1 >> 5:
-        raise BocError("cell level", p, f"cell {i} has level mask {d1 >> 5} (unsupported)")
     if q + nrefs * ref_size > end:
         raise BocError("cells size", q, f"cell {i} refs run past the total cells size")
     refs = tuple(_uint(buf, q + k * ref_size, ref_size) for k in range(nrefs))
@@ -494,13 +269,14 @@ def _cell_at(layout: _Layout, i: int, built: dict[int, Cell]) -> Cell:
     d1, d2 = buf[p], buf[p + 1]
     q = p + 2 + ((d2 + 1) >> 1)
     bits = d2 * 4 if not d2 & 1 else (d2 - 1) * 4 + _TAG_BITS[buf[q - 1]]
-    refs = tuple(built[r] for r in layout.special.get(i, ()))
-    data = buf[p + 2 : q]
-    if (problem := _depth_problem(refs)) is not None:
-        raise BocError("cell depth", p, f"cell {i}: {problem}")
-    if d1 & 8 and (problem := _exotic_problem(data, bits, refs)) is not None:
-        raise BocError("exotic cell", p, f"cell {i}: {problem}")
-    return _trusted_cell(data, bits, refs, bool(d1 & 8))
+    ref_ids = layout.special.get(i)
+    refs = tuple([built[r] for r in ref_ids]) if ref_ids else ()
+    try:
+        return Cell.from_serialized(
+            buf[p + 2 : q], bits, refs, exotic=bool(d1 & 8), level_mask=d1 >> 5
+        )
+    except CellError as exc:
+        raise BocError(exc.check, p, f"cell {i}: {exc}") from None
 
 
 def _build_cells(layout: _Layout, wanted: Sequence[int]) -> dict[int, Cell]:
@@ -544,19 +320,19 @@ def _post_order(roots: Sequence[Cell]) -> tuple[list[Cell], dict[bytes, int], li
     for root in roots:
         if type(root) is not Cell:
             raise TypeError(f"BOC roots must be Cell values, got {type(root).__name__}")
-        if root._hash not in position:
-            stack = [(root, iter(root._refs))]
+        if root.hash not in position:
+            stack = [(root, iter(root.refs))]
             while stack:
                 cell, children = stack[-1]
                 for child in children:
-                    if child._hash not in position:
-                        stack.append((child, iter(child._refs)))
+                    if child.hash not in position:
+                        stack.append((child, iter(child.refs)))
                         break
                 else:
                     stack.pop()
-                    position[cell._hash] = len(post)
+                    position[cell.hash] = len(post)
                     post.append(cell)
-        root_pos.append(position[root._hash])
+        root_pos.append(position[root.hash])
     return post, position, root_pos
 
 
@@ -590,9 +366,9 @@ def encode_boc(roots: Sequence[Cell]) -> bytes:
     parts = []
     for cell in reversed(post):
         parts.append(cell.descriptor)
-        parts.append(cell._data)
-        for child in cell._refs:
-            parts.append((n - 1 - position[child._hash]).to_bytes(ref_size))
+        parts.append(cell.data)
+        for child in cell.refs:
+            parts.append((n - 1 - position[child.hash]).to_bytes(ref_size))
     return _assemble(n, [n - 1 - k for k in root_pos], b"".join(parts), ref_size)
 
 
@@ -610,12 +386,15 @@ class RootView(NamedTuple):
 
 
 def split_roots(data: bytes | memoryview, *, max_roots: int = 10_000) -> list[RootView]:
-    """Decode a multi-root chunk (validated like :func:`decode_boc`) into one view per
-    root, in root-list order; ``boc`` is a standalone one-root BOC of the root's tree."""
+    """Decode a multi-root chunk (validated like :func:`decode_boc`, and every root must
+    be level 0) into one view per root, in root-list order; ``boc`` is a standalone
+    one-root BOC of the root's tree."""
     layout = _parse(data, max_roots, None)
     buf, starts, special = layout.buf, layout.starts, layout.special
     slow = [r for r in layout.roots if r in special] if special else []
     built = _build_cells(layout, slow) if slow else {}
+    for r in slow:
+        _check_root_level(layout, built[r], r)
     views: dict[int, RootView] = {}
     headers, tag_bits, sha, new = _LEAF_HEADERS, _TAG_BITS, _sha256, _tuple_new
     out = []
@@ -651,8 +430,8 @@ def _leaf_cell_of(boc: bytes) -> bytes | None:
 
 
 def join_roots(bocs: Sequence[bytes]) -> bytes:
-    """One multi-root BOC holding the roots of the one-root BOCs ``bocs`` in order,
-    identical cells stored once; byte-identical to tycho's encoder."""
+    """One multi-root BOC holding the level-0 roots of the one-root BOCs ``bocs`` in
+    order, identical cells stored once; byte-identical to tycho's encoder."""
     if not bocs:
         raise ValueError("join_roots needs at least one BOC")
     position: dict[bytes, int] = {}
@@ -667,11 +446,23 @@ def join_roots(bocs: Sequence[bytes]) -> bytes:
     return _assemble(n, [n - 1 - k for k in order], b"".join(reversed(position)), _fit(n))
 
 
+def _check_root_level(layout: _Layout, cell: Cell, r: int) -> None:
+    if cell.level_mask:
+        raise BocError(
+            "root level",
+            layout.starts[r],
+            f"root cell {r} has level mask {cell.level_mask}; chunk roots are level-0 messages",
+        )
+
+
 def _decode_each(bocs: Sequence[bytes]) -> list[Cell]:
     roots = []
     for k, boc in enumerate(bocs):
         try:
-            roots.append(decode_boc(boc, max_roots=1)[0])
+            layout = _parse(boc, 1, None)
+            r = layout.roots[0]
+            roots.append(_build_cells(layout, [r])[r])
+            _check_root_level(layout, roots[-1], r)
         except BocError as exc:
             raise BocError(exc.check, exc.offset, f"input BOC #{k}: {exc.detail}") from None
     return roots

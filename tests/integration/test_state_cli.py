@@ -171,16 +171,22 @@ def test_block_option_takes_the_top_update_from_a_block_file(imq: Imq, tmp_path:
         assert queue.get_diff_info(BASE, state.seqno).hash == top_hash
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: read_block_top_update rejects every real tycho block (pruned branch cells, "
-    "level mask 1), so `imq import --block` fails on real blocks",
-)
 def test_block_option_with_a_real_block(imq: Imq, tmp_path: Path) -> None:
     run = imq("import", tmp_path / "db", DUMP35.path, "--block", DUMP35.block)
     assert run.code == 0, run.err
     diff_hash = oracle_block(DUMP35.block).diff_hash
     assert f"{diff_hash.hex()}:1" in run.out
+
+
+def test_block_option_refuses_a_block_that_is_not_the_imported_one(
+    imq: Imq, tmp_path: Path
+) -> None:
+    # The dump's block 36 is a real block, but the state imported is block 35's.
+    block36 = next(DUMP35.block.parent.glob("0_8000000000000000_36_*.block"))
+    run = imq("import", tmp_path / "db", DUMP35.path, "--block", block36)
+    assert run.code == 1
+    assert "root hash" in run.err or "file hash" in run.err, run.err
+    assert not (tmp_path / "db").exists()  # refused before the database is opened
 
 
 def test_a_file_named_after_another_block_is_refused(imq: Imq, tmp_path: Path) -> None:

@@ -177,11 +177,6 @@ def test_real_block_ids_and_top_updates_agree_with_their_names(block: Path) -> N
     assert (oracle.root_hash, oracle.file_hash) == (bid.root_hash, bid.file_hash)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: read_block_top_update rejects every real tycho block (their Merkle update "
-    "holds pruned branch cells, level mask 1: BocError 'cell level')",
-)
 @pytest.mark.parametrize("block", [*REAL_BLOCKS, FIRST_BLOCK], ids=lambda p: p.name[:24])
 def test_read_block_top_update_reads_the_real_blocks(block: Path) -> None:
     update = read_block_top_update(block.read_bytes())

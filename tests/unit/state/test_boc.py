@@ -1,11 +1,10 @@
-"""Cells and BOCs (imq.state.boc), checked against the real tycho chunk and against
+"""BOCs (imq.state.boc), checked against the real tycho chunk and against
 pytoniq-core as an independent implementation."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import struct
 from pathlib import Path
 
@@ -20,7 +19,6 @@ from imq.state.boc import (
     MAGIC,
     BocError,
     Cell,
-    CellBuilder,
     RootView,
     boc_cell_size,
     crc32c,
@@ -33,6 +31,11 @@ from imq.state.message import build_internal_message
 from imq.types import Address
 
 TYCHO = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tycho"
+BLOCKS = [
+    TYCHO / "first_block" / "first_block.bin",
+    *sorted((TYCHO / "dump" / "blocks").glob("*.block")),
+    *sorted((TYCHO / "dump_one_shard" / "blocks").glob("*.block")),
+]
 
 
 @functools.cache
@@ -134,13 +137,18 @@ def small_boc() -> bytes:
     return encode_boc([leaf(0xAB, 8, a, b)])
 
 
+def expect_split(check: str, data: bytes, **kwargs: int) -> BocError:
+    with pytest.raises(BocError) as info:
+        split_roots(data, **kwargs)
+    assert info.value.check == check, info.value
+    return info.value
+
+
 def expect(check: str, data: bytes, **kwargs: int) -> BocError:
     with pytest.raises(BocError) as info:
         decode_boc(data, **kwargs)
     assert info.value.check == check, info.value
-    with pytest.raises(BocError) as info2:
-        split_roots(data, **kwargs)
-    assert info2.value.check == check
+    expect_split(check, data, **kwargs)
     return info.value
 
 
@@ -214,136 +222,6 @@ def test_real_leaf_boc_and_size() -> None:
         == MAGIC + bytes((1, 1, 1, 1, 0, len(view.data) + 2, 0)) + cell.descriptor + view.data
     )
     assert boc_cell_size(view.boc) == 2 + len(view.data) + 4
-
-
-# ---------------------------------------------------------------------------------------------
-# cells and the builder
-
-
-def test_cell_hash_depth_and_serialized_data() -> None:
-    a = leaf(0b101, 3)
-    assert a.data == bytes([0b1011_0000]) and a.bits == 3
-    assert a.descriptor == b"\x00\x01"
-    assert a.hash == hashlib.sha256(b"\x00\x01\xb0").digest()
-    root = leaf(0xFF, 8, a, a)
-    assert root.depth == 1 and root.refs == (a, a) and root.level == 0 and not root.exotic
-    expected = b"\x02\x02\xff" + b"\x00\x00" * 2 + a.hash * 2
-    assert root.hash == hashlib.sha256(expected).digest()
-    assert root.hash == to_pytoniq(root).hash
-    assert list(root.iter_tree()) == [root, a]
-
-
-def test_cell_normalizes_bits_past_the_length() -> None:
-    assert Cell(b"\xff", 3) == Cell(b"\xe0", 3) == leaf(0b111, 3)
-    assert Cell(b"\xff", 3).data == b"\xf0"
-    assert Cell(b"", 0).data == b"" and Cell(b"", 0).depth == 0
-    assert hash(Cell(b"\xff", 3)) == hash(Cell(b"\xe1", 3))
-    assert Cell(b"\x00", 8) != Cell(b"\x00", 7)
-    assert "bits=3" in repr(Cell(b"\xff", 3))
-
-
-@pytest.mark.parametrize(
-    ("args", "kwargs", "error"),
-    [
-        ((b"\x00" * 128, 1024), {}, ValueError),
-        ((b"\x00", 9), {}, ValueError),
-        ((b"\x00\x00", 8), {}, ValueError),
-        ((b"", 0, [Cell(b"", 0)] * 5), {}, ValueError),
-        ((b"", 0, ["x"]), {}, TypeError),
-        (("ab", 16), {}, TypeError),
-        ((b"\x01", 8), {"exotic": True}, ValueError),
-        ((b"\x02", 8), {"exotic": True}, ValueError),
-        ((b"\x09", 8), {"exotic": True}, ValueError),
-    ],
-)
-def test_cell_rejects_bad_arguments(
-    args: tuple[object, ...], kwargs: dict[str, object], error: type[Exception]
-) -> None:
-    with pytest.raises(error):
-        Cell(*args, **kwargs)  # type: ignore[arg-type]
-
-
-def test_cell_depth_limit() -> None:
-    cell = Cell(b"", 0)
-    for _ in range(1024):
-        cell = Cell(b"", 0, [cell])
-    assert cell.depth == 1024
-    with pytest.raises(ValueError, match="depth"):
-        Cell(b"", 0, [cell])
-    with pytest.raises(ValueError, match="depth"):
-        CellBuilder().store_ref(cell).end()
-    decoded = decode_boc(encode_boc([cell]))[0]
-    assert decoded.depth == 1024 and decoded.hash == cell.hash
-
-
-def test_boc_deeper_than_the_limit_is_rejected() -> None:
-    n = 1026  # a chain of 1026 cells: depth 1025
-    body = b"".join(b"\x01\x00" + (i + 1).to_bytes(2) for i in range(n - 1)) + b"\x00\x00"
-    header = MAGIC + b"\x02\x02" + n.to_bytes(2) + b"\x00\x01\x00\x00" + len(body).to_bytes(2)
-    expect("cell depth", header + b"\x00\x00" + body)
-
-
-def test_builder_matches_pytoniq() -> None:
-    ref = CellBuilder().store_bytes(b"hello").end()
-    ours = (
-        CellBuilder()
-        .store_uint(5, 3)
-        .store_int(-1, 8)
-        .store_int(-128, 8)
-        .store_bit(True)
-        .store_bit(0)
-        .store_bytes(b"\x01\x02")
-        .store_ref(ref)
-        .end()
-    )
-    theirs = (
-        PBuilder()
-        .store_uint(5, 3)
-        .store_int(-1, 8)
-        .store_int(-128, 8)
-        .store_bit(1)
-        .store_bit(0)
-        .store_bytes(b"\x01\x02")
-        .store_ref(PBuilder().store_bytes(b"hello").end_cell())
-        .end_cell()
-    )
-    assert ours.bits == 3 + 8 + 8 + 2 + 16 and ours.hash == theirs.hash
-
-
-def test_builder_rejects_overflow_and_bad_values() -> None:
-    with pytest.raises(ValueError):
-        CellBuilder().store_uint(8, 3)
-    with pytest.raises(ValueError):
-        CellBuilder().store_uint(-1, 3)
-    with pytest.raises(ValueError):
-        CellBuilder().store_int(128, 8)
-    with pytest.raises(ValueError):
-        CellBuilder().store_uint(0, 1000).store_uint(0, 24)
-    builder = CellBuilder().store_uint(0, 1000).store_uint(0, 23)
-    assert builder.bits == 1023 and builder.bits_left == 0 and builder.end().bits == 1023
-    full = CellBuilder()
-    for _ in range(4):
-        full.store_ref(Cell(b"", 0))
-    with pytest.raises(ValueError):
-        full.store_ref(Cell(b"", 0))
-    with pytest.raises(TypeError):
-        CellBuilder().store_ref(b"")  # type: ignore[arg-type]
-
-
-def test_exotic_library_and_merkle_proof_match_pytoniq() -> None:
-    library = Cell(b"\x02" + bytes(range(32)), 264, exotic=True)
-    p_library = PCell(PBuilder().store_bytes(b"\x02" + bytes(range(32))).bits, [], 2)
-    assert library.exotic and library.hash == p_library.hash
-    inner = leaf(0xABCDEF, 24, leaf(1, 1))
-    proof_data = b"\x03" + inner.hash + inner.depth.to_bytes(2)
-    proof = Cell(proof_data, 280, [inner], exotic=True)
-    p_proof = PCell(PBuilder().store_bytes(proof_data).bits, [to_pytoniq(inner)], 3)
-    assert proof.hash == p_proof.hash and proof.depth == 2
-    decoded = decode_boc(encode_boc([proof, library]))
-    assert [c.hash for c in decoded] == [proof.hash, library.hash]
-    assert all(c.exotic for c in decoded)
-    with pytest.raises(ValueError, match="stored hash"):
-        Cell(b"\x03" + bytes(32) + b"\x00\x01", 280, [inner], exotic=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -553,6 +431,13 @@ def test_trailing_bytes_crc_and_index() -> None:
     expect("index", bytes(cached))
 
 
+def test_boc_deeper_than_the_limit_is_rejected() -> None:
+    n = 1026  # a chain of 1026 cells: depth 1025
+    body = b"".join(b"\x01\x00" + (i + 1).to_bytes(2) for i in range(n - 1)) + b"\x00\x00"
+    header = MAGIC + b"\x02\x02" + n.to_bytes(2) + b"\x00\x01\x00\x00" + len(body).to_bytes(2)
+    expect("cell depth", header + b"\x00\x00" + body)
+
+
 def test_max_cells() -> None:
     boc = small_boc()
     assert len(decode_boc(boc, max_cells=3)) == 1
@@ -561,13 +446,38 @@ def test_max_cells() -> None:
     assert info.value.check == "cell count"
 
 
-def test_pruned_branch_is_rejected() -> None:
-    pruned = b"\x01\x01" + bytes(32) + b"\x00\x00"  # type 1, level mask 1: d1 has level 1
-    cell = bytes((0x28, 2 * len(pruned))) + pruned
-    header = MAGIC + b"\x01\x01\x01\x01\x00" + bytes((len(cell),)) + b"\x00"
-    expect("cell level", header + cell)
-    cell = bytes((0x08, 2 * len(pruned))) + pruned
-    expect("exotic cell", header + cell)
+def _pruned_boc(d1: int) -> bytes:
+    """A one-cell BOC of a pruned branch (level mask 1) with descriptor byte ``d1``."""
+    pruned = b"\x01\x01" + bytes(32) + b"\x00\x00"
+    cell = bytes((d1, 2 * len(pruned))) + pruned
+    return MAGIC + b"\x01\x01\x01\x01\x00" + bytes((len(cell),)) + b"\x00" + cell
+
+
+def test_cells_of_any_level_decode_but_chunk_roots_are_level_0() -> None:
+    boc = _pruned_boc(0x28)
+    (pruned,) = decode_boc(boc)
+    assert pruned.level_mask == 1 and pruned.get_hash(0) == bytes(32)
+    assert encode_boc([pruned]) == boc
+    assert expect_split("root level", boc).offset == 11
+    with pytest.raises(BocError) as info:
+        join_roots([encode_boc([leaf(1, 8)]), boc])
+    assert info.value.check == "root level" and "#1" in str(info.value)
+    assert expect("cell level", _pruned_boc(0x08)).offset == 11  # d1 says level 0
+    expect("cell level", _pruned_boc(0x48))  # d1 says mask 2, the data 1
+    # a level-0 root over level-1 cells (a Merkle proof of a pruned tree) is a valid root
+    tree = leaf(1, 8, pruned)
+    proof = Cell(b"\x03" + tree.get_hash(0) + b"\x00\x01", 280, [tree], exotic=True)
+    views = split_roots(join_roots([encode_boc([proof])]))
+    assert [v.hash for v in views] == [proof.hash] and proof.level_mask == 0
+    assert [c.hash for c in PCell.from_boc(views[0].boc)] == [proof.hash]
+
+
+@pytest.mark.parametrize("path", BLOCKS, ids=lambda p: p.name[:24])
+def test_real_blocks_decode_and_encode_byte_for_byte(path: Path) -> None:
+    data = path.read_bytes()
+    (root,) = decode_boc(data, max_roots=1)
+    assert root.hash == PCell.one_from_boc(data).hash and root.level_mask == 0
+    assert encode_boc([root]) == data
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow])
