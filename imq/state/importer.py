@@ -22,10 +22,12 @@ counts in dicts, and builds the API's value types only once per diff.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from time import perf_counter
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 
 from structlog.typing import FilteringBoundLogger
 
@@ -37,7 +39,6 @@ from imq.state.source import open_source
 from imq.state.tl import TlDiff
 from imq.storage import Scan, Snapshot, Store, Table, Transaction, codec
 from imq.types import (
-    Address,
     BlockId,
     CommitPointer,
     DiffInfo,
@@ -52,6 +53,8 @@ __all__ = [
     "rollback_import_at_open",
 ]
 
+_Header = tuple[int, int, bytes, int, bytes]  # lt, src wc, src account, dst wc, dst account
+_DESTINATION = itemgetter(3, 4)
 BATCH_ROWS = 16_384  # messages per write batch: a few MiB, bounded memory
 Progress = Callable[[int, int], None]  # (messages done, messages in the state)
 
@@ -79,7 +82,7 @@ class _DiffWork:
     write: bool
     route_dst: dict[tuple[int, bytes], int]
     route_src: dict[tuple[int, bytes], int]
-    stats: dict[tuple[int, int, bytes], int] = field(default_factory=dict)
+    stats: dict[int, Counter[tuple[int, bytes]]] = field(default_factory=dict)
 
 
 def import_state(
@@ -236,17 +239,21 @@ def _stream(
     try:
         for segment in reader.segments():
             work = works[segment.diff_index]
-            rows = _stage_segment(segment, work)
+            partitions, headers = _stage_segment(segment, work)
             if work.write:
-                codec.put_raw_message_rows(*batch[0].writer(Table.MESSAGES), shard, rows)
-                pending += len(rows)
+                put, target = batch[0].writer(Table.MESSAGES)
+                codec.put_raw_message_rows(
+                    put, target, shard, partitions=partitions, headers=headers, roots=segment.roots
+                )
+                del put, target
+                pending += len(headers)
             if segment.last and work.write:
                 _stage_diff_rows(batch[0], shard, work)
-            done += len(rows)
+            done += len(headers)
             if pending >= BATCH_ROWS:
                 store.write(batch[0])
                 batch[0], pending = store.transaction(), 0
-            if progress is not None and rows:
+            if progress is not None and headers:
                 progress(done, total)
         store.write(batch[0])
     finally:
@@ -259,32 +266,57 @@ def _stream(
     return done
 
 
-def _stage_segment(
-    segment: Segment, work: _DiffWork
-) -> list[tuple[int, int, bytes, int, bytes, int, bytes, bytes]]:
-    diff = work.diff
-    lo, hi = diff.min_message, diff.max_message
-    route_dst, route_src, stats = work.route_dst, work.route_src, work.stats
-    routed = bool(route_dst or route_src)
-    rows = []
+def _stage_segment(segment: Segment, work: _DiffWork) -> tuple[list[int] | None, list[_Header]]:
+    """Parse and check a segment's messages; count them if the diff is written. Returns
+    each message's partition (``None``: all in partition 0) and header."""
+    roots = segment.roots
+    parse = parse_internal_header
+    try:
+        headers = [parse(r.data, r.bits) for r in roots]
+    except MessageFormatError:
+        _raise_bad_message(segment, work.diff)
+    _check_range(segment, work.diff, headers)
+    partitions = None
+    if work.route_dst or work.route_src:
+        dst_map, src_map = work.route_dst, work.route_src
+        partitions = [
+            p if (p := dst_map.get((h[3], h[4]), -1)) >= 0 else src_map.get((h[1], h[2]), 0)
+            for h in headers
+        ]
+    if work.write and headers:
+        stats = work.stats
+        if partitions is None:
+            counter = stats.get(0) or stats.setdefault(0, Counter())
+            counter.update(map(_DESTINATION, headers))
+        else:
+            for partition, header in zip(partitions, headers, strict=True):
+                stats.setdefault(partition, Counter())[_DESTINATION(header)] += 1
+    return partitions, headers
+
+
+def _raise_bad_message(segment: Segment, diff: TlDiff) -> NoReturn:
     for i, root in enumerate(segment.roots):
         try:
-            lt, src_wc, src_acc, dst_wc, dst_acc = parse_internal_header(root.data, root.bits)
+            parse_internal_header(root.data, root.bits)
         except MessageFormatError as exc:
             raise _message_error(segment, i, diff, f"bad {exc.field}: {exc}") from None
+    raise AssertionError("unreachable: a message failed to parse once only")
+
+
+def _check_range(segment: Segment, diff: TlDiff, headers: list[_Header]) -> None:
+    """Every message key must lie in the diff's [min_message, max_message] (a rollback
+    deletes that span). Checked on lts first; keys are compared only at the edges."""
+    if not headers:
+        return
+    lo, hi = diff.min_message, diff.max_message
+    lts = [h[0] for h in headers]
+    if lo[0] < min(lts) and max(lts) < hi[0]:
+        return
+    for i, (lt, root) in enumerate(zip(lts, segment.roots, strict=True)):
         if not lo <= (lt, root.hash) <= hi:
             raise _message_error(
                 segment, i, diff, f"key ({lt}, {root.hash.hex()}) outside the diff's range"
             )
-        partition = 0
-        if routed:
-            partition = route_dst.get((dst_wc, dst_acc), -1)
-            if partition < 0:
-                partition = route_src.get((src_wc, src_acc), 0)
-        stat = (partition, dst_wc, dst_acc)
-        stats[stat] = stats.get(stat, 0) + 1
-        rows.append((partition, lt, root.hash, src_wc, src_acc, dst_wc, dst_acc, root.boc))
-    return rows
 
 
 def _message_error(segment: Segment, i: int, diff: TlDiff, what: str) -> StateFormatError:
@@ -297,25 +329,22 @@ def _message_error(segment: Segment, i: int, diff: TlDiff, what: str) -> StateFo
 def _stage_diff_rows(txn: Transaction, shard: ShardIdent, work: _DiffWork) -> None:
     """The statistics, tail and info rows of a completely read diff."""
     diff = work.diff
-    per_partition: dict[int, dict[Address, int]] = {}
     messages: dict[int, int] = {}
-    coarse: dict[ShardIdent, int] = {}
-    for (partition, wc, account), count in work.stats.items():
-        per_partition.setdefault(partition, {})[Address(wc, account)] = count
-        messages[partition] = messages.get(partition, 0) + count
-        full = ShardIdent.full(wc)
-        coarse[full] = coarse.get(full, 0) + count
-    for partition, counts in per_partition.items():
+    per_workchain: Counter[int] = Counter()
+    for partition, counter in work.stats.items():
         txn.put(
             Table.STATISTICS,
             codec.stat_key(shard, partition, diff.max_message, diff.seqno),
-            codec.stat_value(counts),
+            codec.stat_value_raw(counter.items()),
         )
+        messages[partition] = counter.total()
+        for (wc, _), count in counter.items():
+            per_workchain[wc] += count
     txn.put(Table.DIFF_TAIL, codec.tail_key(shard, diff.max_message, diff.seqno), b"")
     info = DiffInfo(
         min_message=diff.min_message,
         max_message=diff.max_message,
-        shards_messages_count=coarse,
+        shards_messages_count={ShardIdent.full(wc): n for wc, n in per_workchain.items()},
         hash=work.hash,
         processed_to=dict(diff.processed_to),
         router_src={p: frozenset(a) for p, a in diff.router_src},

@@ -219,16 +219,34 @@ def put_raw_message_rows(
     put: Callable[[bytes, bytes, Any], object],
     target: Any,
     shard: ShardIdent,
-    rows: Iterable[tuple[int, int, bytes, int, bytes, int, bytes, bytes]],
+    *,
+    partitions: Iterable[int] | None,
+    headers: Iterable[tuple[int, int, bytes, int, bytes]],
+    roots: Iterable[tuple[bytes, bytes, int, bytes]],
 ) -> None:
     """Put message rows given as plain fields, without building ``Message`` objects (the
-    import path): ``(partition, lt, hash, src_wc, src_account, dst_wc, dst_account, body)``.
-    The bytes equal what :func:`put_message_rows` writes for the same message."""
+    import path). ``headers`` are ``(lt, src_wc, src_account, dst_wc, dst_account)``,
+    ``roots`` are ``(hash, _, _, body)`` (a state's message roots), ``partitions`` one per
+    message or ``None`` for partition 0. The bytes equal what :func:`put_message_rows`
+    writes for the same message."""
     pack_key = _MESSAGE_KEY.pack
     pack_header = _MESSAGE_HEADER.pack
     shard_b = shard_bytes(shard)
+    if partitions is None:
+        prefix = _U16.pack(0) + shard_b
+        for (lt, src_wc, src_acc, dst_wc, dst_acc), (hash_, _, _, body) in zip(
+            headers, roots, strict=True
+        ):
+            put(
+                pack_key(prefix, lt, hash_),
+                pack_header(dst_wc + 128, dst_acc, src_wc + 128, src_acc) + body,
+                target,
+            )
+        return
     prefixes: dict[int, bytes] = {}
-    for partition, lt, hash_, src_wc, src_acc, dst_wc, dst_acc, body in rows:
+    for partition, (lt, src_wc, src_acc, dst_wc, dst_acc), (hash_, _, _, body) in zip(
+        partitions, headers, roots, strict=True
+    ):
         prefix = prefixes.get(partition) or prefixes.setdefault(
             partition, _U16.pack(partition) + shard_b
         )
@@ -237,6 +255,12 @@ def put_raw_message_rows(
             pack_header(dst_wc + 128, dst_acc, src_wc + 128, src_acc) + body,
             target,
         )
+
+
+def stat_value_raw(entries: Iterable[tuple[tuple[int, bytes], int]]) -> bytes:
+    """:func:`stat_value` from ``((workchain, account), count)`` pairs (the import path)."""
+    pack = _STAT_ENTRY.pack
+    return b"".join([pack(wc + 128, account, count) for (wc, account), count in entries])
 
 
 def decode_message_hash_body(raw_key: bytes, value: bytes) -> tuple[bytes, bytes]:
