@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.bench_core
 	$(BIN)/python -m benchmarks.bench_gc
+	$(BIN)/python -m benchmarks.bench_state
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .hypothesis var

@@ -12,7 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("module", ["benchmarks.bench_core", "benchmarks.bench_gc"])
+@pytest.mark.parametrize(
+    "module", ["benchmarks.bench_core", "benchmarks.bench_gc", "benchmarks.bench_state"]
+)
 def test_benchmark_quick_run_writes_its_report(module: str, tmp_path: Path) -> None:
     out = tmp_path / "report.md"
     result = subprocess.run(
