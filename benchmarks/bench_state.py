@@ -47,7 +47,8 @@ from imq import BlockId, Queue, QueueConfig, ShardIdent
 
 SEED = 20_240_601
 ROOT = Path(__file__).resolve().parents[1]
-SHARD_BIN = ROOT.parent / "shared" / "data" / "tycho" / "persistent_state" / "shard.bin"
+TYCHO = Path(os.environ.get("IMQ_TYCHO_DATA") or ROOT.parent / "shared" / "data" / "tycho")
+SHARD_BIN = TYCHO / "persistent_state" / "shard.bin"
 CONFIG = QueueConfig()  # production defaults, as a node would import with
 
 IMPORT_RATE = 100_000  # messages/s, end to end

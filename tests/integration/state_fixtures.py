@@ -16,6 +16,7 @@ import blake3
 import zstandard
 from pytoniq_core import Cell as OracleCell
 from pytoniq_core import MessageAny
+from tycho_data import TYCHO
 
 from imq import (
     Address,
@@ -30,7 +31,6 @@ from imq import (
 from imq.state.block import parse_block_id_name
 from imq.state.synth import SynthState, write_synth_state
 
-TYCHO = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tycho"
 BASE = ShardIdent.BASECHAIN
 MC = ShardIdent.MASTERCHAIN
 ZSTD_MAGIC = bytes.fromhex("28b52ffd")

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import zstandard
 from builders import BASE, MC, Chain, dump, open_queue, shard_rows
+from tycho_data import TYCHO
 
 from imq import Address, BlockId, CommitPointer, Queue, QueueKey, ShardIdent
 from imq.errors import StateFormatError
@@ -46,7 +47,6 @@ from imq.state.tl import (
 )
 from imq.storage import Table, codec
 
-TYCHO = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tycho"
 SHARD_BIN = (TYCHO / "persistent_state" / "shard.bin").read_bytes()
 MASTER_BIN = (TYCHO / "persistent_state" / "master.bin").read_bytes()
 QUEUE_83 = next((TYCHO / "dump_one_shard" / "queues").glob("0_8000000000000000_83_*.queue"))

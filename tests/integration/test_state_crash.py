@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from builders import BASE, MC, Chain, dump, open_queue, shard_rows
+from tycho_data import TYCHO
 
 from imq import BlockId, Queue, ShardIdent
 from imq.state import importer
@@ -32,7 +33,6 @@ from imq.storage import Table, codec
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-TYCHO = REPO.parent / "shared" / "data" / "tycho"
 MASTER_BIN = TYCHO / "persistent_state" / "master.bin"
 OTHER = ShardIdent(0, 0x2000_0000_0000_0000)
 APPLIED = ShardIdent(0, 0xA000_0000_0000_0000)

@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from builders import BASE, MC, Chain, dump, open_queue
+from tycho_data import TYCHO
 
 from imq import BlockId, CommitPointer, Queue, ShardIdent
 from imq.errors import DiffConflictError, StateFormatError
@@ -47,7 +48,6 @@ from imq.state.synth import synth_state, write_synth_state
 from imq.state.tl import StateHeader, read_state_header
 from imq.storage import Table, codec
 
-TYCHO = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "tycho"
 OTHER = ShardIdent(0, 0x2000_0000_0000_0000)
 APPLIED = ShardIdent(0, 0xA000_0000_0000_0000)
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import blake3
 import pytest
+from tycho_data import TYCHO
 
 from imq.errors import StateFormatError
 from imq.state.block import (
@@ -19,7 +20,6 @@ from imq.state.block import (
 from imq.state.boc import Cell, CellBuilder, decode_boc, encode_boc
 from imq.types import BlockId, ShardIdent
 
-TYCHO = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tycho"
 FIRST_BLOCK = TYCHO / "first_block" / "first_block.bin"
 # (file, diff hash prefix, tail_len) as the data README states them
 REAL = [

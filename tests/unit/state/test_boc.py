@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from pytoniq_core import Builder as PBuilder
 from pytoniq_core import Cell as PCell
 from pytoniq_core.crypto.crc import crc32c as p_crc32c
+from tycho_data import TYCHO
 
 from imq.state.boc import (
     MAGIC,
@@ -30,7 +31,6 @@ from imq.state.boc import (
 from imq.state.message import build_internal_message
 from imq.types import Address
 
-TYCHO = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tycho"
 BLOCKS = [
     TYCHO / "first_block" / "first_block.bin",
     *sorted((TYCHO / "dump" / "blocks").glob("*.block")),

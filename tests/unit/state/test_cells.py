@@ -12,12 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pytoniq_core import Builder as PBuilder
 from pytoniq_core import Cell as PCell
+from tycho_data import TYCHO
 
 from imq.state import boc
 from imq.state.boc import decode_boc, encode_boc
 from imq.state.cells import MAX_DEPTH, Cell, CellBuilder, CellError
 
-TYCHO = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tycho"
 BLOCKS = [
     TYCHO / "first_block" / "first_block.bin",
     *sorted((TYCHO / "dump" / "blocks").glob("*.block")),

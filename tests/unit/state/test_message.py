@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import struct
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -15,6 +14,7 @@ from pytoniq_core import Builder as PBuilder
 from pytoniq_core import Cell as PCell
 from pytoniq_core.tlb.block import CurrencyCollection
 from pytoniq_core.tlb.transaction import InternalMsgInfo, MessageAny
+from tycho_data import TYCHO
 
 from imq.state.boc import Cell, CellBuilder, decode_boc, encode_boc, split_roots
 from imq.state.message import (
@@ -26,7 +26,6 @@ from imq.state.message import (
 )
 from imq.types import Address
 
-TYCHO = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tycho"
 A = Address(0, bytes(range(32)))
 B = Address(-1, b"\xfe" * 32)
 C = Address(-128, b"\x80" + bytes(31))

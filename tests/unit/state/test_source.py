@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from tycho_data import TYCHO
 
 from imq.errors import StateFormatError
 from imq.state.source import BUFFER_SIZE, STATE_MAGIC, ZSTD_MAGIC, ByteSource, open_source
 
-TYCHO = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tycho"
 SHARD_BIN = TYCHO / "persistent_state" / "shard.bin"
 QUEUES = sorted([*TYCHO.glob("dump/queues/*.queue"), *TYCHO.glob("dump_one_shard/queues/*.queue")])
 HEADER_IDS = STATE_MAGIC + bytes.fromhex("654b01d4")

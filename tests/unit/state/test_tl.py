@@ -12,6 +12,7 @@ import pytest
 import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
+from tycho_data import TYCHO
 
 from imq.errors import StateFormatError
 from imq.state import tl
@@ -31,7 +32,6 @@ from imq.state.tl import (
 )
 from imq.types import Address, QueueKey, ShardIdent
 
-TYCHO = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "tycho"
 FIRST_DIFF = TYCHO / "first_block" / "first_block_queue_diff.bin"
 SHARD_BIN = TYCHO / "persistent_state" / "shard.bin"
 MASTER_BIN = TYCHO / "persistent_state" / "master.bin"
