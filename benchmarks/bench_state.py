@@ -22,7 +22,6 @@ It prints the tables and writes them, with the machine and the method, to
 from __future__ import annotations
 
 import argparse
-import gc
 import hashlib
 import json
 import os
@@ -38,7 +37,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-from benchmarks.bench_core import machine_lines
+from benchmarks.bench_core import machine_lines, timed
 from benchmarks.common import RawDb, parse_args, quiet_logs, write_report
 from imq import BlockId, Queue, QueueConfig, ShardIdent
 
@@ -163,13 +162,6 @@ def child_main(arg: str) -> None:
     print(json.dumps(out), flush=True)
 
 
-def _timed(run: Callable[[], Any]) -> tuple[float, Any]:
-    gc.collect()
-    started = perf_counter()
-    result = run()
-    return perf_counter() - started, result
-
-
 # ---------------------------------------------------------------------------------------------
 # Child tasks
 
@@ -180,13 +172,13 @@ def task_generate(
     from imq.state.synth import synth_state, write_synth_state
 
     d = Path(directory)
-    synth_s, state = _timed(
+    synth_s, state = timed(
         lambda: synth_state(
             diffs=diffs, messages_per_diff=per_diff, dst_shards=dst_shards, seed=seed
         )
     )
-    queue_s, chunks = _timed(lambda: write_synth_state(state, d / "state.queue"))
-    bin_s, _ = _timed(lambda: write_synth_state(state, d / "state.bin"))
+    queue_s, chunks = timed(lambda: write_synth_state(state, d / "state.queue"))
+    bin_s, _ = timed(lambda: write_synth_state(state, d / "state.bin"))
     block = state.block_id
     top_hash, tail_len = state.top_update
     return {
@@ -213,7 +205,7 @@ def task_open(db: str) -> dict[str, Any]:
 def task_import(db: str, source: str, keep: bool, **p: Any) -> dict[str, Any]:
     queue = Queue.open(db, CONFIG)
     try:
-        seconds, report = _timed(
+        seconds, report = timed(
             lambda: queue.import_state(
                 Path(source), _block(p), (bytes.fromhex(p["top_hash"]), p["tail_len"])
             )
@@ -371,7 +363,7 @@ def task_read_passes(source: str, runs: int) -> dict[str, Any]:
     seconds: dict[str, list[float]] = {name: [] for name in passes}
     for _ in range(runs):
         for name, fn in passes.items():
-            seconds[name].append(_timed(fn)[0])
+            seconds[name].append(timed(fn)[0])
     return {"seconds": seconds}
 
 
@@ -460,7 +452,7 @@ def task_floor(ref_db: str, bin_path: str, work: str, runs: int) -> dict[str, An
                         put(key, value, handle)
                     write(wb)
 
-            seconds.append(_timed(put_all)[0])
+            seconds.append(timed(put_all)[0])
             del plan
         finally:
             db.close()
@@ -493,7 +485,7 @@ def task_export(db: str, dest: str, breakdown: bool, verify: str, **p: Any) -> d
         )
     block = _block(p)
     with Queue.open(db, CONFIG) as queue:
-        seconds, report = _timed(
+        seconds, report = timed(
             lambda: queue.export_state(block.shard, block.seqno, p["tail_len"], Path(dest))
         )
     out: dict[str, Any] = {
@@ -549,7 +541,7 @@ def task_zstd(source: str, dest: str, runs: int) -> dict[str, Any]:
                 ):
                     shutil.copyfileobj(src, out, COPY_PIECE)
 
-            seconds[name].append(_timed(compress)[0])
+            seconds[name].append(timed(compress)[0])
             sizes[name] = os.path.getsize(dest)
     os.unlink(dest)
     return {"seconds": seconds, "sizes": sizes}
@@ -657,9 +649,9 @@ def parse_boc_imq(chunks: Chunks) -> list[Header]:
     return out
 
 
-def parse_boc_pytoniq(chunks: Chunks) -> list[Header]:
+def _parse_boc_pytoniq(chunks: Chunks, info_of: Callable[[Any], Any]) -> list[Header]:
     from pytoniq_core.boc.cell import Cell
-    from pytoniq_core.tlb.transaction import CommonMsgInfo, InternalMsgInfo
+    from pytoniq_core.tlb.transaction import InternalMsgInfo
 
     out = []
     for data, expected in chunks:
@@ -667,7 +659,7 @@ def parse_boc_pytoniq(chunks: Chunks) -> list[Header]:
         if b"".join([c.hash for c in roots]) != expected:
             raise ValueError("hash mismatch")
         for cell in roots:
-            info = CommonMsgInfo.deserialize(cell.begin_parse())  # type: ignore[no-untyped-call]
+            info = info_of(cell.begin_parse())  # type: ignore[no-untyped-call]
             if not isinstance(info, InternalMsgInfo):
                 raise ValueError("not an internal message")
             src_a, dst_a = info.src, info.dest
@@ -675,21 +667,18 @@ def parse_boc_pytoniq(chunks: Chunks) -> list[Header]:
     return out
 
 
+def parse_boc_pytoniq(chunks: Chunks) -> list[Header]:
+    """The header only (``CommonMsgInfo``), as imq parses it."""
+    from pytoniq_core.tlb.transaction import CommonMsgInfo
+
+    return _parse_boc_pytoniq(chunks, CommonMsgInfo.deserialize)
+
+
 def parse_boc_pytoniq_full(chunks: Chunks) -> list[Header]:
     """Informational: the whole message (``MessageAny``: header, init, body) per root."""
-    from pytoniq_core.boc.cell import Cell
     from pytoniq_core.tlb.transaction import MessageAny
 
-    out = []
-    for data, expected in chunks:
-        roots = Cell.from_boc(data)
-        if b"".join([c.hash for c in roots]) != expected:
-            raise ValueError("hash mismatch")
-        for cell in roots:
-            info = MessageAny.deserialize(cell.begin_parse()).info  # type: ignore[no-untyped-call]
-            src_a, dst_a = info.src, info.dest
-            out.append((info.created_lt, src_a.wc, src_a.hash_part, dst_a.wc, dst_a.hash_part))
-    return out
+    return _parse_boc_pytoniq(chunks, lambda s: MessageAny.deserialize(s).info)
 
 
 PARSE_VARIANTS = (
@@ -723,7 +712,7 @@ def bench_parse(rounds: int) -> tuple[dict[str, list[float]], int]:
     seconds: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            seconds[name].append(_timed(fn)[0])
+            seconds[name].append(timed(fn)[0])
     return seconds, len(reference)
 
 

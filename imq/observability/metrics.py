@@ -79,6 +79,8 @@ def _prometheus_collectors() -> tuple[Any, Any] | None:
         import prometheus_client  # noqa: PLC0415 - optional dependency
     except ImportError:
         return None
+    histogram: Any
+    counter: Any
     try:
         histogram = prometheus_client.Histogram(
             "imq_operation_seconds",

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pytoniq_core import Builder as PBuilder
 from pytoniq_core import Cell as PCell
 from pytoniq_core.crypto.crc import crc32c as p_crc32c
+from pytoniq_oracle import to_pytoniq
 from tycho_data import TYCHO
 
 from imq.state.boc import (
@@ -75,18 +75,6 @@ def real_state() -> tuple[list[list[bytes]], list[bytes]]:
 
 def real_chunk() -> bytes:
     return real_state()[1][0]
-
-
-def to_pytoniq(cell: Cell, memo: dict[bytes, PCell] | None = None) -> PCell:
-    memo = {} if memo is None else memo
-    if cell.hash not in memo:
-        builder = PBuilder()
-        if cell.bits:
-            builder.store_uint(int.from_bytes(cell.data) >> (-cell.bits % 8), cell.bits)
-        for ref in cell.refs:
-            builder.store_ref(to_pytoniq(ref, memo))
-        memo[cell.hash] = builder.end_cell()
-    return memo[cell.hash]
 
 
 def leaf(value: int, bits: int, *refs: Cell) -> Cell:

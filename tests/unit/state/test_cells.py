@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pytoniq_core import Builder as PBuilder
 from pytoniq_core import Cell as PCell
+from pytoniq_oracle import to_pytoniq
 from tycho_data import TYCHO
 
 from imq.state import boc
@@ -44,17 +45,6 @@ def merkle(kind: int, *children: Cell) -> Cell:
     data = bytes((kind,)) + b"".join(c.get_hash(0) for c in children)
     data += b"".join(c.get_depth(0).to_bytes(2) for c in children)
     return Cell(data, 8 * len(data), children, exotic=True)
-
-
-def to_pytoniq(cell: Cell, memo: dict[bytes, PCell] | None = None) -> PCell:
-    memo = {} if memo is None else memo
-    if cell.hash not in memo:
-        builder = PBuilder()
-        if cell.bits:
-            builder.store_uint(int.from_bytes(cell.data) >> (-cell.bits % 8), cell.bits)
-        refs = [to_pytoniq(ref, memo) for ref in cell.refs]
-        memo[cell.hash] = PCell(builder.bits, refs, cell.data[0] if cell.exotic else -1)
-    return memo[cell.hash]
 
 
 def assert_agrees(ours: Cell, theirs: PCell) -> None:
