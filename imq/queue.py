@@ -2,7 +2,9 @@
 
 Only locks, argument checks and orchestration live here; the work is done by
 :mod:`imq.apply` (checks and rows of a diff), :mod:`imq.commit` (commit planning),
-:mod:`imq.delete` (clear and GC deletes), :mod:`imq.reads` and :mod:`imq.iterator`.
+:mod:`imq.delete` (clear and GC deletes), :mod:`imq.gc`, and :mod:`imq.state.importer`
+and :mod:`imq.state.exporter` (persistent states). The read calls live in
+:mod:`imq.queue_reads` (a base class of :class:`Queue`).
 """
 
 from __future__ import annotations
@@ -12,19 +14,20 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from imq import apply, reads
 from imq.commit import masterchain_block, plan_commit, stage_commit
 from imq.config import QueueConfig
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_scan
 from imq.diff import DiffStatistics, QueueDiff
-from imq.errors import ImqError, QueueClosedError, StartupError
+from imq.errors import ImqError, StartupError
 from imq.gc import GarbageCollector, GcWorker
-from imq.iterator import QueueIterator
 from imq.locks import RWLock, ShardLocks
 from imq.observability import Metrics, ProgressLine, get_logger
 from imq.pending import PendingDiff, PendingRegistry
+from imq.queue_reads import QueueReads
+from imq.reads import check_type
 from imq.state import exporter, importer
 from imq.state.exporter import ExportReport
 from imq.state.importer import ImportReport, Progress
@@ -33,10 +36,8 @@ from imq.types import (
     BlockId,
     BlockIdShort,
     CommitPointer,
-    DiffInfo,
     DiffZone,
     QueueKey,
-    QueueShardRange,
     ShardIdent,
     TopBlock,
     check_partition,
@@ -60,12 +61,7 @@ def store_options(config: QueueConfig) -> StoreOptions:
     )
 
 
-def _check_type(name: str, value: object, expected: type) -> None:
-    if not isinstance(value, expected):
-        raise TypeError(f"{name} must be a {expected.__name__}, got {type(value).__name__}")
-
-
-class Queue:
+class Queue(QueueReads):
     """The internal message queue. Open with :meth:`Queue.open`; close with :meth:`close`."""
 
     def __init__(
@@ -112,7 +108,7 @@ class Queue:
         no lock, no GC worker, and every call that would write raises ``ImqError``.
         """
         config = config if config is not None else QueueConfig()
-        _check_type("config", config, QueueConfig)
+        check_type("config", config, QueueConfig)
         if not isinstance(zerostate_seqno, int) or not 0 <= zerostate_seqno <= 0xFFFF_FFFF:
             raise ValueError(f"zerostate_seqno must be a u32, got {zerostate_seqno!r}")
         store = Store(Path(path), store_options(config), read_only=read_only)
@@ -155,10 +151,6 @@ class Queue:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-    def _check_open(self) -> None:
-        if self._store.closed:
-            raise QueueClosedError(f"queue {self._store.path} is closed")
 
     def _check_writable(self, operation: str) -> None:
         self._check_open()
@@ -213,14 +205,14 @@ class Queue:
         statistics: DiffStatistics | None,
         check_sequence: DiffZone | None,
     ) -> DiffStatistics:
-        _check_type("diff", diff, QueueDiff)
-        _check_type("block", block, BlockIdShort)
+        check_type("diff", diff, QueueDiff)
+        check_type("block", block, BlockIdShort)
         if not isinstance(diff_hash, bytes):
             raise TypeError(f"diff_hash must be bytes, got {type(diff_hash).__name__}")
         if len(diff_hash) != 32:
             raise ValueError(f"diff_hash must be 32 bytes, got {len(diff_hash)}")
         if check_sequence is not None:
-            _check_type("check_sequence", check_sequence, DiffZone)
+            check_type("check_sequence", check_sequence, DiffZone)
         if statistics is None:
             return DiffStatistics.from_diff(
                 diff,
@@ -228,7 +220,7 @@ class Queue:
                 diff.min_message or QueueKey.MIN,
                 diff.max_message or QueueKey.MIN,
             )
-        _check_type("statistics", statistics, DiffStatistics)
+        check_type("statistics", statistics, DiffStatistics)
         if statistics.shard != block.shard:
             raise ValueError(f"statistics are for shard {statistics.shard}, the block is {block}")
         return statistics
@@ -285,7 +277,7 @@ class Queue:
         self._check_writable("commit_diff")
         tops = list(top_blocks)
         for top in tops:
-            _check_type("top block", top, TopBlock)
+            check_type("top block", top, TopBlock)
         parts = _partitions(partitions)
         self._pending.check_no_pending("commit_diff")
         with self.metrics.time("commit_diff"), self._rw.write_locked():
@@ -325,7 +317,7 @@ class Queue:
         parts = _partitions(partitions)
         tops = list(top_shards)
         for shard in tops:
-            _check_type("top shard", shard, ShardIdent)
+            check_type("top shard", shard, ShardIdent)
         self._pending.check_no_pending("clear_uncommitted_state")
         with self.metrics.time("clear_uncommitted_state"):
             deleted, compact = self._clear(parts, tops)
@@ -368,7 +360,7 @@ class Queue:
         """The node-start sequence: check the last committed masterchain block against the
         last applied one, then clear the uncommitted zone. A failed check changes nothing."""
         self._check_writable("startup")
-        _check_type("last_applied_mc_block", last_applied_mc_block, BlockId)
+        check_type("last_applied_mc_block", last_applied_mc_block, BlockId)
         tops = list(top_shards)
         with self.metrics.time("startup"):
             committed = self.get_last_committed_mc_block_id()
@@ -380,79 +372,6 @@ class Queue:
                     f"of the last applied block {last_applied_mc_block}"
                 )
             self.clear_uncommitted_state(partitions, tops)
-
-    # -- reads --------------------------------------------------------------------------------
-
-    def iterator(
-        self, partition: int, ranges: Sequence[QueueShardRange], for_shard: ShardIdent
-    ) -> QueueIterator:
-        """Messages of ``partition`` from the source shards of ``ranges``, merged by key,
-        only those whose destination ``for_shard`` contains."""
-        self._check_open()
-        check_partition(partition)
-        _check_type("for_shard", for_shard, ShardIdent)
-        ranges = list(ranges)
-        with self.metrics.time("iterator_create"):
-            scans = reads.message_scans(partition, ranges)
-            snap = self._store.snapshot(scans=scans)
-            it = QueueIterator(snap, ranges, for_shard, self._iterator_done)
-            self._store.register(it)
-        return it
-
-    def _iterator_done(self, yielded: int, skipped: int) -> None:
-        self.metrics.inc("messages_iterated", yielded)
-        self.metrics.inc("messages_skipped_by_iterator", skipped)
-
-    def get_diff_info(
-        self, shard: ShardIdent, seqno: int, zone: DiffZone = DiffZone.BOTH
-    ) -> DiffInfo | None:
-        self._check_open()
-        reads.check_block(shard, seqno)
-        _check_type("zone", zone, DiffZone)
-        with (
-            self.metrics.time("get_diff_info"),
-            self._store.snapshot(points=[Table.DIFF_INFO]) as snap,
-        ):
-            return reads.diff_info(snap, shard, seqno, zone)
-
-    def is_diff_exists(self, block: BlockIdShort) -> bool:
-        self._check_open()
-        _check_type("block", block, BlockIdShort)
-        with (
-            self.metrics.time("is_diff_exists"),
-            self._store.snapshot(points=[Table.DIFF_INFO]) as snap,
-        ):
-            return reads.diff_info(snap, block.shard, block.seqno) is not None
-
-    def get_diffs_tail_len(self, shard: ShardIdent, from_key: QueueKey) -> int:
-        """Number of stored diffs of ``shard`` (either zone) with ``max_message >= from_key``."""
-        self._check_open()
-        _check_type("shard", shard, ShardIdent)
-        _check_type("from_key", from_key, QueueKey)
-        scan = reads.tail_len_scan(shard, from_key)
-        with self.metrics.time("get_diffs_tail_len"), self._store.snapshot(scans=[scan]) as snap:
-            return sum(1 for _ in snap.cursors[0])
-
-    def load_diff_statistics(self, partition: int, range: QueueShardRange) -> dict[Any, int]:
-        """Per destination account: messages of diffs whose ``max_message`` is in ``range``."""
-        self._check_open()
-        check_partition(partition)
-        _check_type("range", range, QueueShardRange)
-        scan = reads.stats_scan(partition, range)
-        with self.metrics.time("load_diff_statistics"), self._store.snapshot(scans=[scan]) as snap:
-            return reads.sum_statistics(snap.cursors[0])
-
-    def load_separated_diff_statistics(
-        self, partitions: Iterable[int], range: QueueShardRange
-    ) -> dict[int, dict[QueueKey, dict[Any, int]]]:
-        """partition -> diff max_message -> account -> count; every partition present."""
-        self._check_open()
-        parts = sorted(_partitions(partitions))
-        _check_type("range", range, QueueShardRange)
-        with self.metrics.time("load_separated_diff_statistics"):
-            scans = [reads.stats_scan(p, range) for p in parts]
-            with self._store.snapshot(scans=scans) as snap:
-                return {p: reads.group_statistics(snap.cursors[i]) for i, p in enumerate(parts)}
 
     # -- persistent state ---------------------------------------------------------------------
 
@@ -468,7 +387,7 @@ class Queue:
         all or nothing, streamed with bounded memory. ``progress=True`` draws a progress
         line on stderr; a callable gets ``(messages done, messages in the state)``."""
         self._check_writable("import_state")
-        _check_type("block_id", block_id, BlockId)
+        check_type("block_id", block_id, BlockId)
         self._pending.check_no_pending("import_state")
         line = ProgressLine(f"import {block_id.short}") if progress is True else None
         callback: Progress | None = line
@@ -520,45 +439,7 @@ class Queue:
         with self.metrics.time("run_gc"):
             return self._gc.run_pass()
 
-    def gc_bounds(
-        self,
-    ) -> tuple[dict[tuple[int, ShardIdent], QueueKey], dict[tuple[int, ShardIdent], QueueKey]]:
-        """The persisted GC bounds: (requested, executed), each keyed by (partition, shard)."""
-        self._check_open()
-        return dict(self._store.cached("gc_requested")), dict(self._store.cached("gc_executed"))
-
     @property
     def gc_worker(self) -> GcWorker | None:
         """The background GC worker (``None`` when ``gc_enabled`` is off)."""
         return self._gc_worker
-
-    def summary(self) -> dict[str, Any]:
-        """What the queue holds, for operators: pointers, the last committed block, GC
-        bounds, and per shard its diffs by zone and its messages per partition. Reads
-        every diff record (one snapshot); meant for inspection, not for a hot path."""
-        self._check_open()
-        scan = reads.all_diffs_scan()
-        with self._store.snapshot(scans=[scan]) as snap:
-            return reads.summarize(snap, self._store.path, self._store.read_only)
-
-    def get_last_committed_mc_block_id(self) -> BlockId | None:
-        self._check_open()
-        with self.metrics.time("get_last_committed_mc_block_id"):
-            block: BlockId | None = self._store.cached("last_mc_block")
-            return block
-
-    def get_commit_pointers(self) -> dict[ShardIdent, CommitPointer]:
-        self._check_open()
-        with self.metrics.time("get_commit_pointers"):
-            return dict(self._store.cached("pointers"))
-
-    def get_last_applied_seqno(self, shard: ShardIdent) -> int | None:
-        """Highest seqno with a stored diff of ``shard``, either zone."""
-        self._check_open()
-        _check_type("shard", shard, ShardIdent)
-        scan = apply.last_seqno_scan(shard)
-        with (
-            self.metrics.time("get_last_applied_seqno"),
-            self._store.snapshot(scans=[scan]) as snap,
-        ):
-            return apply.last_seqno(snap, 0)

@@ -21,6 +21,7 @@ from imq.zones import in_zone
 
 __all__ = [
     "check_block",
+    "check_type",
     "diff_info",
     "group_statistics",
     "load_caches",
@@ -53,6 +54,11 @@ def load_caches(store: Store) -> None:
             else codec.decode_gc_bounds(codec.GC_EXECUTED, raw_executed),
         }
     )
+
+
+def check_type(name: str, value: object, expected: type) -> None:
+    if not isinstance(value, expected):
+        raise TypeError(f"{name} must be a {expected.__name__}, got {type(value).__name__}")
 
 
 def check_block(shard: ShardIdent, seqno: int) -> None:

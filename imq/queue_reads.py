@@ -1,0 +1,154 @@
+"""The read side of the facade: the iterator, diff infos, tail lengths, statistics,
+pointers and summaries. Each call reads one consistent snapshot (D12) or the caches
+(D14); none takes the facade's locks.
+
+:class:`QueueReads` is a base of :class:`imq.queue.Queue`, which owns the store, the
+metrics and the lifecycle; it is not used on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from imq import apply, reads
+from imq.errors import QueueClosedError
+from imq.iterator import QueueIterator
+from imq.observability import Metrics
+from imq.reads import check_type
+from imq.storage import Store, Table
+from imq.types import (
+    BlockId,
+    BlockIdShort,
+    CommitPointer,
+    DiffInfo,
+    DiffZone,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+    check_partition,
+)
+
+__all__ = ["QueueReads"]
+
+
+class QueueReads:
+    """Read-only calls of :class:`imq.queue.Queue`."""
+
+    _store: Store
+    metrics: Metrics
+
+    def _check_open(self) -> None:
+        if self._store.closed:
+            raise QueueClosedError(f"queue {self._store.path} is closed")
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def iterator(
+        self, partition: int, ranges: Sequence[QueueShardRange], for_shard: ShardIdent
+    ) -> QueueIterator:
+        """Messages of ``partition`` from the source shards of ``ranges``, merged by key,
+        only those whose destination ``for_shard`` contains."""
+        self._check_open()
+        check_partition(partition)
+        check_type("for_shard", for_shard, ShardIdent)
+        ranges = list(ranges)
+        with self.metrics.time("iterator_create"):
+            scans = reads.message_scans(partition, ranges)
+            snap = self._store.snapshot(scans=scans)
+            it = QueueIterator(snap, ranges, for_shard, self._iterator_done)
+            self._store.register(it)
+        return it
+
+    def _iterator_done(self, yielded: int, skipped: int) -> None:
+        self.metrics.inc("messages_iterated", yielded)
+        self.metrics.inc("messages_skipped_by_iterator", skipped)
+
+    def get_diff_info(
+        self, shard: ShardIdent, seqno: int, zone: DiffZone = DiffZone.BOTH
+    ) -> DiffInfo | None:
+        self._check_open()
+        reads.check_block(shard, seqno)
+        check_type("zone", zone, DiffZone)
+        with (
+            self.metrics.time("get_diff_info"),
+            self._store.snapshot(points=[Table.DIFF_INFO]) as snap,
+        ):
+            return reads.diff_info(snap, shard, seqno, zone)
+
+    def is_diff_exists(self, block: BlockIdShort) -> bool:
+        self._check_open()
+        check_type("block", block, BlockIdShort)
+        with (
+            self.metrics.time("is_diff_exists"),
+            self._store.snapshot(points=[Table.DIFF_INFO]) as snap,
+        ):
+            return reads.diff_info(snap, block.shard, block.seqno) is not None
+
+    def get_diffs_tail_len(self, shard: ShardIdent, from_key: QueueKey) -> int:
+        """Number of stored diffs of ``shard`` (either zone) with ``max_message >= from_key``."""
+        self._check_open()
+        check_type("shard", shard, ShardIdent)
+        check_type("from_key", from_key, QueueKey)
+        scan = reads.tail_len_scan(shard, from_key)
+        with self.metrics.time("get_diffs_tail_len"), self._store.snapshot(scans=[scan]) as snap:
+            return sum(1 for _ in snap.cursors[0])
+
+    def load_diff_statistics(self, partition: int, range: QueueShardRange) -> dict[Any, int]:
+        """Per destination account: messages of diffs whose ``max_message`` is in ``range``."""
+        self._check_open()
+        check_partition(partition)
+        check_type("range", range, QueueShardRange)
+        scan = reads.stats_scan(partition, range)
+        with self.metrics.time("load_diff_statistics"), self._store.snapshot(scans=[scan]) as snap:
+            return reads.sum_statistics(snap.cursors[0])
+
+    def load_separated_diff_statistics(
+        self, partitions: Iterable[int], range: QueueShardRange
+    ) -> dict[int, dict[QueueKey, dict[Any, int]]]:
+        """partition -> diff max_message -> account -> count; every partition present."""
+        self._check_open()
+        parts = sorted({check_partition(p) for p in partitions})
+        check_type("range", range, QueueShardRange)
+        with self.metrics.time("load_separated_diff_statistics"):
+            scans = [reads.stats_scan(p, range) for p in parts]
+            with self._store.snapshot(scans=scans) as snap:
+                return {p: reads.group_statistics(snap.cursors[i]) for i, p in enumerate(parts)}
+
+    def gc_bounds(
+        self,
+    ) -> tuple[dict[tuple[int, ShardIdent], QueueKey], dict[tuple[int, ShardIdent], QueueKey]]:
+        """The persisted GC bounds: (requested, executed), each keyed by (partition, shard)."""
+        self._check_open()
+        return dict(self._store.cached("gc_requested")), dict(self._store.cached("gc_executed"))
+
+    def summary(self) -> dict[str, Any]:
+        """What the queue holds, for operators: pointers, the last committed block, GC
+        bounds, and per shard its diffs by zone and its messages per partition. Reads
+        every diff record (one snapshot); meant for inspection, not for a hot path."""
+        self._check_open()
+        scan = reads.all_diffs_scan()
+        with self._store.snapshot(scans=[scan]) as snap:
+            return reads.summarize(snap, self._store.path, self._store.read_only)
+
+    def get_last_committed_mc_block_id(self) -> BlockId | None:
+        self._check_open()
+        with self.metrics.time("get_last_committed_mc_block_id"):
+            block: BlockId | None = self._store.cached("last_mc_block")
+            return block
+
+    def get_commit_pointers(self) -> dict[ShardIdent, CommitPointer]:
+        self._check_open()
+        with self.metrics.time("get_commit_pointers"):
+            return dict(self._store.cached("pointers"))
+
+    def get_last_applied_seqno(self, shard: ShardIdent) -> int | None:
+        """Highest seqno with a stored diff of ``shard``, either zone."""
+        self._check_open()
+        check_type("shard", shard, ShardIdent)
+        scan = apply.last_seqno_scan(shard)
+        with (
+            self.metrics.time("get_last_applied_seqno"),
+            self._store.snapshot(scans=[scan]) as snap,
+        ):
+            return apply.last_seqno(snap, 0)
