@@ -97,12 +97,13 @@ def import_state(
     """Import ``source`` as the queue state of ``block_id``. The caller holds the
     facade's write lock."""
     started = perf_counter()
+    expected = None if top_update is None else _check_top_update(top_update)
     with open_source(source) as src:
         reader = StateReader(src)
         header = reader.header
         _check_block(header.shard, header.seqno, block_id)
-        if top_update is not None:
-            reader.check_top_update(*_check_top_update(top_update))
+        if expected is not None:
+            reader.check_top_update(*expected)
         works = _plan(store, reader, block_id)
         new = [w for w in works if w.write]
         if new:
