@@ -150,10 +150,10 @@ def _check_block(shard: ShardIdent, seqno: int, block_id: BlockId) -> None:
 
 def _check_top_update(top_update: tuple[bytes, int]) -> tuple[bytes, int]:
     diff_hash, tail_len = top_update
-    if not isinstance(diff_hash, bytes) or len(diff_hash) != 32:
-        raise ValueError("top_update's diff hash must be 32 bytes")
-    if not isinstance(tail_len, int) or isinstance(tail_len, bool) or tail_len < 0:
-        raise ValueError(f"top_update's tail_len must be a non-negative int, got {tail_len!r}")
+    if not isinstance(diff_hash, bytes) or type(tail_len) is not int:
+        raise TypeError("top_update must be (diff hash: bytes, tail_len: int)")
+    if len(diff_hash) != 32 or tail_len < 0:
+        raise ValueError("top_update must be a 32-byte hash and a non-negative tail_len")
     return diff_hash, tail_len
 
 

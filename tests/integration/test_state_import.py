@@ -483,3 +483,21 @@ def test_many_small_size_cut_chunks(tmp_path: Path, queue: Queue) -> None:
     assert _import(queue, state, path).messages == 65
     got = {m.message.key: m.message for f in (BASE, MC) for m in iterate(queue, BASE, 0, f)}
     assert got == {m.key: m for m in state.messages}
+
+
+@pytest.mark.parametrize(
+    ("top_update", "error"),
+    [
+        ((b"\x00" * 31, 1), ValueError),
+        (("00" * 32, 1), TypeError),
+        ((b"\x00" * 32, -1), ValueError),
+        ((b"\x00" * 32, True), TypeError),
+    ],
+)
+def test_a_malformed_top_update_is_refused_before_reading(
+    queue: Queue, top_update: tuple[object, object], error: type[Exception]
+) -> None:
+    before = dump(queue)
+    with pytest.raises(error, match="top_update"):
+        queue.import_state(SHARD_BIN, block_id(SHARD_STATE), top_update)  # type: ignore[arg-type]
+    assert dump(queue) == before
