@@ -61,8 +61,10 @@ Progress = Callable[[int, int], None]  # (messages done, messages in the state)
 
 @dataclass(frozen=True, slots=True)
 class ImportReport:
-    """What an import did. ``bytes`` counts the decompressed state; ``kept_diffs`` were
-    already stored with the same hash and left as they were."""
+    """What an import did. ``messages`` and ``diffs`` count what the state holds (every
+    message was read and checked); ``written_diffs`` were written, ``kept_diffs`` were
+    already stored with the same hash and left as they were. ``bytes`` counts the
+    decompressed state, ``source_bytes`` what was read from the source."""
 
     diffs: int
     messages: int
