@@ -21,7 +21,14 @@ from imq.storage import Table, Transaction, codec
 from imq.storage.codec import CommitRecord, GcBounds
 from imq.types import BlockId, CommitPointer, DiffInfo, QueueKey, ShardIdent, TopBlock
 
-__all__ = ["CommitPlan", "gc_bounds", "masterchain_block", "plan_commit", "stage_commit"]
+__all__ = [
+    "check_forward",
+    "CommitPlan",
+    "gc_bounds",
+    "masterchain_block",
+    "plan_commit",
+    "stage_commit",
+]
 
 DiffLookup = Callable[[ShardIdent, int], DiffInfo | None]
 
@@ -42,10 +49,13 @@ def masterchain_block(top_blocks: Sequence[TopBlock]) -> BlockId:
     raise CommitError("no masterchain block in the top blocks given to commit_diff")
 
 
-def _check_forward(shard: ShardIdent, old: CommitPointer | None, new: CommitPointer) -> None:
+def check_forward(
+    shard: ShardIdent, old: CommitPointer | None, new: CommitPointer, operation: str = "commit"
+) -> None:
+    """D6: a commit pointer never moves backwards (commit, and import, which sets one)."""
     if old is not None and (new.key < old.key or new.seqno < old.seqno):
         raise CommitError(
-            f"commit would move the pointer of shard {shard} backwards: from "
+            f"{operation} would move the commit pointer of shard {shard} backwards: from "
             f"({old.key}, seqno {old.seqno}) to ({new.key}, seqno {new.seqno})"
         )
 
@@ -105,7 +115,7 @@ def plan_commit(
                 new_record[block.shard] = record[block.shard]
             continue
         pointer = CommitPointer(info.max_message, info.seqno)
-        _check_forward(block.shard, pointers.get(block.shard), pointer)
+        check_forward(block.shard, pointers.get(block.shard), pointer)
         moved[block.shard] = pointer
         new_record[block.shard] = dict(info.processed_to)
 

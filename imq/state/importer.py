@@ -31,13 +31,14 @@ from typing import BinaryIO, NoReturn
 
 from structlog.typing import FilteringBoundLogger
 
+from imq.commit import check_forward
 from imq.delete import DeleteRange, stage_delete, tail_scan
-from imq.errors import CommitError, DiffConflictError, StateFormatError
+from imq.errors import DiffConflictError, StateFormatError
 from imq.state.message import MessageFormatError, parse_internal_header
 from imq.state.reader import Segment, StateReader
 from imq.state.source import open_source
 from imq.state.tl import TlDiff
-from imq.storage import Scan, Snapshot, Store, Table, Transaction, codec
+from imq.storage import Scan, Store, Table, Transaction, codec
 from imq.types import (
     BlockId,
     CommitPointer,
@@ -205,13 +206,12 @@ def _routes(diff: TlDiff) -> tuple[dict[tuple[int, bytes], int], dict[tuple[int,
 
 
 def _check_pointer(store: Store, shard: ShardIdent, top: TlDiff) -> None:
-    pointer: CommitPointer | None = store.cached("pointers", {}).get(shard)
-    if pointer is not None and (pointer.key > top.max_message or pointer.seqno > top.seqno):
-        raise CommitError(
-            f"importing the state of {shard}:{top.seqno} would move the commit pointer of "
-            f"shard {shard} back from ({pointer.key}, seqno {pointer.seqno}) to "
-            f"({top.max_message}, seqno {top.seqno})"
-        )
+    check_forward(
+        shard,
+        store.cached("pointers", {}).get(shard),
+        CommitPointer(top.max_message, top.seqno),
+        operation=f"importing the state of {shard}:{top.seqno}",
+    )
 
 
 def _write_marker(store: Store, block_id: BlockId, new: list[_DiffWork]) -> None:
@@ -244,11 +244,13 @@ def _stream(
             work = works[segment.diff_index]
             partitions, headers = _stage_segment(segment, work)
             if work.write:
-                put, target = batch[0].writer(Table.MESSAGES)
                 codec.put_raw_message_rows(
-                    put, target, shard, partitions=partitions, headers=headers, roots=segment.roots
+                    *batch[0].writer(Table.MESSAGES),
+                    shard,
+                    partitions=partitions,
+                    headers=headers,
+                    roots=segment.roots,
                 )
-                del put, target
                 pending += len(headers)
             if segment.last and work.write:
                 _stage_diff_rows(batch[0], shard, work)
@@ -405,10 +407,11 @@ def rollback_import(store: Store, log: FilteringBoundLogger, *, reason: str) -> 
     shard = block_id.shard
     ranges = [DeleteRange(shard, lo, hi, frozenset(partitions), True) for _, lo, hi in spans]
     txn = store.transaction()
+    # A diff's tail and info rows are written in one batch, and its tail key (its
+    # max_message) lies in its span, so the tail scan finds every info row to delete.
     with store.snapshot(points=[Table.DIFF_INFO], scans=[tail_scan(r) for r in ranges]) as snap:
         for i, r in enumerate(ranges):
             stage_delete(snap, i, txn, r)
-        _delete_orphan_infos(snap, txn, shard, [s for s, _, _ in spans])
     txn.delete(Table.VARS, codec.IMPORT_MARKER)
     store.write(txn, sync=True)
     store.compact(txn.deleted_ranges)
@@ -419,14 +422,3 @@ def rollback_import(store: Store, log: FilteringBoundLogger, *, reason: str) -> 
         diffs=[s for s, _, _ in spans],
     )
     return True
-
-
-def _delete_orphan_infos(
-    snap: Snapshot, txn: Transaction, shard: ShardIdent, seqnos: list[int]
-) -> None:
-    """Diff infos are written with their tail row, so the tail scan finds them; deleting
-    by key as well costs nothing and keeps a rollback exact whatever was written."""
-    for seqno in seqnos:
-        key = codec.diff_info_key(shard, seqno)
-        if snap.get(Table.DIFF_INFO, key) is not None:
-            txn.delete(Table.DIFF_INFO, key)
