@@ -46,7 +46,7 @@ from imq import BlockId, Queue, QueueConfig, ShardIdent
 
 SEED = 20_240_601
 ROOT = Path(__file__).resolve().parents[1]
-TYCHO = Path(os.environ.get("IMQ_TYCHO_DATA") or ROOT.parent / "shared" / "data" / "tycho")
+TYCHO = Path(os.environ.get("IMQ_TYCHO_DATA") or ROOT / "tests" / "data" / "tycho")
 SHARD_BIN = TYCHO / "persistent_state" / "shard.bin"
 CONFIG = QueueConfig()  # production defaults, as a node would import with
 
