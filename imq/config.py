@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from decimal import Decimal
-from typing import Any, Self
+from typing import Self
 
 from imq.errors import ConfigError
 
@@ -236,7 +236,7 @@ class QueueConfig:
         )
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any], source: str = "<mapping>") -> Self:
+    def from_mapping(cls, mapping: Mapping[str, object], source: str = "<mapping>") -> Self:
         """Build from the contents of an ``[internal_queue]`` table.
 
         Missing keys take their defaults. An unknown key, a wrong type or a bad value raises
