@@ -25,7 +25,7 @@ from imq import ShardIdent
 S = ShardIdent.BASECHAIN
 
 # Every kind of call: open, apply (empty and not, with and without prepare), commit,
-# iterate, the read calls, clear, GC (worker on, and run_gc), import, export, a
+# iterate, the read calls, clear, GC (the worker's tick at open, and run_gc), import, export, a
 # read-only open and close. Nothing may reach stdout; at the end one warning is logged
 # through imq's own logger, to show that WARNING and above do reach stderr.
 _WORKLOAD = """
@@ -43,7 +43,7 @@ SETUP
 root = Path(sys.argv[1])
 S, MC = ShardIdent.BASECHAIN, ShardIdent.MASTERCHAIN
 src, dst = Address(0, b"\\x11" * 32), Address(0, b"\\x22" * 32)
-config = QueueConfig(gc_interval=0.01, sync_commits=False)
+config = QueueConfig(3600.0, sync_commits=False)  # the worker runs its tick at open only
 
 
 def msgs(lt0, n):
