@@ -48,19 +48,21 @@ def previous_diff_scan(block: BlockIdShort) -> Scan:
 def resting_key(
     snap: Snapshot, cursor_index: int, block: BlockIdShort, pointer: CommitPointer | None
 ) -> QueueKey:
-    """Where an empty diff that carries no span (no lt span, no explicit keys) sits:
-    the highest of the shard's commit pointer and the ``max_message`` of the shard's
-    newest stored diff below ``block`` (read from the previous-diff scan at
-    ``cursor_index``); ``QueueKey.MIN`` when the shard has neither. Used as both its
-    ``min_message`` and ``max_message``, it keeps the diff in sequence with its
-    shard, so committing it never moves the pointer backwards (D6)."""
-    at = QueueKey.MIN if pointer is None else pointer.key
+    """Where an empty diff that carries no span (no lt span, no explicit keys) sits, as
+    both its ``min_message`` and ``max_message``: just above its shard's newest position,
+    the next key after the higher of the shard's commit pointer and the ``max_message``
+    of the shard's newest stored diff below ``block`` (read from the previous-diff scan
+    at ``cursor_index``); ``QueueKey.MIN`` when the shard has neither.
+
+    Committing it therefore never moves the pointer backwards (D6), and until it is
+    committed it is in the uncommitted zone, like any diff, so clear removes it."""
+    at = None if pointer is None else pointer.key
     seqno = last_seqno(snap, cursor_index)
     if seqno is not None:
         previous = reads.diff_info(snap, block.shard, seqno)
-        if previous is not None and previous.max_message > at:
+        if previous is not None and (at is None or previous.max_message > at):
             at = previous.max_message
-    return at
+    return QueueKey.MIN if at is None else at.next_value()
 
 
 def check_duplicate(snap: Snapshot, block: BlockIdShort, diff_hash: bytes) -> bool:

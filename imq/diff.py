@@ -155,9 +155,9 @@ class QueueDiff:
         """The ``(min_message, max_message)`` stored for this diff when no statistics are
         passed: ``min_key``/``max_key`` if given; else the first and last message keys;
         else, for an empty diff, ``(min_for_lt(start_lt), max_for_lt(end_lt))``; else
-        ``None``, and ``Queue.prepare_diff`` derives them from the store (an empty diff
-        without a span sits at its shard's newest position, so committing it never moves
-        a pointer backwards)."""
+        ``None``, and ``Queue.prepare_diff`` derives them from the store: an empty diff
+        without a span rests just above its shard's newest position (pointer or newest
+        stored diff), so committing it never moves a pointer backwards."""
         if self.min_key is not None and self.max_key is not None:
             return self.min_key, self.max_key
         if self.messages:

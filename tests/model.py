@@ -223,14 +223,15 @@ class QueueModel:
         return True
 
     def _resting_key(self, shard: ShardIdent, seqno: int) -> QueueKey:
-        """Where an empty diff without bounds sits: the highest of the shard's pointer and
-        the max_message of its newest stored diff below ``seqno`` (MIN if neither)."""
+        """Where an empty diff without bounds sits: the key after the higher of the
+        shard's pointer and the max_message of its newest stored diff below ``seqno``
+        (MIN if neither)."""
         pointer = self.pointers.get(shard)
-        at = QueueKey.MIN if pointer is None else pointer.key
+        candidates = [] if pointer is None else [pointer.key]
         below = [s for (sh, s) in self.diffs if sh == shard and s < seqno]
         if below:
-            at = max(at, self.diffs[(shard, max(below))].info.max_message)
-        return at
+            candidates.append(self.diffs[(shard, max(below))].info.max_message)
+        return max(candidates).next_value() if candidates else QueueKey.MIN
 
     def _write(self, diff: DiffInput) -> None:
         shard, seqno = diff.block.shard, diff.block.seqno
