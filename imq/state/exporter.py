@@ -72,10 +72,10 @@ def export_state(
     try:
         total = sum(sum(parts.values()) for _, parts in records)
         hash_lists = []
-        for info, parts in records:
+        for i, (info, parts) in enumerate(records, start=1):
             hash_lists.append(_spool_messages(store, shard, info, parts, spool))
-            if progress is not None:
-                progress(spool.messages, total)
+            if progress is not None and (spool.messages < total or i == len(records)):
+                progress(spool.messages, total)  # all done is reported once, at the end
         tls, exact = _encode_chain(shard, [info for info, _ in records], hash_lists)
         with open_sink(dest) as (_, out):
             write_state(out, shard, seqno, tls, spool)
