@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import textwrap
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,14 +43,19 @@ __all__ = [
 
 # A plain negative number, or -<digits> then ':', '_' or '.' and anything: an id or a file
 # name of the masterchain, never an option of imq.
+_HELP_WIDTH = 88
 _NEGATIVE_OR_ID = re.compile(r"^-\d+$|^-\d*\.\d+$|^-\d+[:_.].*$")
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` that takes ``-1:...`` and ``-1_...`` words for values."""
+    """An ``ArgumentParser`` that takes ``-1:...`` and ``-1_...`` words for values. The
+    epilog (examples) is printed as written; a one-paragraph description is wrapped."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        description = kwargs.get("description")
+        if description and "\n" not in description:
+            kwargs["description"] = textwrap.fill(description, _HELP_WIDTH)
         super().__init__(*args, **kwargs)
         # argparse consults this pattern to tell a value that starts with '-' from an
         # option (it is set per parser in ArgumentParser.__init__; subparsers are built

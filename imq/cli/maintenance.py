@@ -36,7 +36,8 @@ def register(commands: Commands) -> None:
         "gc",
         help="run one garbage-collection pass and print what it deleted",
         description="Run one GC pass now (Queue.run_gc_report) and print, per (partition, "
-        "source shard), the bound and the messages and diffs deleted.",
+        "source shard), the bound and the messages and diffs deleted. It opens the database "
+        "for writing: stop the node that holds it first.",
         epilog=GC_EXAMPLES,
     )
     gc.add_argument("db", type=Path, help="database directory")
@@ -46,7 +47,8 @@ def register(commands: Commands) -> None:
         "compact",
         help="compact every table of a database fully (reclaims deleted space)",
         description="A full manual compaction of every column family (Queue.compact), "
-        "printing the database size before and after.",
+        "printing the database size before and after. It opens the database for writing: "
+        "stop the node that holds it first.",
         epilog=COMPACT_EXAMPLES,
     )
     compact.add_argument("db", type=Path, help="database directory")
