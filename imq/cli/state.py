@@ -214,6 +214,13 @@ def run_import(
         if update.tail_len is None:
             raise StateFormatError(f"block {block_file.name} has no tail length")
         top_update = (update.diff_hash, update.tail_len)
+        # A block id given without hashes takes the block file's (checked just above).
+        block_id = BlockId(
+            block_id.shard,
+            block_id.seqno,
+            block_id.root_hash if any(block_id.root_hash) else update.root_hash,
+            block_id.file_hash if any(block_id.file_hash) else update.file_hash,
+        )
         print(
             f"top update from {block_file.name}: {update.diff_hash.hex()}:{update.tail_len}",
             file=out,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import structlog
-from state_fixtures import MASTER_BIN, MASTER_TOP_HASH, SHARD_BIN, SHARD_TOP_HASH
+from state_fixtures import DUMP_STATES, MASTER_BIN, MASTER_TOP_HASH, SHARD_BIN, SHARD_TOP_HASH
 
 from imq import (
     Address,
@@ -34,6 +34,7 @@ from imq import (
 )
 from imq.cli.common import Heartbeat
 from imq.cli.main import build_parser, main
+from imq.state.block import parse_block_id_name
 from imq.state.source import open_source
 from imq.state.tl import read_state_header
 
@@ -287,6 +288,16 @@ def test_masterchain_import_and_export_with_leading_dash_ids(imq: Imq, tmp_path:
     run = imq("export", db, "--shard", MC_ID, "--seqno", "90", "--tail-len", "1", out)
     assert run.code == 0, run.err
     assert out.read_bytes() == MASTER_BIN.read_bytes()
+
+
+def test_a_block_id_without_hashes_takes_them_from_the_block_file(imq: Imq, tmp_path: Path) -> None:
+    mc57 = DUMP_STATES[0]
+    assert mc57.block is not None
+    run = imq("import", tmp_path / "db", mc57.path, "--block-id", f"{MC_ID}:57", "--block",
+              mc57.block, "--no-progress")  # fmt: skip
+    assert run.code == 0, run.err
+    with Queue.open(tmp_path / "db", read_only=True) as queue:
+        assert queue.get_last_committed_mc_block_id() == parse_block_id_name(mc57.path.name)
 
 
 def test_a_bad_block_id_says_what_is_expected(imq: Imq, tmp_path: Path) -> None:
