@@ -1,0 +1,149 @@
+"""What a simulation run reports: the summary table, the JSON document and the picture.
+
+Nothing here prints: the table is returned as text, and the JSON and the picture are
+written to the paths given. The picture needs matplotlib (the ``plot`` extra);
+:func:`write_plot` raises :class:`PlotUnavailableError` without it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from imq.errors import ImqError
+from imq.sim.engine import SimResult, percentiles
+
+__all__ = ["PlotUnavailableError", "summary_rows", "table", "to_json", "write_json", "write_plot"]
+
+
+class PlotUnavailableError(ImqError):
+    """matplotlib is not installed, so no picture can be drawn."""
+
+
+def summary_rows(result: SimResult) -> list[tuple[str, str]]:
+    cfg = result.config
+    rows = [
+        ("seed / shards / fan-out", f"{cfg.seed} / {cfg.shards} + masterchain / {cfg.fanout}"),
+        ("rounds (+ drain)", f"{result.rounds:,} (+ {result.drain_rounds:,})"),
+        ("blocks written / committed", f"{result.blocks:,} / {result.blocks_committed:,}"),
+        ("commits (masterchain blocks)", f"{result.commits:,}"),
+        ("messages created", f"{result.messages_created:,}"),
+        ("messages delivered", f"{result.messages_delivered:,}"),
+        ("restarts (of which kills)", f"{result.restarts:,} ({result.kills:,})"),
+        ("resets of the uncommitted zone", f"{result.resets:,}"),
+        ("blocks rolled back", f"{result.rolled_back_blocks:,}"),
+        ("cancelled collations", f"{result.cancelled:,}"),
+        ("GC passes", f"{result.gc_passes:,}"),
+        ("GC deletions / messages collected", f"{result.gc_deletions:,} / {result.gc_collected:,}"),
+        ("wall time", f"{result.seconds:,.1f} s"),
+        ("end-to-end messages/s", f"{result.messages_per_second:,.0f}"),
+    ]
+    return rows
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.3f}"
+
+
+def table(result: SimResult) -> str:
+    rows = summary_rows(result)
+    width = max(len(k) for k, _ in rows)
+    lines = [f"  {k:<{width}}  {v}" for k, v in rows]
+    lines.append("")
+    lines.append(f"  {'queue operation':<24} {'calls':>8} {'p50 ms':>9} {'p99 ms':>9}")
+    for op in sorted(result.latencies):
+        samples = result.latencies[op]
+        p50, p99 = percentiles(samples)
+        lines.append(f"  {op:<24} {len(samples):>8,} {_ms(p50):>9} {_ms(p99):>9}")
+    return "\n".join(lines)
+
+
+def to_json(result: SimResult) -> dict[str, Any]:
+    cfg = result.config
+    ops = {}
+    for op, samples in sorted(result.latencies.items()):
+        p50, p99 = percentiles(samples)
+        ops[op] = {"calls": len(samples), "p50_seconds": p50, "p99_seconds": p99}
+    return {
+        "verdict": result.verdict(),
+        "verified": result.verified,
+        "config": {
+            "seed": cfg.seed,
+            "shards": cfg.shards,
+            "rounds": cfg.rounds,
+            "duration": cfg.duration,
+            "fanout": cfg.fanout,
+            "commit_every": cfg.commit_every,
+            "read_limit": cfg.read_limit,
+        },
+        "rounds": result.rounds,
+        "drain_rounds": result.drain_rounds,
+        "blocks": result.blocks,
+        "blocks_committed": result.blocks_committed,
+        "commits": result.commits,
+        "messages_created": result.messages_created,
+        "messages_delivered": result.messages_delivered,
+        "lost": result.lost,
+        "duplicated": result.duplicated,
+        "restarts": result.restarts,
+        "kills": result.kills,
+        "resets": result.resets,
+        "rolled_back_blocks": result.rolled_back_blocks,
+        "cancelled_collations": result.cancelled,
+        "gc_passes": result.gc_passes,
+        "gc_deletions": result.gc_deletions,
+        "gc_messages_collected": result.gc_collected,
+        "seconds": result.seconds,
+        "messages_per_second": result.messages_per_second,
+        "operations": ops,
+        "violations": [str(v) for v in result.violations[:100]],
+        "series": [
+            {
+                "round": s.round,
+                "seconds": round(s.seconds, 4),
+                "committed_depth": s.committed_depth,
+                "uncommitted": s.uncommitted,
+                "gc_collected": s.gc_collected,
+            }
+            for s in result.samples
+        ],
+    }
+
+
+def write_json(result: SimResult, path: Path) -> None:
+    path.write_text(json.dumps(to_json(result), indent=1) + "\n", encoding="utf-8")
+
+
+def write_plot(result: SimResult, path: Path) -> None:
+    """``report.png``: queue depth per shard (committed), uncommitted messages per shard,
+    and messages collected by GC, over the run's rounds."""
+    try:
+        import matplotlib  # noqa: PLC0415 - optional dependency
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError as exc:
+        raise PlotUnavailableError(
+            "matplotlib is not installed: no report.png (pip install 'imq[plot]')"
+        ) from exc
+    samples = result.samples
+    rounds = [s.round for s in samples]
+    shards = sorted({k for s in samples for k in s.committed_depth})
+    fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
+    for shard in shards:
+        axes[0].plot(rounds, [s.committed_depth.get(shard, 0) for s in samples], label=shard)
+        axes[1].plot(rounds, [s.uncommitted.get(shard, 0) for s in samples], label=shard)
+    axes[0].set_ylabel("committed, unread\n(by destination)")
+    axes[1].set_ylabel("in uncommitted diffs\n(by source)")
+    axes[2].plot(rounds, [s.gc_collected for s in samples], color="tab:green")
+    axes[2].set_ylabel("collected by GC\n(cumulative)")
+    axes[2].set_xlabel("round")
+    if result.rounds:
+        for ax in axes:
+            ax.axvline(result.rounds + 0.5, color="grey", linestyle=":", linewidth=1)
+    axes[0].legend(fontsize="small", ncol=3)
+    axes[0].set_title(result.verdict(), fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
