@@ -12,13 +12,16 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from imq.sim import SimConfig, SimResult, Simulation
+from imq.config import QueueConfig
+from imq.observability import configure_for_cli
+from imq.sim import SimConfig, SimQueue, SimResult, Simulation
+from imq.sim.child import ChildQueue
 from imq.sim.report import PlotUnavailableError, table, write_json, write_plot
 
 __all__ = ["register", "run"]
 
 DEFAULT_DIR = Path("var") / "sim"
-DEFAULT_ROUNDS = 6000
+DEFAULT_ROUNDS = 4000
 
 
 def register(commands: Any) -> None:
@@ -39,7 +42,7 @@ def register(commands: Any) -> None:
     sim.add_argument("--fresh", action="store_true", help="delete a previous run's queue first")
     sim.add_argument("--shards", type=int, default=4, help="basechain shards, a power of 2")
     length = sim.add_mutually_exclusive_group()
-    length.add_argument("--rounds", type=int, default=None, help="rounds (default 6000)")
+    length.add_argument("--rounds", type=int, default=None, help="rounds (default 4000)")
     length.add_argument("--duration", type=float, default=None, help="seconds instead of rounds")
     sim.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     sim.add_argument("--fanout", type=int, default=2, help="max messages sent per executed one")
@@ -140,5 +143,23 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     return 0 if result.verified else 1
 
 
+def _quiet_child() -> None:
+    """The queue process logs warnings only, as the command does by default."""
+    configure_for_cli("warning")
+
+
+def _kill(queue: SimQueue) -> None:
+    if isinstance(queue, ChildQueue):
+        queue.kill()
+    else:  # pragma: no cover - only a ChildQueue is ever given
+        queue.close()
+
+
 def _build(config: SimConfig, args: argparse.Namespace, progress: _Progress) -> Simulation:
+    if args.kill:
+
+        def opener(path: Path, queue_config: QueueConfig) -> SimQueue:
+            return ChildQueue(path, queue_config, setup=_quiet_child)
+
+        return Simulation(config, opener=opener, on_round=progress, crash=_kill)
     return Simulation(config, on_round=progress)

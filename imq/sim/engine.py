@@ -28,7 +28,6 @@ from imq import (
     ImqError,
     IteratedMessage,
     Message,
-    PendingDiff,
     Queue,
     QueueConfig,
     QueueDiff,
@@ -42,6 +41,7 @@ from imq.sim.world import ZERO_HASH, World, busiest_router, derive_rng, diff_has
 __all__ = [
     "MessageId",
     "Opener",
+    "PendingLike",
     "SimConfig",
     "SimQueue",
     "SimResult",
@@ -61,6 +61,14 @@ class SimulationError(ImqError):
     """The simulation could not go on: an operation returned what no correct queue returns."""
 
 
+class PendingLike(Protocol):
+    """A prepared diff: :class:`imq.PendingDiff` or a stand-in for one."""
+
+    def write(self) -> None: ...
+
+    def discard(self) -> None: ...
+
+
 class SimQueue(Protocol):
     """What the simulation calls on a queue: a :class:`imq.Queue` or a wrapper of one."""
 
@@ -71,7 +79,7 @@ class SimQueue(Protocol):
         diff_hash: bytes,
         statistics: DiffStatistics | None = None,
         check_sequence: DiffZone | None = None,
-    ) -> PendingDiff | None: ...
+    ) -> PendingLike | None: ...
 
     def commit_diff(
         self, top_blocks: Sequence[TopBlock], partitions: Sequence[int] = PARTITIONS

@@ -11,7 +11,8 @@ import pytest
 
 from imq import IteratedMessage, Queue, QueueConfig, QueueShardRange, ShardIdent
 from imq.cli.main import main
-from imq.sim import SimConfig, Simulation, SimulationError
+from imq.sim import SimConfig, SimQueue, Simulation, SimulationError
+from imq.sim.child import ChildQueue
 
 FAULTY = {"restart_rate": 0.08, "reset_rate": 0.05, "cancel_rate": 0.15}
 
@@ -104,3 +105,14 @@ def test_cli_prints_the_verdict_first(tmp_path: Path, capsys: pytest.CaptureFixt
     assert out.splitlines()[0].startswith("exactly-once: verified, ")
     assert "messages delivered" in out and "prepare_diff" in out
     assert (tmp_path / "report.json").exists()
+
+
+def test_kill_runs_the_queue_in_a_child_and_kills_it(tmp_path: Path) -> None:
+    def kill(queue: SimQueue) -> None:
+        assert isinstance(queue, ChildQueue)
+        queue.kill()
+
+    config = SimConfig(directory=tmp_path, rounds=50, seed=5, **FAULTY)
+    result = Simulation(config, opener=ChildQueue, crash=kill).run()
+    assert result.verified, result.verdict()
+    assert result.kills >= 1
