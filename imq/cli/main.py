@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from imq.cli import demo, inspect, simulate, state
+from imq.cli import demo, inspect, replay, simulate, state
 from imq.errors import ImqError
 from imq.observability import configure_for_cli
 from imq.types import ShardIdent
@@ -44,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print the summary as JSON")
     _state_commands(commands)
     simulate.register(commands)
+    replay.register(commands)
     return parser
 
 

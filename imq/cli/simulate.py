@@ -7,6 +7,7 @@ the summary table and where the JSON and the picture are on stdout.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,9 @@ from imq.config import QueueConfig
 from imq.observability import configure_for_cli
 from imq.sim import SimConfig, SimQueue, SimResult, Simulation
 from imq.sim.child import ChildQueue
+from imq.sim.engine import Opener, default_opener
 from imq.sim.report import PlotUnavailableError, table, write_json, write_plot
+from imq.testing.record import OpLog, RecordingQueue
 
 __all__ = ["register", "run"]
 
@@ -118,14 +121,20 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         fanout=args.fanout,
         fresh=args.fresh,
         commit_every=args.commit_every,
-        gc_every=args.gc_every,
+        # A recording needs GC at chosen points, not on a timer, to replay step by step.
+        gc_every=args.gc_every or (5 if args.record is not None else 0),
     )
     progress = _Progress(rounds, args.duration, err)
-    sim = _build(config, args, progress)
-    try:
-        result = sim.run()
-    finally:
-        progress.close()
+    with contextlib.ExitStack() as stack:
+        log = None
+        if args.record is not None:
+            args.record.parent.mkdir(parents=True, exist_ok=True)
+            log = OpLog(stack.enter_context(args.record.open("w", encoding="utf-8")))
+        sim = _build(config, args, progress, log)
+        try:
+            result = sim.run()
+        finally:
+            progress.close()
     print(result.verdict(), file=out)
     print(table(result), file=out)
     json_path = config.directory / "report.json"
@@ -149,17 +158,25 @@ def _quiet_child() -> None:
 
 
 def _kill(queue: SimQueue) -> None:
-    if isinstance(queue, ChildQueue):
+    if isinstance(queue, ChildQueue | RecordingQueue):
         queue.kill()
     else:  # pragma: no cover - only a ChildQueue is ever given
         queue.close()
 
 
-def _build(config: SimConfig, args: argparse.Namespace, progress: _Progress) -> Simulation:
-    if args.kill:
+def _child(path: Path, queue_config: QueueConfig) -> SimQueue:
+    return ChildQueue(path, queue_config, setup=_quiet_child)
+
+
+def _build(
+    config: SimConfig, args: argparse.Namespace, progress: _Progress, log: OpLog | None
+) -> Simulation:
+    base: Opener = _child if args.kill else default_opener
+    opener = base
+    if log is not None:
 
         def opener(path: Path, queue_config: QueueConfig) -> SimQueue:
-            return ChildQueue(path, queue_config, setup=_quiet_child)
+            return log.open(base, path, queue_config)
 
-        return Simulation(config, opener=opener, on_round=progress, crash=_kill)
-    return Simulation(config, on_round=progress)
+    crash = _kill if args.kill else None
+    return Simulation(config, opener=opener, on_round=progress, crash=crash)

@@ -45,7 +45,6 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from model import DiffInput, QueueModel
 
 from imq import (
     Address,
@@ -65,6 +64,7 @@ from imq import (
     ShardIdent,
     TopBlock,
 )
+from imq.testing.model import DiffInput, QueueModel
 
 # ---------------------------------------------------------------------------------------------
 # The world: shards, accounts, partitions
