@@ -1,4 +1,4 @@
-"""The whole queue against a plain-Python model (``tests/model.py``).
+"""The whole queue against a plain-Python model (``imq.testing.model``).
 
 A hypothesis ``RuleBasedStateMachine`` drives a real ``Queue`` (RocksDB in a fresh
 temporary directory per example) and the model with the same operations: apply,
