@@ -8,9 +8,9 @@ A host application wraps its queue to capture what a live collator did::
     ...                                          # use queue as a Queue
     queue.close()                                # records "close"
 
-An iterator is recorded when it is closed (or exhausted), with the messages it
-yielded and its position: the log assumes nothing writes to the queue between an
-iterator's creation and its close, as in a single-threaded collator.
+An iterator is written when it is closed (or exhausted), with the messages it yielded
+and its position, under the step number of its creation: an iterator reads one
+snapshot, so a replay runs it at that step, and a reader orders lines by step.
 """
 
 from __future__ import annotations
@@ -65,11 +65,23 @@ class OpLog:
     def _write(self, obj: dict[str, Any]) -> None:
         self._sink.write(json.dumps(obj, separators=(",", ":")) + "\n")
 
-    def record(
-        self, op: str, args: dict[str, Any], result: Any = None, error: BaseException | None = None
-    ) -> None:
+    def reserve_step(self) -> int:
+        """Take the next step number now for a line written later (an iterator's)."""
         self._step += 1
-        line: dict[str, Any] = {"step": self._step, "op": op, "args": args}
+        return self._step
+
+    def record(
+        self,
+        op: str,
+        args: dict[str, Any],
+        result: Any = None,
+        error: BaseException | None = None,
+        *,
+        step: int | None = None,
+    ) -> None:
+        if step is None:
+            step = self.reserve_step()
+        line: dict[str, Any] = {"step": step, "op": op, "args": args}
         if error is not None:
             line["error"] = {"type": type(error).__name__, "message": str(error)}
         else:
@@ -112,12 +124,18 @@ class RecordingPending:
         self._inner = inner
         self._log = log
         self.token = token
+        self._finished = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
     def write(self) -> None:
         self._log.call("write", {"pending": self.token}, self._inner.write, _same)
+        self._finished = True
 
     def discard(self) -> None:
         self._log.call("discard", {"pending": self.token}, self._inner.discard, _same)
+        self._finished = True
 
     def __enter__(self) -> RecordingPending:
         return self
@@ -125,7 +143,8 @@ class RecordingPending:
     def __exit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.discard()
+        if not self._finished:
+            self.discard()
 
 
 class RecordingIterator:
@@ -137,6 +156,7 @@ class RecordingIterator:
         self._args = args
         self._seen: list[Any] = []
         self._done = False
+        self._step = log.reserve_step()
 
     def __iter__(self) -> Iterator[IteratedMessage]:
         return self
@@ -160,7 +180,7 @@ class RecordingIterator:
         self._done = True
         position = {str(s): enc_key(k) for s, k in sorted(self.current_position().items())}
         result = {"messages": self._seen, "exhausted": exhausted, "position": position}
-        self._log.record("iterate", self._args, result)
+        self._log.record("iterate", self._args, result, step=self._step)
 
     def close(self) -> None:
         self._finish(exhausted=False)

@@ -74,7 +74,8 @@ def read_log(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     header = json.loads(lines[0])
     if header.get("imq_ops") != c.FORMAT_VERSION:
         raise ValueError(f"{path}: not an imq op log of version {c.FORMAT_VERSION}")
-    return header, [json.loads(line) for line in lines[1:] if line.strip()]
+    steps = [json.loads(line) for line in lines[1:] if line.strip()]
+    return header, sorted(steps, key=lambda line: int(line["step"]))
 
 
 def _outcome(fn: Any, enc: Any) -> dict[str, Any]:
@@ -136,7 +137,7 @@ class _Replayer:
             raise ReplayDivergenceError(step, op, f"the log says {recorded}, the queue now {real}")
         if model != real:
             raise ReplayDivergenceError(step, op, f"the queue gives {real}, the model {model}")
-        if op in MUTATING and self.queue is not None:
+        if op in MUTATING and self.queue is not None and "error" not in real:
             difference = self._compare_state()
             if difference is not None:
                 raise ReplayDivergenceError(step, op, difference)
@@ -154,8 +155,10 @@ class _Replayer:
             self.queue = Queue.open(self.db, config, zerostate_seqno=self.zerostate)
             return none, none
         if op in ("close", "kill"):
-            for p in self.real_pending.values():
-                p.discard()
+            if self.queue is None:  # closing a closed queue is a no-op
+                return none, none
+            for token in self.model_pending:
+                self.real_pending[token].discard()
             self.real_pending.clear()
             self.model_pending.clear()
             self.q().close()
@@ -191,11 +194,13 @@ class _Replayer:
             )
         if op in ("write", "discard"):
             token = int(a["pending"])
-            pending = self.real_pending.pop(token)
-            inp = self.model_pending.pop(token)
+            pending = self.real_pending[token]
+            staged = self.model_pending.pop(token, None)  # None: already written or discarded
             real = _outcome(pending.write if op == "write" else pending.discard, lambda v: None)
-            if op == "write" and "error" not in real:
-                m._write(inp)
+            if op == "write" and "error" not in real and staged is not None:
+                m._write(staged)
+            # The model has no pending diffs: using one twice is the PendingDiff's own
+            # check (ImqError), so the model agrees with whatever the queue says.
             return real, real
         if op == "commit_diff":
             tops = [c.dec_top(t) for t in a["top_blocks"]]
@@ -387,8 +392,8 @@ def _replay(header: dict[str, Any], lines: list[dict[str, Any]], db: Path) -> Re
             r.step(line)
     finally:
         if r.queue is not None:
-            for p in r.real_pending.values():
-                p.discard()
+            for token in r.model_pending:
+                r.real_pending[token].discard()
             r.queue.close()
     return ReplayReport(steps=len(lines), checks=r.checks)
 
