@@ -538,16 +538,18 @@ class Simulation:
             dsts[m.dst] = dsts.get(m.dst, 0) + 1
         router = busiest_router(dsts, threshold=3, top=2)
         seqno = state.seqno + 1
-        diff = QueueDiff(created, processed, router, prev_hash=state.top_hash)
-        if created:
-            low, high = diff.messages[0].key, diff.messages[-1].key
-        else:
-            low, high = QueueKey.min_for_lt(start_lt), QueueKey.max_for_lt(end_lt)
-        stats = DiffStatistics.from_diff(diff, shard, low, high)
-        digest = diff_hash_of(diff, shard, seqno, stats)
+        # The block's real lt span: an empty block stores min_for_lt(start)..max_for_lt(end).
+        diff = QueueDiff(
+            created, processed, router, state.top_hash, start_lt=start_lt, end_lt=end_lt
+        )
+        bounds = diff.bounds
+        if bounds is None:  # pragma: no cover - a diff with a span always has bounds
+            raise SimulationError(f"no bounds for the diff of {shard}:{seqno}")
+        high = bounds[1]
+        digest = diff_hash_of(diff, shard, seqno, bounds)
         block = BlockIdShort(shard, seqno)
         started = time.perf_counter()
-        pending = self._q().prepare_diff(diff, block, digest, stats, DiffZone.UNCOMMITTED)
+        pending = self._q().prepare_diff(diff, block, digest, None, DiffZone.UNCOMMITTED)
         self._timed("prepare_diff", started)
         if pending is None:
             raise SimulationError(f"prepare_diff of {block} was skipped as already applied")

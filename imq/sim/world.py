@@ -14,7 +14,6 @@ from blake3 import blake3
 from imq import (
     LOW_PRIORITY_PARTITION,
     Address,
-    DiffStatistics,
     PartitionRouter,
     QueueDiff,
     QueueKey,
@@ -107,7 +106,7 @@ def _router_tl(router: PartitionRouter) -> tuple[tuple[tuple[int, tuple[Address,
 
 
 def diff_hash_of(
-    diff: QueueDiff, shard: ShardIdent, seqno: int, statistics: DiffStatistics
+    diff: QueueDiff, shard: ShardIdent, seqno: int, bounds: tuple[QueueKey, QueueKey]
 ) -> bytes:
     """The real diff hash: BLAKE3 of the block's TL queue diff (``imq.state.tl``)."""
     src, dst = _router_tl(diff.router)
@@ -116,8 +115,8 @@ def diff_hash_of(
         shard=shard,
         seqno=seqno,
         processed_to=tuple(sorted(diff.processed_to.items())),
-        min_message=statistics.min_message,
-        max_message=statistics.max_message,
+        min_message=bounds[0],
+        max_message=bounds[1],
         hashes=b"".join(sorted(m.key.hash for m in diff.messages)),
         router_src=src,
         router_dst=dst,

@@ -102,6 +102,10 @@ def enc_diff(diff: QueueDiff) -> dict[str, Json]:
         "router_src": _enc_partitions(diff.router.src_partitions()),
         "router_dst": _enc_partitions(diff.router.dst_partitions()),
         "prev_hash": None if diff.prev_hash is None else diff.prev_hash.hex(),
+        "start_lt": diff.start_lt,
+        "end_lt": diff.end_lt,
+        "min_key": None if diff.min_key is None else enc_key(diff.min_key),
+        "max_key": None if diff.max_key is None else enc_key(diff.max_key),
     }
     return out
 
@@ -109,11 +113,16 @@ def enc_diff(diff: QueueDiff) -> dict[str, Json]:
 def dec_diff(v: Mapping[str, Json]) -> QueueDiff:
     router = PartitionRouter(_dec_partitions(v["router_src"]), _dec_partitions(v["router_dst"]))
     prev = v.get("prev_hash")
+    min_key, max_key = v.get("min_key"), v.get("max_key")
     return QueueDiff(
         [dec_message(m) for m in v["messages"]],
         {dec_shard(s): dec_key(k) for s, k in v["processed_to"].items()},
         router,
         prev_hash=None if prev is None else bytes.fromhex(prev),
+        start_lt=v.get("start_lt"),
+        end_lt=v.get("end_lt"),
+        min_key=None if min_key is None else dec_key(min_key),
+        max_key=None if max_key is None else dec_key(max_key),
     )
 
 

@@ -107,7 +107,7 @@ def _diff_input(args: dict[str, Any]) -> tuple[QueueDiff, Any, DiffInput]:
         router_src=src,
         router_dst=dst,
         prev_hash=diff.prev_hash,
-        bounds=None if stats is None else (stats.min_message, stats.max_message),
+        bounds=diff.bounds if stats is None else (stats.min_message, stats.max_message),
     )
     return diff, stats, model_input
 
