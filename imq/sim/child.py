@@ -29,6 +29,7 @@ from imq import (
     Queue,
     QueueConfig,
     QueueDiff,
+    QueueKey,
     QueueShardRange,
     ShardIdent,
     TopBlock,
@@ -173,6 +174,27 @@ class ChildQueue:
     ) -> _ChildPending | None:
         token = self._call("prepare_diff", diff, block, diff_hash, statistics, check_sequence)
         return None if token is None else _ChildPending(self, token)
+
+    def apply_diff(
+        self,
+        diff: QueueDiff,
+        block: BlockIdShort,
+        diff_hash: bytes,
+        statistics: DiffStatistics | None = None,
+        check_sequence: DiffZone | None = None,
+    ) -> bool:
+        return bool(self._call("apply_diff", diff, block, diff_hash, statistics, check_sequence))
+
+    def get_diffs_tail_len(self, shard: ShardIdent, from_key: QueueKey) -> int:
+        return int(self._call("get_diffs_tail_len", shard, from_key))
+
+    def get_last_committed_mc_block_id(self) -> BlockId | None:
+        result: BlockId | None = self._call("get_last_committed_mc_block_id")
+        return result
+
+    def export_state(self, shard: ShardIdent, seqno: int, tail_len: int, dest: Any) -> Any:
+        """``dest`` must be a path (the child writes the file)."""
+        return self._call("export_state", shard, seqno, tail_len, dest)
 
     def commit_diff(
         self, top_blocks: Sequence[TopBlock], partitions: Sequence[int] = (0, 1)

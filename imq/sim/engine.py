@@ -108,6 +108,21 @@ class SimQueue(Protocol):
 
     def close(self) -> None: ...
 
+    def apply_diff(
+        self,
+        diff: QueueDiff,
+        block: BlockIdShort,
+        diff_hash: bytes,
+        statistics: DiffStatistics | None = None,
+        check_sequence: DiffZone | None = None,
+    ) -> bool: ...
+
+    def get_diffs_tail_len(self, shard: ShardIdent, from_key: QueueKey) -> int: ...
+
+    def get_last_committed_mc_block_id(self) -> BlockId | None: ...
+
+    def export_state(self, shard: ShardIdent, seqno: int, tail_len: int, dest: Any) -> Any: ...
+
 
 Opener = Callable[[Path, QueueConfig], SimQueue]
 
@@ -136,6 +151,7 @@ class SimConfig:
     reset_rate: float = 0.01  # share of rounds ending in a clear of the uncommitted zone
     gc_every: int = 0  # 0: background GC on its interval; n: an explicit run_gc every n rounds
     gc_interval: float = 0.25
+    nodes: int = 1  # node processes: one collates each shard, the others apply its diffs
     max_drain_rounds: int = 5_000
 
     def __post_init__(self) -> None:
@@ -145,6 +161,8 @@ class SimConfig:
             raise ValueError(f"rounds must be at least 1, got {self.rounds}")
         if self.fanout < 0:
             raise ValueError(f"fanout must be >= 0, got {self.fanout}")
+        if self.nodes < 1:
+            raise ValueError(f"nodes must be at least 1, got {self.nodes}")
         if self.commit_every < 1 or self.read_limit < 1:
             raise ValueError("commit_every and read_limit must be at least 1")
 
@@ -222,12 +240,14 @@ class SimResult:
     lost: int = 0
     duplicated: int = 0
     violations: list[Violation] = field(default_factory=list)
+    disagreements: list[str] = field(default_factory=list)  # between nodes (--nodes)
+    agreed_exports: int = 0
     latencies: dict[str, list[float]] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
 
     @property
     def verified(self) -> bool:
-        return not self.violations
+        return not self.violations and not self.disagreements
 
     @property
     def messages_per_second(self) -> float:
@@ -241,6 +261,8 @@ class SimResult:
         )
         if self.violations:
             line += f"; first: {self.violations[0]}"
+        elif self.disagreements:
+            line += f"; nodes disagree: {self.disagreements[0]}"
         return line
 
 
@@ -280,7 +302,8 @@ class Simulation:
         self.on_round = on_round
         self.crash = crash
         self.result = SimResult(config)
-        self.queue: SimQueue | None = None
+        self.queue: SimQueue | None = None  # node 0
+        self.followers: list[SimQueue] = []  # nodes 1..M-1
         # Every collator names every source shard in processed_to from its first block on:
         # a shard it leaves out does not hold GC back, so GC could take its unread messages.
         start = tuple(sorted((s, QueueKey.MIN) for s in self.world.shards))
@@ -307,14 +330,25 @@ class Simulation:
     def _timed(self, op: str, started: float) -> None:
         self.result.latencies.setdefault(op, []).append(time.perf_counter() - started)
 
+    def _nodes(self) -> list[SimQueue]:
+        return [self._q(), *self.followers]
+
+    def _node(self, shard: ShardIdent) -> SimQueue:
+        """The node that collates ``shard``."""
+        return self._nodes()[self.world.shards.index(shard) % self.config.nodes]
+
     def _open(self) -> None:
-        started = time.perf_counter()
-        self.queue = self.opener(self.db_path, self.config.queue_config())
-        self._timed("open", started)
-        started = time.perf_counter()
         last = self.last_mc if self.last_mc is not None else BlockId(MC, 0)
-        self._q().startup(last, list(self.world.shards))
-        self._timed("startup", started)
+        opened: list[SimQueue] = []
+        for path in self.db_paths:
+            started = time.perf_counter()
+            queue = self.opener(path, self.config.queue_config())
+            self._timed("open", started)
+            started = time.perf_counter()
+            queue.startup(last, list(self.world.shards))
+            self._timed("startup", started)
+            opened.append(queue)
+        self.queue, self.followers = opened[0], opened[1:]
         self._roll_back()
 
     def _gc_counters(self) -> tuple[int, int, int]:
@@ -332,13 +366,15 @@ class Simulation:
         self._gc_base += collected
         self._gc_deletions_base += deletions
         self._gc_passes_base += passes
-        started = time.perf_counter()
-        if crash and self.crash is not None:
-            self.crash(self.queue)
-        else:
-            self.queue.close()
-        self._timed("close", started)
+        for queue in [self.queue, *self.followers]:
+            started = time.perf_counter()
+            if crash and self.crash is not None:
+                self.crash(queue)
+            else:
+                queue.close()
+            self._timed("close", started)
         self.queue = None
+        self.followers = []
 
     def _update_gc_totals(self) -> None:
         collected, deletions, passes = self._gc_counters()
@@ -351,24 +387,34 @@ class Simulation:
     # -- the run -----------------------------------------------------------------------------
 
     @property
+    def db_paths(self) -> list[Path]:
+        """``queue`` for node 0, ``queue-node<i>`` for the others."""
+        d = self.config.directory
+        return [d / "queue" if i == 0 else d / f"queue-node{i}" for i in range(self.config.nodes)]
+
+    @property
     def db_path(self) -> Path:
-        return self.config.directory / "queue"
+        return self.db_paths[0]
 
     def run(self) -> SimResult:
         directory = self.config.directory
-        if self.config.fresh and self.db_path.exists():
-            shutil.rmtree(self.db_path)
+        for path in self.db_paths:
+            if self.config.fresh and path.exists():
+                shutil.rmtree(path)
         directory.mkdir(parents=True, exist_ok=True)
-        if self.db_path.exists() and any(self.db_path.iterdir()):
-            raise SimulationError(
-                f"{self.db_path} holds the queue of a previous run; use --fresh to start over"
-            )
+        for path in self.db_paths:
+            if path.exists() and any(path.iterdir()):
+                raise SimulationError(
+                    f"{path} holds the queue of a previous run; use --fresh to start over"
+                )
         self._started = time.perf_counter()
         try:
             self._open()
             self._main_phase()
             self._drain()
             self._final_check()
+            if self.followers:
+                self._agree()
         finally:
             self.result.seconds = time.perf_counter() - self._started
             self._update_gc_totals()
@@ -422,15 +468,19 @@ class Simulation:
         started = time.perf_counter()
         pointers = self._q().get_commit_pointers()
         self._timed("get_commit_pointers", started)
+        for i, node in enumerate(self.followers, start=1):
+            if node.get_commit_pointers() != pointers:
+                raise SimulationError(f"node {i} disagrees with node 0 on the commit pointers")
         for shard in self.world.basechain:
             self._collate(shard, round_no, pointers, drain=drain)
         if drain or round_no % cfg.commit_every == 0:
             self._collate(MC, round_no, pointers, drain=drain)
             self._commit()
         if cfg.gc_every and round_no % cfg.gc_every == 0:
-            started = time.perf_counter()
-            self._q().run_gc()
-            self._timed("run_gc", started)
+            for node in self._nodes():
+                started = time.perf_counter()
+                node.run_gc()
+                self._timed("run_gc", started)
             self._explicit_gc += 1
         if not drain:
             fault = rng.random()
@@ -453,9 +503,10 @@ class Simulation:
         self._open()
 
     def _reset(self) -> None:
-        started = time.perf_counter()
-        self._q().clear_uncommitted_state(PARTITIONS, list(self.world.shards))
-        self._timed("clear_uncommitted_state", started)
+        for node in self._nodes():
+            started = time.perf_counter()
+            node.clear_uncommitted_state(PARTITIONS, list(self.world.shards))
+            self._timed("clear_uncommitted_state", started)
         self.result.resets += 1
         self._roll_back()
 
@@ -498,7 +549,7 @@ class Simulation:
         if not ranges:
             return []
         started = time.perf_counter()
-        queue = self._q()
+        queue = self._node(shard)
         iterators = [queue.iterator(p, ranges, shard) for p in PARTITIONS]
         try:
             merged: Iterator[IteratedMessage] = heapq.merge(*iterators, key=lambda m: m.message.key)
@@ -549,7 +600,7 @@ class Simulation:
         digest = diff_hash_of(diff, shard, seqno, bounds)
         block = BlockIdShort(shard, seqno)
         started = time.perf_counter()
-        pending = self._q().prepare_diff(diff, block, digest, None, DiffZone.UNCOMMITTED)
+        pending = self._node(shard).prepare_diff(diff, block, digest, None, DiffZone.UNCOMMITTED)
         self._timed("prepare_diff", started)
         if pending is None:
             raise SimulationError(f"prepare_diff of {block} was skipped as already applied")
@@ -562,6 +613,12 @@ class Simulation:
         started = time.perf_counter()
         pending.write()
         self._timed("write", started)
+        for node in self._nodes():
+            if node is not self._node(shard):  # the other nodes apply the block's diff
+                started = time.perf_counter()
+                if not node.apply_diff(diff, block, digest, None, DiffZone.UNCOMMITTED):
+                    raise SimulationError(f"a node skipped the diff of {block} as applied")
+                self._timed("apply_diff", started)
         new_state = ShardState(
             seqno=seqno,
             lt=end_lt,
@@ -619,11 +676,12 @@ class Simulation:
                 continue
             updated = state.seqno != self.committed[shard].seqno
             tops.append(TopBlock(BlockId(shard, state.seqno), mc_seqno, updated))
-        started = time.perf_counter()
-        done = self._q().commit_diff(tops, PARTITIONS)
-        self._timed("commit_diff", started)
-        if not done:
-            raise SimulationError(f"commit on masterchain block {mc_seqno} was skipped")
+        for node in self._nodes():
+            started = time.perf_counter()
+            done = node.commit_diff(tops, PARTITIONS)
+            self._timed("commit_diff", started)
+            if not done:
+                raise SimulationError(f"commit on masterchain block {mc_seqno} was skipped")
         self.last_mc = BlockId(MC, mc_seqno)
         self.result.commits += 1
         for shard, blocks in self.uncommitted.items():
@@ -685,8 +743,46 @@ class Simulation:
         )
 
     def _final_check(self) -> None:
+        for node in self._nodes():
+            self._final_check_node(node)
+
+    def _agree(self) -> None:
+        """Every node holds the same queue: byte-identical exports of every shard's top
+        block, the same diff hash there, pointers and last committed block."""
+        leader = self._q()
+        for i, node in enumerate(self.followers, start=1):
+            checks = [
+                ("commit pointers", leader.get_commit_pointers(), node.get_commit_pointers()),
+                (
+                    "last committed block",
+                    leader.get_last_committed_mc_block_id(),
+                    node.get_last_committed_mc_block_id(),
+                ),
+            ]
+            for what, mine, theirs in checks:
+                if mine != theirs:
+                    self.result.disagreements.append(f"node {i}: {what} differ from node 0's")
+        for shard in self.world.shards:
+            seqno = self.current[shard].seqno
+            if seqno == 0:
+                continue
+            tail = leader.get_diffs_tail_len(shard, QueueKey.MIN)
+            exports: list[bytes] = []
+            for i, node in enumerate(self._nodes()):
+                path = self.config.directory / f"export-node{i}-{str(shard).replace(':', '_')}.bin"
+                node.export_state(shard, seqno, tail, path)
+                exports.append(path.read_bytes())
+                path.unlink()
+            for i, data in enumerate(exports[1:], start=1):
+                if data != exports[0]:
+                    self.result.disagreements.append(
+                        f"node {i}: the export of {shard}:{seqno} (tail {tail}) differs from "
+                        "node 0's"
+                    )
+            self.result.agreed_exports += 1
+
+    def _final_check_node(self, queue: SimQueue) -> None:
         """After the drain's last commit: one GC pass, then nothing may remain stored."""
-        queue = self._q()
         started = time.perf_counter()
         queue.run_gc()
         self._timed("run_gc", started)

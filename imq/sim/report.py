@@ -25,6 +25,7 @@ def summary_rows(result: SimResult) -> list[tuple[str, str]]:
     cfg = result.config
     rows = [
         ("seed / shards / fan-out", f"{cfg.seed} / {cfg.shards} + masterchain / {cfg.fanout}"),
+        ("nodes", f"{cfg.nodes}"),
         ("rounds (+ drain)", f"{result.rounds:,} (+ {result.drain_rounds:,})"),
         ("blocks written / committed", f"{result.blocks:,} / {result.blocks_committed:,}"),
         ("commits (masterchain blocks)", f"{result.commits:,}"),
@@ -76,7 +77,11 @@ def to_json(result: SimResult) -> dict[str, Any]:
             "fanout": cfg.fanout,
             "commit_every": cfg.commit_every,
             "read_limit": cfg.read_limit,
+            "nodes": cfg.nodes,
         },
+        "nodes_agree": not result.disagreements,
+        "node_disagreements": result.disagreements,
+        "agreed_exports": result.agreed_exports,
         "rounds": result.rounds,
         "drain_rounds": result.drain_rounds,
         "blocks": result.blocks,
