@@ -250,6 +250,11 @@ class SimResult:
         return not self.violations and not self.disagreements
 
     @property
+    def queue_seconds(self) -> float:
+        """Wall time spent inside queue calls (every timed operation)."""
+        return sum(sum(samples) for samples in self.latencies.values())
+
+    @property
     def messages_per_second(self) -> float:
         return self.messages_delivered / self.seconds if self.seconds > 0 else 0.0
 

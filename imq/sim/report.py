@@ -38,6 +38,11 @@ def summary_rows(result: SimResult) -> list[tuple[str, str]]:
         ("GC passes", f"{result.gc_passes:,}"),
         ("GC deletions / messages collected", f"{result.gc_deletions:,} / {result.gc_collected:,}"),
         ("wall time", f"{result.seconds:,.1f} s"),
+        (
+            "time inside queue calls",
+            f"{result.queue_seconds:,.1f} s "
+            f"({100 * result.queue_seconds / max(result.seconds, 1e-9):.0f}% of wall time)",
+        ),
         ("end-to-end messages/s", f"{result.messages_per_second:,.0f}"),
     ]
     return rows
@@ -100,6 +105,7 @@ def to_json(result: SimResult) -> dict[str, Any]:
         "gc_deletions": result.gc_deletions,
         "gc_messages_collected": result.gc_collected,
         "seconds": result.seconds,
+        "queue_seconds": result.queue_seconds,
         "messages_per_second": result.messages_per_second,
         "operations": ops,
         "violations": [str(v) for v in result.violations[:100]],
