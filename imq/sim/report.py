@@ -139,15 +139,25 @@ def write_plot(result: SimResult, path: Path) -> None:
             "matplotlib is not installed: no report.png (pip install 'imq[plot]')"
         ) from exc
     samples = result.samples
-    rounds = [s.round for s in samples]
+    # Long runs: one point per bucket of rounds (the mean), so the lines stay readable.
+    size = max(1, -(-len(samples) // 400))
+    buckets = [samples[i : i + size] for i in range(0, len(samples), size)]
+    rounds = [b[-1].round for b in buckets]
     shards = sorted({k for s in samples for k in s.committed_depth})
+
+    def mean(values: list[int]) -> float:
+        return sum(values) / len(values)
+
     fig, axes = plt.subplots(3, 1, figsize=(10, 9), sharex=True)
     for shard in shards:
-        axes[0].plot(rounds, [s.committed_depth.get(shard, 0) for s in samples], label=shard)
-        axes[1].plot(rounds, [s.uncommitted.get(shard, 0) for s in samples], label=shard)
-    axes[0].set_ylabel("committed, unread\n(by destination)")
-    axes[1].set_ylabel("in uncommitted diffs\n(by source)")
-    axes[2].plot(rounds, [s.gc_collected for s in samples], color="tab:green")
+        depth = [mean([s.committed_depth.get(shard, 0) for s in b]) for b in buckets]
+        pending = [mean([s.uncommitted.get(shard, 0) for s in b]) for b in buckets]
+        axes[0].plot(rounds, depth, label=shard)
+        axes[1].plot(rounds, pending, label=shard)
+    per = f" (mean of {size} rounds)" if size > 1 else ""
+    axes[0].set_ylabel(f"committed, unread\n(by destination){per}")
+    axes[1].set_ylabel(f"in uncommitted diffs\n(by source){per}")
+    axes[2].plot(rounds, [b[-1].gc_collected for b in buckets], color="tab:green")
     axes[2].set_ylabel("collected by GC\n(cumulative)")
     axes[2].set_xlabel("round")
     if result.rounds:
