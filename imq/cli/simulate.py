@@ -118,6 +118,9 @@ class _Progress:
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    if args.record is not None and args.nodes > 1:
+        print("imq: --record logs one queue; it cannot be combined with --nodes", file=err)
+        return 2
     rounds = args.rounds if args.rounds is not None or args.duration is not None else DEFAULT_ROUNDS
     config = SimConfig(
         directory=args.dir,
