@@ -69,7 +69,8 @@ def _serve(
                 result = None
             elif op == "iterator":
                 with queue.iterator(*args) as it:
-                    result = list(it)
+                    steps = [(item, it.current_position()) for item in it]
+                    result = (steps, it.current_position())
             elif op == "close":
                 queue.close()
                 conn.send(("ok", None))
@@ -89,18 +90,34 @@ def _serve(
             conn.send(("ok", result))
 
 
+Position = dict[ShardIdent, QueueKey]
+
+
 class _ListIterator:
-    def __init__(self, items: list[IteratedMessage]) -> None:
-        self._items = iter(items)
+    """The child's iterator output: each message with the position after it, and the
+    position once exhausted, so ``current_position`` answers as the real one does."""
+
+    def __init__(self, steps: list[tuple[IteratedMessage, Position]], final: Position) -> None:
+        self._steps = iter(steps)
+        self._final = final
+        self._position: Position = {}
 
     def __iter__(self) -> Iterator[IteratedMessage]:
-        return self._items
+        return self
 
     def __next__(self) -> IteratedMessage:
-        return next(self._items)
+        try:
+            item, self._position = next(self._steps)
+        except StopIteration:
+            self._position = self._final
+            raise
+        return item
+
+    def current_position(self) -> Position:
+        return dict(self._position)
 
     def close(self) -> None:
-        self._items = iter(())
+        self._steps = iter(())
 
     def __enter__(self) -> _ListIterator:
         return self
@@ -217,7 +234,8 @@ class ChildQueue:
     def iterator(
         self, partition: int, ranges: Sequence[QueueShardRange], for_shard: ShardIdent
     ) -> _ListIterator:
-        return _ListIterator(self._call("iterator", partition, list(ranges), for_shard))
+        steps, final = self._call("iterator", partition, list(ranges), for_shard)
+        return _ListIterator(steps, final)
 
     def get_commit_pointers(self) -> dict[ShardIdent, CommitPointer]:
         result: dict[ShardIdent, CommitPointer] = self._call("get_commit_pointers")

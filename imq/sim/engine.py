@@ -490,7 +490,7 @@ class Simulation:
         if not drain:
             fault = rng.random()
             if fault < cfg.restart_rate:
-                self._restart(crash=rng.random() < 0.5)
+                self._restart(round_no, crash=rng.random() < 0.5)
             elif fault < cfg.restart_rate + cfg.reset_rate:
                 self._reset()
         self._sample(round_no)
@@ -499,11 +499,16 @@ class Simulation:
 
     # -- faults ------------------------------------------------------------------------------
 
-    def _restart(self, *, crash: bool) -> None:
+    def _restart(self, round_no: int, *, crash: bool) -> None:
         self.result.restarts += 1
         self.result.resets += 1
         if crash and self.crash is not None:
             self.result.kills += 1
+            # Killed mid-collation: one shard has prepared its next diff, not written it.
+            rng = derive_rng(self.config.seed, "crash", round_no)
+            shard = self.world.basechain[rng.randrange(len(self.world.basechain))]
+            pointers = self._q().get_commit_pointers()
+            self._collate(shard, round_no, pointers, drain=False, crash_pending=True)
         self._close(crash=crash)
         self._open()
 
@@ -572,9 +577,12 @@ class Simulation:
         pointers: dict[ShardIdent, CommitPointer],
         *,
         drain: bool,
+        crash_pending: bool = False,
     ) -> None:
+        """Collate one block of ``shard``; with ``crash_pending``, stop after the prepare
+        and leave the diff pending (the process is about to be killed)."""
         cfg = self.config
-        rng = derive_rng(cfg.seed, "collate", round_no, shard)
+        rng = derive_rng(cfg.seed, "collate", round_no, shard, crash_pending)
         state = self.current[shard]
         ranges, horizons = self._ranges(shard, pointers)
         limit = cfg.read_limit
@@ -609,6 +617,8 @@ class Simulation:
         self._timed("prepare_diff", started)
         if pending is None:
             raise SimulationError(f"prepare_diff of {block} was skipped as already applied")
+        if crash_pending:
+            return
         if not drain and not shard.is_masterchain and rng.random() < cfg.cancel_rate:
             started = time.perf_counter()
             pending.discard()

@@ -13,25 +13,38 @@ import imq.queue
 from imq import QueueConfig
 from imq.cli.main import main
 from imq.sim import SimConfig, SimQueue, Simulation
+from imq.sim.child import ChildQueue
 from imq.sim.engine import default_opener
 from imq.storage import Table
-from imq.testing import OpLog, ReplayDivergenceError, assert_replays, replay
+from imq.testing import OpLog, RecordingQueue, ReplayDivergenceError, assert_replays, replay
 
 REPLAYS = Path(__file__).resolve().parent.parent / "replays"
 FAULTY = {"restart_rate": 0.1, "reset_rate": 0.08, "cancel_rate": 0.15}
 
 
-def record(directory: Path, log_path: Path, seed: int, rounds: int = 30) -> None:
+def record(
+    directory: Path, log_path: Path, seed: int, rounds: int = 30, *, kill: bool = False
+) -> None:
+    """A recorded simulation; with ``kill`` the queue runs in a child process and some
+    restarts SIGKILL it, one shard's next diff prepared and not written."""
     with log_path.open("w", encoding="utf-8") as sink:
         log = OpLog(sink)
+        base: Any = ChildQueue if kill else default_opener
 
         def opener(path: Path, config: QueueConfig) -> SimQueue:
-            return log.open(default_opener, path, config)
+            return log.open(base, path, config)
+
+        def crash(queue: SimQueue) -> None:
+            assert isinstance(queue, RecordingQueue)
+            queue.kill()
 
         config = SimConfig(
             directory=directory, rounds=rounds, seed=seed, shards=2, gc_every=3, **FAULTY
         )
-        assert Simulation(config, opener=opener).run().verified
+        sim = Simulation(config, opener=opener, crash=crash if kill else None)
+        result = sim.run()
+        assert result.verified, result.verdict()
+        assert not kill or result.kills
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +67,18 @@ def test_same_seed_gives_byte_identical_logs(recorded: Path, tmp_path: Path) -> 
 def test_a_recorded_run_replays(recorded: Path, tmp_path: Path) -> None:
     report = assert_replays(recorded, tmp_path / "db")
     assert report.steps > 100 and report.checks > 10
+
+
+def test_a_recorded_run_with_kills_replays(tmp_path: Path) -> None:
+    log = tmp_path / "killed.jsonl"
+    record(tmp_path / "run", log, seed=11, rounds=40, kill=True)
+    lines = [json.loads(line) for line in log.read_text().splitlines()[1:]]
+    kills = [i for i, line in enumerate(lines) if line["op"] == "kill"]
+    assert kills
+    # Killed mid-collation: a diff prepared just before the kill was never written.
+    before = lines[kills[0] - 1]
+    assert before["op"] == "prepare_diff" and before["result"] is not None
+    assert_replays(log)
 
 
 def test_cli_replay(recorded: Path, capsys: pytest.CaptureFixture[str]) -> None:
