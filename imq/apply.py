@@ -11,13 +11,16 @@ from imq import reads
 from imq.diff import DiffStatistics, QueueDiff
 from imq.errors import DiffBelowCommitPointerError, DiffConflictError, DiffSequenceError
 from imq.storage import Scan, Snapshot, Table, Transaction, codec
-from imq.types import BlockIdShort, CommitPointer, DiffInfo, DiffZone, ShardIdent
+from imq.types import BlockIdShort, CommitPointer, DiffInfo, DiffZone, QueueKey, ShardIdent
 
 __all__ = [
     "check_above_pointer",
     "check_duplicate",
     "check_sequence",
+    "last_seqno",
     "last_seqno_scan",
+    "previous_diff_scan",
+    "resting_key",
     "stage_diff",
 ]
 
@@ -32,6 +35,34 @@ def last_seqno(snap: Snapshot, cursor_index: int) -> int | None:
     for key in snap.cursors[cursor_index]:
         return codec.decode_diff_info_seqno(key)
     return None
+
+
+def previous_diff_scan(block: BlockIdShort) -> Scan:
+    """A reverse key scan whose first row is the shard's newest stored diff below
+    ``block``'s seqno."""
+    lo, _ = codec.diff_info_shard_range(block.shard)
+    hi = codec.diff_info_key(block.shard, block.seqno)
+    return Scan(Table.DIFF_INFO, lo, hi, keys_only=True, reverse=True)
+
+
+def resting_key(
+    snap: Snapshot, cursor_index: int, block: BlockIdShort, pointer: CommitPointer | None
+) -> QueueKey:
+    """Where an empty diff that carries no span (no lt span, no explicit keys) sits, as
+    both its ``min_message`` and ``max_message``: just above its shard's newest position,
+    the next key after the higher of the shard's commit pointer and the ``max_message``
+    of the shard's newest stored diff below ``block`` (read from the previous-diff scan
+    at ``cursor_index``); ``QueueKey.MIN`` when the shard has neither.
+
+    Committing it therefore never moves the pointer backwards (D6), and until it is
+    committed it is in the uncommitted zone, like any diff, so clear removes it."""
+    at = None if pointer is None else pointer.key
+    seqno = last_seqno(snap, cursor_index)
+    if seqno is not None:
+        previous = reads.diff_info(snap, block.shard, seqno)
+        if previous is not None and (at is None or previous.max_message > at):
+            at = previous.max_message
+    return QueueKey.MIN if at is None else at.next_value()
 
 
 def check_duplicate(snap: Snapshot, block: BlockIdShort, diff_hash: bytes) -> bool:

@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from decimal import Decimal
-from typing import Any, Self
+from typing import Self
 
 from imq.errors import ConfigError
 
@@ -183,8 +183,8 @@ def _as_is(value: object) -> object:
 _Rule = tuple[Callable[[object], object], Callable[[str, object], None]]
 
 _RULES: dict[str, _Rule] = {
-    "gc_enabled": (_as_is, _check_bool),
     "gc_interval": (_duration_from_toml, _check_seconds),
+    "gc_enabled": (_as_is, _check_bool),
     "sync_commits": (_as_is, _check_bool),
     "block_cache_size": (_size_from_toml, _check_int_at_least(1)),
     "write_buffer_size": (_size_from_toml, _check_int_at_least(1)),
@@ -197,8 +197,9 @@ _RULES: dict[str, _Rule] = {
 class QueueConfig:
     """Settings of one open queue.
 
+    - ``gc_interval``: seconds between GC ticks (the first positional field, as in API.md:
+      ``QueueConfig(1.0)``).
     - ``gc_enabled``: run the background GC worker (``Queue.run_gc`` works either way).
-    - ``gc_interval``: seconds between GC ticks.
     - ``sync_commits``: write commits with fsync (diffs are never fsynced).
     - ``block_cache_size``: RocksDB block cache, bytes.
     - ``write_buffer_size``: memtable size of each bulk column family, bytes.
@@ -208,8 +209,8 @@ class QueueConfig:
     Constructing with a wrong type raises ``TypeError``, with a bad value ``ValueError``.
     """
 
-    gc_enabled: bool = True
     gc_interval: float = 5.0
+    gc_enabled: bool = True
     sync_commits: bool = True
     block_cache_size: int = 256 * _MIB
     write_buffer_size: int = 64 * _MIB
@@ -235,7 +236,7 @@ class QueueConfig:
         )
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any], source: str = "<mapping>") -> Self:
+    def from_mapping(cls, mapping: Mapping[str, object], source: str = "<mapping>") -> Self:
         """Build from the contents of an ``[internal_queue]`` table.
 
         Missing keys take their defaults. An unknown key, a wrong type or a bad value raises
@@ -277,6 +278,7 @@ class QueueConfig:
         return cls.from_mapping(table, source=source)
 
 
-# Every dataclass field has exactly one rule; a field added without one fails at import.
-if {f.name for f in fields(QueueConfig)} != set(_RULES):  # pragma: no cover
+# Every dataclass field has exactly one rule, in field order; a field added without one
+# fails at import.
+if [f.name for f in fields(QueueConfig)] != list(_RULES):  # pragma: no cover
     raise RuntimeError("QueueConfig fields and _RULES are out of sync")

@@ -9,7 +9,7 @@ from itertools import pairwise
 from operator import itemgetter
 
 from imq.router import PartitionRouter
-from imq.types import Address, Message, QueueKey, ShardIdent, check_partition
+from imq.types import U64_MAX, Address, Message, QueueKey, ShardIdent, check_partition
 
 __all__ = ["DiffStatistics", "QueueDiff"]
 
@@ -27,18 +27,76 @@ def _check_processed_to(processed_to: Mapping[ShardIdent, QueueKey]) -> dict[Sha
     return checked
 
 
+def _check_span(
+    start_lt: int | None, end_lt: int | None, first: QueueKey | None, last: QueueKey | None
+) -> None:
+    if start_lt is None and end_lt is None:
+        return
+    if start_lt is None or end_lt is None:
+        raise ValueError(
+            "QueueDiff: give both start_lt and end_lt (the block's lt span), or neither"
+        )
+    for name, lt in (("start_lt", start_lt), ("end_lt", end_lt)):
+        if not isinstance(lt, int) or isinstance(lt, bool):
+            raise TypeError(f"QueueDiff.{name} must be an int, got {type(lt).__name__}")
+        if not 0 <= lt <= U64_MAX:
+            raise ValueError(f"QueueDiff.{name} must be a u64, got {lt}")
+    if end_lt < start_lt:
+        raise ValueError(f"QueueDiff: end_lt {end_lt} is below start_lt {start_lt}")
+    if first is not None and last is not None and not start_lt <= first.lt <= last.lt <= end_lt:
+        raise ValueError(
+            f"QueueDiff: message lts {first.lt}..{last.lt} are outside the block's lt span "
+            f"{start_lt}..{end_lt}; pass the span of the block that created the messages"
+        )
+
+
+def _check_keys(
+    min_key: QueueKey | None,
+    max_key: QueueKey | None,
+    first: QueueKey | None,
+    last: QueueKey | None,
+) -> None:
+    if min_key is None and max_key is None:
+        return
+    if min_key is None or max_key is None:
+        raise ValueError("QueueDiff: give both min_key and max_key, or neither")
+    if type(min_key) is not QueueKey or type(max_key) is not QueueKey:
+        raise TypeError("QueueDiff.min_key and max_key must be QueueKey values")
+    if max_key < min_key:
+        raise ValueError(f"QueueDiff: max_key {max_key!r} is below min_key {min_key!r}")
+    if first is not None and last is not None and not min_key <= first <= last <= max_key:
+        raise ValueError(
+            f"QueueDiff: message keys {first!r}..{last!r} are outside min_key..max_key "
+            f"({min_key!r}..{max_key!r})"
+        )
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class QueueDiff:
     """The outgoing internal messages of one block, with its read positions and router.
 
     ``messages`` is a tuple sorted by key; two messages with one key raise ``ValueError``.
     The diff keeps its own copy of ``router``.
+
+    A diff may carry the key range it covers, which becomes its stored ``min_message``
+    and ``max_message`` when the caller passes no :class:`DiffStatistics` (see
+    :attr:`bounds`):
+
+    - ``start_lt`` / ``end_lt``: the block's logical-time span (both or neither,
+      ``start_lt <= end_lt``); every message key must lie in
+      ``[QueueKey.min_for_lt(start_lt), QueueKey.max_for_lt(end_lt)]``;
+    - ``min_key`` / ``max_key``: explicit bounds, as a serialized diff carries them (both
+      or neither, ``min_key <= max_key``); every message key must lie between them.
     """
 
     messages: tuple[Message, ...]
     processed_to: dict[ShardIdent, QueueKey]
     router: PartitionRouter
     prev_hash: bytes | None = field(default=None)
+    start_lt: int | None = field(default=None)
+    end_lt: int | None = field(default=None)
+    min_key: QueueKey | None = field(default=None)
+    max_key: QueueKey | None = field(default=None)
 
     def __init__(
         self,
@@ -46,6 +104,11 @@ class QueueDiff:
         processed_to: Mapping[ShardIdent, QueueKey] | None = None,
         router: PartitionRouter | None = None,
         prev_hash: bytes | None = None,
+        *,
+        start_lt: int | None = None,
+        end_lt: int | None = None,
+        min_key: QueueKey | None = None,
+        max_key: QueueKey | None = None,
     ) -> None:
         msgs = list(messages)
         for m in msgs:
@@ -64,18 +127,44 @@ class QueueDiff:
                 )
             if len(prev_hash) != 32:
                 raise ValueError("QueueDiff.prev_hash must be 32 bytes")
+        first = msgs[0][0] if msgs else None
+        last = msgs[-1][0] if msgs else None
+        _check_span(start_lt, end_lt, first, last)
+        _check_keys(min_key, max_key, first, last)
         object.__setattr__(self, "messages", tuple(msgs))
         object.__setattr__(self, "processed_to", _check_processed_to(processed_to or {}))
         object.__setattr__(self, "router", router.copy() if router else PartitionRouter())
         object.__setattr__(self, "prev_hash", prev_hash)
+        object.__setattr__(self, "start_lt", start_lt)
+        object.__setattr__(self, "end_lt", end_lt)
+        object.__setattr__(self, "min_key", min_key)
+        object.__setattr__(self, "max_key", max_key)
 
     @property
     def min_message(self) -> QueueKey | None:
+        """The smallest message key (``None`` when empty)."""
         return self.messages[0].key if self.messages else None
 
     @property
     def max_message(self) -> QueueKey | None:
+        """The largest message key (``None`` when empty)."""
         return self.messages[-1].key if self.messages else None
+
+    @property
+    def bounds(self) -> tuple[QueueKey, QueueKey] | None:
+        """The ``(min_message, max_message)`` stored for this diff when no statistics are
+        passed: ``min_key``/``max_key`` if given; else the first and last message keys;
+        else, for an empty diff, ``(min_for_lt(start_lt), max_for_lt(end_lt))``; else
+        ``None``, and ``Queue.prepare_diff`` derives them from the store: an empty diff
+        without a span rests just above its shard's newest position (pointer or newest
+        stored diff), so committing it never moves a pointer backwards."""
+        if self.min_key is not None and self.max_key is not None:
+            return self.min_key, self.max_key
+        if self.messages:
+            return self.messages[0].key, self.messages[-1].key
+        if self.start_lt is not None and self.end_lt is not None:
+            return QueueKey.min_for_lt(self.start_lt), QueueKey.max_for_lt(self.end_lt)
+        return None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, QueueDiff):
@@ -85,14 +174,23 @@ class QueueDiff:
             and self.processed_to == other.processed_to
             and self.router == other.router
             and self.prev_hash == other.prev_hash
+            and self.start_lt == other.start_lt
+            and self.end_lt == other.end_lt
+            and self.min_key == other.min_key
+            and self.max_key == other.max_key
         )
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
+        extra = ""
+        if self.start_lt is not None:
+            extra += f", lt={self.start_lt}..{self.end_lt}"
+        if self.min_key is not None:
+            extra += f", keys={self.min_key}..{self.max_key}"
         return (
             f"QueueDiff({len(self.messages)} messages, min={self.min_message}, "
-            f"max={self.max_message}, processed_to={len(self.processed_to)} shards)"
+            f"max={self.max_message}, processed_to={len(self.processed_to)} shards{extra})"
         )
 
 

@@ -21,12 +21,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
 
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_scan
 from imq.errors import QueueClosedError
 from imq.locks import RWLock, ShardLocks
-from imq.observability import Metrics
+from imq.observability import ImqLogger, Metrics
 from imq.storage import Scan, Store, Table, codec
 from imq.storage.codec import GcBounds
 from imq.types import QueueKey, ShardIdent
@@ -148,7 +147,7 @@ class GarbageCollector:
         rw: RWLock,
         shard_locks: ShardLocks,
         metrics: Metrics,
-        log: Any,
+        log: ImqLogger,
         *,
         compact: bool,
     ) -> None:
@@ -321,7 +320,7 @@ class _Held:
 class GcWorker:
     """The background thread: a pass at once, then one every ``interval`` seconds."""
 
-    def __init__(self, collector: GarbageCollector, interval: float, log: Any) -> None:
+    def __init__(self, collector: GarbageCollector, interval: float, log: ImqLogger) -> None:
         self._collector = collector
         self._interval = interval
         self._log = log

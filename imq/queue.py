@@ -217,7 +217,7 @@ class Queue(QueueReads):
         diff_hash: bytes,
         statistics: DiffStatistics | None,
         check_sequence: DiffZone | None,
-    ) -> DiffStatistics:
+    ) -> DiffStatistics | None:
         check_type("diff", diff, QueueDiff)
         check_type("block", block, BlockIdShort)
         if not isinstance(diff_hash, bytes):
@@ -227,12 +227,10 @@ class Queue(QueueReads):
         if check_sequence is not None:
             check_type("check_sequence", check_sequence, DiffZone)
         if statistics is None:
-            return DiffStatistics.from_diff(
-                diff,
-                block.shard,
-                diff.min_message or QueueKey.MIN,
-                diff.max_message or QueueKey.MIN,
-            )
+            bounds = diff.bounds
+            if bounds is None:
+                return None  # an empty diff without a span: bounds from the store (_prepare)
+            return DiffStatistics.from_diff(diff, block.shard, *bounds)
         check_type("statistics", statistics, DiffStatistics)
         if statistics.shard != block.shard:
             raise ValueError(f"statistics are for shard {statistics.shard}, the block is {block}")
@@ -243,12 +241,14 @@ class Queue(QueueReads):
         diff: QueueDiff,
         block: BlockIdShort,
         diff_hash: bytes,
-        stats: DiffStatistics,
+        stats: DiffStatistics | None,
         check_sequence: DiffZone | None,
     ) -> PendingDiff | None:
         guard = self._pending.acquire(self._rw, self._shard_locks, block.shard)
         try:
             scans = [apply.last_seqno_scan(block.shard)] if check_sequence else []
+            if stats is None:
+                scans.append(apply.previous_diff_scan(block))
             with self._store.snapshot(points=[Table.DIFF_INFO], scans=scans) as snap:
                 if apply.check_duplicate(snap, block, diff_hash) or (
                     check_sequence is not None
@@ -258,7 +258,11 @@ class Queue(QueueReads):
                     self._log.debug("diff_skipped", block=str(block))
                     guard.release()
                     return None
-                apply.check_above_pointer(snap.cache["pointers"].get(block.shard), block, diff)
+                pointer = snap.cache["pointers"].get(block.shard)
+                apply.check_above_pointer(pointer, block, diff)
+                if stats is None:
+                    at = apply.resting_key(snap, len(scans) - 1, block, pointer)
+                    stats = DiffStatistics.from_diff(diff, block.shard, at, at)
             txn = self._store.transaction()
             apply.stage_diff(txn, diff, block, diff_hash, stats)
         except BaseException:

@@ -18,6 +18,7 @@ from imq.observability import Metrics
 from imq.reads import check_type
 from imq.storage import Store, Table
 from imq.types import (
+    Address,
     BlockId,
     BlockIdShort,
     CommitPointer,
@@ -94,7 +95,7 @@ class QueueReads:
         with self.metrics.time("get_diffs_tail_len"), self._store.snapshot(scans=[scan]) as snap:
             return sum(1 for _ in snap.cursors[0])
 
-    def load_diff_statistics(self, partition: int, range: QueueShardRange) -> dict[Any, int]:
+    def load_diff_statistics(self, partition: int, range: QueueShardRange) -> dict[Address, int]:
         """Per destination account: messages of diffs whose ``max_message`` is in ``range``."""
         self._check_open()
         check_partition(partition)
@@ -105,7 +106,7 @@ class QueueReads:
 
     def load_separated_diff_statistics(
         self, partitions: Iterable[int], range: QueueShardRange
-    ) -> dict[int, dict[QueueKey, dict[Any, int]]]:
+    ) -> dict[int, dict[QueueKey, dict[Address, int]]]:
         """partition -> diff max_message -> account -> count; every partition present."""
         self._check_open()
         parts = sorted({check_partition(p) for p in partitions})

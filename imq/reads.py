@@ -20,6 +20,7 @@ from imq.types import (
 from imq.zones import in_zone
 
 __all__ = [
+    "all_diffs_scan",
     "check_block",
     "check_type",
     "diff_info",
@@ -28,6 +29,7 @@ __all__ = [
     "message_scans",
     "stats_scan",
     "sum_statistics",
+    "summarize",
     "tail_len_scan",
 ]
 
@@ -105,7 +107,7 @@ def stats_scan(partition: int, r: QueueShardRange) -> Scan:
     return Scan(Table.STATISTICS, lo, max(lo, hi))
 
 
-def sum_statistics(rows: Iterable[Any]) -> dict[Address, int]:
+def sum_statistics(rows: Iterable[tuple[bytes, bytes]]) -> dict[Address, int]:
     totals: dict[Address, int] = {}
     for key, value in rows:
         _max_message, entries = codec.decode_stat_row(key, value)
@@ -114,7 +116,9 @@ def sum_statistics(rows: Iterable[Any]) -> dict[Address, int]:
     return totals
 
 
-def group_statistics(rows: Iterable[Any]) -> dict[QueueKey, dict[Address, int]]:
+def group_statistics(
+    rows: Iterable[tuple[bytes, bytes]],
+) -> dict[QueueKey, dict[Address, int]]:
     grouped: dict[QueueKey, dict[Address, int]] = {}
     for key, value in rows:
         max_message, entries = codec.decode_stat_row(key, value)

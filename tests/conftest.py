@@ -1,4 +1,4 @@
-"""Shared test setup: hypothesis profiles, quiet structlog, a ``queue`` fixture.
+"""Shared test setup: hypothesis profiles, quiet logging, a ``queue`` fixture.
 
 Hypothesis profiles (pick one with ``HYPOTHESIS_PROFILE=<name>``; otherwise ``ci`` when
 the ``CI`` environment variable is set, else ``dev``):
@@ -53,14 +53,18 @@ _quiet_structlog()
 
 @pytest.fixture(autouse=True)
 def _structlog_restored() -> Iterator[None]:
-    """Each test starts quiet and leaves structlog as it found it: a test that runs the
-    CLI in-process configures structlog to write to pytest's captured stderr, which is
-    closed by the time a later test logs."""
+    """Each test starts quiet and leaves structlog and the standard logger ``imq`` as it
+    found them: a test that runs the CLI in-process puts a handler on ``imq``."""
     if not structlog.is_configured():
         _quiet_structlog()
     saved = structlog.get_config()
+    imq_logger = logging.getLogger("imq")
+    handlers, level, propagate = list(imq_logger.handlers), imq_logger.level, imq_logger.propagate
     yield
     structlog.configure(**saved)
+    imq_logger.handlers[:] = handlers
+    imq_logger.setLevel(level)
+    imq_logger.propagate = propagate
 
 
 @pytest.fixture

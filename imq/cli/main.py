@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from imq.cli import demo, inspect, maintenance, state
+from imq.cli import demo, inspect, maintenance, replay, simulate, state
 from imq.cli.common import Parser, normalize_argv
 from imq.errors import ImqError
 from imq.observability import configure_for_cli
@@ -25,7 +25,7 @@ from imq.observability import configure_for_cli
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # One module per group of subcommands, in the order `imq --help` lists them.
-COMMANDS: tuple[ModuleType, ...] = (demo, inspect, state, maintenance)
+COMMANDS: tuple[ModuleType, ...] = (simulate, replay, demo, inspect, state, maintenance)
 
 EXAMPLES = """\
 examples (from the repository root):
@@ -67,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"imq: {exc}", file=sys.stderr)
         return 2
     try:
+        if hasattr(args, "handler"):  # commands that decide their own exit status
+            code = int(args.handler(args))
+            sys.stdout.flush()
+            return code
         args.run(args, sys.stdout)
         sys.stdout.flush()
     except BrokenPipeError:

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import BinaryIO
 
-from structlog.typing import FilteringBoundLogger
-
 from imq.errors import ImqError
+from imq.observability import ImqLogger
 from imq.state.boc import BocError
 from imq.state.tl import TlDiff, diff_hash, encode_diff
 from imq.state.writer import ChunkSpool, open_sink, write_state
@@ -56,7 +55,7 @@ def export_state(
     tail_len: int,
     dest: str | os.PathLike[str] | BinaryIO,
     *,
-    log: FilteringBoundLogger,
+    log: ImqLogger,
     progress: Callable[[int, int], object] | None = None,
 ) -> ExportReport:
     """Write the state of block (``shard``, ``seqno``) to ``dest``. The caller keeps the

@@ -29,11 +29,10 @@ from operator import itemgetter
 from time import perf_counter
 from typing import BinaryIO, NoReturn
 
-from structlog.typing import FilteringBoundLogger
-
 from imq.commit import check_forward
 from imq.delete import DeleteRange, stage_delete, tail_scan
 from imq.errors import DiffConflictError, StateFormatError
+from imq.observability import ImqLogger
 from imq.state.message import MessageFormatError, parse_internal_header
 from imq.state.reader import Segment, StateReader
 from imq.state.source import open_source
@@ -94,7 +93,7 @@ def import_state(
     block_id: BlockId,
     top_update: tuple[bytes, int] | None,
     *,
-    log: FilteringBoundLogger,
+    log: ImqLogger,
     progress: Progress | None = None,
 ) -> ImportReport:
     """Import ``source`` as the queue state of ``block_id``. The caller holds the
@@ -387,7 +386,7 @@ def _finish(store: Store, block_id: BlockId, top: TlDiff) -> None:
 # rollback
 
 
-def rollback_import_at_open(store: Store, log: FilteringBoundLogger) -> bool:
+def rollback_import_at_open(store: Store, log: ImqLogger) -> bool:
     """At open: remove what an import interrupted by a crash wrote (D10) and say so. A
     read-only open cannot, and warns that the view holds a partial import."""
     if store.read_only:
@@ -397,7 +396,7 @@ def rollback_import_at_open(store: Store, log: FilteringBoundLogger) -> bool:
     return rollback_import(store, log, reason="interrupted")
 
 
-def rollback_import(store: Store, log: FilteringBoundLogger, *, reason: str) -> bool:
+def rollback_import(store: Store, log: ImqLogger, *, reason: str) -> bool:
     """Delete everything an unfinished import wrote, and its marker; False if there was
     no unfinished import. Used after a failed import and at open after a crash."""
     raw = store.get_latest(Table.VARS, codec.IMPORT_MARKER)

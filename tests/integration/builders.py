@@ -148,7 +148,8 @@ def stats(
 
 
 def derived_stats(diff: QueueDiff, shard: ShardIdent) -> DiffStatistics:
-    """What ``prepare_diff(statistics=None)`` is documented to use."""
+    """What ``prepare_diff(statistics=None)`` uses for a diff with messages, or for an
+    empty diff without a span when its shard has no pointer and no earlier diff."""
     return DiffStatistics.from_diff(
         diff, shard, diff.min_message or QueueKey.MIN, diff.max_message or QueueKey.MIN
     )

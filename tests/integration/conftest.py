@@ -5,14 +5,12 @@ This directory goes on ``sys.path`` so the test modules can ``from builders impo
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
@@ -21,6 +19,7 @@ if _HERE not in sys.path:
 from builders import Chain, open_queue  # noqa: E402
 
 from imq import Queue  # noqa: E402
+from imq.observability import capture_events  # noqa: E402
 
 
 @pytest.fixture
@@ -44,15 +43,7 @@ def chain(queue: Queue) -> Chain:
 
 @pytest.fixture
 def logs() -> Iterator[list[MutableMapping[str, Any]]]:
-    """Every structlog event (debug and up) while the test runs.
-
-    A queue binds its logger when it is opened, with the level filter configured at that
-    moment, so open the queue *after* this fixture is set up (inside the test).
-    """
-    previous = structlog.get_config()["wrapper_class"]
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
-    try:
-        with structlog.testing.capture_logs() as entries:
-            yield entries
-    finally:
-        structlog.configure(wrapper_class=previous)
+    """Every imq event (debug and up) while the test runs, shaped as
+    ``structlog.testing.capture_logs`` shapes them (``event``, fields, ``log_level``)."""
+    with capture_events() as entries:
+        yield entries

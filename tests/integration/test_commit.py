@@ -19,6 +19,7 @@ from builders import (
     rows,
     split_shard,
     state,
+    stats,
     top,
 )
 
@@ -37,6 +38,9 @@ from imq.storage import Table, codec
 S1 = split_shard(0, 1, 0)  # 0:4000000000000000
 S2 = split_shard(0, 1, 1)  # 0:c000000000000000
 SHARDS = [MC, S1, S2]
+# Empty diffs of S1 that share max_message MIN (without statistics, a second empty diff
+# would rest just above the first).
+AT_MIN = stats(S1, QueueKey.MIN, QueueKey.MIN, {})
 
 
 def pointer(a: Applied) -> CommitPointer:
@@ -207,8 +211,8 @@ def test_pointer_never_moves_backwards(queue: Queue, chain: Chain) -> None:
 
 def test_equal_key_needs_a_higher_seqno(queue: Queue, chain: Chain) -> None:
     """Two empty diffs share max_message MIN: forward by seqno is legal, back is not."""
-    e1 = chain.apply(S1, 0)
-    e2 = chain.apply(S1, 0)
+    e1 = chain.apply(S1, 0, statistics=AT_MIN)
+    e2 = chain.apply(S1, 0, statistics=AT_MIN)
     assert e1.max_message == e2.max_message == QueueKey.MIN
     mc1, mc2, mc3 = (chain.apply(MC, 0) for _ in range(3))
     assert queue.commit_diff([mc1.top(), e1.top(1)]) is True
@@ -376,8 +380,8 @@ def test_zones_change_after_commit(queue: Queue, chain: Chain) -> None:
 
 def test_two_empty_diffs_with_one_max_message_are_both_counted(queue: Queue, chain: Chain) -> None:
     """D3: the tail key carries the seqno, so neither row overwrites the other."""
-    e1 = chain.apply(S1, 0)
-    e2 = chain.apply(S1, 0)
+    e1 = chain.apply(S1, 0, statistics=AT_MIN)
+    e2 = chain.apply(S1, 0, statistics=AT_MIN)
     assert queue.get_diffs_tail_len(S1, QueueKey.MIN) == 2
     assert len(rows(queue, Table.DIFF_TAIL)) == 2
     mc = chain.apply(MC, 0)

@@ -156,6 +156,15 @@ def test_frozen_and_slotted() -> None:
     assert not hasattr(config, "__dict__")
 
 
+def test_gc_interval_is_the_first_positional_field() -> None:
+    """API.md: ``QueueConfig(gc_interval: float = 5.0, ...)``."""
+    assert [f.name for f in dataclasses.fields(QueueConfig)][:2] == ["gc_interval", "gc_enabled"]
+    config = QueueConfig(1.0)
+    assert config.gc_interval == 1.0
+    assert config.gc_enabled is True
+    assert QueueConfig(0.5, False) == QueueConfig(gc_interval=0.5, gc_enabled=False)
+
+
 def test_int_gc_interval_is_stored_as_float() -> None:
     config = QueueConfig(gc_interval=2)
     assert isinstance(config.gc_interval, float)

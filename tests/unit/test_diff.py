@@ -62,6 +62,75 @@ def test_empty_diff() -> None:
     assert diff.prev_hash is None
 
 
+def test_bounds_of_an_empty_diff_without_span_are_left_to_the_queue() -> None:
+    diff = QueueDiff()
+    assert diff.start_lt is diff.end_lt is diff.min_key is diff.max_key is None
+    assert diff.bounds is None
+
+
+def test_bounds_of_an_empty_diff_are_its_lt_span() -> None:
+    diff = QueueDiff(start_lt=100, end_lt=150)
+    assert diff.bounds == (QueueKey.min_for_lt(100), QueueKey.max_for_lt(150))
+    assert diff.min_message is None
+    assert "lt=100..150" in repr(diff)
+    assert QueueDiff(start_lt=7, end_lt=7).bounds == (
+        QueueKey.min_for_lt(7),
+        QueueKey.max_for_lt(7),
+    )
+
+
+def test_bounds_of_a_non_empty_diff_are_its_message_keys_even_with_a_span() -> None:
+    diff = QueueDiff([msg(120), msg(110)], start_lt=100, end_lt=150)
+    assert diff.bounds == (key(110), key(120))
+
+
+def test_explicit_keys_win() -> None:
+    diff = QueueDiff([msg(120)], start_lt=100, end_lt=150, min_key=key(101), max_key=key(149))
+    assert diff.bounds == (key(101), key(149))
+    assert QueueDiff(min_key=key(3), max_key=key(3)).bounds == (key(3), key(3))
+    assert "keys=" in repr(diff)
+
+
+def test_span_and_keys_take_part_in_equality() -> None:
+    assert QueueDiff(start_lt=1, end_lt=2) == QueueDiff(start_lt=1, end_lt=2)
+    assert QueueDiff(start_lt=1, end_lt=2) != QueueDiff(start_lt=1, end_lt=3)
+    assert QueueDiff(start_lt=1, end_lt=2) != QueueDiff()
+    assert QueueDiff(min_key=key(1), max_key=key(2)) != QueueDiff()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"start_lt": 1}, ValueError),
+        ({"end_lt": 1}, ValueError),
+        ({"start_lt": 5, "end_lt": 4}, ValueError),
+        ({"start_lt": -1, "end_lt": 4}, ValueError),
+        ({"start_lt": 0, "end_lt": 1 << 64}, ValueError),
+        ({"start_lt": 1.0, "end_lt": 4}, TypeError),
+        ({"start_lt": True, "end_lt": 4}, TypeError),
+        ({"min_key": key(1)}, ValueError),
+        ({"max_key": key(1)}, ValueError),
+        ({"min_key": key(2), "max_key": key(1)}, ValueError),
+        ({"min_key": (1, H), "max_key": key(1)}, TypeError),
+    ],
+)
+def test_bad_span_or_keys(kwargs: dict[str, object], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        QueueDiff(**kwargs)  # type: ignore[arg-type]
+
+
+def test_messages_must_lie_inside_the_span_and_the_keys() -> None:
+    with pytest.raises(ValueError, match="outside the block's lt span"):
+        QueueDiff([msg(99), msg(120)], start_lt=100, end_lt=150)
+    with pytest.raises(ValueError, match="outside the block's lt span"):
+        QueueDiff([msg(151)], start_lt=100, end_lt=150)
+    QueueDiff([msg(100), msg(150, last=0xFF)], start_lt=100, end_lt=150)
+    with pytest.raises(ValueError, match=r"outside min_key\.\.max_key"):
+        QueueDiff([msg(5)], min_key=key(6), max_key=key(9))
+    with pytest.raises(ValueError, match=r"outside min_key\.\.max_key"):
+        QueueDiff([msg(9, last=1)], min_key=key(6), max_key=key(9))
+
+
 def test_single_message_min_equals_max() -> None:
     diff = QueueDiff([msg(4)])
     assert diff.min_message == diff.max_message == key(4)

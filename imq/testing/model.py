@@ -64,7 +64,8 @@ class DiffInput:
 
     ``router_src`` / ``router_dst`` map an account to its partition (each account once).
     ``bounds`` is the explicit statistics ``(min_message, max_message)``; ``None`` means
-    the default (the diff's first and last keys, or ``MIN`` for an empty diff).
+    the default (the diff's first and last keys; for an empty diff the shard's resting
+    key, see ``QueueModel._resting_key``).
     """
 
     block: BlockIdShort
@@ -221,9 +222,23 @@ class QueueModel:
         self._write(diff)
         return True
 
+    def _resting_key(self, shard: ShardIdent, seqno: int) -> QueueKey:
+        """Where an empty diff without bounds sits: the key after the higher of the
+        shard's pointer and the max_message of its newest stored diff below ``seqno``
+        (MIN if neither)."""
+        pointer = self.pointers.get(shard)
+        candidates = [] if pointer is None else [pointer.key]
+        below = [s for (sh, s) in self.diffs if sh == shard and s < seqno]
+        if below:
+            candidates.append(self.diffs[(shard, max(below))].info.max_message)
+        return max(candidates).next_value() if candidates else QueueKey.MIN
+
     def _write(self, diff: DiffInput) -> None:
         shard, seqno = diff.block.shard, diff.block.seqno
-        min_message, max_message = diff.stat_bounds()
+        if diff.bounds is None and not diff.messages:
+            min_message = max_message = self._resting_key(shard, seqno)
+        else:
+            min_message, max_message = diff.stat_bounds()
         for message in diff.messages:
             self.messages[(diff.partition_for(message), shard, message.key)] = message
         stats = diff.statistics()
