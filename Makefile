@@ -16,8 +16,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The picture needs matplotlib (the plot extra): installed once, on the first run.
 run: $(STAMP)
-	$(BIN)/python -m imq demo
+	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[dev,plot]'
+	$(BIN)/python -m imq simulate --fresh
 
 lint: $(STAMP)
 	$(BIN)/ruff check imq tests benchmarks

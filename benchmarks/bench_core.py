@@ -4,8 +4,11 @@
   rows (byte for byte) written with one ``WriteBatch`` per diff (the raw floor);
 * read: the merged iterator over 4 source shards, against 4 bounded raw iterators over the
   same key ranges merged with ``heapq.merge``;
-* scaling: ``commit_diff``, ``get_diff_info`` and ``get_diffs_tail_len`` with 10,000 and with
-  1,000,000 stored messages.
+* scaling: ``commit_diff``, ``get_diff_info`` and ``get_diffs_tail_len`` with 10^3 to 10^6
+  stored messages in diffs of 100 (so the number of diffs grows with the messages).
+
+Garbage collection is off (``gc_enabled=False``) in every queue this benchmark opens: the
+timed reads must find what was written, and a GC pass must not run during a timing.
 
 It prints the tables and writes them, with the machine and the method, to
 ``benchmarks/results/core.md``. Method notes: ``benchmarks/README.md``. From the repo root::
@@ -81,21 +84,25 @@ DST_ACCOUNTS = 4096  # destination pool, spread over the whole basechain
 SRC_ACCOUNTS = 256  # per source shard, inside that shard
 LT_START = 1_000_000
 MC_LT_START = 1 << 40
-TAIL_LEN = 3  # get_diffs_tail_len is asked for the same tail length at both sizes
+TAIL_LEN = 2  # get_diffs_tail_len is asked for the same tail length at every size
+SCALE_DIFF_SIZE = 100  # messages per diff in the scaling queues
+STEPS = ("throughput", "scaling", "types")  # what --only can pick
 QK = codec.MESSAGE_PREFIX_LEN  # where the queue key starts in a message key
 assert QK == 14, "the raw merge below slices the queue key at byte 14"
 
-# The production defaults (sync commits, 256 MiB cache, 64 MiB memtables).
-CONFIG = QueueConfig()
-CONFIG_NO_SYNC = QueueConfig(sync_commits=False)
+# The production defaults (sync commits, 256 MiB cache, 64 MiB memtables) with the
+# background GC off: with it on, the first commit requests bounds that let GC collect the
+# very diffs the scaling step then looks up (and a pass could land inside a timing).
+CONFIG = QueueConfig(gc_enabled=False)
+CONFIG_NO_SYNC = QueueConfig(gc_enabled=False, sync_commits=False)
 
 
 @dataclass(frozen=True, slots=True)
 class Sizes:
     diffs: int  # throughput: diffs written and read, round-robin over the source shards
     diff_size: int  # messages per diff
-    small: tuple[int, int]  # scaling, smaller queue: (diffs, messages per diff)
-    large: tuple[int, int]  # scaling, larger queue
+    scale: tuple[int, ...]  # scaling: stored messages per queue, in diffs of SCALE_DIFF_SIZE
+    reference: int  # scaling: the size every other size is compared with
     calls: int  # timed calls per operation and queue size
     rounds: int  # the calls are split into rounds that alternate between the two queues
     warmup: int  # untimed calls per operation and queue size before the first round
@@ -105,8 +112,8 @@ class Sizes:
 FULL = Sizes(
     diffs=20,
     diff_size=10_000,
-    small=(20, 500),
-    large=(100, 10_000),
+    scale=(1_000, 10_000, 100_000, 1_000_000),
+    reference=10_000,
     calls=1000,
     rounds=5,
     warmup=50,
@@ -115,8 +122,8 @@ FULL = Sizes(
 QUICK = Sizes(
     diffs=4,
     diff_size=1_000,
-    small=(12, 100),
-    large=(20, 1_000),
+    scale=(1_000, 10_000),
+    reference=1_000,
     calls=60,
     rounds=2,
     warmup=5,
@@ -469,11 +476,12 @@ def _mc_diff(seqno: int) -> tuple[QueueDiff, DiffStatistics]:
     return QueueDiff((), processed_to), stats
 
 
-def build_scale_queue(label: str, path: Path, shape: tuple[int, int], mc_diffs: int) -> ScaleQueue:
+def build_scale_queue(label: str, path: Path, messages: int, mc_diffs: int) -> ScaleQueue:
     """Apply the shard diffs (built one at a time), then ``mc_diffs`` empty masterchain
     diffs for the commits to come; close and reopen so every table is flushed."""
     started = perf_counter()
-    count, size = shape
+    size = SCALE_DIFF_SIZE
+    count = messages // size
     shard_diffs: dict[ShardIdent, list[tuple[int, QueueKey]]] = {s: [] for s in SOURCE_SHARDS}
     with Queue.open(path, CONFIG) as queue:
         for d in Workload(SEED).diffs(count, size):
@@ -565,10 +573,10 @@ def _alternate(
 
 def bench_scale(workdir: Path, sizes: Sizes) -> tuple[list[Latency], list[ScaleQueue]]:
     mc_diffs = 2 * (sizes.warmup + sizes.calls)  # commits with and without fsync
-    queues = [
-        build_scale_queue(count_label(c * s), workdir / f"scale-{c * s}", (c, s), mc_diffs)
-        for c, s in (sizes.small, sizes.large)
-    ]
+    queues = []
+    for n in sizes.scale:
+        print(f"  building the {count_label(n)} queue ...", flush=True)
+        queues.append(build_scale_queue(count_label(n), workdir / f"scale-{n}", n, mc_diffs))
     rng = random.Random(SEED + 1)
     try:
         ops = {"commit_diff", "get_diff_info", "get_diffs_tail_len"}
@@ -689,28 +697,33 @@ def throughput_table(rows: list[Throughput]) -> tuple[list[str], list[bool]]:
     return lines, verdicts
 
 
-def latency_table(rows: list[Latency], queues: list[ScaleQueue]) -> tuple[list[str], list[bool]]:
-    small, large = queues
+def latency_table(
+    rows: list[Latency], queues: list[ScaleQueue], reference: int
+) -> tuple[list[str], list[bool]]:
+    """One row per operation and size; the ratio of medians against the ``reference``
+    size; the target (≤ 1.5) is checked on the largest size."""
+    ref = next(q for q in queues if q.messages == reference)
+    largest = max(queues, key=lambda q: q.messages)
     lines = [
         "| operation | stored messages | stored shard diffs | calls | median µs | p99 µs "
-        f"| median ratio {large.label}/{small.label} | target | result |",
+        f"| median ratio to {ref.label} | target | result |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     verdicts = []
     for row in rows:
-        base = statistics.median(row.samples[small.label])
+        base = statistics.median(row.samples[ref.label])
         for scale in queues:
             values = row.samples[scale.label]
             med = statistics.median(values)
             cells = [row.name, f"{scale.messages:,}", str(scale.diff_count), str(len(values))]
             cells += [f"{med / 1e3:.1f}", f"{percentile(values, 99) / 1e3:.1f}"]
-            if scale is large:
-                ratio = med / base
+            ratio = med / base
+            if scale is largest and scale is not ref:
                 ok = ratio <= 1.5
                 verdicts.append(ok)
                 cells += [f"{ratio:.2f}", "≤ 1.5", "PASS" if ok else "FAIL"]
             else:
-                cells += ["", "", ""]
+                cells += ["" if scale is ref else f"{ratio:.2f}", "", ""]
             lines.append("| " + " | ".join(cells) + " |")
     return lines, verdicts
 
@@ -753,8 +766,10 @@ class Report:
 
     def render(self) -> str:
         s = self.sizes
-        t_lines, t_ok = throughput_table(self.throughput)
-        l_lines, l_ok = latency_table(self.latency, self.queues)
+        _, t_ok = throughput_table(self.throughput) if self.throughput else ([], [])
+        l_lines, l_ok = (
+            latency_table(self.latency, self.queues, s.reference) if self.queues else ([], [])
+        )
         verdicts = t_ok + l_ok
         total = s.diffs * s.diff_size
         out = ["# imq core benchmark", ""]
@@ -762,9 +777,28 @@ class Report:
             out += ["**Quick smoke run: sizes are reduced; these numbers are not results.**", ""]
         out += machine_lines(self.command, self.load_start)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        out += [f"- peak RSS of the run: {rss:.0f} MiB", ""]
-        out += [f"Targets met: **{sum(verdicts)} of {len(verdicts)}**.", ""]
-        out += [
+        out += [f"- peak RSS of the run: {rss:.0f} MiB", "- background GC: off in every queue"]
+        out += ["", f"Targets met: **{sum(verdicts)} of {len(verdicts)}**.", ""]
+        if self.throughput:
+            out += self._throughput_section(total)
+        if self.queues:
+            out += self._scaling_section(l_lines)
+        if self.value_types:
+            out += [
+                "## Value types: construction cost (imq/types.py cites this)",
+                "",
+                "| constructor | ns per call |",
+                "|---|---:|",
+                *[f"| {name} | {ns:.0f} |" for name, ns in self.value_types],
+                "",
+            ]
+        out.append(METHOD)
+        return "\n".join(out)
+
+    def _throughput_section(self, total: int) -> list[str]:
+        s = self.sizes
+        t_lines, _ = throughput_table(self.throughput)
+        return [
             f"## Write and read: {s.diffs} diffs of {s.diff_size:,} messages "
             f"({total:,}), 4 source shards",
             "",
@@ -776,25 +810,22 @@ class Report:
             *t_lines,
             "",
         ]
-        small, large = self.queues
-        out += [
-            f"## Scaling: {small.label} vs {large.label} stored messages",
+
+    def _scaling_section(self, l_lines: list[str]) -> list[str]:
+        s = self.sizes
+        labels = ", ".join(q.label for q in self.queues)
+        return [
+            f"## Scaling: {labels} stored messages, in diffs of {SCALE_DIFF_SIZE}",
             "",
-            f"{_shape(small)}; {_shape(large)}. Both also hold {2 * (s.warmup + s.calls)} "
-            f"empty masterchain diffs, one per commit. Calls alternate between the two queues "
-            f"in {s.rounds} rounds, after {s.warmup} warm-up calls per operation and queue.",
+            "; ".join(_shape(q) for q in self.queues)
+            + f". Each also holds {2 * (s.warmup + s.calls)} empty masterchain diffs, one per "
+            f"commit. Calls alternate between the queues in {s.rounds} rounds, after "
+            f"{s.warmup} warm-up calls per operation and queue. GC is off, so every diff "
+            "stays stored.",
             "",
             *l_lines,
             "",
-            "## Value types: construction cost (imq/types.py cites this)",
-            "",
-            "| constructor | ns per call |",
-            "|---|---:|",
-            *[f"| {name} | {ns:.0f} |" for name, ns in self.value_types],
-            "",
-            METHOD,
         ]
-        return "\n".join(out)
 
 
 def _shape(scale: ScaleQueue) -> str:
@@ -810,7 +841,9 @@ METHOD = """## Method
 - Data is generated before any timing from `random.Random(SEED)`: messages round-robin over
   4 source shards (`0:2…`, `0:6…`, `0:a…`, `0:e…`), lt rising globally, 200-byte random
   bodies, destinations from 4,096 basechain accounts, sources inside their source shard.
-- Write: each run opens a fresh database (production `QueueConfig()`), runs
+- Every queue runs with `QueueConfig(gc_enabled=False)`: production settings, background
+  GC off, so no pass collects what a timed read looks up or runs inside a timing.
+- Write: each run opens a fresh database (production settings, GC off), runs
   `gc.collect()`, then times `apply_diff` for every diff. The raw floor opens a fresh
   rocksdict database with imq's own column families and options (`imq.storage.tables`) and
   times one `WriteBatch(raw_mode=True)` per diff + `db.write`, over the exact message rows imq
@@ -825,7 +858,8 @@ METHOD = """## Method
   commit is on a new masterchain block whose empty diff was applied beforehand, with the
   newest diff of each of the 4 shards as top blocks, so every commit does the same work.
   `get_diff_info` asks for random stored shard diffs; `get_diffs_tail_len` starts at the
-  max_message of a shard's 3rd newest diff, so the answer is 3 at both sizes.
+  max_message of a shard's 2nd newest diff, so the answer is 2 at every size. The queues
+  hold 10^3 to 10^6 messages in diffs of 100, so the number of diffs grows with them.
 - structlog is configured to drop events below WARNING, so `diff_applied` info events are
   not rendered during timing.
 - Details and caveats: `benchmarks/README.md`.
@@ -840,27 +874,35 @@ def run(args: argparse.Namespace, workdir: Path) -> Report:
     sizes = QUICK if args.quick else FULL
     command = " ".join(["python -m benchmarks.bench_core", *sys.argv[1:]])
     report = Report(sizes, args.quick, args.repeats, command, os.getloadavg())
-    print(f"preparing {sizes.diffs} diffs of {sizes.diff_size:,} messages ...", flush=True)
-    prepared, report.build_seconds = prepare(sizes)
-    print("write ...", flush=True)
-    written, imq_db, raw_db = bench_write(prepared, workdir, args.repeats)
-    total = sum(len(p.rows) for p in prepared)
-    del prepared
-    print("read ...", flush=True)
-    read, report.read_state = bench_read(imq_db, raw_db, total, args.repeats)
-    report.throughput = written + read
-    shutil.rmtree(imq_db, ignore_errors=True)
-    shutil.rmtree(raw_db, ignore_errors=True)
-    print("scaling (builds the two queues first) ...", flush=True)
-    report.latency, report.queues = bench_scale(workdir, sizes)
-    print("value types ...", flush=True)
-    report.value_types = bench_value_types(sizes.micro_number)
+    steps = set(args.only or STEPS)
+    if "throughput" in steps:
+        print(f"preparing {sizes.diffs} diffs of {sizes.diff_size:,} messages ...", flush=True)
+        prepared, report.build_seconds = prepare(sizes)
+        print("write ...", flush=True)
+        written, imq_db, raw_db = bench_write(prepared, workdir, args.repeats)
+        total = sum(len(p.rows) for p in prepared)
+        del prepared
+        print("read ...", flush=True)
+        read, report.read_state = bench_read(imq_db, raw_db, total, args.repeats)
+        report.throughput = written + read
+        shutil.rmtree(imq_db, ignore_errors=True)
+        shutil.rmtree(raw_db, ignore_errors=True)
+    if "scaling" in steps:
+        print("scaling (builds the queues first) ...", flush=True)
+        report.latency, report.queues = bench_scale(workdir, sizes)
+    if "types" in steps:
+        print("value types ...", flush=True)
+        report.value_types = bench_value_types(sizes.micro_number)
     return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(
-        argv, "core", __doc__.split("\n")[0], "write/read runs (default 5; 1 with --quick)"
+        argv,
+        "core",
+        __doc__.split("\n")[0],
+        "write/read runs (default 5; 1 with --quick)",
+        steps=STEPS,
     )
     if args.repeats is None:
         args.repeats = 1 if args.quick else 5

@@ -49,6 +49,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TYCHO = Path(os.environ.get("IMQ_TYCHO_DATA") or ROOT / "tests" / "data" / "tycho")
 SHARD_BIN = TYCHO / "persistent_state" / "shard.bin"
 CONFIG = QueueConfig()  # production defaults, as a node would import with
+# Exports time reads: the background GC is off so no pass runs inside a timing (an import
+# requests no GC bound, so with it on a pass would find nothing; off, it cannot run at all).
+READ_CONFIG = QueueConfig(gc_enabled=False)
 
 IMPORT_RATE = 100_000  # messages/s, end to end
 EXPORT_RATE = 100_000  # messages/s
@@ -484,7 +487,7 @@ def task_export(db: str, dest: str, breakdown: bool, verify: str, **p: Any) -> d
             ]
         )
     block = _block(p)
-    with Queue.open(db, CONFIG) as queue:
+    with Queue.open(db, READ_CONFIG) as queue:
         seconds, report = timed(
             lambda: queue.export_state(block.shard, block.seqno, p["tail_len"], Path(dest))
         )
@@ -1239,8 +1242,8 @@ class Render:
             "## Export",
             "",
             f"`Queue.export_state(shard, {f.block_id.seqno}, {f.top_update[1]}, dest)` from the "
-            f"database of the last `.queue` import; a fresh process per run, the two formats "
-            f"alternating; medians of {r.repeats}.",
+            f"database of the last `.queue` import, opened with the background GC off; a "
+            f"fresh process per run, the two formats alternating; medians of {r.repeats}.",
             "",
             *self.exports(),
             "",
@@ -1277,7 +1280,8 @@ METHOD = """## Method
   encoding.
 - Breakdown: the same import with a timer wrapped around each stage function; the read
   passes run the reading parts alone, each adding one step.
-- Export: `Queue.export_state` into a fresh path (`.queue` = zstd level 9, like the node);
+- Export: `Queue.export_state` into a fresh path (`.queue` = zstd level 9, like the node),
+  on a queue opened with `QueueConfig(gc_enabled=False)` (no GC pass inside a timing);
   the first run checks the output is byte-identical to the generated state. zstd alone
   compresses the same bytes with `zstandard`, streamed as the exporter does.
 - Parsing: imq = `StateReader(open_source(path)).segments()` + `parse_internal_header`

@@ -21,10 +21,17 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def parse_args(
-    argv: Sequence[str] | None, name: str, description: str, repeats_help: str, out_note: str = ""
+    argv: Sequence[str] | None,
+    name: str,
+    description: str,
+    repeats_help: str,
+    out_note: str = "",
+    *,
+    steps: Sequence[str] = (),
 ) -> argparse.Namespace:
-    """The flags every benchmark takes: --quick, --repeats, --out, --dir. ``--out``
-    defaults to ``results/<name>.md`` (``<name>-quick.md`` with --quick)."""
+    """The flags every benchmark takes: --quick, --repeats, --out, --dir, and --only when
+    the benchmark names its ``steps``. ``--out`` defaults to ``results/<name>.md``
+    (``<name>-quick.md`` with --quick)."""
     parser = argparse.ArgumentParser(
         prog=f"python -m benchmarks.bench_{name}", description=description
     )
@@ -40,6 +47,13 @@ def parse_args(
     parser.add_argument(
         "--dir", type=Path, default=None, help="where the temporary databases go (system temp)"
     )
+    if steps:
+        parser.add_argument(
+            "--only",
+            action="append",
+            choices=steps,
+            help="run only this step (repeatable; default: every step)",
+        )
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be >= 1")

@@ -1,6 +1,6 @@
 """imq: the internal message queue of a sharded blockchain collator, on RocksDB.
 
-The public API (``spec/API.md``): value types, the router, diffs and statistics, the
+The public API (``docs/api.md``): value types, the router, diffs and statistics, the
 ``Queue`` facade with its iterator and pending diffs, the configuration and the errors.
 """
 
@@ -20,9 +20,10 @@ from imq.errors import (
     StartupError,
     StateFormatError,
 )
+from imq.gc import GcRange, GcReport
 from imq.iterator import QueueIterator
 from imq.pending import PendingDiff
-from imq.queue import Queue
+from imq.queue import CompactReport, Queue
 from imq.router import PartitionRouter
 from imq.state.exporter import ExportReport
 from imq.state.importer import ImportReport
@@ -53,6 +54,7 @@ __all__ = [
     "BlockIdShort",
     "CommitError",
     "CommitPointer",
+    "CompactReport",
     "ConfigError",
     "CorruptDataError",
     "DatabaseLockedError",
@@ -63,6 +65,8 @@ __all__ = [
     "DiffStatistics",
     "DiffZone",
     "ExportReport",
+    "GcRange",
+    "GcReport",
     "ImportReport",
     "ImqError",
     "IteratedMessage",

@@ -30,7 +30,7 @@ from imq.storage import Scan, Store, Table, codec
 from imq.storage.codec import GcBounds
 from imq.types import QueueKey, ShardIdent
 
-__all__ = ["GarbageCollector", "GcTask", "GcWorker", "due_tasks"]
+__all__ = ["GarbageCollector", "GcRange", "GcReport", "GcTask", "GcWorker", "due_tasks"]
 
 _LOCK_POLL = 0.05  # seconds between checks of the stop flag while waiting for a lock
 
@@ -50,6 +50,46 @@ def due_tasks(requested: GcBounds, executed: GcBounds) -> list[GcTask]:
         if last is None or bound > last:
             groups.setdefault((shard, bound), []).append(partition)
     return sorted(GcTask(s, b, tuple(sorted(ps))) for (s, b), ps in groups.items())
+
+
+@dataclass(frozen=True, slots=True)
+class GcRange:
+    """One (partition, source shard) deletion of a pass: everything up to ``bound``
+    (inclusive). ``diffs`` counts the shard's diffs the deletion removed (shared by the
+    partitions deleted together), ``messages`` this partition's messages."""
+
+    partition: int
+    shard: ShardIdent
+    bound: QueueKey
+    messages: int
+    diffs: int
+
+
+@dataclass(frozen=True, slots=True)
+class GcReport:
+    """What one GC pass did (``Queue.run_gc_report``). ``executed`` is what
+    ``Queue.run_gc`` returns; ``failed`` deletions stay due and are retried next pass."""
+
+    ranges: tuple[GcRange, ...]
+    failed: int
+    seconds: float
+    compaction_seconds: float
+
+    @property
+    def executed(self) -> int:
+        return len(self.ranges)
+
+    @property
+    def messages(self) -> int:
+        return sum(r.messages for r in self.ranges)
+
+    @property
+    def diffs(self) -> int:
+        """Diffs removed (each shard's diffs counted once, however many partitions)."""
+        return sum({(r.shard, r.bound): r.diffs for r in self.ranges}.values())
+
+
+_EMPTY_REPORT = GcReport((), 0, 0.0, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,11 +162,15 @@ class GarbageCollector:
 
     def run_pass(self) -> int:
         """Run every due deletion; return how many (partition, shard) deletions ran."""
+        return self.run_pass_report().executed
+
+    def run_pass_report(self) -> GcReport:
+        """Run every due deletion; return what the pass deleted."""
         with self._pass_lock:
             started = perf_counter()
             tasks = due_tasks(self._store.cached("gc_requested"), self._store.cached("gc_executed"))
             if not tasks:
-                return 0
+                return _EMPTY_REPORT
             deleted: list[_Deleted] = []
             ranges: list[tuple[Table, bytes, bytes]] = []
             failed = 0
@@ -152,8 +196,14 @@ class GarbageCollector:
             except Exception as exc:
                 failed += self._failed([d.task for d in deleted], exc)
                 deleted = []
-            self._report(deleted, failed, started, perf_counter() - compact_started)
-            return sum(len(d.task.partitions) for d in deleted)
+            compaction = perf_counter() - compact_started
+            self._report(deleted, failed, started, compaction)
+            collected = tuple(
+                GcRange(p, d.task.shard, d.task.bound, d.messages[p], d.diffs)
+                for d in deleted
+                for p in d.task.partitions
+            )
+            return GcReport(collected, failed, perf_counter() - started, compaction)
 
     def _delete(self, task: GcTask) -> tuple[_Deleted, list[tuple[Table, bytes, bytes]]]:
         """Write one (shard, bound) deletion; return it and the ranges to compact."""

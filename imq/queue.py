@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from time import perf_counter
 from types import TracebackType
 from typing import BinaryIO
 
@@ -22,7 +24,7 @@ from imq.config import QueueConfig
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_scan
 from imq.diff import DiffStatistics, QueueDiff
 from imq.errors import ImqError, StartupError
-from imq.gc import GarbageCollector, GcWorker
+from imq.gc import GarbageCollector, GcReport, GcWorker
 from imq.locks import RWLock, ShardLocks
 from imq.observability import Metrics, ProgressLine, get_logger
 from imq.pending import PendingDiff, PendingRegistry
@@ -43,7 +45,7 @@ from imq.types import (
     check_partition,
 )
 
-__all__ = ["Queue", "store_options"]
+__all__ = ["CompactReport", "Queue", "store_options"]
 
 _DEFAULT_PARTITIONS = (0, 1)
 
@@ -59,6 +61,17 @@ def store_options(config: QueueConfig) -> StoreOptions:
         write_buffer_size=config.write_buffer_size,
         max_background_jobs=config.max_background_jobs,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class CompactReport:
+    """What :meth:`Queue.compact` did: the tables compacted and the bytes of every file
+    in the database directory before and after."""
+
+    tables: int
+    bytes_before: int
+    bytes_after: int
+    seconds: float
 
 
 class Queue(QueueReads):
@@ -416,20 +429,30 @@ class Queue(QueueReads):
         seqno: int,
         tail_len: int,
         dest: str | os.PathLike[str] | BinaryIO,
+        *,
+        progress: bool | Progress = False,
     ) -> ExportReport:
         """Write the persistent queue state of block (``shard``, ``seqno``) with its
-        ``tail_len`` diffs to ``dest`` (zstd when a path ends in ``.queue``)."""
+        ``tail_len`` diffs to ``dest`` (zstd when a path ends in ``.queue``).
+        ``progress=True`` draws a progress line on stderr; a callable gets
+        ``(messages done, messages in the state)`` after each diff."""
         self._check_open()
         reads.check_block(shard, seqno)
+        line = ProgressLine(f"export {shard}:{seqno}") if progress is True else None
+        callback: Progress | None = line
+        if callable(progress):
+            callback = progress
         guard = self._pending.acquire(self._rw, self._shard_locks, shard)
         try:
             with self.metrics.time("export_state"):
                 self._check_open()
                 report = exporter.export_state(
-                    self._store, shard, seqno, tail_len, dest, log=self._log
+                    self._store, shard, seqno, tail_len, dest, log=self._log, progress=callback
                 )
         finally:
             guard.release()
+            if line is not None:
+                line.close()
         self.metrics.inc("states_exported")
         return report
 
@@ -442,6 +465,34 @@ class Queue(QueueReads):
         self._pending.check_no_pending("run_gc")
         with self.metrics.time("run_gc"):
             return self._gc.run_pass()
+
+    def run_gc_report(self) -> GcReport:
+        """Like :meth:`run_gc`, and return what the pass deleted: per (partition, shard)
+        its bound and the messages and diffs removed."""
+        self._check_writable("run_gc")
+        self._pending.check_no_pending("run_gc")
+        with self.metrics.time("run_gc"):
+            return self._gc.run_pass_report()
+
+    # -- maintenance --------------------------------------------------------------------------
+
+    def compact(self, progress: Callable[[int, int], object] | None = None) -> CompactReport:
+        """A full manual compaction of every table, in the caller's thread (beside reads
+        and writes, which go on meanwhile). ``progress(tables done, tables)`` after each
+        table. Reclaims the space of deleted rows at once rather than when RocksDB's
+        background compactions get to them."""
+        self._check_writable("compact")
+        started = perf_counter()
+        before = self._store.disk_usage()
+        self._store.compact_all(progress)
+        after = self._store.disk_usage()
+        self._log.info("queue_compacted", bytes_before=before, bytes_after=after)
+        return CompactReport(
+            tables=len(Table),
+            bytes_before=before,
+            bytes_after=after,
+            seconds=perf_counter() - started,
+        )
 
     @property
     def gc_worker(self) -> GcWorker | None:

@@ -133,7 +133,9 @@ def all_diffs_scan() -> Scan:
 
 
 def summarize(snap: Snapshot, path: object, read_only: bool) -> dict[str, Any]:
-    """A JSON-friendly picture of the queue (see ``Queue.summary``)."""
+    """A JSON-friendly, lossless picture of the queue (see ``Queue.summary``): keys as
+    ``{"lt": int, "hash": hex}`` (``QueueKey.to_json``), ids and shards in their ``str``
+    forms, which ``BlockId.parse`` and ``ShardIdent.parse`` read."""
     pointers: dict[ShardIdent, CommitPointer] = snap.cache["pointers"]
     shards: dict[ShardIdent, dict[str, Any]] = {}
     for key, value in snap.cursors[0]:
@@ -161,13 +163,13 @@ def summarize(snap: Snapshot, path: object, read_only: bool) -> dict[str, Any]:
         "read_only": read_only,
         "last_committed_mc_block": None if last is None else str(last),
         "commit_pointers": {
-            str(s): {"key": str(p.key), "seqno": p.seqno} for s, p in sorted(pointers.items())
+            str(s): {"key": p.key.to_json(), "seqno": p.seqno} for s, p in sorted(pointers.items())
         },
         "shards": {str(s): shards[s] for s in sorted(shards)},
         "gc": {
             f"{p}/{s}": {
-                "requested": str(requested[(p, s)]),
-                "executed": str(executed[(p, s)]) if (p, s) in executed else None,
+                "requested": requested[(p, s)].to_json(),
+                "executed": executed[(p, s)].to_json() if (p, s) in executed else None,
             }
             for p, s in sorted(requested)
         },

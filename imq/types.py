@@ -50,6 +50,7 @@ _ZERO32 = bytes(32)
 _FF32 = b"\xff" * 32
 _tuple_new = tuple.__new__
 _INT = re.compile(r"-?[0-9]+")
+_UINT = re.compile(r"[0-9]+")
 _HEX16 = re.compile(r"[0-9a-fA-F]{16}")
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 
@@ -118,7 +119,33 @@ class QueueKey(_QueueKeyFields):
         return f"QueueKey(lt={self.lt}, hash={self.hash.hex()})"
 
     def __str__(self) -> str:
-        return f"LT_HASH({self.lt}_{self.hash[:4].hex()})"
+        """Lossless: ``<lt in decimal>:<hash in 64 hex digits>``; :meth:`parse` reads it."""
+        return f"{self.lt}:{self.hash.hex()}"
+
+    @classmethod
+    def parse(cls, text: str) -> QueueKey:
+        """Read ``<lt>:<64 hex digits>`` (what ``str(key)`` and the CLI print)."""
+        lt, sep, hexpart = text.partition(":")
+        if not sep or not _HEX64.fullmatch(hexpart) or not _UINT.fullmatch(lt):
+            raise ValueError(f"invalid queue key {text!r}: expected '<lt>:<64 hex digits>'")
+        try:
+            return cls(int(lt), bytes.fromhex(hexpart))
+        except ValueError as exc:
+            raise ValueError(f"invalid queue key {text!r}: {exc}") from None
+
+    def to_json(self) -> dict[str, int | str]:
+        """``{"lt": <int>, "hash": <64 hex digits>}``: the JSON form the CLI prints."""
+        return {"lt": self.lt, "hash": self.hash.hex()}
+
+    @classmethod
+    def from_json(cls, obj: object) -> QueueKey:
+        """Read :meth:`to_json`'s form back."""
+        if not isinstance(obj, dict) or set(obj) != {"lt", "hash"}:
+            raise ValueError(f"invalid queue key {obj!r}: expected {{'lt': int, 'hash': hex}}")
+        lt, hexpart = obj["lt"], obj["hash"]
+        if not isinstance(hexpart, str) or not _HEX64.fullmatch(hexpart):
+            raise ValueError(f"invalid queue key {obj!r}: 'hash' must be 64 hex digits")
+        return cls(lt, bytes.fromhex(hexpart))
 
 
 QueueKey.MIN = _tuple_new(QueueKey, (0, _ZERO32))
@@ -316,6 +343,31 @@ class BlockIdShort:
     def __str__(self) -> str:
         return f"{self.shard}:{self.seqno}"
 
+    @classmethod
+    def parse(cls, text: str) -> BlockIdShort:
+        """Read ``wc:prefixhex:seqno`` (what ``str(block)`` prints)."""
+        shard, seqno = _parse_short(text, "block id")
+        return cls(shard, seqno)
+
+
+def _parse_short(text: str, what: str) -> tuple[ShardIdent, int]:
+    wc, _, rest = text.partition(":")
+    prefix, sep, seqno = rest.partition(":")
+    if not (
+        sep
+        and _INT.fullmatch(wc)
+        and _HEX16.fullmatch(prefix)
+        and _UINT.fullmatch(seqno)
+        and seqno.isascii()
+    ):
+        raise ValueError(f"invalid {what} {text!r}: expected wc:prefix16:seqno")
+    try:
+        shard = ShardIdent(int(wc), int(prefix, 16))
+        _check_int("seqno", int(seqno), 0, U32_MAX)
+    except ValueError as exc:
+        raise ValueError(f"invalid {what} {text!r}: {exc}") from None
+    return shard, int(seqno)
+
 
 @dataclass(frozen=True, slots=True, order=True)
 class BlockId:
@@ -344,9 +396,15 @@ class BlockId:
 
     @classmethod
     def parse(cls, text: str) -> BlockId:
+        """Read ``wc:prefixhex:seqno:roothex:filehex`` (what ``str(block_id)`` prints), or
+        ``wc:prefixhex:seqno`` without hashes (both hashes are then zero, as when a
+        ``BlockId`` is built without them)."""
         parts = text.split(":")
+        if len(parts) == 3:
+            shard, seqno_ = _parse_short(text, "block id")
+            return cls(shard, seqno_)
         if len(parts) != 5:
-            raise ValueError(f"invalid block id {text!r}: expected wc:prefix:seqno:root:file")
+            raise ValueError(f"invalid block id {text!r}: expected wc:prefix:seqno[:root:file]")
         wc, prefix, seqno, root, file = parts
         if not (
             _INT.fullmatch(wc)

@@ -7,11 +7,13 @@ reopen and show that the committed state survived.
 
 from __future__ import annotations
 
+import argparse
 import random
 import shutil
 from pathlib import Path
 from typing import TextIO
 
+from imq.cli.common import Commands, PathError
 from imq.config import QueueConfig
 from imq.diff import QueueDiff
 from imq.queue import Queue
@@ -28,7 +30,50 @@ from imq.types import (
     TopBlock,
 )
 
-__all__ = ["run"]
+__all__ = ["DEFAULT_DB", "register", "run"]
+
+DEFAULT_DB = Path("var") / "demo-db"
+EXAMPLES = """\
+examples (from the repository root):
+  imq demo
+  imq demo --db var/demo-db
+"""
+
+
+def register(commands: Commands) -> None:
+    demo = commands.add_parser(
+        "demo",
+        help="run a short scripted scenario on an embedded database and show what it holds",
+        description="Apply, commit, read, clear and reopen on a small queue, printing each "
+        "step. The database is wiped first (only if it is a queue database or empty).",
+        epilog=EXAMPLES,
+    )
+    demo.add_argument(
+        "--db",
+        type=Path,
+        default=DEFAULT_DB,
+        help=f"database directory, wiped first (default: {DEFAULT_DB})",
+    )
+    demo.set_defaults(run=_run_args)
+
+
+def _run_args(args: argparse.Namespace, out: TextIO) -> None:
+    run(args.db, out)
+
+
+def _short(key: QueueKey) -> str:
+    """A key for the narrative: lt and the first 4 hash bytes (``str(key)`` is lossless)."""
+    return f"{key.lt}:{key.hash[:4].hex()}.."
+
+
+def _check_wipeable(db: Path) -> None:
+    if not db.exists():
+        return
+    if not db.is_dir():
+        raise PathError(f"{db} is a file, not a database directory")
+    if any(db.iterdir()) and not (db / "CURRENT").is_file():
+        raise PathError(f"{db} holds other files but no queue database; it is not wiped")
+
 
 MC = ShardIdent.MASTERCHAIN
 LEFT = ShardIdent(0, 0x4000_0000_0000_0000)  # accounts whose first bit is 0
@@ -80,11 +125,12 @@ class _Scenario:
             diff = self.diff(shard, processed)
             block = BlockIdShort(shard, seqno)
             applied = queue.apply_diff(diff, block, self.rng.randbytes(32))
-            assert diff.max_message is not None
+            assert diff.min_message is not None and diff.max_message is not None
             maxima[shard] = diff.max_message
             self.say(
                 f"  applied {block}: {len(diff.messages)} messages, "
-                f"keys {diff.min_message} .. {diff.max_message} ({'new' if applied else 'no-op'})"
+                f"keys {_short(diff.min_message)} .. {_short(diff.max_message)} "
+                f"({'new' if applied else 'no-op'})"
             )
         return maxima
 
@@ -109,11 +155,11 @@ class _Scenario:
             self.say(f"  partition {partition}: {len(got)} messages for {for_shard}")
             for item in got[:3]:
                 m = item.message
-                self.say(f"    {m.key}  from {item.source}  to {str(m.dst)[:14]}..")
+                self.say(f"    {_short(m.key)}  from {item.source}  to {str(m.dst)[:14]}..")
             if got:
                 self.say(
                     "    read position: "
-                    + ", ".join(f"{s}@{k}" for s, k in sorted(position.items()))
+                    + ", ".join(f"{s}@{_short(k)}" for s, k in sorted(position.items()))
                 )
 
 
@@ -121,6 +167,7 @@ def run(db: Path, out: TextIO) -> None:
     """Run the demo on ``db`` (wiped first)."""
     scenario = _Scenario(out)
     say = scenario.say
+    _check_wipeable(db)
     if db.exists():
         shutil.rmtree(db)
     config = QueueConfig(gc_enabled=False)  # the demo runs GC itself, at a chosen step
@@ -135,14 +182,14 @@ def run(db: Path, out: TextIO) -> None:
         tops = [TopBlock(BlockId(s, 2), 2) for s in SHARDS]
         queue.commit_diff(tops)
         for shard, pointer in sorted(queue.get_commit_pointers().items()):
-            say(f"  pointer {shard!s:22} -> {pointer.key} (seqno {pointer.seqno})")
+            say(f"  pointer {shard!s:22} -> {_short(pointer.key)} (seqno {pointer.seqno})")
         scenario.show_zones(queue, SEQNOS)
 
         say("\n   GC deletes, per source shard, what every reader has processed (the minimum")
         say("   processed_to over the committed diffs):")
         bounds, _ = queue.gc_bounds()
         for (partition, shard), bound in sorted(bounds.items()):
-            say(f"  bound p{partition} {shard!s:22} <= {bound}")
+            say(f"  bound p{partition} {shard!s:22} <= {_short(bound)}")
         say(f"  run_gc: {queue.run_gc()} (partition, shard) ranges collected")
 
         say(f"\n3. Collating {LEFT}: read its incoming messages, merged across sources:")

@@ -1,124 +1,91 @@
-"""Entry point of the ``imq`` command."""
+"""Entry point of the ``imq`` command.
+
+Every subcommand lives in its own module, which exposes ``register(commands)``: it adds
+its parser to ``commands`` (argparse's subparsers) and sets ``run`` with
+``set_defaults(run=fn)``, where ``fn(args, out)`` does the work and prints to ``out``.
+Adding a command is one module and one entry in :data:`COMMANDS`.
+
+Exit status: 0 done; 1 refused by imq (a typed ``ImqError``, or a path that cannot be
+used), with one line on stderr; 2 bad arguments.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from types import ModuleType
 
-from imq.cli import demo, inspect, state
+from imq.cli import demo, inspect, maintenance, replay, simulate, state
+from imq.cli.common import Parser, normalize_argv
 from imq.errors import ImqError
 from imq.observability import configure_for_cli
-from imq.types import ShardIdent
 
-__all__ = ["main"]
+__all__ = ["COMMANDS", "build_parser", "main"]
 
-DEFAULT_DEMO_DB = Path("var") / "demo-db"
+# One module per group of subcommands, in the order `imq --help` lists them.
+COMMANDS: tuple[ModuleType, ...] = (simulate, replay, demo, inspect, state, maintenance)
+
+EXAMPLES = """\
+examples (from the repository root):
+  imq demo
+  imq inspect var/demo-db
+  imq --log-level info gc var/demo-db
+
+`imq COMMAND --help` shows each command's options and examples.
+"""
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="imq", description="The internal message queue of a sharded blockchain collator."
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="imq",
+        description="The internal message queue of a sharded blockchain collator.",
+        epilog=EXAMPLES,
     )
     parser.add_argument(
         "--log-level", default="warning", help="structlog level for events on stderr"
     )
     parser.add_argument("--log-json", action="store_true", help="log events as JSON lines")
-    commands = parser.add_subparsers(dest="command", required=True)
-    run_demo = commands.add_parser(
-        "demo",
-        help="run a short scripted scenario on an embedded database and show what it holds",
-    )
-    run_demo.add_argument(
-        "--db",
-        type=Path,
-        default=DEFAULT_DEMO_DB,
-        help=f"database directory, wiped first (default: {DEFAULT_DEMO_DB})",
-    )
-    show = commands.add_parser(
-        "inspect", help="show what a queue database holds (read-only; safe beside a live node)"
-    )
-    show.add_argument("db", type=Path, help="database directory")
-    show.add_argument("--json", action="store_true", help="print the summary as JSON")
-    _state_commands(commands)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS:
+        module.register(commands)
     return parser
 
 
-def _state_commands(commands: Any) -> None:
-    load = commands.add_parser(
-        "import",
-        help="import a persistent queue state file (raw or zstd .queue) into a database",
-        description="Cold start: import a state all or nothing. Masterchain file names start "
-        "with '-': put them after '--'.",
-    )
-    load.add_argument("db", type=Path, help="database directory (created if missing)")
-    load.add_argument("file", type=Path, help="state file (.queue = zstd, or raw)")
-    load.add_argument(
-        "--block-id",
-        help="wc:shard:seqno:roothash:filehash (default: taken from the file's name)",
-    )
-    checks = load.add_mutually_exclusive_group()
-    checks.add_argument(
-        "--top-update", help="HASH:TAIL the state must match (top diff hash, tail length)"
-    )
-    checks.add_argument(
-        "--block", type=Path, help="a block file whose out_msg_queue_updates the state must match"
-    )
-    load.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
-    save = commands.add_parser(
-        "export", help="write the persistent queue state of a block (zstd when OUT ends in .queue)"
-    )
-    save.add_argument("db", type=Path, help="database directory")
-    save.add_argument("--shard", required=True, help="block shard, e.g. 0:8000000000000000")
-    save.add_argument("--seqno", required=True, type=int, help="block seqno")
-    save.add_argument("--tail-len", required=True, type=int, help="number of diffs to include")
-    save.add_argument("out", type=Path, help="output file")
-    dump = commands.add_parser(
-        "dump-diff", help="print a queue diff (or a state's diffs) with the computed hash"
-    )
-    dump.add_argument("file", type=Path, help="queue diff (.bin) or queue state file")
-    dump.add_argument("--json", action="store_true", help="print JSON")
-
-
-def _run_state_command(args: argparse.Namespace) -> None:
-    if args.command == "import":
-        top = None if args.top_update is None else state.parse_top_update(args.top_update)
-        state.run_import(
-            args.db,
-            args.file,
-            block_id=state.resolve_block_id(args.block_id, args.file),
-            top_update=top,
-            block_file=args.block,
-            progress=not args.no_progress,
-            out=sys.stdout,
-        )
-    elif args.command == "export":
-        shard = ShardIdent.parse(args.shard)
-        state.run_export(args.db, shard, args.seqno, args.tail_len, args.out, out=sys.stdout)
-    else:
-        state.dump_diff(args.file, as_json=args.json, out=sys.stdout)
+def _os_error(exc: OSError) -> str:
+    """One line for a failed file operation: what, where, why."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else reason
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(normalize_argv(sys.argv[1:] if argv is None else argv))
     try:
         configure_for_cli(args.log_level, json=args.log_json)
     except ValueError as exc:
         print(f"imq: {exc}", file=sys.stderr)
         return 2
     try:
-        if args.command == "demo":
-            demo.run(args.db, out=sys.stdout)
-        elif args.command == "inspect":
-            inspect.run(args.db, as_json=args.json, out=sys.stdout)
-        else:
-            _run_state_command(args)
+        if hasattr(args, "handler"):  # commands that decide their own exit status
+            code = int(args.handler(args))
+            sys.stdout.flush()
+            return code
+        args.run(args, sys.stdout)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader of stdout went away (`imq ... | head`): stop quietly, and keep Python
+        # from reporting the same error again when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except ImqError as exc:
         print(f"imq: error: {exc}", file=sys.stderr)
         return 1
-    except (ValueError, OSError) as exc:
+    except OSError as exc:
+        print(f"imq: error: {_os_error(exc)}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
         print(f"imq: {exc}", file=sys.stderr)
         return 2
     return 0

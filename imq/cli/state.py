@@ -2,23 +2,171 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 from typing import Any, TextIO
 
+from imq.cli.common import (
+    Commands,
+    block_id_arg,
+    database_dir,
+    input_file,
+    new_database_dir,
+    output_file,
+    shard_arg,
+)
 from imq.config import QueueConfig
 from imq.errors import StateFormatError
 from imq.queue import Queue
 from imq.state.block import check_block_id, parse_block_id_name, read_block_top_update
+from imq.state.exporter import MAX_TAIL_LEN
+from imq.state.reader import StateReader
 from imq.state.source import DIFF_MAGIC, open_source
 from imq.state.tl import TlDiff, decode_diff, diff_hash, read_state_header
-from imq.types import BlockId, ShardIdent
+from imq.types import BlockId, BlockIdShort, ShardIdent
 
-__all__ = ["dump_diff", "parse_top_update", "resolve_block_id", "run_export", "run_import"]
+__all__ = [
+    "diff_json",
+    "dump_diff",
+    "parse_top_update",
+    "register",
+    "resolve_block_id",
+    "run_export",
+    "run_import",
+]
+
+_SHARD_160 = "tests/data/tycho/persistent_state/shard.bin"
+_MASTER_90 = "tests/data/tycho/persistent_state/master.bin"
+_FIRST_DIFF = "tests/data/tycho/first_block/first_block_queue_diff.bin"
+_TOP_160 = "794fe9ce31b7919d2b6ca9ae0f97501f4017382a273b8f3ee512dcfcb5b14482"
+_TOP_90 = "5795ca5d1b8d0c1ce96394eef851bde718ff2e14fd2840098ed2bb7640f278c5"
+
+IMPORT_EXAMPLES = f"""\
+The block id comes from the file's name (a node names its states
+wc_shard_seqno_roothash_filehash.queue) unless --block-id gives it. A masterchain name
+or id starts with '-': it is a value all the same (or put the file after '--').
+
+examples (from the repository root):
+  imq import var/state-db {_SHARD_160} --block-id 0:8000000000000000:160 --top-update {_TOP_160}:3
+  imq import var/state-db {_MASTER_90} --block-id -1:8000000000000000:90 --top-update={_TOP_90}:1
+"""
+
+EXPORT_EXAMPLES = """\
+examples (from the repository root, after the import examples):
+  imq export var/state-db --shard 0:8000000000000000 --seqno 160 --tail-len 3 var/160.queue
+  imq export var/state-db --shard -1:8000000000000000 --seqno 90 --tail-len 1 var/90.bin
+"""
+
+DUMP_EXAMPLES = f"""\
+JSON: always a list of diffs (one for a bare diff), with full keys ({{"lt": int,
+"hash": hex}}) and ids (QueueKey.from_json, ShardIdent.parse, BlockIdShort.parse read them).
+
+examples (from the repository root):
+  imq dump-diff {_FIRST_DIFF}
+  imq dump-diff --json {_SHARD_160}
+"""
+
+
+def register(commands: Commands) -> None:
+    """Add ``import``, ``export`` and ``dump-diff``."""
+    load = commands.add_parser(
+        "import",
+        help="import a persistent queue state file (raw or zstd .queue) into a database",
+        description="Cold start: import a state all or nothing. The database is created "
+        "only once the file's header has been read and checked.",
+        epilog=IMPORT_EXAMPLES,
+    )
+    load.add_argument("db", type=Path, help="database directory (created if missing)")
+    load.add_argument("file", type=Path, help="state file (.queue = zstd, or raw)")
+    load.add_argument(
+        "--block-id",
+        type=block_id_arg,
+        help="wc:shard:seqno[:roothash:filehash] (default: taken from the file's name)",
+    )
+    checks = load.add_mutually_exclusive_group()
+    checks.add_argument(
+        "--top-update", help="HASH:TAIL the state must match (top diff hash, tail length)"
+    )
+    checks.add_argument(
+        "--block", type=Path, help="a block file whose out_msg_queue_updates the state must match"
+    )
+    load.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    load.set_defaults(run=_import_command)
+
+    save = commands.add_parser(
+        "export",
+        help="write the persistent queue state of a block (zstd when OUT ends in .queue)",
+        description="Write the state of block (--shard, --seqno) with its --tail-len diffs. "
+        "Reads the database without changing it (safe beside a live node).",
+        epilog=EXPORT_EXAMPLES,
+    )
+    save.add_argument("db", type=Path, help="database directory")
+    save.add_argument(
+        "--shard", required=True, type=shard_arg, help="block shard, e.g. 0:8000000000000000"
+    )
+    save.add_argument("--seqno", required=True, type=int, help="block seqno")
+    save.add_argument(
+        "--tail-len", required=True, type=_tail_len, help="number of diffs to include"
+    )
+    save.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
+    save.add_argument("out", type=Path, help="output file")
+    save.set_defaults(run=_export_command)
+
+    dump = commands.add_parser(
+        "dump-diff",
+        help="print a queue diff (or a state's diffs) with the computed hash",
+        description="Print a bare queue diff (.bin) or every diff of a queue state file.",
+        epilog=DUMP_EXAMPLES,
+    )
+    dump.add_argument("file", type=Path, help="queue diff (.bin) or queue state file")
+    dump.add_argument("--json", action="store_true", help="print JSON (a list of diffs)")
+    dump.set_defaults(run=_dump_command)
+
+
+def _tail_len(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if not 1 <= n <= MAX_TAIL_LEN:
+        raise argparse.ArgumentTypeError(f"tail_len must be in 1..={MAX_TAIL_LEN}, got {n}")
+    return n
+
+
+def _import_command(args: argparse.Namespace, out: TextIO) -> None:
+    top = None if args.top_update is None else parse_top_update(args.top_update)
+    block_id = args.block_id if args.block_id is not None else resolve_block_id(None, args.file)
+    run_import(
+        args.db,
+        args.file,
+        block_id=block_id,
+        top_update=top,
+        block_file=args.block,
+        progress=not args.no_progress,
+        out=out,
+    )
+
+
+def _export_command(args: argparse.Namespace, out: TextIO) -> None:
+    run_export(
+        args.db,
+        args.shard,
+        args.seqno,
+        args.tail_len,
+        args.out,
+        progress=not args.no_progress,
+        out=out,
+    )
+
+
+def _dump_command(args: argparse.Namespace, out: TextIO) -> None:
+    dump_diff(args.file, as_json=args.json, out=out)
 
 
 def resolve_block_id(text: str | None, file: Path) -> BlockId:
-    """``--block-id`` as ``wc:shard:seqno:root:file``, or else the id in the file's name."""
+    """``--block-id`` (``wc:shard:seqno[:root:file]`` or a file name), or else the id in
+    the file's name."""
     if text is not None:
         try:
             return BlockId.parse(text)
@@ -28,7 +176,7 @@ def resolve_block_id(text: str | None, file: Path) -> BlockId:
         return parse_block_id_name(file.name)
     except ValueError:
         raise ValueError(
-            f"{file.name} does not name its block; give --block-id wc:shard:seqno:root:file"
+            f"{file.name} does not name its block; give --block-id wc:shard:seqno[:root:file]"
         ) from None
 
 
@@ -55,16 +203,29 @@ def run_import(
     progress: bool,
     out: TextIO,
 ) -> None:
+    """Check every path, the block file and the state's header; only then open (and so
+    create) the database and import."""
+    input_file(file, "state file")
+    new_database_dir(db)
     if block_file is not None:
+        input_file(block_file, "block file")
         update = read_block_top_update(block_file.read_bytes())
         check_block_id(update, block_id)
         if update.tail_len is None:
             raise StateFormatError(f"block {block_file.name} has no tail length")
         top_update = (update.diff_hash, update.tail_len)
+        # A block id given without hashes takes the block file's (checked just above).
+        block_id = BlockId(
+            block_id.shard,
+            block_id.seqno,
+            block_id.root_hash if any(block_id.root_hash) else update.root_hash,
+            block_id.file_hash if any(block_id.file_hash) else update.file_hash,
+        )
         print(
             f"top update from {block_file.name}: {update.diff_hash.hex()}:{update.tail_len}",
             file=out,
         )
+    _check_header(file, block_id, top_update)
     with Queue.open(db, QueueConfig(gc_enabled=False)) as queue:
         report = queue.import_state(file, block_id, top_update, progress=progress)
     rate = report.messages / report.seconds if report.seconds else 0.0
@@ -76,11 +237,36 @@ def run_import(
     )
 
 
+def _check_header(file: Path, block_id: BlockId, top_update: tuple[bytes, int] | None) -> None:
+    """Open the state and check its header (block, top update) before any database exists;
+    the import checks it again, with everything else."""
+    with open_source(file) as src:
+        reader = StateReader(src)
+        header = reader.header
+        if (header.shard, header.seqno) != (block_id.shard, block_id.seqno):
+            raise StateFormatError(
+                f"{file.name}: the state belongs to block {header.shard}:{header.seqno}, "
+                f"not to {block_id.short}"
+            )
+        if top_update is not None:
+            reader.check_top_update(*top_update)
+
+
 def run_export(
-    db: Path, shard: ShardIdent, seqno: int, tail_len: int, dest: Path, *, out: TextIO
+    db: Path,
+    shard: ShardIdent,
+    seqno: int,
+    tail_len: int,
+    dest: Path,
+    *,
+    progress: bool = False,
+    out: TextIO,
 ) -> None:
-    with Queue.open(db, QueueConfig(gc_enabled=False)) as queue:
-        report = queue.export_state(shard, seqno, tail_len, dest)
+    """Export through a read-only open: nothing is created or changed in ``db``."""
+    database_dir(db)
+    output_file(dest)
+    with Queue.open(db, QueueConfig(gc_enabled=False), read_only=True) as queue:
+        report = queue.export_state(shard, seqno, tail_len, dest, progress=progress)
     print(
         f"exported {shard}:{seqno} to {dest}: {report.diffs} diffs, {report.messages:,} messages, "
         f"{report.chunks} chunks, {report.bytes:,} bytes"
@@ -90,15 +276,18 @@ def run_export(
     )
 
 
-def _diff_json(diff: TlDiff, digest: bytes) -> dict[str, Any]:
+def diff_json(diff: TlDiff, digest: bytes) -> dict[str, Any]:
+    """One diff as JSON, lossless: keys as ``{"lt": int, "hash": hex}``
+    (``QueueKey.from_json``), shards and block ids in their ``parse``-able text."""
     return {
-        "hash": digest.hex(),
-        "prev_hash": diff.prev_hash.hex(),
+        "block": str(BlockIdShort(diff.shard, diff.seqno)),
         "shard": str(diff.shard),
         "seqno": diff.seqno,
-        "processed_to": {str(s): str(k) for s, k in diff.processed_to},
-        "min_message": str(diff.min_message),
-        "max_message": str(diff.max_message),
+        "hash": digest.hex(),
+        "prev_hash": diff.prev_hash.hex(),
+        "processed_to": {str(s): k.to_json() for s, k in diff.processed_to},
+        "min_message": diff.min_message.to_json(),
+        "max_message": diff.max_message.to_json(),
         "messages": diff.n_messages,
         "message_hashes": [diff.hash_at(i).hex() for i in range(diff.n_messages)],
         "router_src": {str(p): [str(a) for a in addrs] for p, addrs in diff.router_src},
@@ -107,21 +296,23 @@ def _diff_json(diff: TlDiff, digest: bytes) -> dict[str, Any]:
 
 
 def dump_diff(file: Path, *, as_json: bool, out: TextIO) -> None:
-    """Print a bare queue diff, or every diff in a state's header, with computed hashes."""
+    """Print a bare queue diff, or every diff in a state's header, with computed hashes.
+    JSON is always a list of diffs, so both kinds of file read back the same way."""
+    input_file(file, "file")
     with open(file, "rb") as f:
         head = f.read(4)
     if head == DIFF_MAGIC:
         data = file.read_bytes()
         diff = decode_diff(data)
-        entries = [_diff_json(diff, diff_hash(data))]
+        entries = [diff_json(diff, diff_hash(data))]
         title = f"queue diff {file.name}"
     else:
         with open_source(file) as src:
             header = read_state_header(src)
-        entries = [_diff_json(d, h) for d, h in zip(header.diffs, header.diff_hashes, strict=True)]
+        entries = [diff_json(d, h) for d, h in zip(header.diffs, header.diff_hashes, strict=True)]
         title = f"queue state {file.name}: {header.shard}:{header.seqno}, {header.n_chunks} chunks"
     if as_json:
-        json.dump(entries[0] if head == DIFF_MAGIC else entries, out, indent=2)
+        json.dump(entries, out, indent=2)
         print(file=out)
         return
     print(title, file=out)
@@ -129,19 +320,23 @@ def dump_diff(file: Path, *, as_json: bool, out: TextIO) -> None:
         _print_diff(entry, out)
 
 
+def _key_text(obj: dict[str, Any]) -> str:
+    return f"{obj['lt']}:{obj['hash']}"
+
+
 def _print_diff(entry: dict[str, Any], out: TextIO) -> None:
     def say(text: str) -> None:
         print(text, file=out)
 
-    say(f"\ndiff {entry['shard']}:{entry['seqno']}")
+    say(f"\ndiff {entry['block']}")
     say(f"  hash (blake3)   {entry['hash']}")
     say(f"  prev_hash       {entry['prev_hash']}")
-    say(f"  min_message     {entry['min_message']}")
-    say(f"  max_message     {entry['max_message']}")
-    say(
-        "  processed_to    "
-        + (", ".join(f"{s} -> {k}" for s, k in entry["processed_to"].items()) or "-")
-    )
+    say(f"  min_message     {_key_text(entry['min_message'])}")
+    say(f"  max_message     {_key_text(entry['max_message'])}")
+    processed = entry["processed_to"]
+    say("  processed_to    " + ("-" if not processed else ""))
+    for shard, key in processed.items():
+        say(f"    {shard} -> {_key_text(key)}")
     hashes = entry["message_hashes"]
     shown = ", ".join(h[:16] for h in hashes[:3]) + (", ..." if len(hashes) > 3 else "")
     say(f"  messages        {entry['messages']}" + (f" ({shown})" if hashes else ""))

@@ -16,6 +16,7 @@ header that precedes them lists every message hash and the chunk count.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
 from typing import BinaryIO
@@ -55,9 +56,11 @@ def export_state(
     dest: str | os.PathLike[str] | BinaryIO,
     *,
     log: ImqLogger,
+    progress: Callable[[int, int], object] | None = None,
 ) -> ExportReport:
     """Write the state of block (``shard``, ``seqno``) to ``dest``. The caller keeps the
-    shard's diffs and messages from changing (read lock and the shard's mutex)."""
+    shard's diffs and messages from changing (read lock and the shard's mutex).
+    ``progress(messages done, messages in the state)`` is called after each diff."""
     if not 1 <= tail_len <= MAX_TAIL_LEN:
         raise ValueError(f"tail_len must be in 1..={MAX_TAIL_LEN}, got {tail_len}")
     if tail_len > seqno + 1:
@@ -66,7 +69,12 @@ def export_state(
     records = _load_infos(store, shard, seqno, tail_len)
     spool = ChunkSpool()
     try:
-        hash_lists = [_spool_messages(store, shard, info, parts, spool) for info, parts in records]
+        total = sum(sum(parts.values()) for _, parts in records)
+        hash_lists = []
+        for i, (info, parts) in enumerate(records, start=1):
+            hash_lists.append(_spool_messages(store, shard, info, parts, spool))
+            if progress is not None and (spool.messages < total or i == len(records)):
+                progress(spool.messages, total)  # all done is reported once, at the end
         tls, exact = _encode_chain(shard, [info for info, _ in records], hash_lists)
         with open_sink(dest) as (_, out):
             write_state(out, shard, seqno, tls, spool)

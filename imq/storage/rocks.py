@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from rocksdict import (
     AccessType,
+    BottommostLevelCompaction,
     Cache,
     CompactOptions,
     Options,
@@ -422,6 +423,30 @@ class Store:
                         f"queue database {self.path} closed during compaction"
                     ) from exc
                 raise
+
+    def compact_all(self, progress: Callable[[int, int], object] | None = None) -> None:
+        """A full manual compaction of every table (column family), one after another,
+        down to the bottommost level; ``progress(tables done, tables)`` after each.
+        Like :meth:`compact`, it runs without the gate, beside reads and writes."""
+        if self.read_only:
+            raise ImqError(f"queue database {self.path} is open read-only")
+        opts = CompactOptions()
+        opts.set_bottommost_level_compaction(BottommostLevelCompaction.force())
+        tables = list(Table)
+        for done, table in enumerate(tables, start=1):
+            with self._gate:
+                self._check_open()
+                rdict = self._tables[table]
+            try:
+                rdict.compact_range(None, None, opts)
+            except Exception as exc:
+                if self._closed:
+                    raise QueueClosedError(
+                        f"queue database {self.path} closed during compaction"
+                    ) from exc
+                raise
+            if progress is not None:
+                progress(done, len(tables))
 
     def flush(self, tables: Iterable[Table]) -> None:
         self._check_open()

@@ -104,7 +104,7 @@ def test_summary(tmp_path: Path) -> None:
         "messages": {0: 3},
     }
     assert summary["gc"][f"0/{LEFT}"] == {
-        "requested": str(QueueKey.max_for_lt(10)),
+        "requested": QueueKey.max_for_lt(10).to_json(),
         "executed": None,
     }
     json.dumps(summary)  # JSON-friendly

@@ -1,4 +1,4 @@
-"""The whole queue against a plain-Python model (``tests/model.py``).
+"""The whole queue against a plain-Python model (``imq.testing.model``).
 
 A hypothesis ``RuleBasedStateMachine`` drives a real ``Queue`` (RocksDB in a fresh
 temporary directory per example) and the model with the same operations: apply,
@@ -23,6 +23,8 @@ pasted into a regression test (see the end of this file).
 from __future__ import annotations
 
 import hashlib
+import io
+import os
 import random
 import shutil
 import tempfile
@@ -45,7 +47,6 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from model import DiffInput, QueueModel
 
 from imq import (
     Address,
@@ -65,6 +66,8 @@ from imq import (
     ShardIdent,
     TopBlock,
 )
+from imq.testing.model import DiffInput, QueueModel
+from imq.testing.record import OpLog, RecordingQueue
 
 # ---------------------------------------------------------------------------------------------
 # The world: shards, accounts, partitions
@@ -298,12 +301,23 @@ def key_ranges(model: QueueModel, shard: ShardIdent, clock: int) -> list[QueueSh
 
 
 class QueueMachine(RuleBasedStateMachine):
+    """Every queue call of the rules goes through a :class:`RecordingQueue`; the op log
+    of the last example (the shrunk one, when hypothesis reports a failure) is written
+    in the replay format (``docs/replay-format.md``) by ``test_queue_machine``. The
+    invariants read the queue directly (``self.raw``), unrecorded."""
+
+    RECORD = True
+    last_log = ""  # the op log of the last example torn down
+    every_log: list[str] | None = None  # when a list, every example's log is kept
+
     def __init__(self) -> None:
         super().__init__()
         self.tmp = Path(tempfile.mkdtemp(prefix="imq-machine-"))
         self.path = self.tmp / "db"
         self.zerostate_seqno = 0
         self.model = QueueModel()
+        self.sink = io.StringIO()
+        self.log = OpLog(self.sink)
         self.queue = self._open()
         self.clock = 100
         self.counter = 0
@@ -314,9 +328,18 @@ class QueueMachine(RuleBasedStateMachine):
         referenced at or below it is skipped by commit instead of failing it."""
         self.zerostate_seqno = zerostate_seqno
         self.model = QueueModel(zerostate_seqno)
-        self.reopen()
+        self.raw.close()  # a new log starts here, with the zerostate in its header
+        self.sink = io.StringIO()
+        self.log = OpLog(self.sink, zerostate_seqno=zerostate_seqno)
+        self.queue = self._open()
 
-    def _open(self) -> Queue:
+    @property
+    def raw(self) -> Queue:
+        """The queue itself, for reads the op log need not hold."""
+        queue = self.queue
+        return queue.inner if isinstance(queue, RecordingQueue) else queue
+
+    def _open(self) -> Any:
         """Open the queue, wait for the worker's first pass (it fires at open, D7: GC
         resumes without a new commit) and let the model run that pass too."""
         queue = Queue.open(self.path, CONFIG, zerostate_seqno=self.zerostate_seqno)
@@ -332,9 +355,16 @@ class QueueMachine(RuleBasedStateMachine):
         except BaseException:
             queue.close()
             raise
-        return queue
+        if not self.RECORD:
+            return queue
+        self.log.record("open", {})
+        self.log.record("run_gc", {}, expected)  # the worker's pass at open
+        return RecordingQueue(queue, self.log)
 
     def teardown(self) -> None:
+        QueueMachine.last_log = self.sink.getvalue()
+        if QueueMachine.every_log is not None:
+            QueueMachine.every_log.append(QueueMachine.last_log)
         try:
             self.queue.close()
         finally:
@@ -508,19 +538,19 @@ class QueueMachine(RuleBasedStateMachine):
         # with a plain ImqError (not a CommitError or any other subclass).
         if try_commit:
             with pytest.raises(ImqError) as refused:
-                self.queue.commit_diff([TopBlock(BlockId(MC, 0xFFFF), 0xFFFF)])
+                self.raw.commit_diff([TopBlock(BlockId(MC, 0xFFFF), 0xFFFF)])
             assert refused.type is ImqError
         if try_clear:
             with pytest.raises(ImqError) as refused:
-                self.queue.clear_uncommitted_state(PARTITIONS, list(SHARDS.values()))
+                self.raw.clear_uncommitted_state(PARTITIONS, list(SHARDS.values()))
             assert refused.type is ImqError
         if try_gc:
             with pytest.raises(ImqError) as refused:
-                self.queue.run_gc()
+                self.raw.run_gc()
             assert refused.type is ImqError
         if try_again:
             with pytest.raises(ImqError) as refused:
-                self.queue.prepare_diff(diff, d.block, d.diff_hash, stats, zone)
+                self.raw.prepare_diff(diff, d.block, d.diff_hash, stats, zone)
             assert refused.type is ImqError
         if as_context:
             with pending:
@@ -706,6 +736,8 @@ class QueueMachine(RuleBasedStateMachine):
         assert worker.tick(timeout=30)
         expected = self._model_gc("gc tick")
         assert self.queue.metrics.counter("gc_ranges_deleted") - before == expected
+        if self.RECORD:
+            self.log.record("run_gc", {}, expected)  # a worker pass replays as run_gc
 
     # -- rules: iterate -----------------------------------------------------------------------
 
@@ -789,29 +821,28 @@ class QueueMachine(RuleBasedStateMachine):
 
     @invariant()
     def pointers_and_last_committed(self) -> None:
-        assert self.queue.get_commit_pointers() == self.model.get_commit_pointers()
+        assert self.raw.get_commit_pointers() == self.model.get_commit_pointers()
         assert (
-            self.queue.get_last_committed_mc_block_id()
-            == self.model.get_last_committed_mc_block_id()
+            self.raw.get_last_committed_mc_block_id() == self.model.get_last_committed_mc_block_id()
         )
-        requested, executed = self.queue.gc_bounds()
+        requested, executed = self.raw.gc_bounds()
         assert requested == self.model.gc_requested
         assert executed == self.model.gc_executed
-        assert self.queue.metrics.counter("gc_ranges_failed") == 0
+        assert self.raw.metrics.counter("gc_ranges_failed") == 0
 
     @invariant()
     def diff_infos(self) -> None:
         probes = set(self.model.diffs)
         for shard in SHARDS.values():
             last = self.model.get_last_applied_seqno(shard)
-            assert self.queue.get_last_applied_seqno(shard) == last
+            assert self.raw.get_last_applied_seqno(shard) == last
             probes |= {(shard, 0), (shard, 1), (shard, min((last or 0) + 1, U32_MAX))}
         for shard, seqno in sorted(probes):
             for zone in DiffZone:
-                got = self.queue.get_diff_info(shard, seqno, zone)
+                got = self.raw.get_diff_info(shard, seqno, zone)
                 assert got == self.model.get_diff_info(shard, seqno, zone), (shard, seqno, zone)
             block = BlockIdShort(shard, seqno)
-            assert self.queue.is_diff_exists(block) == self.model.is_diff_exists(block)
+            assert self.raw.is_diff_exists(block) == self.model.is_diff_exists(block)
 
     @invariant()
     def tail_lengths(self) -> None:
@@ -822,7 +853,7 @@ class QueueMachine(RuleBasedStateMachine):
                 keys |= {pointer.key, pointer.key.next_value()}
             keys |= {d.info.max_message for (s, _), d in self.model.diffs.items() if s == shard}
             for key in sorted(keys):
-                got = self.queue.get_diffs_tail_len(shard, key)
+                got = self.raw.get_diffs_tail_len(shard, key)
                 assert got == self.model.get_diffs_tail_len(shard, key), (shard, key)
 
     @invariant()
@@ -830,9 +861,9 @@ class QueueMachine(RuleBasedStateMachine):
         for shard in SHARDS.values():
             for r in key_ranges(self.model, shard, self.clock):
                 for partition in PARTITIONS:
-                    got = self.queue.load_diff_statistics(partition, r)
+                    got = self.raw.load_diff_statistics(partition, r)
                     assert got == self.model.load_diff_statistics(partition, r), (r, partition)
-                got_sep = self.queue.load_separated_diff_statistics(PARTITIONS, r)
+                got_sep = self.raw.load_separated_diff_statistics(PARTITIONS, r)
                 assert got_sep == self.model.load_separated_diff_statistics(PARTITIONS, r), r
 
     @invariant()
@@ -841,13 +872,34 @@ class QueueMachine(RuleBasedStateMachine):
         stored = {}
         for partition in PARTITIONS:
             for target in (ShardIdent.BASECHAIN, MC, FOR_SHARDS["w127"], FOR_SHARDS["w-128"]):
-                with self.queue.iterator(partition, ranges, target) as it:
+                with self.raw.iterator(partition, ranges, target) as it:
                     for source, message in it:
                         stored[(partition, source, message.key)] = message
         assert stored == self.model.messages
 
 
-TestQueueMachine = QueueMachine.TestCase
+REPLAY_DIR = Path(os.environ.get("IMQ_REPLAY_DIR", "var/replays"))
+
+
+def test_queue_machine() -> None:
+    """The machine; on a failure, the shrunk example's op log goes to
+    ``$IMQ_REPLAY_DIR`` (default ``var/replays``): ``imq replay`` it, or keep it in
+    ``tests/replays/`` once the bug is fixed."""
+    try:
+        run_state_machine_as_test(QueueMachine)
+    except BaseException as exc:
+        if QueueMachine.last_log:
+            REPLAY_DIR.mkdir(parents=True, exist_ok=True)
+            path = REPLAY_DIR / "queue-machine-failing.jsonl"
+            path.write_text(QueueMachine.last_log, encoding="utf-8")
+            exc.add_note(f"op log of the failing example (replay format): {path}")
+        raise
+
+
+class _PlainMachine(QueueMachine):
+    """Unrecorded: for the test that drives one machine from several threads."""
+
+    RECORD = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1114,7 +1166,7 @@ def _collect_until(stop: threading.Event, queue: Queue, by_worker: bool) -> int:
 def test_gc_concurrent_with_apply_commit_iterate_equals_gc_alone(
     seed: int, by_worker: bool
 ) -> None:
-    machine = QueueMachine()
+    machine = _PlainMachine()
     try:
         workload = _Workload(machine, random.Random(seed))
         stop = threading.Event()
@@ -1150,3 +1202,31 @@ def test_queue_machine_soak() -> None:
             suppress_health_check=list(HealthCheck),
         ),
     )
+
+
+def test_the_machine_op_log_replays(tmp_path: Path) -> None:
+    """What the machine records is a valid op log: each example replays on a fresh
+    database and on the model (so a failing one reproduces outside hypothesis)."""
+    from imq.testing import assert_replays
+
+    QueueMachine.every_log = []
+    try:
+        run_state_machine_as_test(
+            QueueMachine,
+            settings=settings(
+                max_examples=8,
+                stateful_step_count=40,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            ),
+        )
+        logs = QueueMachine.every_log
+    finally:
+        QueueMachine.every_log = None
+    ops: set[str] = set()
+    for i, text in enumerate(logs):
+        log = tmp_path / f"machine-{i}.jsonl"
+        log.write_text(text, encoding="utf-8")
+        ops |= {line.split('"op":"')[1].split('"')[0] for line in text.splitlines()[1:]}
+        assert_replays(log)
+    assert {"open", "prepare_diff", "commit_diff"} <= ops

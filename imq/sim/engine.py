@@ -1,0 +1,829 @@
+"""The simulated network: collators writing, committing, reading, resetting and collecting
+diffs on one imq queue, and the ledger that verifies exactly-once delivery.
+
+Only the public API of ``imq`` is used (plus ``imq.state.tl`` for the real diff hash).
+Every random choice comes from :func:`imq.sim.world.derive_rng` keyed by the seed, the
+round and the shard, so one seed gives one run (except ``duration``, which stops on the
+clock, and the background GC's timing, which changes what is stored but not what a
+collator reads: it reads only above its own ``processed_to``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from imq import (
+    BlockId,
+    BlockIdShort,
+    CommitPointer,
+    DiffStatistics,
+    DiffZone,
+    ImqError,
+    IteratedMessage,
+    Message,
+    Queue,
+    QueueConfig,
+    QueueDiff,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+    TopBlock,
+)
+from imq.sim.world import ZERO_HASH, World, busiest_router, derive_rng, diff_hash_of, message_key
+
+__all__ = [
+    "MessageId",
+    "Opener",
+    "PendingLike",
+    "SimConfig",
+    "SimQueue",
+    "SimResult",
+    "Simulation",
+    "SimulationError",
+    "Violation",
+    "default_opener",
+]
+
+MC = ShardIdent.MASTERCHAIN
+PARTITIONS = (0, 1)
+MessageId = tuple[ShardIdent, QueueKey]  # (source shard, key): unique in the network
+START_LT = 1_000
+
+
+class SimulationError(ImqError):
+    """The simulation could not go on: an operation returned what no correct queue returns."""
+
+
+class PendingLike(Protocol):
+    """A prepared diff: :class:`imq.PendingDiff` or a stand-in for one."""
+
+    def write(self) -> None: ...
+
+    def discard(self) -> None: ...
+
+
+class SimQueue(Protocol):
+    """What the simulation calls on a queue: a :class:`imq.Queue` or a wrapper of one."""
+
+    def prepare_diff(
+        self,
+        diff: QueueDiff,
+        block: BlockIdShort,
+        diff_hash: bytes,
+        statistics: DiffStatistics | None = None,
+        check_sequence: DiffZone | None = None,
+    ) -> PendingLike | None: ...
+
+    def commit_diff(
+        self, top_blocks: Sequence[TopBlock], partitions: Sequence[int] = PARTITIONS
+    ) -> bool: ...
+
+    def clear_uncommitted_state(
+        self, partitions: Sequence[int] = PARTITIONS, top_shards: Sequence[ShardIdent] = ()
+    ) -> None: ...
+
+    def startup(
+        self,
+        last_applied_mc_block: BlockId,
+        top_shards: Sequence[ShardIdent],
+        partitions: Sequence[int] = PARTITIONS,
+    ) -> None: ...
+
+    def iterator(
+        self, partition: int, ranges: Sequence[QueueShardRange], for_shard: ShardIdent
+    ) -> Any: ...
+
+    def get_commit_pointers(self) -> dict[ShardIdent, CommitPointer]: ...
+
+    def load_diff_statistics(self, partition: int, range: QueueShardRange) -> dict[Any, int]: ...
+
+    def run_gc(self) -> int: ...
+
+    def close(self) -> None: ...
+
+    def apply_diff(
+        self,
+        diff: QueueDiff,
+        block: BlockIdShort,
+        diff_hash: bytes,
+        statistics: DiffStatistics | None = None,
+        check_sequence: DiffZone | None = None,
+    ) -> bool: ...
+
+    def get_diffs_tail_len(self, shard: ShardIdent, from_key: QueueKey) -> int: ...
+
+    def get_last_committed_mc_block_id(self) -> BlockId | None: ...
+
+    def export_state(self, shard: ShardIdent, seqno: int, tail_len: int, dest: Any) -> Any: ...
+
+
+Opener = Callable[[Path, QueueConfig], SimQueue]
+
+
+def default_opener(path: Path, config: QueueConfig) -> SimQueue:
+    return Queue.open(path, config)
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One simulation run. ``rounds`` or ``duration`` (seconds) bounds the main phase."""
+
+    directory: Path = Path("var") / "sim"
+    shards: int = 4
+    rounds: int | None = 200
+    duration: float | None = None
+    seed: int = 1
+    fanout: int = 2
+    fresh: bool = False
+    commit_every: int = 4
+    read_limit: int = 96
+    inject: int = 6  # new (external) messages per basechain block
+    mc_share: float = 0.05  # share of new messages addressed to the masterchain
+    cancel_rate: float = 0.05  # share of collations discarded after prepare
+    restart_rate: float = 0.02  # share of rounds ending in a node restart
+    reset_rate: float = 0.01  # share of rounds ending in a clear of the uncommitted zone
+    gc_every: int = 0  # 0: background GC on its interval; n: an explicit run_gc every n rounds
+    gc_interval: float = 0.25
+    nodes: int = 1  # node processes: one collates each shard, the others apply its diffs
+    max_drain_rounds: int = 5_000
+
+    def __post_init__(self) -> None:
+        if self.rounds is None and self.duration is None:
+            raise ValueError("give rounds or duration")
+        if self.rounds is not None and self.rounds < 1:
+            raise ValueError(f"rounds must be at least 1, got {self.rounds}")
+        if self.fanout < 0:
+            raise ValueError(f"fanout must be >= 0, got {self.fanout}")
+        if self.nodes < 1:
+            raise ValueError(f"nodes must be at least 1, got {self.nodes}")
+        if self.commit_every < 1 or self.read_limit < 1:
+            raise ValueError("commit_every and read_limit must be at least 1")
+
+    def queue_config(self) -> QueueConfig:
+        return QueueConfig(
+            gc_enabled=self.gc_every == 0,
+            gc_interval=self.gc_interval,
+            sync_commits=False,
+            block_cache_size=32 << 20,
+            write_buffer_size=16 << 20,
+        )
+
+
+@dataclass(frozen=True)
+class ShardState:
+    """A collator's state after its last block."""
+
+    seqno: int = 0
+    lt: int = START_LT
+    top_hash: bytes = ZERO_HASH
+    top_max: QueueKey | None = None
+    processed_to: tuple[tuple[ShardIdent, QueueKey], ...] = ()
+
+
+@dataclass
+class BlockRecord:
+    shard: ShardIdent
+    seqno: int
+    created: list[Message]
+    executed: list[IteratedMessage]
+    state: ShardState
+
+
+@dataclass(frozen=True)
+class Violation:
+    message: MessageId
+    kind: str  # "lost" | "duplicated" | "misdelivered" | "phantom" | "stored"
+    detail: str
+
+    def __str__(self) -> str:
+        src, key = self.message
+        return f"message {key.lt}:{key.hash.hex()} from {src} {self.kind}: {self.detail}"
+
+
+@dataclass
+class Sample:
+    """One point of the report's time series (after a round)."""
+
+    round: int
+    seconds: float
+    committed_depth: dict[str, int]  # destination shard -> committed, not yet executed
+    uncommitted: dict[str, int]  # source shard -> messages in uncommitted diffs
+    gc_collected: int
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    rounds: int = 0
+    drain_rounds: int = 0
+    blocks: int = 0
+    blocks_committed: int = 0
+    commits: int = 0
+    messages_created: int = 0
+    messages_delivered: int = 0
+    restarts: int = 0
+    kills: int = 0
+    resets: int = 0
+    rolled_back_blocks: int = 0
+    cancelled: int = 0
+    gc_passes: int = 0
+    gc_deletions: int = 0
+    gc_collected: int = 0
+    seconds: float = 0.0
+    lost: int = 0
+    duplicated: int = 0
+    violations: list[Violation] = field(default_factory=list)
+    disagreements: list[str] = field(default_factory=list)  # between nodes (--nodes)
+    agreed_exports: int = 0
+    latencies: dict[str, list[float]] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool:
+        return not self.violations and not self.disagreements
+
+    @property
+    def queue_seconds(self) -> float:
+        """Wall time spent inside queue calls (every timed operation)."""
+        return sum(sum(samples) for samples in self.latencies.values())
+
+    @property
+    def messages_per_second(self) -> float:
+        return self.messages_delivered / self.seconds if self.seconds > 0 else 0.0
+
+    def verdict(self) -> str:
+        head = "verified" if self.verified else "VIOLATED"
+        line = (
+            f"exactly-once: {head}, {self.messages_delivered:,} messages, "
+            f"{self.lost:,} lost, {self.duplicated:,} duplicated"
+        )
+        if self.violations:
+            line += f"; first: {self.violations[0]}"
+        elif self.disagreements:
+            line += f"; nodes disagree: {self.disagreements[0]}"
+        return line
+
+
+def _percentile(samples: list[float], percent: float) -> float:
+    ordered = sorted(samples)
+    if not ordered:
+        return 0.0
+    index = min(len(ordered) - 1, max(0, round(percent / 100 * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    """(p50, p99) of ``samples`` in seconds, nearest rank."""
+    return _percentile(samples, 50), _percentile(samples, 99)
+
+
+class Simulation:
+    """One node with a collator per shard on one queue.
+
+    ``opener`` opens the queue (a recording wrapper in ``--record``); ``on_round`` is
+    called after every round with the result so far (the CLI draws its progress bar).
+    ``kill`` is called instead of a clean close for a restart the run chooses to be a
+    crash; it must return a freshly opened queue.
+    """
+
+    def __init__(
+        self,
+        config: SimConfig,
+        *,
+        opener: Opener = default_opener,
+        on_round: Callable[[SimResult, bool], None] | None = None,
+        crash: Callable[[SimQueue], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.world = World.build(config.seed, config.shards)
+        self.opener = opener
+        self.on_round = on_round
+        self.crash = crash
+        self.result = SimResult(config)
+        self.queue: SimQueue | None = None  # node 0
+        self.followers: list[SimQueue] = []  # nodes 1..M-1
+        # Every collator names every source shard in processed_to from its first block on:
+        # a shard it leaves out does not hold GC back, so GC could take its unread messages.
+        start = tuple(sorted((s, QueueKey.MIN) for s in self.world.shards))
+        self.current = {s: ShardState(processed_to=start) for s in self.world.shards}
+        self.committed: dict[ShardIdent, ShardState] = dict(self.current)
+        self.uncommitted: dict[ShardIdent, list[BlockRecord]] = {s: [] for s in self.world.shards}
+        self.last_mc: BlockId | None = None
+        self.owed: dict[MessageId, Message] = {}  # committed, not yet executed
+        self.delivered: set[bytes] = set()  # hashes of messages executed by committed blocks
+        self.committed_depth: dict[ShardIdent, int] = {s: 0 for s in self.world.shards}
+        self._gc_base = 0
+        self._gc_deletions_base = 0
+        self._gc_passes_base = 0
+        self._started = 0.0
+        self._accounts = {s: self.world.accounts(s) for s in self.world.shards}
+
+    # -- queue calls, timed ------------------------------------------------------------------
+
+    def _q(self) -> SimQueue:
+        if self.queue is None:
+            raise SimulationError("the queue is not open")
+        return self.queue
+
+    def _timed(self, op: str, started: float) -> None:
+        self.result.latencies.setdefault(op, []).append(time.perf_counter() - started)
+
+    def _nodes(self) -> list[SimQueue]:
+        return [self._q(), *self.followers]
+
+    def _node(self, shard: ShardIdent) -> SimQueue:
+        """The node that collates ``shard``."""
+        return self._nodes()[self.world.shards.index(shard) % self.config.nodes]
+
+    def _open(self) -> None:
+        last = self.last_mc if self.last_mc is not None else BlockId(MC, 0)
+        opened: list[SimQueue] = []
+        for path in self.db_paths:
+            started = time.perf_counter()
+            queue = self.opener(path, self.config.queue_config())
+            self._timed("open", started)
+            started = time.perf_counter()
+            queue.startup(last, list(self.world.shards))
+            self._timed("startup", started)
+            opened.append(queue)
+        self.queue, self.followers = opened[0], opened[1:]
+        self._roll_back()
+
+    def _gc_counters(self) -> tuple[int, int, int]:
+        metrics = getattr(self.queue, "metrics", None)
+        worker = getattr(self.queue, "gc_worker", None)
+        passes = worker.passes if worker is not None else 0
+        if metrics is None:
+            return 0, 0, passes
+        return metrics.counter("messages_deleted"), metrics.counter("gc_ranges_deleted"), passes
+
+    def _close(self, *, crash: bool = False) -> None:
+        if self.queue is None:
+            return
+        collected, deletions, passes = self._gc_counters()
+        self._gc_base += collected
+        self._gc_deletions_base += deletions
+        self._gc_passes_base += passes
+        for queue in [self.queue, *self.followers]:
+            started = time.perf_counter()
+            if crash and self.crash is not None:
+                self.crash(queue)
+            else:
+                queue.close()
+            self._timed("close", started)
+        self.queue = None
+        self.followers = []
+
+    def _update_gc_totals(self) -> None:
+        collected, deletions, passes = self._gc_counters()
+        self.result.gc_collected = self._gc_base + collected
+        self.result.gc_deletions = self._gc_deletions_base + deletions
+        self.result.gc_passes = self._gc_passes_base + passes + self._explicit_gc
+
+    _explicit_gc = 0
+
+    # -- the run -----------------------------------------------------------------------------
+
+    @property
+    def db_paths(self) -> list[Path]:
+        """``queue`` for node 0, ``queue-node<i>`` for the others."""
+        d = self.config.directory
+        return [d / "queue" if i == 0 else d / f"queue-node{i}" for i in range(self.config.nodes)]
+
+    @property
+    def db_path(self) -> Path:
+        return self.db_paths[0]
+
+    def run(self) -> SimResult:
+        directory = self.config.directory
+        for path in self.db_paths:
+            if self.config.fresh and path.exists():
+                shutil.rmtree(path)
+        directory.mkdir(parents=True, exist_ok=True)
+        for path in self.db_paths:
+            if path.exists() and any(path.iterdir()):
+                raise SimulationError(
+                    f"{path} holds the queue of a previous run; use --fresh to start over"
+                )
+        self._started = time.perf_counter()
+        try:
+            self._open()
+            self._main_phase()
+            self._drain()
+            self._final_check()
+            if self.followers:
+                self._agree()
+        finally:
+            self.result.seconds = time.perf_counter() - self._started
+            self._update_gc_totals()
+            self._close()
+        self._verify()
+        return self.result
+
+    def _main_phase(self) -> None:
+        cfg = self.config
+        for round_no in itertools.count(1):
+            if cfg.rounds is not None and round_no > cfg.rounds:
+                break
+            if cfg.duration is not None and time.perf_counter() - self._started >= cfg.duration:
+                break
+            self._round(round_no, drain=False)
+            self.result.rounds = round_no
+
+    def _drain(self) -> None:
+        """Rounds with no new messages and a commit each, until nothing is owed (then three
+        more, so every processed_to passes every message and GC can take them all), or
+        until ten rounds in a row deliver nothing although something is owed: what is
+        still owed then is lost, and verification says so."""
+        extra = idle = 0
+        base = self.result.rounds
+        for n in range(1, self.config.max_drain_rounds + 1):
+            before = self.result.messages_delivered
+            self._round(base + n, drain=True)
+            self.result.drain_rounds = n
+            if self._outstanding() == 0:
+                extra += 1
+                if extra >= 3:
+                    return
+            elif self.result.messages_delivered == before:
+                idle += 1
+                if idle >= 10:
+                    return
+            else:
+                idle = 0
+        raise SimulationError(
+            f"the network did not drain in {self.config.max_drain_rounds} rounds: "
+            f"{self._outstanding()} messages outstanding"
+        )
+
+    def _outstanding(self) -> int:
+        pending = sum(len(b.created) for blocks in self.uncommitted.values() for b in blocks)
+        return sum(self.committed_depth.values()) + pending
+
+    def _round(self, round_no: int, *, drain: bool) -> None:
+        cfg = self.config
+        rng = derive_rng(cfg.seed, "round", round_no)
+        started = time.perf_counter()
+        pointers = self._q().get_commit_pointers()
+        self._timed("get_commit_pointers", started)
+        for i, node in enumerate(self.followers, start=1):
+            if node.get_commit_pointers() != pointers:
+                raise SimulationError(f"node {i} disagrees with node 0 on the commit pointers")
+        for shard in self.world.basechain:
+            self._collate(shard, round_no, pointers, drain=drain)
+        if drain or round_no % cfg.commit_every == 0:
+            self._collate(MC, round_no, pointers, drain=drain)
+            self._commit()
+        if cfg.gc_every and round_no % cfg.gc_every == 0:
+            for node in self._nodes():
+                started = time.perf_counter()
+                node.run_gc()
+                self._timed("run_gc", started)
+            self._explicit_gc += 1
+        if not drain:
+            fault = rng.random()
+            if fault < cfg.restart_rate:
+                self._restart(round_no, crash=rng.random() < 0.5)
+            elif fault < cfg.restart_rate + cfg.reset_rate:
+                self._reset()
+        self._sample(round_no)
+        if self.on_round is not None:
+            self.on_round(self.result, drain)
+
+    # -- faults ------------------------------------------------------------------------------
+
+    def _restart(self, round_no: int, *, crash: bool) -> None:
+        self.result.restarts += 1
+        self.result.resets += 1
+        if crash and self.crash is not None:
+            self.result.kills += 1
+            # Killed mid-collation: one shard has prepared its next diff, not written it.
+            rng = derive_rng(self.config.seed, "crash", round_no)
+            shard = self.world.basechain[rng.randrange(len(self.world.basechain))]
+            pointers = self._q().get_commit_pointers()
+            self._collate(shard, round_no, pointers, drain=False, crash_pending=True)
+        self._close(crash=crash)
+        self._open()
+
+    def _reset(self) -> None:
+        for node in self._nodes():
+            started = time.perf_counter()
+            node.clear_uncommitted_state(PARTITIONS, list(self.world.shards))
+            self._timed("clear_uncommitted_state", started)
+        self.result.resets += 1
+        self._roll_back()
+
+    def _roll_back(self) -> None:
+        for shard, blocks in self.uncommitted.items():
+            self.result.rolled_back_blocks += len(blocks)
+            blocks.clear()
+            self.current[shard] = self.committed[shard]
+
+    # -- collation ---------------------------------------------------------------------------
+
+    def _ranges(
+        self, shard: ShardIdent, pointers: dict[ShardIdent, CommitPointer]
+    ) -> tuple[list[QueueShardRange], dict[ShardIdent, QueueKey]]:
+        """The ranges a collator may read (committed diffs of every shard, its own
+        uncommitted ones) from just past its processed_to, and each source's horizon."""
+        state = self.current[shard]
+        processed = dict(state.processed_to)
+        ranges: list[QueueShardRange] = []
+        horizons: dict[ShardIdent, QueueKey] = {}
+        for source in self.world.shards:
+            if source == shard:
+                horizon = state.top_max
+            else:
+                pointer = pointers.get(source)
+                horizon = pointer.key if pointer is not None else None
+            if horizon is None:
+                continue
+            horizons[source] = horizon
+            start = processed.get(source)
+            from_key = start.next_value() if start is not None else QueueKey.MIN
+            to_key = horizon.next_value()
+            if from_key < to_key:
+                ranges.append(QueueShardRange(source, from_key, to_key))
+        return ranges, horizons
+
+    def _read(
+        self, shard: ShardIdent, ranges: list[QueueShardRange], limit: int
+    ) -> list[IteratedMessage]:
+        if not ranges:
+            return []
+        started = time.perf_counter()
+        queue = self._node(shard)
+        iterators = [queue.iterator(p, ranges, shard) for p in PARTITIONS]
+        try:
+            merged: Iterator[IteratedMessage] = heapq.merge(*iterators, key=lambda m: m.message.key)
+            taken = list(itertools.islice(merged, limit))
+        finally:
+            for it in iterators:
+                it.close()
+        self._timed("read", started)
+        return taken
+
+    def _collate(
+        self,
+        shard: ShardIdent,
+        round_no: int,
+        pointers: dict[ShardIdent, CommitPointer],
+        *,
+        drain: bool,
+        crash_pending: bool = False,
+    ) -> None:
+        """Collate one block of ``shard``; with ``crash_pending``, stop after the prepare
+        and leave the diff pending (the process is about to be killed)."""
+        cfg = self.config
+        rng = derive_rng(cfg.seed, "collate", round_no, shard, crash_pending)
+        state = self.current[shard]
+        ranges, horizons = self._ranges(shard, pointers)
+        limit = cfg.read_limit
+        taken = self._read(shard, ranges, limit)
+        processed = dict(state.processed_to)
+        cut = taken[-1].message.key if len(taken) >= limit else None
+        for source, horizon in horizons.items():
+            new = horizon if cut is None else min(cut, horizon)
+            old = processed.get(source)
+            if old is None or new > old:
+                processed[source] = new
+        start_lt = max([state.lt, *(m.message.key.lt for m in taken)]) + 1
+        created = [] if drain else self._execute(shard, taken, start_lt, rng)
+        end_lt = created[-1].key.lt if created else start_lt
+        dsts: dict[Any, int] = {}
+        for m in created:
+            dsts[m.dst] = dsts.get(m.dst, 0) + 1
+        router = busiest_router(dsts, threshold=3, top=2)
+        seqno = state.seqno + 1
+        # The block's real lt span: an empty block stores min_for_lt(start)..max_for_lt(end).
+        diff = QueueDiff(
+            created, processed, router, state.top_hash, start_lt=start_lt, end_lt=end_lt
+        )
+        bounds = diff.bounds
+        if bounds is None:  # pragma: no cover - a diff with a span always has bounds
+            raise SimulationError(f"no bounds for the diff of {shard}:{seqno}")
+        high = bounds[1]
+        digest = diff_hash_of(diff, shard, seqno, bounds)
+        block = BlockIdShort(shard, seqno)
+        started = time.perf_counter()
+        pending = self._node(shard).prepare_diff(diff, block, digest, None, DiffZone.UNCOMMITTED)
+        self._timed("prepare_diff", started)
+        if pending is None:
+            raise SimulationError(f"prepare_diff of {block} was skipped as already applied")
+        if crash_pending:
+            return
+        if not drain and not shard.is_masterchain and rng.random() < cfg.cancel_rate:
+            started = time.perf_counter()
+            pending.discard()
+            self._timed("discard", started)
+            self.result.cancelled += 1
+            return
+        started = time.perf_counter()
+        pending.write()
+        self._timed("write", started)
+        for node in self._nodes():
+            if node is not self._node(shard):  # the other nodes apply the block's diff
+                started = time.perf_counter()
+                if not node.apply_diff(diff, block, digest, None, DiffZone.UNCOMMITTED):
+                    raise SimulationError(f"a node skipped the diff of {block} as applied")
+                self._timed("apply_diff", started)
+        new_state = ShardState(
+            seqno=seqno,
+            lt=end_lt,
+            top_hash=digest,
+            top_max=high,
+            processed_to=tuple(sorted(processed.items())),
+        )
+        self.current[shard] = new_state
+        self.uncommitted[shard].append(BlockRecord(shard, seqno, created, taken, new_state))
+        self.result.blocks += 1
+
+    def _execute(
+        self, shard: ShardIdent, taken: list[IteratedMessage], start_lt: int, rng: Any
+    ) -> list[Message]:
+        """Each message read may send new ones (to its own recipient's account, so the
+        source is in this shard); a basechain block also creates some of its own."""
+        cfg = self.config
+        p_out = min(1.0, 0.9 / cfg.fanout) if cfg.fanout else 0.0
+        senders: list[Any] = []
+        for incoming in taken:
+            outs = sum(1 for _ in range(cfg.fanout) if rng.random() < p_out)
+            senders.extend([incoming.message.dst] * outs)
+        if not shard.is_masterchain:
+            own = self._accounts[shard]
+            senders.extend(rng.choice(own) for _ in range(cfg.inject))
+        return [
+            Message(message_key(shard, lt), src, self._destination(rng), rng.randbytes(8))
+            for lt, src in enumerate(senders, start=start_lt)
+        ]
+
+    def _destination(self, rng: Any) -> Any:
+        cfg = self.config
+        if rng.random() < cfg.mc_share:
+            shard = MC
+        else:
+            shard = self.world.basechain[rng.randrange(len(self.world.basechain))]
+        accounts = self._accounts[shard]
+        # Pareto ranks: account 0 is hot, so the router has something to move.
+        index = min(int(rng.paretovariate(1.2)) - 1, len(accounts) - 1)
+        return accounts[index]
+
+    # -- commit ------------------------------------------------------------------------------
+
+    def _commit(self) -> None:
+        mc_state = self.current[MC]
+        if mc_state.seqno == 0 or (
+            self.last_mc is not None and self.last_mc.seqno >= mc_state.seqno
+        ):
+            return  # the masterchain block was cancelled: nothing new to commit on
+        mc_seqno = mc_state.seqno
+        tops = [TopBlock(BlockId(MC, mc_seqno), mc_seqno)]
+        for shard in self.world.basechain:
+            state = self.current[shard]
+            if state.seqno == 0:
+                continue
+            updated = state.seqno != self.committed[shard].seqno
+            tops.append(TopBlock(BlockId(shard, state.seqno), mc_seqno, updated))
+        for node in self._nodes():
+            started = time.perf_counter()
+            done = node.commit_diff(tops, PARTITIONS)
+            self._timed("commit_diff", started)
+            if not done:
+                raise SimulationError(f"commit on masterchain block {mc_seqno} was skipped")
+        self.last_mc = BlockId(MC, mc_seqno)
+        self.result.commits += 1
+        for shard, blocks in self.uncommitted.items():
+            for block in blocks:
+                self._commit_block(block)
+            self.result.blocks_committed += len(blocks)
+            blocks.clear()
+            self.committed[shard] = self.current[shard]
+
+    def _commit_block(self, block: BlockRecord) -> None:
+        """The block is final: its messages are owed a delivery, and what it executed is
+        checked against what is owed (exactly once, unchanged, by the right shard)."""
+        for m in block.created:
+            mid = (block.shard, m.key)
+            if mid in self.owed or m.key.hash in self.delivered:
+                self._violate(mid, "duplicated", f"created again by {block.shard}:{block.seqno}")
+            self.owed[mid] = m
+            self.committed_depth[self.world.shard_of(m.dst)] += 1
+        self.result.messages_created += len(block.created)
+        for item in block.executed:
+            mid = (item.source, item.message.key)
+            where = f"{block.shard}:{block.seqno}"
+            expected = self.owed.pop(mid, None)
+            if expected is None:
+                if item.message.key.hash in self.delivered:
+                    self.result.duplicated += 1
+                    self._violate(mid, "duplicated", f"executed again by block {where}")
+                else:
+                    self._violate(
+                        mid, "phantom", f"executed by {where}, no committed block created it"
+                    )
+                continue
+            self.delivered.add(item.message.key.hash)
+            self.committed_depth[block.shard] -= 1
+            self.result.messages_delivered += 1
+            if expected != item.message:
+                self._violate(mid, "misdelivered", f"block {where} read it back different")
+            elif not block.shard.contains(expected.dst):
+                self._violate(mid, "misdelivered", f"executed by {where}, not its destination")
+
+    def _violate(self, mid: MessageId, kind: str, detail: str) -> None:
+        self.result.violations.append(Violation(mid, kind, detail))
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def _sample(self, round_no: int) -> None:
+        uncommitted = {
+            str(s): sum(len(b.created) for b in blocks) for s, blocks in self.uncommitted.items()
+        }
+        self._update_gc_totals()
+        self.result.samples.append(
+            Sample(
+                round=round_no,
+                seconds=time.perf_counter() - self._started,
+                committed_depth={str(s): n for s, n in self.committed_depth.items()},
+                uncommitted=uncommitted,
+                gc_collected=self.result.gc_collected,
+            )
+        )
+
+    def _final_check(self) -> None:
+        for node in self._nodes():
+            self._final_check_node(node)
+
+    def _agree(self) -> None:
+        """Every node holds the same queue: byte-identical exports of every shard's top
+        block, the same diff hash there, pointers and last committed block."""
+        leader = self._q()
+        for i, node in enumerate(self.followers, start=1):
+            checks = [
+                ("commit pointers", leader.get_commit_pointers(), node.get_commit_pointers()),
+                (
+                    "last committed block",
+                    leader.get_last_committed_mc_block_id(),
+                    node.get_last_committed_mc_block_id(),
+                ),
+            ]
+            for what, mine, theirs in checks:
+                if mine != theirs:
+                    self.result.disagreements.append(f"node {i}: {what} differ from node 0's")
+        for shard in self.world.shards:
+            seqno = self.current[shard].seqno
+            if seqno == 0:
+                continue
+            tail = leader.get_diffs_tail_len(shard, QueueKey.MIN)
+            exports: list[bytes] = []
+            for i, node in enumerate(self._nodes()):
+                path = self.config.directory / f"export-node{i}-{str(shard).replace(':', '_')}.bin"
+                node.export_state(shard, seqno, tail, path)
+                exports.append(path.read_bytes())
+                path.unlink()
+            for i, data in enumerate(exports[1:], start=1):
+                if data != exports[0]:
+                    self.result.disagreements.append(
+                        f"node {i}: the export of {shard}:{seqno} (tail {tail}) differs from "
+                        "node 0's"
+                    )
+            self.result.agreed_exports += 1
+
+    def _final_check_node(self, queue: SimQueue) -> None:
+        """After the drain's last commit: one GC pass, then nothing may remain stored."""
+        started = time.perf_counter()
+        queue.run_gc()
+        self._timed("run_gc", started)
+        self._explicit_gc += 1
+        everything = [QueueShardRange(s, QueueKey.MIN, QueueKey.MAX) for s in self.world.shards]
+        for partition in PARTITIONS:
+            for for_shard in (MC, ShardIdent.BASECHAIN):
+                with queue.iterator(partition, everything, for_shard) as it:
+                    for item in it:
+                        self._violate(
+                            (item.source, item.message.key),
+                            "stored",
+                            f"still in partition {partition} after the final commit and GC",
+                        )
+                        break
+            for r in everything:
+                left = queue.load_diff_statistics(partition, r)
+                if left:
+                    raise SimulationError(
+                        f"statistics of {r.shard} partition {partition} remain after the "
+                        f"final GC: {len(left)} accounts"
+                    )
+
+    def _verify(self) -> None:
+        """What is still owed at the end was lost: created by a committed block, never
+        executed by one."""
+        for mid in sorted(self.owed, key=lambda m: (m[1], m[0])):
+            self.result.lost += 1
+            self._violate(mid, "lost", "created by a committed block, never executed")

@@ -1,0 +1,24 @@
+"""Testing aids for imq and for applications built on it.
+
+- :class:`OpLog` / :class:`RecordingQueue`: record every queue call as JSON lines;
+- :func:`replay` / :func:`assert_replays`: replay a log on a fresh database and on the
+  model, comparing every result and the observable state after every step;
+- :class:`QueueModel`: the plain-Python model of the queue's semantics (the oracle).
+
+The format is in ``docs/replay-format.md``.
+"""
+
+from imq.testing.model import DiffInput, QueueModel
+from imq.testing.record import OpLog, RecordingQueue
+from imq.testing.replay import ReplayDivergenceError, ReplayReport, assert_replays, replay
+
+__all__ = [
+    "DiffInput",
+    "OpLog",
+    "QueueModel",
+    "RecordingQueue",
+    "ReplayDivergenceError",
+    "ReplayReport",
+    "assert_replays",
+    "replay",
+]

@@ -1,0 +1,388 @@
+"""A recording wrapper around :class:`imq.Queue`: every call, its arguments and what it
+returned (or raised), one JSON object per line (``docs/replay-format.md``).
+
+A host application wraps its queue to capture what a live collator did::
+
+    log = OpLog(open("ops.jsonl", "w"))
+    queue = log.open(Queue.open, path, config)   # records "open"
+    ...                                          # use queue as a Queue
+    queue.close()                                # records "close"
+
+An iterator is written when it is closed (or exhausted), with the messages it yielded
+and its position, under the step number of its creation: an iterator reads one
+snapshot, so a replay runs it at that step, and a reader orders lines by step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+from imq import (
+    BlockId,
+    BlockIdShort,
+    DiffInfo,
+    DiffStatistics,
+    DiffZone,
+    IteratedMessage,
+    QueueConfig,
+    QueueDiff,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+    TopBlock,
+)
+from imq.testing.codec import (
+    FORMAT_VERSION,
+    enc_block,
+    enc_diff,
+    enc_diff_info,
+    enc_iterated,
+    enc_key,
+    enc_pointers,
+    enc_range,
+    enc_statistics,
+    enc_stats_map,
+    enc_top,
+    enc_zone,
+)
+
+__all__ = ["OpLog", "RecordingIterator", "RecordingPending", "RecordingQueue"]
+
+
+class OpLog:
+    """The sink of one recording: a header line, then one line per operation."""
+
+    def __init__(self, sink: TextIO, *, zerostate_seqno: int = 0) -> None:
+        self._sink = sink
+        self._step = 0
+        self._pending = 0
+        self._write({"imq_ops": FORMAT_VERSION, "zerostate_seqno": zerostate_seqno})
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        self._sink.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+    def reserve_step(self) -> int:
+        """Take the next step number now for a line written later (an iterator's)."""
+        self._step += 1
+        return self._step
+
+    def record(
+        self,
+        op: str,
+        args: dict[str, Any],
+        result: Any = None,
+        error: BaseException | None = None,
+        *,
+        step: int | None = None,
+    ) -> None:
+        if step is None:
+            step = self.reserve_step()
+        line: dict[str, Any] = {"step": step, "op": op, "args": args}
+        if error is not None:
+            line["error"] = {"type": type(error).__name__, "message": str(error)}
+        else:
+            line["result"] = result
+        self._write(line)
+
+    def next_pending(self) -> int:
+        self._pending += 1
+        return self._pending
+
+    def call(
+        self, op: str, args: dict[str, Any], fn: Callable[[], Any], enc: Callable[[Any], Any]
+    ) -> Any:
+        try:
+            value = fn()
+        except Exception as exc:
+            self.record(op, args, error=exc)
+            raise
+        self.record(op, args, enc(value))
+        return value
+
+    def open(
+        self, opener: Callable[[Path, QueueConfig], Any], path: Path, config: QueueConfig
+    ) -> RecordingQueue:
+        """Open a queue with ``opener`` and record it (the path and config are not logged:
+        a replay opens a fresh database of its own)."""
+        queue = self.call("open", {}, lambda: opener(path, config), lambda _: None)
+        return RecordingQueue(queue, self)
+
+    def flush(self) -> None:
+        self._sink.flush()
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+class RecordingPending:
+    def __init__(self, inner: Any, log: OpLog, token: int) -> None:
+        self._inner = inner
+        self._log = log
+        self.token = token
+        self._finished = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def write(self) -> None:
+        self._log.call("write", {"pending": self.token}, self._inner.write, _same)
+        self._finished = True
+
+    def discard(self) -> None:
+        self._log.call("discard", {"pending": self.token}, self._inner.discard, _same)
+        self._finished = True
+
+    def __enter__(self) -> RecordingPending:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if not self._finished:
+            self.discard()
+
+
+class RecordingIterator:
+    """Yields what the real iterator yields; logs the op once, at close or exhaustion."""
+
+    def __init__(self, inner: Any, log: OpLog, args: dict[str, Any]) -> None:
+        self._inner = inner
+        self._log = log
+        self._args = args
+        self._seen: list[Any] = []
+        self._done = False
+        self._step = log.reserve_step()
+
+    def __iter__(self) -> Iterator[IteratedMessage]:
+        return self
+
+    def __next__(self) -> IteratedMessage:
+        try:
+            item: IteratedMessage = next(self._inner)
+        except StopIteration:
+            self._finish(exhausted=True)
+            raise
+        self._seen.append(enc_iterated(item))
+        return item
+
+    def current_position(self) -> dict[ShardIdent, QueueKey]:
+        position: dict[ShardIdent, QueueKey] = self._inner.current_position()
+        return position
+
+    def _finish(self, *, exhausted: bool) -> None:
+        if self._done:
+            return
+        self._done = True
+        position = {str(s): enc_key(k) for s, k in sorted(self.current_position().items())}
+        result = {"messages": self._seen, "exhausted": exhausted, "position": position}
+        self._log.record("iterate", self._args, result, step=self._step)
+
+    def close(self) -> None:
+        self._finish(exhausted=False)
+        self._inner.close()
+
+    def __enter__(self) -> RecordingIterator:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _parts(partitions: Iterable[int]) -> list[int]:
+    return sorted(set(partitions))
+
+
+class RecordingQueue:
+    """A queue whose every call is recorded; anything not listed here is forwarded as is."""
+
+    def __init__(self, inner: Any, log: OpLog) -> None:
+        self._inner = inner
+        self._log = log
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    @property
+    def inner(self) -> Any:
+        return self._inner
+
+    def _diff_args(
+        self,
+        diff: QueueDiff,
+        block: BlockIdShort,
+        diff_hash: bytes,
+        statistics: DiffStatistics | None,
+        check_sequence: DiffZone | None,
+    ) -> dict[str, Any]:
+        return {
+            "block": enc_block(block),
+            "diff": enc_diff(diff),
+            "hash": diff_hash.hex(),
+            "statistics": enc_statistics(statistics),
+            "check_sequence": enc_zone(check_sequence),
+        }
+
+    def prepare_diff(
+        self,
+        diff: QueueDiff,
+        block: BlockIdShort,
+        diff_hash: bytes,
+        statistics: DiffStatistics | None = None,
+        check_sequence: DiffZone | None = None,
+    ) -> RecordingPending | None:
+        args = self._diff_args(diff, block, diff_hash, statistics, check_sequence)
+        pending = self._log.call(
+            "prepare_diff",
+            args,
+            lambda: self._inner.prepare_diff(diff, block, diff_hash, statistics, check_sequence),
+            lambda p: None if p is None else {"pending": self._log._pending + 1},
+        )
+        if pending is None:
+            return None
+        return RecordingPending(pending, self._log, self._log.next_pending())
+
+    def apply_diff(
+        self,
+        diff: QueueDiff,
+        block: BlockIdShort,
+        diff_hash: bytes,
+        statistics: DiffStatistics | None = None,
+        check_sequence: DiffZone | None = None,
+    ) -> bool:
+        args = self._diff_args(diff, block, diff_hash, statistics, check_sequence)
+        return bool(
+            self._log.call(
+                "apply_diff",
+                args,
+                lambda: self._inner.apply_diff(diff, block, diff_hash, statistics, check_sequence),
+                bool,
+            )
+        )
+
+    def commit_diff(
+        self, top_blocks: Sequence[TopBlock], partitions: Iterable[int] = (0, 1)
+    ) -> bool:
+        tops, parts = list(top_blocks), _parts(partitions)
+        args = {"top_blocks": [enc_top(t) for t in tops], "partitions": parts}
+        return bool(
+            self._log.call("commit_diff", args, lambda: self._inner.commit_diff(tops, parts), bool)
+        )
+
+    def clear_uncommitted_state(
+        self, partitions: Iterable[int] = (0, 1), top_shards: Iterable[ShardIdent] = ()
+    ) -> None:
+        parts, shards = _parts(partitions), list(top_shards)
+        args = {"partitions": parts, "top_shards": [str(s) for s in shards]}
+        self._log.call(
+            "clear_uncommitted_state",
+            args,
+            lambda: self._inner.clear_uncommitted_state(parts, shards),
+            lambda _: None,
+        )
+
+    def startup(
+        self,
+        last_applied_mc_block: BlockId,
+        top_shards: Iterable[ShardIdent],
+        partitions: Iterable[int] = (0, 1),
+    ) -> None:
+        shards, parts = list(top_shards), _parts(partitions)
+        args = {
+            "last_applied_mc_block": str(last_applied_mc_block),
+            "top_shards": [str(s) for s in shards],
+            "partitions": parts,
+        }
+        self._log.call(
+            "startup",
+            args,
+            lambda: self._inner.startup(last_applied_mc_block, shards, parts),
+            lambda _: None,
+        )
+
+    def iterator(
+        self, partition: int, ranges: Sequence[QueueShardRange], for_shard: ShardIdent
+    ) -> RecordingIterator:
+        args = {
+            "partition": partition,
+            "ranges": [enc_range(r) for r in ranges],
+            "for_shard": str(for_shard),
+        }
+        inner = self._inner.iterator(partition, list(ranges), for_shard)
+        return RecordingIterator(inner, self._log, args)
+
+    def get_commit_pointers(self) -> Any:
+        return self._log.call(
+            "get_commit_pointers", {}, self._inner.get_commit_pointers, enc_pointers
+        )
+
+    def get_last_committed_mc_block_id(self) -> BlockId | None:
+        result: BlockId | None = self._log.call(
+            "get_last_committed_mc_block_id",
+            {},
+            self._inner.get_last_committed_mc_block_id,
+            lambda b: None if b is None else str(b),
+        )
+        return result
+
+    def get_diff_info(
+        self, shard: ShardIdent, seqno: int, zone: DiffZone = DiffZone.BOTH
+    ) -> DiffInfo | None:
+        args = {"shard": str(shard), "seqno": seqno, "zone": zone.name}
+        result: DiffInfo | None = self._log.call(
+            "get_diff_info",
+            args,
+            lambda: self._inner.get_diff_info(shard, seqno, zone),
+            enc_diff_info,
+        )
+        return result
+
+    def get_diffs_tail_len(self, shard: ShardIdent, from_key: QueueKey) -> int:
+        args = {"shard": str(shard), "from_key": enc_key(from_key)}
+        return int(
+            self._log.call(
+                "get_diffs_tail_len",
+                args,
+                lambda: self._inner.get_diffs_tail_len(shard, from_key),
+                int,
+            )
+        )
+
+    def get_last_applied_seqno(self, shard: ShardIdent) -> int | None:
+        result: int | None = self._log.call(
+            "get_last_applied_seqno",
+            {"shard": str(shard)},
+            lambda: self._inner.get_last_applied_seqno(shard),
+            _same,
+        )
+        return result
+
+    def load_diff_statistics(self, partition: int, range: QueueShardRange) -> Any:
+        args = {"partition": partition, "range": enc_range(range)}
+        return self._log.call(
+            "load_diff_statistics",
+            args,
+            lambda: self._inner.load_diff_statistics(partition, range),
+            enc_stats_map,
+        )
+
+    def run_gc(self) -> int:
+        return int(self._log.call("run_gc", {}, self._inner.run_gc, int))
+
+    def close(self) -> None:
+        self._log.call("close", {}, self._inner.close, lambda _: None)
+        self._log.flush()
+
+    def kill(self) -> None:
+        """Record a crash, then kill the inner queue (``kill()`` if it has one, else close)."""
+        killer = getattr(self._inner, "kill", None)
+        self._log.call(
+            "kill", {}, killer if killer is not None else self._inner.close, lambda _: None
+        )
+        self._log.flush()

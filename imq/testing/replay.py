@@ -1,0 +1,408 @@
+"""Replay an op log (``docs/replay-format.md``) on a fresh database and on the model.
+
+Every recorded result is compared with what the real queue and the in-memory model
+(:class:`imq.testing.model.QueueModel`, the oracle) return now, and after every step
+that can change the state, the observable state of the two is compared: commit
+pointers, last committed block, per shard the last applied seqno, tail length, every
+stored diff's info and zone, the statistics, and every stored message as the iterator
+yields it. The first difference raises :class:`ReplayDivergenceError`.
+
+``kill`` is replayed as a close: RocksDB keeps every written batch either way, and a
+prepared, unwritten diff dies with the process (it is dropped here too).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from imq import (
+    BlockId,
+    DiffZone,
+    PartitionRouter,
+    Queue,
+    QueueConfig,
+    QueueDiff,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+)
+from imq.testing import codec as c
+from imq.testing.model import DiffInput, QueueModel
+
+__all__ = ["ReplayDivergenceError", "ReplayReport", "assert_replays", "read_log", "replay"]
+
+MUTATING = {
+    "open",
+    "close",
+    "kill",
+    "write",
+    "discard",
+    "apply_diff",
+    "commit_diff",
+    "clear_uncommitted_state",
+    "startup",
+    "run_gc",
+}
+_FOR_SHARDS = (ShardIdent.MASTERCHAIN, ShardIdent.BASECHAIN)
+
+
+class ReplayDivergenceError(AssertionError):
+    """The replay differs from the log, or the queue from the model."""
+
+    def __init__(self, step: int, op: str, difference: str) -> None:
+        super().__init__(f"step {step} ({op}): {difference}")
+        self.step = step
+        self.op = op
+        self.difference = difference
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    steps: int
+    checks: int
+
+
+def read_log(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if not lines:
+        raise ValueError(f"{path} is empty")
+    header = json.loads(lines[0])
+    if header.get("imq_ops") != c.FORMAT_VERSION:
+        raise ValueError(f"{path}: not an imq op log of version {c.FORMAT_VERSION}")
+    steps = [json.loads(line) for line in lines[1:] if line.strip()]
+    return header, sorted(steps, key=lambda line: int(line["step"]))
+
+
+def _outcome(fn: Any, enc: Any) -> dict[str, Any]:
+    try:
+        value = fn()
+    except Exception as exc:
+        return {"error": type(exc).__name__}
+    return {"result": enc(value)}
+
+
+def _recorded(line: dict[str, Any]) -> dict[str, Any]:
+    if "error" in line:
+        return {"error": line["error"]["type"]}
+    return {"result": line.get("result")}
+
+
+def _diff_input(args: dict[str, Any]) -> tuple[QueueDiff, Any, DiffInput]:
+    diff = c.dec_diff(args["diff"])
+    block = c.dec_block(args["block"])
+    stats = c.dec_statistics(args["statistics"])
+    router: PartitionRouter = diff.router
+    src = {a: p for p, addrs in router.src_partitions().items() for a in addrs}
+    dst = {a: p for p, addrs in router.dst_partitions().items() for a in addrs}
+    model_input = DiffInput(
+        block=block,
+        diff_hash=bytes.fromhex(args["hash"]),
+        messages=diff.messages,
+        processed_to=dict(diff.processed_to),
+        router_src=src,
+        router_dst=dst,
+        prev_hash=diff.prev_hash,
+        bounds=diff.bounds if stats is None else (stats.min_message, stats.max_message),
+    )
+    return diff, stats, model_input
+
+
+class _Replayer:
+    def __init__(self, db: Path, zerostate_seqno: int) -> None:
+        self.db = db
+        self.zerostate = zerostate_seqno
+        self.model = QueueModel(zerostate_seqno)
+        self.queue: Queue | None = None
+        self.real_pending: dict[int, Any] = {}
+        self.model_pending: dict[int, DiffInput] = {}
+        self.shards: set[ShardIdent] = set()
+        self.checks = 0
+
+    def q(self) -> Queue:
+        if self.queue is None:
+            raise RuntimeError("the log uses the queue before opening it")
+        return self.queue
+
+    def step(self, line: dict[str, Any]) -> None:
+        op, args, step = line["op"], line.get("args", {}), line["step"]
+        self._line = line
+        real, model = self._run(op, args)
+        recorded = _recorded(line)
+        if real != recorded:
+            raise ReplayDivergenceError(step, op, f"the log says {recorded}, the queue now {real}")
+        if model != real:
+            raise ReplayDivergenceError(step, op, f"the queue gives {real}, the model {model}")
+        if op in MUTATING and self.queue is not None and "error" not in real:
+            difference = self._compare_state()
+            if difference is not None:
+                raise ReplayDivergenceError(step, op, difference)
+
+    def _both(
+        self, real: Any, model: Any, enc: Any = lambda v: v
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        return _outcome(real, enc), _outcome(model, enc)
+
+    def _run(self, op: str, a: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:  # noqa: PLR0915 - one branch per op
+        m = self.model
+        none = _outcome(lambda: None, lambda v: v)
+        if op == "open":
+            config = QueueConfig(gc_enabled=False, sync_commits=False)
+            self.queue = Queue.open(self.db, config, zerostate_seqno=self.zerostate)
+            return none, none
+        if op in ("close", "kill"):
+            if self.queue is None:  # closing a closed queue is a no-op
+                return none, none
+            for token in self.model_pending:
+                self.real_pending[token].discard()
+            self.real_pending.clear()
+            self.model_pending.clear()
+            self.q().close()
+            self.queue = None
+            return none, none
+        if op in ("prepare_diff", "apply_diff"):
+            diff, stats, inp = _diff_input(a)
+            self.shards.add(inp.block.shard)
+            zone = c.dec_zone(a["check_sequence"])
+            if op == "apply_diff":
+                return self._both(
+                    lambda: self.q().apply_diff(diff, inp.block, inp.diff_hash, stats, zone),
+                    lambda: m.apply(inp, zone),
+                )
+            real = _outcome(
+                lambda: self.q().prepare_diff(diff, inp.block, inp.diff_hash, stats, zone),
+                lambda p: p,
+            )
+            modeled = _outcome(lambda: m.check_diff(inp, zone), lambda ok: ok)
+            if "error" in real:
+                return real, modeled
+            pending = real["result"]
+            if pending is None:
+                return {"result": None}, {
+                    "result": None if modeled["result"] is False else "written"
+                }
+            self._token += 1
+            token = self._token
+            self.real_pending[token] = pending
+            self.model_pending[token] = inp
+            return {"result": {"pending": token}}, (
+                {"result": {"pending": token}} if modeled.get("result") is True else modeled
+            )
+        if op in ("write", "discard"):
+            token = int(a["pending"])
+            pending = self.real_pending[token]
+            staged = self.model_pending.pop(token, None)  # None: already written or discarded
+            real = _outcome(pending.write if op == "write" else pending.discard, lambda v: None)
+            if op == "write" and "error" not in real and staged is not None:
+                m._write(staged)
+            # The model has no pending diffs: using one twice is the PendingDiff's own
+            # check (ImqError), so the model agrees with whatever the queue says.
+            return real, real
+        if op == "commit_diff":
+            tops = [c.dec_top(t) for t in a["top_blocks"]]
+            parts = a["partitions"]
+            return self._both(
+                lambda: self.q().commit_diff(tops, parts), lambda: m.commit(tops, parts)
+            )
+        if op == "clear_uncommitted_state":
+            parts, shards = a["partitions"], [c.dec_shard(s) for s in a["top_shards"]]
+            self.shards.update(shards)
+            return self._both(
+                lambda: self.q().clear_uncommitted_state(parts, shards),
+                lambda: m.clear(parts, shards),
+            )
+        if op == "startup":
+            block = BlockId.parse(a["last_applied_mc_block"])
+            parts, shards = a["partitions"], [c.dec_shard(s) for s in a["top_shards"]]
+            self.shards.update(shards)
+            return self._both(
+                lambda: self.q().startup(block, shards, parts),
+                lambda: m.startup(block, shards, parts),
+            )
+        if op == "run_gc":
+            return self._both(self.q().run_gc, m.run_gc)
+        if op == "iterate":
+            return self._iterate(a)
+        if op == "get_commit_pointers":
+            return self._both(self.q().get_commit_pointers, m.get_commit_pointers, c.enc_pointers)
+        if op == "get_last_committed_mc_block_id":
+            enc = lambda b: None if b is None else str(b)  # noqa: E731
+            return self._both(
+                self.q().get_last_committed_mc_block_id, m.get_last_committed_mc_block_id, enc
+            )
+        if op == "get_diff_info":
+            shard, seqno, zone = c.dec_shard(a["shard"]), int(a["seqno"]), DiffZone[a["zone"]]
+            return self._both(
+                lambda: self.q().get_diff_info(shard, seqno, zone),
+                lambda: m.get_diff_info(shard, seqno, zone),
+                c.enc_diff_info,
+            )
+        if op == "get_diffs_tail_len":
+            shard, key = c.dec_shard(a["shard"]), c.dec_key(a["from_key"])
+            return self._both(
+                lambda: self.q().get_diffs_tail_len(shard, key),
+                lambda: m.get_diffs_tail_len(shard, key),
+            )
+        if op == "get_last_applied_seqno":
+            shard = c.dec_shard(a["shard"])
+            return self._both(
+                lambda: self.q().get_last_applied_seqno(shard),
+                lambda: m.get_last_applied_seqno(shard),
+            )
+        if op == "load_diff_statistics":
+            r, p = c.dec_range(a["range"]), int(a["partition"])
+            return self._both(
+                lambda: self.q().load_diff_statistics(p, r),
+                lambda: m.load_diff_statistics(p, r),
+                c.enc_stats_map,
+            )
+        raise ValueError(f"unknown op {op!r} in the log")
+
+    _token = 0
+    _line: dict[str, Any] = {}  # noqa: RUF012 - the line being replayed
+
+    def _iterate(self, a: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        partition, for_shard = int(a["partition"]), c.dec_shard(a["for_shard"])
+        ranges = [c.dec_range(r) for r in a["ranges"]]
+        recorded = self._line.get("result") or {}
+        want = None if recorded.get("exhausted", True) else len(recorded.get("messages", []))
+
+        def run(it: Any) -> dict[str, Any]:
+            seen = []
+            exhausted = False
+            for _ in range(limit):
+                try:
+                    seen.append(c.enc_iterated(next(it)))
+                except StopIteration:
+                    exhausted = True
+                    break
+            position = {str(s): c.enc_key(k) for s, k in sorted(it.current_position().items())}
+            return {"messages": seen, "exhausted": exhausted, "position": position}
+
+        limit = 1 << 62 if want is None else want
+        real_it = self.q().iterator(partition, ranges, for_shard)
+        try:
+            real = _outcome(lambda: run(real_it), lambda v: v)
+        finally:
+            real_it.close()
+        model = _outcome(
+            lambda: run(self.model.iterator(partition, ranges, for_shard)), lambda v: v
+        )
+        return real, model
+
+    def _compare_state(self) -> str | None:
+        self.checks += 1
+        q, m = self.q(), self.model
+        self.shards.update(m.pointers)
+        self.shards.update(s for s, _ in m.diffs)
+        pairs: list[tuple[str, Any, Any]] = [
+            (
+                "commit pointers",
+                c.enc_pointers(q.get_commit_pointers()),
+                c.enc_pointers(m.get_commit_pointers()),
+            ),
+            (
+                "last committed block",
+                q.get_last_committed_mc_block_id(),
+                m.get_last_committed_mc_block_id(),
+            ),
+        ]
+        full = [QueueShardRange(s, QueueKey.MIN, QueueKey.MAX) for s in sorted(self.shards)]
+        for shard in sorted(self.shards):
+            pairs.append(
+                (
+                    f"last applied seqno of {shard}",
+                    q.get_last_applied_seqno(shard),
+                    m.get_last_applied_seqno(shard),
+                )
+            )
+            pairs.append(
+                (
+                    f"tail length of {shard}",
+                    q.get_diffs_tail_len(shard, QueueKey.MIN),
+                    m.get_diffs_tail_len(shard, QueueKey.MIN),
+                )
+            )
+            for seqno in m.seqnos(shard):
+                for zone in (DiffZone.BOTH, DiffZone.COMMITTED):
+                    pairs.append(
+                        (
+                            f"diff {shard}:{seqno} in zone {zone.name}",
+                            c.enc_diff_info(q.get_diff_info(shard, seqno, zone)),
+                            c.enc_diff_info(m.get_diff_info(shard, seqno, zone)),
+                        )
+                    )
+        for r in full:
+            real_stats = q.load_separated_diff_statistics((0, 1), r)
+            model_stats = m.load_separated_diff_statistics((0, 1), r)
+            pairs.append(
+                (
+                    f"statistics of {r.shard}",
+                    _enc_separated(real_stats),
+                    _enc_separated(model_stats),
+                )
+            )
+        for partition in (0, 1):
+            for for_shard in _FOR_SHARDS:
+                with q.iterator(partition, full, for_shard) as it:
+                    real_msgs = [c.enc_iterated(x) for x in it]
+                model_msgs = [c.enc_iterated(x) for x in m.iterator(partition, full, for_shard)]
+                pairs.append(
+                    (f"messages of partition {partition} for {for_shard}", real_msgs, model_msgs)
+                )
+        for what, real, model in pairs:
+            if real != model:
+                return f"{what}: the queue has {_short(real)}, the model {_short(model)}"
+        return None
+
+
+def _enc_separated(stats: dict[int, dict[QueueKey, Any]]) -> dict[int, Any]:
+    return {
+        p: {c.enc_key(k): c.enc_stats_map(v) for k, v in sorted(d.items())}
+        for p, d in sorted(stats.items())
+    }
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 600 else text[:600] + "..."
+
+
+def replay(path: Path, db: Path | None = None) -> ReplayReport:
+    """Replay the log at ``path`` on a fresh database in ``db`` (a temporary directory if
+    None; ``db`` must not hold a database) and on the model. Raises
+    :class:`ReplayDivergenceError` at the first difference."""
+    header, lines = read_log(path)
+    if db is None:
+        with tempfile.TemporaryDirectory(prefix="imq-replay-") as tmp:
+            return _replay(header, lines, Path(tmp) / "queue")
+    if db.exists() and any(db.iterdir()):
+        raise ValueError(f"{db} is not empty: a replay needs a fresh database")
+    return _replay(header, lines, db)
+
+
+def _replay(header: dict[str, Any], lines: list[dict[str, Any]], db: Path) -> ReplayReport:
+    r = _Replayer(db, int(header.get("zerostate_seqno", 0)))
+    try:
+        for line in lines:
+            r.step(line)
+    finally:
+        if r.queue is not None:
+            for token in r.model_pending:
+                r.real_pending[token].discard()
+            r.queue.close()
+    return ReplayReport(steps=len(lines), checks=r.checks)
+
+
+def assert_replays(path: Path | str, db: Path | None = None) -> ReplayReport:
+    """For a user's test: ``assert_replays("tests/replays/x.jsonl")`` fails the test with
+    the step, the op and the first difference."""
+    return replay(Path(path), db)
+
+
+def iter_steps(path: Path) -> Iterator[dict[str, Any]]:
+    yield from read_log(path)[1]
