@@ -76,6 +76,7 @@ class DiffInput:
     router_dst: dict[Address, int] = field(default_factory=dict)
     prev_hash: bytes | None = None
     bounds: tuple[QueueKey, QueueKey] | None = None
+    span: tuple[int, int] | None = None  # the block's (start_lt, end_lt), if the diff has one
 
     def sorted_messages(self) -> list[Message]:
         return sorted(self.messages, key=lambda m: m.key)
@@ -90,9 +91,11 @@ class DiffInput:
         if self.bounds is not None:
             return self.bounds
         msgs = self.sorted_messages()
-        if not msgs:
-            return QueueKey.MIN, QueueKey.MIN
-        return msgs[0].key, msgs[-1].key
+        if msgs:
+            return msgs[0].key, msgs[-1].key
+        if self.span is not None:
+            return QueueKey.min_for_lt(self.span[0]), QueueKey.max_for_lt(self.span[1])
+        return QueueKey.MIN, QueueKey.MIN
 
     def statistics(self) -> dict[int, dict[Address, int]]:
         """partition -> destination -> count, as ``DiffStatistics.from_diff`` counts."""
@@ -235,7 +238,7 @@ class QueueModel:
 
     def _write(self, diff: DiffInput) -> None:
         shard, seqno = diff.block.shard, diff.block.seqno
-        if diff.bounds is None and not diff.messages:
+        if diff.bounds is None and diff.span is None and not diff.messages:
             min_message = max_message = self._resting_key(shard, seqno)
         else:
             min_message, max_message = diff.stat_bounds()

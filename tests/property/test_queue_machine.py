@@ -159,7 +159,7 @@ class DiffSpec:
     # "message" / "diff_max" (a stored message key / diff max_message of that shard, the
     # back-th from the newest): GC bounds that fall exactly on a key
     processed_to: tuple[tuple[str, str, int], ...]
-    bounds_mode: str  # "default" | "from_diff" | "max"
+    bounds_mode: str  # "default" | "from_diff" | "max" | "span" (the QueueDiff's lt span)
     prev_hash: bytes | None
 
 
@@ -211,7 +211,7 @@ diff_specs = st.builds(
         unique_by=lambda e: e[0],
         max_size=3,
     ).map(tuple),
-    bounds_mode=st.sampled_from(("default", "default", "from_diff", "max")),
+    bounds_mode=st.sampled_from(("default", "default", "from_diff", "max", "span")),
     prev_hash=st.none() | st.binary(min_size=32, max_size=32),
 )
 
@@ -268,7 +268,8 @@ def build_diff(d: DiffInput) -> tuple[QueueDiff, DiffStatistics | None]:
             src={p: [a for a, q in d.router_src.items() if q == p] for p in (1, 2)},
             dst={p: [a for a, q in d.router_dst.items() if q == p] for p in (1, 2)},
         )
-    diff = QueueDiff(d.messages, d.processed_to, router, d.prev_hash)
+    span = {} if d.span is None else {"start_lt": d.span[0], "end_lt": d.span[1]}
+    diff = QueueDiff(d.messages, d.processed_to, router, d.prev_hash, **span)
     stats = None
     if d.bounds is not None:
         lo, hi = d.bounds
@@ -449,6 +450,13 @@ class QueueMachine(RuleBasedStateMachine):
             )
         elif spec.bounds_mode == "max":
             bounds = (keys[0] if keys else QueueKey.MIN, QueueKey.MAX)
+        span = None
+        if spec.bounds_mode == "span":
+            span = (
+                (keys[0].lt, min(keys[-1].lt + 1, U64_MAX))
+                if keys
+                else (self.clock, min(self.clock + 2, U64_MAX))
+            )
         d = DiffInput(
             block=BlockIdShort(shard, seqno),
             diff_hash=diff_hash,
@@ -458,6 +466,7 @@ class QueueMachine(RuleBasedStateMachine):
             router_dst={ACCOUNTS[i]: p for i, p in spec.router_dst},
             prev_hash=spec.prev_hash,
             bounds=bounds,
+            span=span,
         )
         return d, ZONES[spec.check_sequence]
 
