@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from imq.errors import CommitError
 from imq.storage import Table, Transaction, codec
-from imq.storage.codec import CommitRecord, GcBounds
+from imq.storage.queue_state import CommitRecord, GcBounds
 from imq.types import BlockId, CommitPointer, DiffInfo, QueueKey, ShardIdent, TopBlock
 
 __all__ = [
@@ -97,7 +97,7 @@ def plan_commit(
         return None
 
     moved: dict[ShardIdent, CommitPointer] = {}
-    new_record: CommitRecord = {}
+    new_record: dict[ShardIdent, Mapping[ShardIdent, QueueKey]] = {}
     listed: set[ShardIdent] = set()
     for top in top_blocks:
         block = top.block_id
@@ -119,7 +119,7 @@ def plan_commit(
         moved[block.shard] = pointer
         new_record[block.shard] = dict(info.processed_to)
 
-    requested = dict(gc_requested)
+    requested: dict[tuple[int, ShardIdent], QueueKey] = dict(gc_requested)
     bounds = gc_bounds(new_record)
     for partition in partitions:
         for shard, key in bounds.items():
@@ -139,7 +139,4 @@ def stage_commit(txn: Transaction, plan: CommitPlan) -> None:
     txn.put(Table.VARS, codec.LAST_COMMITTED_MC_BLOCK, codec.block_id_bytes(plan.mc_block))
     txn.put(Table.VARS, codec.COMMIT_RECORD, codec.commit_record_value(plan.record))
     txn.put(Table.VARS, codec.GC_REQUESTED, codec.gc_bounds_value(plan.gc_requested))
-    txn.publish("pointers", plan.pointers)
-    txn.publish("last_mc_block", plan.mc_block)
-    txn.publish("commit_record", plan.record)
-    txn.publish("gc_requested", plan.gc_requested)
+    txn.publish(lambda s: s.committed(plan.moved, plan.mc_block, plan.record, plan.gc_requested))

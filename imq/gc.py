@@ -27,7 +27,7 @@ from imq.errors import QueueClosedError
 from imq.locks import RWLock, ShardLocks
 from imq.observability import ImqLogger, Metrics
 from imq.storage import Scan, Store, Table, codec
-from imq.storage.codec import GcBounds
+from imq.storage.queue_state import GcBounds
 from imq.types import QueueKey, ShardIdent
 
 __all__ = ["GarbageCollector", "GcRange", "GcReport", "GcTask", "GcWorker", "due_tasks"]
@@ -168,7 +168,8 @@ class GarbageCollector:
         """Run every due deletion; return what the pass deleted."""
         with self._pass_lock:
             started = perf_counter()
-            tasks = due_tasks(self._store.cached("gc_requested"), self._store.cached("gc_executed"))
+            state = self._store.state
+            tasks = due_tasks(state.gc_requested, state.gc_executed)
             if not tasks:
                 return _EMPTY_REPORT
             deleted: list[_Deleted] = []
@@ -210,7 +211,7 @@ class GarbageCollector:
         started = perf_counter()
         store = self._store
         r = DeleteRange(task.shard, QueueKey.MIN, task.bound, frozenset(task.partitions), False)
-        executed = store.cached("gc_executed")
+        executed = store.state.gc_executed
         txn = store.transaction()
         with self._locked(task.shard):
             # Under the shard's mutex nothing writes this shard, so two snapshots agree.
@@ -239,13 +240,13 @@ class GarbageCollector:
     def _mark_executed(self, tasks: list[GcTask]) -> None:
         if not tasks:
             return
-        executed = dict(self._store.cached("gc_executed"))
+        executed = dict(self._store.state.gc_executed)
         for task in tasks:
             for partition in task.partitions:
                 executed[(partition, task.shard)] = task.bound
         mark = self._store.transaction()
         mark.put(Table.VARS, codec.GC_EXECUTED, codec.gc_bounds_value(executed))
-        mark.publish("gc_executed", executed)
+        mark.publish(lambda s: s.gc_marked(executed))
         self._store.write(mark)
 
     def _failed(self, tasks: list[GcTask], exc: Exception) -> int:

@@ -37,7 +37,6 @@ from imq.storage import Store, StoreOptions, Table
 from imq.types import (
     BlockId,
     BlockIdShort,
-    CommitPointer,
     DiffZone,
     QueueKey,
     ShardIdent,
@@ -91,7 +90,7 @@ class Queue(QueueReads):
         self._log = get_logger("queue", db=str(store.path))
         if importer.rollback_import_at_open(store, self._log):
             self.metrics.inc("imports_rolled_back")
-        reads.load_caches(store)
+        reads.load_state(store)
         gc_log = get_logger("gc", db=str(store.path))
         self._gc = GarbageCollector(
             store,
@@ -130,7 +129,7 @@ class Queue(QueueReads):
         except BaseException:
             store.close()
             raise
-        queue._log.info("queue_opened", pointers=len(queue._store.cached("pointers")))
+        queue._log.info("queue_opened", pointers=len(queue._store.state.pointers))
         return queue
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -258,7 +257,7 @@ class Queue(QueueReads):
                     self._log.debug("diff_skipped", block=str(block))
                     guard.release()
                     return None
-                pointer = snap.cache["pointers"].get(block.shard)
+                pointer = snap.state.pointers.get(block.shard)
                 apply.check_above_pointer(pointer, block, diff)
                 if stats is None:
                     at = apply.resting_key(snap, len(scans) - 1, block, pointer)
@@ -303,10 +302,10 @@ class Queue(QueueReads):
                 plan = plan_commit(
                     tops,
                     sorted(parts),
-                    pointers=snap.cache["pointers"],
-                    last_mc_block=snap.cache["last_mc_block"],
-                    record=snap.cache["commit_record"],
-                    gc_requested=snap.cache["gc_requested"],
+                    pointers=snap.state.pointers,
+                    last_mc_block=snap.state.last_mc_block,
+                    record=snap.state.commit_record,
+                    gc_requested=snap.state.gc_requested,
                     find_diff=lambda shard, seqno: reads.diff_info(snap, shard, seqno),
                     zerostate_seqno=self._zerostate_seqno,
                 )
@@ -353,7 +352,7 @@ class Queue(QueueReads):
     ) -> tuple[list[DeletedDiffs], list[tuple[Table, bytes, bytes]]]:
         with self._rw.write_locked():
             self._check_open()
-            pointers: dict[ShardIdent, CommitPointer] = self._store.cached("pointers")
+            pointers = self._store.state.pointers
             ranges = []
             for shard in sorted({*pointers, *tops}):
                 pointer = pointers.get(shard)

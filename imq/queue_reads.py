@@ -1,6 +1,6 @@
 """The read side of the facade: the iterator, diff infos, tail lengths, statistics,
-pointers and summaries. Each call reads one consistent snapshot (D12) or the caches
-(D14); none takes the facade's locks.
+pointers and summaries. Each call reads one consistent snapshot (D12) or the queue
+state (D14); none takes the facade's locks.
 
 :class:`QueueReads` is a base of :class:`imq.queue.Queue`, which owns the store, the
 metrics and the lifecycle; it is not used on its own.
@@ -121,7 +121,15 @@ class QueueReads:
     ) -> tuple[dict[tuple[int, ShardIdent], QueueKey], dict[tuple[int, ShardIdent], QueueKey]]:
         """The persisted GC bounds: (requested, executed), each keyed by (partition, shard)."""
         self._check_open()
-        return dict(self._store.cached("gc_requested")), dict(self._store.cached("gc_executed"))
+        state = self._store.state
+        return dict(state.gc_requested), dict(state.gc_executed)
+
+    def commit_record(self) -> dict[ShardIdent, dict[ShardIdent, QueueKey]]:
+        """The commit record of the last commit (D7): per top shard it listed, the
+        ``processed_to`` of that shard's newest committed diff. The GC bound of a source
+        shard is the lowest key any entry gives it."""
+        self._check_open()
+        return {top: dict(entries) for top, entries in self._store.state.commit_record.items()}
 
     def summary(self) -> dict[str, Any]:
         """What the queue holds, for operators: pointers, the last committed block, GC
@@ -135,13 +143,12 @@ class QueueReads:
     def get_last_committed_mc_block_id(self) -> BlockId | None:
         self._check_open()
         with self.metrics.time("get_last_committed_mc_block_id"):
-            block: BlockId | None = self._store.cached("last_mc_block")
-            return block
+            return self._store.state.last_mc_block
 
     def get_commit_pointers(self) -> dict[ShardIdent, CommitPointer]:
         self._check_open()
         with self.metrics.time("get_commit_pointers"):
-            return dict(self._store.cached("pointers"))
+            return dict(self._store.state.pointers)
 
     def get_last_applied_seqno(self, shard: ShardIdent) -> int | None:
         """Highest seqno with a stored diff of ``shard``, either zone."""

@@ -1,12 +1,12 @@
 """Read helpers of the facade: diff infos by zone, scans for tail lengths and statistics,
-and the caches loaded at open."""
+and the queue state loaded at open."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from imq.storage import Scan, Snapshot, Store, Table, codec
+from imq.storage import QueueState, Scan, Snapshot, Store, Table, codec
 from imq.types import (
     U32_MAX,
     Address,
@@ -25,7 +25,7 @@ __all__ = [
     "check_type",
     "diff_info",
     "group_statistics",
-    "load_caches",
+    "load_state",
     "message_scans",
     "stats_scan",
     "sum_statistics",
@@ -34,8 +34,8 @@ __all__ = [
 ]
 
 
-def load_caches(store: Store) -> None:
-    """Fill the in-memory caches (D14) from the small tables, once at open."""
+def load_state(store: Store) -> None:
+    """Load the queue state (D14) from the small tables, once at open."""
     pointers: dict[ShardIdent, CommitPointer] = dict(
         codec.decode_pointer(k, v) for k, v in store.load_table(Table.COMMIT_POINTERS)
     )
@@ -43,18 +43,18 @@ def load_caches(store: Store) -> None:
     raw_record = store.get_latest(Table.VARS, codec.COMMIT_RECORD)
     raw_requested = store.get_latest(Table.VARS, codec.GC_REQUESTED)
     raw_executed = store.get_latest(Table.VARS, codec.GC_EXECUTED)
-    store.publish(
-        {
-            "pointers": pointers,
-            "last_mc_block": None if raw_mc is None else codec.decode_block_id(raw_mc),
-            "commit_record": {} if raw_record is None else codec.decode_commit_record(raw_record),
-            "gc_requested": {}
+    store.set_state(
+        QueueState(
+            pointers=pointers,
+            last_mc_block=None if raw_mc is None else codec.decode_block_id(raw_mc),
+            commit_record={} if raw_record is None else codec.decode_commit_record(raw_record),
+            gc_requested={}
             if raw_requested is None
             else codec.decode_gc_bounds(codec.GC_REQUESTED, raw_requested),
-            "gc_executed": {}
+            gc_executed={}
             if raw_executed is None
             else codec.decode_gc_bounds(codec.GC_EXECUTED, raw_executed),
-        }
+        )
     )
 
 
@@ -80,7 +80,7 @@ def diff_info(
     if raw is None:
         return None
     info = codec.decode_diff_info(key, raw)
-    return info if in_zone(info, snap.cache["pointers"].get(shard), zone) else None
+    return info if in_zone(info, snap.state.pointers.get(shard), zone) else None
 
 
 def message_scans(partition: int, ranges: Sequence[QueueShardRange]) -> list[Scan]:
@@ -136,7 +136,7 @@ def summarize(snap: Snapshot, path: object, read_only: bool) -> dict[str, Any]:
     """A JSON-friendly, lossless picture of the queue (see ``Queue.summary``): keys as
     ``{"lt": int, "hash": hex}`` (``QueueKey.to_json``), ids and shards in their ``str``
     forms, which ``BlockId.parse`` and ``ShardIdent.parse`` read."""
-    pointers: dict[ShardIdent, CommitPointer] = snap.cache["pointers"]
+    pointers = snap.state.pointers
     shards: dict[ShardIdent, dict[str, Any]] = {}
     for key, value in snap.cursors[0]:
         info, partitions = codec.decode_diff_record(key, value)
@@ -156,8 +156,8 @@ def summarize(snap: Snapshot, path: object, read_only: bool) -> dict[str, Any]:
         ]
         for partition, count in partitions.items():
             entry["messages"][partition] = entry["messages"].get(partition, 0) + count
-    last = snap.cache["last_mc_block"]
-    requested, executed = snap.cache["gc_requested"], snap.cache["gc_executed"]
+    last = snap.state.last_mc_block
+    requested, executed = snap.state.gc_requested, snap.state.gc_executed
     return {
         "path": str(path),
         "read_only": read_only,

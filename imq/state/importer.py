@@ -207,7 +207,7 @@ def _routes(diff: TlDiff) -> tuple[dict[tuple[int, bytes], int], dict[tuple[int,
 def _check_pointer(store: Store, shard: ShardIdent, top: TlDiff) -> None:
     check_forward(
         shard,
-        store.cached("pointers", {}).get(shard),
+        store.state.pointers.get(shard),
         CommitPointer(top.max_message, top.seqno),
         operation=f"importing the state of {shard}:{top.seqno}",
     )
@@ -372,12 +372,13 @@ def _finish(store: Store, block_id: BlockId, top: TlDiff) -> None:
     shard = block_id.shard
     pointer = CommitPointer(top.max_message, top.seqno)
     txn.put(Table.COMMIT_POINTERS, codec.shard_bytes(shard), codec.pointer_value(pointer))
-    txn.publish("pointers", {**store.cached("pointers", {}), shard: pointer})
+    mc_block = None
     if block_id.is_masterchain:
-        last: BlockId | None = store.cached("last_mc_block")
+        last = store.state.last_mc_block
         if last is None or last.seqno <= block_id.seqno:
             txn.put(Table.VARS, codec.LAST_COMMITTED_MC_BLOCK, codec.block_id_bytes(block_id))
-            txn.publish("last_mc_block", block_id)
+            mc_block = block_id
+    txn.publish(lambda s: s.committed({shard: pointer}, mc_block))
     txn.delete(Table.VARS, codec.IMPORT_MARKER)
     store.write(txn, sync=True)
 

@@ -4,14 +4,19 @@
 opens the database and provides atomic transactions and consistent snapshots.
 """
 
+from imq.storage.queue_state import CommitRecord, GcBounds, QueueState, StateUpdate
 from imq.storage.rocks import Cursor, Scan, Snapshot, Store, Transaction, open_rdict
 from imq.storage.tables import TABLES, StoreOptions, Table
 
 __all__ = [
     "TABLES",
+    "CommitRecord",
     "Cursor",
+    "GcBounds",
+    "QueueState",
     "Scan",
     "Snapshot",
+    "StateUpdate",
     "Store",
     "StoreOptions",
     "Table",

@@ -20,6 +20,7 @@ from typing import Any
 import msgpack
 
 from imq.errors import CorruptDataError
+from imq.storage.queue_state import CommitRecord, GcBounds
 from imq.types import (
     Address,
     BlockId,
@@ -528,10 +529,6 @@ def decode_u32(name: bytes, value: bytes) -> int:
     return int(_U32.unpack(value)[0])
 
 
-CommitRecord = dict[ShardIdent, dict[ShardIdent, QueueKey]]
-GcBounds = dict[tuple[int, ShardIdent], QueueKey]
-
-
 def commit_record_value(record: CommitRecord) -> bytes:
     rows = [
         [shard_bytes(top), [[shard_bytes(s), key_bytes(k)] for s, k in sorted(pt.items())]]
@@ -540,7 +537,7 @@ def commit_record_value(record: CommitRecord) -> bytes:
     return bytes(_pack([_RECORD_VERSION, rows]))
 
 
-def decode_commit_record(value: bytes) -> CommitRecord:
+def decode_commit_record(value: bytes) -> dict[ShardIdent, dict[ShardIdent, QueueKey]]:
     try:
         version, rows = _unpack(value)
         if version != _RECORD_VERSION:
@@ -558,7 +555,7 @@ def gc_bounds_value(bounds: GcBounds) -> bytes:
     return bytes(_pack([_RECORD_VERSION, rows]))
 
 
-def decode_gc_bounds(name: bytes, value: bytes) -> GcBounds:
+def decode_gc_bounds(name: bytes, value: bytes) -> dict[tuple[int, ShardIdent], QueueKey]:
     try:
         version, rows = _unpack(value)
         if version != _RECORD_VERSION:
