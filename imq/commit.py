@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from imq.errors import CommitError
-from imq.storage import Table, Transaction, codec
+from imq.storage import Transaction, ops
 from imq.storage.queue_state import CommitRecord, GcBounds
 from imq.types import BlockId, CommitPointer, DiffInfo, QueueKey, ShardIdent, TopBlock
 
@@ -134,9 +134,4 @@ def plan_commit(
 
 
 def stage_commit(txn: Transaction, plan: CommitPlan) -> None:
-    for shard, pointer in plan.moved.items():
-        txn.put(Table.COMMIT_POINTERS, codec.shard_bytes(shard), codec.pointer_value(pointer))
-    txn.put(Table.VARS, codec.LAST_COMMITTED_MC_BLOCK, codec.block_id_bytes(plan.mc_block))
-    txn.put(Table.VARS, codec.COMMIT_RECORD, codec.commit_record_value(plan.record))
-    txn.put(Table.VARS, codec.GC_REQUESTED, codec.gc_bounds_value(plan.gc_requested))
-    txn.publish(lambda s: s.committed(plan.moved, plan.mc_block, plan.record, plan.gc_requested))
+    ops.put_commit_state(txn, plan.moved, plan.mc_block, plan.record, plan.gc_requested)

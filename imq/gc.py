@@ -22,11 +22,11 @@ import threading
 from dataclasses import dataclass
 from time import perf_counter
 
-from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_scan
+from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_rows
 from imq.errors import QueueClosedError
 from imq.locks import RWLock, ShardLocks
 from imq.observability import ImqLogger, Metrics
-from imq.storage import Scan, Store, Table, codec
+from imq.storage import Store, Table, ops
 from imq.storage.queue_state import GcBounds
 from imq.types import QueueKey, ShardIdent
 
@@ -100,17 +100,19 @@ class _Deleted:
     seconds: float
 
 
+Gap = tuple[QueueKey, QueueKey, bool]  # from, to, whether ``to`` itself is included
+
+
 def _count_plan(
-    shard: ShardIdent,
     partition: int,
     after: QueueKey | None,
     bound: QueueKey,
     deleted: DeletedDiffs,
-) -> tuple[int, list[tuple[bytes, bytes]]]:
+) -> tuple[int, list[Gap]]:
     """How to count the messages of ``partition`` in ``(after, bound]``: the diffs that
     lie wholly inside count by their records; the gaps between them (at most a partial
     diff at each end, when a shard's diffs cover disjoint key ranges as blocks do) are
-    counted row by row. Returns (counted from records, gap byte ranges to count)."""
+    counted row by row. Returns (counted from records, gap key ranges to count)."""
     low = QueueKey.MIN if after is None else after.next_value()
     if after is not None and after == QueueKey.MAX:
         return 0, []
@@ -119,16 +121,16 @@ def _count_plan(
         key=lambda d: d.min_message,
     )
     counted = sum(d.messages.get(partition, 0) for d in inside)
-    gaps: list[tuple[bytes, bytes]] = []
+    gaps: list[Gap] = []
     cursor = low
     for d in inside:
         if cursor < d.min_message:
-            gaps.append(codec.message_range(partition, shard, cursor, d.min_message))
+            gaps.append((cursor, d.min_message, False))
         if d.max_message == QueueKey.MAX:
             return counted, gaps
         cursor = max(cursor, d.max_message.next_value())
     if cursor <= bound:
-        gaps.append(codec.message_delete_range(partition, shard, cursor, bound))
+        gaps.append((cursor, bound, True))
     return counted, gaps
 
 
@@ -214,9 +216,10 @@ class GarbageCollector:
         executed = store.state.gc_executed
         txn = store.transaction()
         with self._locked(task.shard):
-            # Under the shard's mutex nothing writes this shard, so two snapshots agree.
-            with store.snapshot(points=[Table.DIFF_INFO], scans=[tail_scan(r)]) as snap:
-                found = stage_delete(snap, 0, txn, r)
+            # Under the shard's mutex nothing writes this shard, so two views agree.
+            tail = tail_rows(r)
+            with ops.view(store, tail, diffs=True) as view:
+                found = stage_delete(view, tail, txn, r)
             messages = self._count_removed(task, executed, found)
             store.write(txn)
         seconds = perf_counter() - started
@@ -225,15 +228,16 @@ class GarbageCollector:
     def _count_removed(
         self, task: GcTask, executed: GcBounds, found: DeletedDiffs
     ) -> dict[int, int]:
+        shard = task.shard
         plans = {
-            p: _count_plan(task.shard, p, executed.get((p, task.shard)), task.bound, found)
-            for p in task.partitions
+            p: _count_plan(p, executed.get((p, shard)), task.bound, found) for p in task.partitions
         }
-        scan = Scan(Table.MESSAGES, b"", None, keys_only=True, seekable=True)
-        with self._store.snapshot(scans=[scan]) as snap:
-            cursor = snap.cursors[0]
+        rows = ops.MessageCounter()
+        with ops.view(self._store, rows) as view:
+            counter = view[rows]
             return {
-                p: counted + sum(cursor.count(lo, hi) for lo, hi in gaps)
+                p: counted
+                + sum(counter.count(p, shard, lo, hi, inclusive=inc) for lo, hi, inc in gaps)
                 for p, (counted, gaps) in plans.items()
             }
 
@@ -245,8 +249,7 @@ class GarbageCollector:
             for partition in task.partitions:
                 executed[(partition, task.shard)] = task.bound
         mark = self._store.transaction()
-        mark.put(Table.VARS, codec.GC_EXECUTED, codec.gc_bounds_value(executed))
-        mark.publish(lambda s: s.gc_marked(executed))
+        ops.mark_gc_executed(mark, executed)
         self._store.write(mark)
 
     def _failed(self, tasks: list[GcTask], exc: Exception) -> int:
