@@ -10,7 +10,8 @@ from __future__ import annotations
 from imq import reads
 from imq.diff import DiffStatistics, QueueDiff
 from imq.errors import DiffBelowCommitPointerError, DiffConflictError, DiffSequenceError
-from imq.storage import Transaction, ops
+from imq.storage import TransactionProtocol as Transaction
+from imq.storage import ops
 from imq.types import BlockIdShort, CommitPointer, DiffInfo, DiffZone, QueueKey
 
 __all__ = [

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from imq.errors import CommitError
-from imq.storage import Transaction, ops
+from imq.storage import TransactionProtocol as Transaction
+from imq.storage import ops
 from imq.storage.queue_state import CommitRecord, GcBounds
 from imq.types import BlockId, CommitPointer, DiffInfo, QueueKey, ShardIdent, TopBlock
 

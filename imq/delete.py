@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from imq.storage import Transaction, ops
+from imq.storage import TransactionProtocol as Transaction
+from imq.storage import ops
 from imq.types import QueueKey, ShardIdent
 
 __all__ = ["DeleteRange", "DeletedDiffs", "DiffSpan", "stage_delete", "tail_rows"]

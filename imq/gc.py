@@ -26,7 +26,8 @@ from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_rows
 from imq.errors import QueueClosedError
 from imq.locks import RWLock, ShardLocks
 from imq.observability import ImqLogger, Metrics
-from imq.storage import Store, Table, ops
+from imq.storage import StoreProtocol as Store
+from imq.storage import Table, ops
 from imq.storage.queue_state import GcBounds
 from imq.types import QueueKey, ShardIdent
 

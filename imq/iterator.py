@@ -32,7 +32,8 @@ from types import TracebackType
 from typing import Any, NoReturn
 
 from imq.errors import CorruptDataError, QueueClosedError
-from imq.storage import Snapshot, codec
+from imq.storage import SnapshotProtocol as Snapshot
+from imq.storage import codec
 from imq.types import (
     Address,
     IteratedMessage,

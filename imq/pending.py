@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from imq.errors import ImqError
 from imq.locks import RWLock, ShardLocks
-from imq.storage import Transaction
+from imq.storage import TransactionProtocol
 from imq.types import BlockIdShort, ShardIdent
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class PendingDiff:
     def __init__(
         self,
         queue: Queue,
-        txn: Transaction,
+        txn: TransactionProtocol,
         guard: LockGuard,
         block: BlockIdShort,
         messages: int,

@@ -33,7 +33,7 @@ from imq.reads import check_type
 from imq.state import exporter, importer
 from imq.state.exporter import ExportReport
 from imq.state.importer import ImportReport, Progress
-from imq.storage import Store, StoreOptions, Table, ops
+from imq.storage import Store, StoreOptions, StoreProtocol, Table, ops
 from imq.types import (
     BlockId,
     BlockIdShort,
@@ -77,7 +77,7 @@ class Queue(QueueReads):
     """The internal message queue. Open with :meth:`Queue.open`; close with :meth:`close`."""
 
     def __init__(
-        self, store: Store, config: QueueConfig, zerostate_seqno: int
+        self, store: StoreProtocol, config: QueueConfig, zerostate_seqno: int
     ) -> None:  # use Queue.open
         self._store = store
         self._config = config
@@ -124,6 +124,16 @@ class Queue(QueueReads):
         if not isinstance(zerostate_seqno, int) or not 0 <= zerostate_seqno <= 0xFFFF_FFFF:
             raise ValueError(f"zerostate_seqno must be a u32, got {zerostate_seqno!r}")
         store = Store(Path(path), store_options(config), read_only=read_only)
+        return cls._on_store(store, config, zerostate_seqno=zerostate_seqno)
+
+    @classmethod
+    def _on_store(
+        cls, store: StoreProtocol, config: QueueConfig | None = None, *, zerostate_seqno: int = 0
+    ) -> Queue:
+        """A queue over an open ``store`` (closed with the queue, or on failure): what
+        :meth:`open` does after opening RocksDB, and how tests run the queue on
+        :class:`imq.storage.memory.MemoryStore` (see ``imq.testing.MemoryDatabase``)."""
+        config = config if config is not None else QueueConfig()
         try:
             queue = cls(store, config, zerostate_seqno)
         except BaseException:

@@ -16,7 +16,8 @@ from imq.errors import QueueClosedError
 from imq.iterator import QueueIterator
 from imq.observability import Metrics
 from imq.reads import check_type
-from imq.storage import Store, ops
+from imq.storage import StoreProtocol as Store
+from imq.storage import ops
 from imq.types import (
     Address,
     BlockId,

@@ -26,7 +26,8 @@ from imq.observability import ImqLogger
 from imq.state.boc import BocError
 from imq.state.tl import TlDiff, diff_hash, encode_diff
 from imq.state.writer import ChunkSpool, open_sink, write_state
-from imq.storage import Store, ops
+from imq.storage import StoreProtocol as Store
+from imq.storage import ops
 from imq.types import DiffInfo, ShardIdent
 
 __all__ = ["ExportReport", "export_state"]

@@ -37,7 +37,9 @@ from imq.state.message import MessageFormatError, parse_internal_header
 from imq.state.reader import Segment, StateReader
 from imq.state.source import open_source
 from imq.state.tl import TlDiff
-from imq.storage import Store, Transaction, ops
+from imq.storage import StoreProtocol as Store
+from imq.storage import TransactionProtocol as Transaction
+from imq.storage import ops
 from imq.types import (
     BlockId,
     CommitPointer,

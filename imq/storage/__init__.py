@@ -7,6 +7,12 @@ the domain calls: one named write per thing it does to the store, one named read
 question it asks.
 """
 
+from imq.storage.backend import (
+    CursorProtocol,
+    SnapshotProtocol,
+    StoreProtocol,
+    TransactionProtocol,
+)
 from imq.storage.queue_state import CommitRecord, GcBounds, QueueState, StateUpdate
 from imq.storage.rocks import Cursor, Scan, Snapshot, Store, Transaction, open_rdict
 from imq.storage.tables import TABLES, StoreOptions, Table
@@ -15,14 +21,18 @@ __all__ = [
     "TABLES",
     "CommitRecord",
     "Cursor",
+    "CursorProtocol",
     "GcBounds",
     "QueueState",
     "Scan",
     "Snapshot",
+    "SnapshotProtocol",
     "StateUpdate",
     "Store",
     "StoreOptions",
+    "StoreProtocol",
     "Table",
     "Transaction",
+    "TransactionProtocol",
     "open_rdict",
 ]

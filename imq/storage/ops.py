@@ -23,8 +23,12 @@ from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from imq.storage import codec
+from imq.storage.backend import CursorProtocol as Cursor
+from imq.storage.backend import SnapshotProtocol as Snapshot
+from imq.storage.backend import StoreProtocol as Store
+from imq.storage.backend import TransactionProtocol as Transaction
 from imq.storage.queue_state import CommitRecord, GcBounds, QueueState
-from imq.storage.rocks import Cursor, Scan, Snapshot, Store, Transaction
+from imq.storage.rocks import Scan
 from imq.storage.tables import Table
 from imq.types import (
     Address,

@@ -41,6 +41,7 @@ from rocksdict import (
 
 from imq.errors import DatabaseLockedError, ImqError, QueueClosedError, SchemaVersionError
 from imq.storage import codec
+from imq.storage.backend import TransactionProtocol
 from imq.storage.queue_state import QueueState, StateUpdate
 from imq.storage.tables import TABLES, StoreOptions, Table, table_options
 
@@ -397,8 +398,10 @@ class Store:
             raise ImqError(f"queue database {self.path} is open read-only")
         return Transaction(self._handles)
 
-    def write(self, txn: Transaction, *, sync: bool = False) -> None:
+    def write(self, txn: TransactionProtocol, *, sync: bool = False) -> None:
         """Write ``txn`` atomically and publish its queue-state updates."""
+        if not isinstance(txn, Transaction):
+            raise TypeError(f"a RocksDB store writes Transaction, not {type(txn).__name__}")
         with self._gate:
             self._check_open()
             self._db.write(txn.batch, self._sync) if sync else self._db.write(txn.batch)
