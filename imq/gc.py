@@ -3,13 +3,14 @@
 Commits persist the *requested* bound of every (partition, source shard) (D7); the
 collector persists the *executed* one. A pass runs every entry whose requested bound is
 strictly above its executed bound, grouped by (shard, bound) so one delete batch serves
-every partition that shares a bound. For each group:
+every partition that shares a bound. A pass:
 
-1. under the facade's read lock and the shard's mutex (so the batch serializes with
-   that shard's diff writes and with commit and clear): stage and write the delete of
-   everything up to the bound, inclusive;
-2. without any facade lock (D9): compact exactly the deleted ranges;
-3. only then mark the bound executed, in its own small batch.
+1. for each group, under the facade's read lock and the shard's mutex (so the batch
+   serializes with that shard's diff writes and with commit and clear): stage and
+   write the delete of everything up to the bound, inclusive, then release them;
+2. once every group is deleted, without any facade lock (D9): compact exactly the
+   deleted ranges of all groups, at once;
+3. only then mark the bounds of the deleted groups executed, in one small batch.
 
 A failure at any step is logged (``gc_range_failed``) and the bound stays unexecuted,
 so the next tick retries it (D8); deletes are idempotent. Passes never overlap, and the

@@ -253,7 +253,7 @@ class Queue(QueueReads):
         stats: DiffStatistics | None,
         check_sequence: DiffZone | None,
     ) -> PendingDiff | None:
-        guard = self._pending.acquire(self._rw, self._shard_locks, block.shard)
+        guard = self._pending.hold_shard(self._rw, self._shard_locks, block.shard)
         try:
             last = ops.LastSeqno(block.shard)
             previous = ops.LastSeqno(block.shard, below=block.seqno)
@@ -277,7 +277,7 @@ class Queue(QueueReads):
         except BaseException:
             guard.release()
             raise
-        return PendingDiff(self, txn, guard, block, len(diff.messages))
+        return PendingDiff(self._write_pending, txn, guard, block, len(diff.messages))
 
     def _write_pending(self, pending: PendingDiff) -> None:
         """Called by ``PendingDiff.write`` while it still holds the locks."""
@@ -454,7 +454,9 @@ class Queue(QueueReads):
         callback: Progress | None = line
         if callable(progress):
             callback = progress
-        guard = self._pending.acquire(self._rw, self._shard_locks, shard)
+        # The shard's diffs and messages must not change while they are read: hold the
+        # shard as a pending diff does (read lock and the shard's mutex).
+        guard = self._pending.hold_shard(self._rw, self._shard_locks, shard)
         try:
             with self.metrics.time("export_state"):
                 self._check_open()

@@ -1,4 +1,8 @@
-"""Every byte layout of the database: keys, values, range bounds. Nothing else packs bytes.
+"""Every byte layout of the database: keys, values, range bounds.
+
+Storage rows are packed only here. One reader goes around it: the iterator's decode of
+message rows (``imq/iterator.py`` and its C twin ``imq/_speedups.c``) reads them at
+offsets of its own, which must match :func:`put_message_rows`.
 
 Keys are fixed-width big-endian so that byte order equals logical order (D1):
 signed numbers are stored offset-binary (value + 2**(bits-1)), so the masterchain

@@ -34,7 +34,15 @@ from imq import (
 from imq.testing import codec as c
 from imq.testing.model import DiffInput, QueueModel
 
-__all__ = ["ReplayDivergenceError", "ReplayReport", "assert_replays", "read_log", "replay"]
+__all__ = [
+    "Opener",
+    "ReplayDivergenceError",
+    "ReplayReport",
+    "assert_replays",
+    "iter_steps",
+    "read_log",
+    "replay",
+]
 
 MUTATING = {
     "open",
