@@ -9,6 +9,7 @@ and :mod:`imq.state.exporter` (persistent states). The read calls live in
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -286,12 +287,13 @@ class Queue(QueueReads):
             self._store.write(pending.txn)
         self.metrics.inc("diffs_applied")
         self.metrics.inc("messages_written", pending.messages)
-        self._log.info(
-            "diff_applied",
-            shard=str(pending.block.shard),
-            seqno=pending.block.seqno,
-            messages=pending.messages,
-        )
+        if self._log.isEnabledFor(logging.INFO):  # the fields cost more than a disabled call
+            self._log.info(
+                "diff_applied",
+                shard=str(pending.block.shard),
+                seqno=pending.block.seqno,
+                messages=pending.messages,
+            )
 
     # -- commit, clear, startup ---------------------------------------------------------------
 
@@ -328,11 +330,12 @@ class Queue(QueueReads):
             stage_commit(txn, plan)
             self._store.write(txn, sync=self._config.sync_commits)
         self.metrics.inc("commits")
-        self._log.info(
-            "diff_committed",
-            mc_block=str(plan.mc_block),
-            pointers={str(s): f"{p.key}@{p.seqno}" for s, p in sorted(plan.moved.items())},
-        )
+        if self._log.isEnabledFor(logging.INFO):
+            self._log.info(
+                "diff_committed",
+                mc_block=str(plan.mc_block),
+                pointers={str(s): f"{p.key}@{p.seqno}" for s, p in sorted(plan.moved.items())},
+            )
         return True
 
     def clear_uncommitted_state(
@@ -351,12 +354,13 @@ class Queue(QueueReads):
             if self._config.compact_after_delete and not self._store.closed:
                 self._store.compact(compact)  # D9: after the locks are released
         self.metrics.inc("uncommitted_cleared")
-        self._log.info(
-            "uncommitted_cleared",
-            shards={str(d.shard): list(d.seqnos) for d in deleted if d.seqnos},
-            diffs=sum(len(d.seqnos) for d in deleted),
-            messages=sum(d.total_messages for d in deleted),
-        )
+        if self._log.isEnabledFor(logging.INFO):
+            self._log.info(
+                "uncommitted_cleared",
+                shards={str(d.shard): list(d.seqnos) for d in deleted if d.seqnos},
+                diffs=sum(len(d.seqnos) for d in deleted),
+                messages=sum(d.total_messages for d in deleted),
+            )
 
     def _clear(
         self, parts: frozenset[int], tops: list[ShardIdent]

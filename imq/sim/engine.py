@@ -717,9 +717,9 @@ class Simulation:
             self.owed[mid] = m
             self.committed_depth[self.world.shard_of(m.dst)] += 1
         self.result.messages_created += len(block.created)
+        where = f"{block.shard}:{block.seqno}"  # once a block, not once a message
         for item in block.executed:
             mid = (item.source, item.message.key)
-            where = f"{block.shard}:{block.seqno}"
             expected = self.owed.pop(mid, None)
             if expected is None:
                 if item.message.key.hash in self.delivered:
