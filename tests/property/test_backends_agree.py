@@ -1,4 +1,5 @@
-"""RocksDB and the in-memory store agree (``imq.storage.memory``).
+"""RocksDB and the in-memory store agree (``imq.storage.memory``); the state machine on
+the in-memory store.
 
 The queue state machine (``test_queue_machine.py``) drives a queue on RocksDB with random
 operation sequences and records each one. Every recorded sequence is then replayed on a
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
-from test_queue_machine import QueueMachine
+from test_queue_machine import CONFIG, QueueMachine
 
 from imq import Queue, QueueConfig
 from imq.storage import Store, Table
@@ -63,6 +64,32 @@ def test_random_sequences_agree_on_rocksdb_and_in_memory(tmp_path: Path) -> None
         rocks_db = tmp_path / f"rocks-{i}"
         replay(log, rocks_db)
         assert memory.rows() == _rocks_rows(rocks_db), f"example {i}: the stored rows differ"
+
+
+class MemoryQueueMachine(QueueMachine):
+    """The state machine on the in-memory store: the same rules and invariants against
+    the model, without RocksDB, so it runs many more steps in the same time."""
+
+    RECORD = False
+
+    def __init__(self) -> None:
+        self.memory = MemoryDatabase()
+        super().__init__()
+
+    def _open_queue(self) -> Queue:
+        return self.memory.open(CONFIG, zerostate_seqno=self.zerostate_seqno)
+
+
+def test_the_queue_machine_in_memory() -> None:
+    run_state_machine_as_test(
+        MemoryQueueMachine,
+        settings=settings(
+            max_examples=25,
+            stateful_step_count=60,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
 
 
 def test_a_memory_database_reopens_with_its_rows() -> None:
