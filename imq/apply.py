@@ -117,6 +117,5 @@ def stage_diff(
     )
     written = router.partitions() | stats.partitions.keys()
     partitions = {p: per_partition.get(p, 0) for p in written}
-    statistics = {p: counts.items() for p, counts in stats.partitions.items()}
-    ops.put_diff(txn, shard, info, statistics, partitions)
+    ops.put_diff(txn, shard, info, stats.partitions, partitions)
     return info

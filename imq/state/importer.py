@@ -349,8 +349,7 @@ def _stage_diff_rows(txn: Transaction, shard: ShardIdent, work: _DiffWork) -> No
         prev_hash=diff.prev_hash,
     )
     partitions = {p: 0 for p, _ in (*diff.router_src, *diff.router_dst)} | messages
-    statistics = {p: counter.items() for p, counter in work.stats.items()}
-    ops.put_diff(txn, shard, info, statistics, partitions)
+    ops.put_diff(txn, shard, info, work.stats, partitions)
     work.stats = {}
 
 

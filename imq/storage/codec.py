@@ -42,6 +42,7 @@ __all__ = [
     "ADDRESS_LEN",
     "COMMIT_RECORD",
     "DIFF_INFO_KEY_LEN",
+    "Destinations",
     "GC_EXECUTED",
     "GC_REQUESTED",
     "IMPORT_MARKER",
@@ -96,7 +97,6 @@ __all__ = [
     "stat_prefix",
     "stat_range",
     "stat_value",
-    "stat_value_raw",
     "tail_key",
     "tail_range",
     "tail_range_inclusive",
@@ -316,12 +316,6 @@ def put_raw_message_rows(
         )
 
 
-def stat_value_raw(entries: Iterable[tuple[tuple[int, bytes], int]]) -> bytes:
-    """:func:`stat_value` from ``((workchain, account), count)`` pairs (the import path)."""
-    pack = _STAT_ENTRY.pack
-    return b"".join([pack(wc + 128, account, count) for (wc, account), count in entries])
-
-
 def decode_message_hash_body(raw_key: bytes, value: bytes) -> tuple[bytes, bytes]:
     """(message hash, body) of a stored row: what an export needs, without decoding
     the addresses."""
@@ -364,7 +358,11 @@ def stat_key(shard: ShardIdent, partition: int, max_message: QueueKey, seqno: in
     return stat_prefix(shard, partition, max_message) + _U32.pack(seqno)
 
 
-def stat_value(counts: Mapping[Address, int]) -> bytes:
+Destinations = Mapping[Address, int] | Mapping[tuple[int, bytes], int]
+"""Messages per destination, keyed by ``Address`` or by a plain ``(workchain, account)``."""
+
+
+def stat_value(counts: Destinations) -> bytes:
     """Packed ``(destination, count)`` entries of one diff in one partition."""
     pack = _STAT_ENTRY.pack
     return b"".join([pack(dst[0] + 128, dst[1], count) for dst, count in counts.items()])

@@ -71,7 +71,6 @@ __all__ = [
 
 T = TypeVar("T")
 
-Destination = tuple[int, bytes]  # (workchain, account): an Address or its plain tuple
 DiffRecord = tuple[DiffInfo, dict[int, int]]  # the info and messages per partition
 ImportMarker = tuple[BlockId, list[tuple[int, QueueKey, QueueKey]], list[int]]
 
@@ -113,18 +112,18 @@ def put_diff(
     txn: Transaction,
     shard: ShardIdent,
     info: DiffInfo,
-    statistics: Mapping[int, Iterable[tuple[Destination, int]]],
+    statistics: Mapping[int, codec.Destinations],
     partitions: Mapping[int, int],
 ) -> None:
-    """A diff's statistics rows (per partition, its ``(destination, count)`` entries), its
-    tail row and its info record. ``partitions`` maps every partition the diff wrote
+    """A diff's statistics rows (per partition, its messages per destination), its tail
+    row and its info record. ``partitions`` maps every partition the diff wrote
     messages or statistics into to its messages there (deletes find its rows by it)."""
     seqno, max_message = info.seqno, info.max_message
-    for partition, entries in statistics.items():
+    for partition, counts in statistics.items():
         txn.put(
             Table.STATISTICS,
             codec.stat_key(shard, partition, max_message, seqno),
-            codec.stat_value_raw(entries),
+            codec.stat_value(counts),
         )
     txn.put(Table.DIFF_TAIL, codec.tail_key(shard, max_message, seqno), b"")
     txn.put(
