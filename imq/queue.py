@@ -135,11 +135,16 @@ class Queue(QueueReads):
         with self._close_lock:
             if self._store.closed:
                 return
-            self._gc.stopping.set()
-            if self._gc_worker is not None:
-                self._gc_worker.stop()
-            self._store.close()
-            self._log.info("queue_closed")
+            try:
+                self._gc.stopping.set()
+                if self._gc_worker is not None:
+                    self._gc_worker.stop()
+            finally:
+                failure = self._store.close()
+            if failure is None:
+                self._log.info("queue_closed")
+            else:  # the directory is released all the same; a reopen replays the log
+                self._log.warning("queue_closed_with_error", error=failure)
 
     def __enter__(self) -> Queue:
         return self
