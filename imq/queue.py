@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
 
-from imq import apply, reads
+from imq import apply, reads, verify
 from imq.commit import masterchain_block, plan_commit, stage_commit
 from imq.config import QueueConfig
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_scan
@@ -79,6 +79,7 @@ class Queue(QueueReads):
         if importer.rollback_import_at_open(store, self._log):
             self.metrics.inc("imports_rolled_back")
         reads.load_caches(store)
+        verify.check_pointers(store)  # cheap cross-check: pointers name their diffs
         gc_log = get_logger("gc", db=str(store.path))
         self._gc = GarbageCollector(
             store,
@@ -212,6 +213,7 @@ class Queue(QueueReads):
     ) -> DiffStatistics:
         check_type("diff", diff, QueueDiff)
         check_type("block", block, BlockIdShort)
+        apply.check_sources(diff, block)
         if not isinstance(diff_hash, bytes):
             raise TypeError(f"diff_hash must be bytes, got {type(diff_hash).__name__}")
         if len(diff_hash) != 32:
@@ -228,6 +230,15 @@ class Queue(QueueReads):
         check_type("statistics", statistics, DiffStatistics)
         if statistics.shard != block.shard:
             raise ValueError(f"statistics are for shard {statistics.shard}, the block is {block}")
+        # Statistics are used as given (SEMANTICS §5.3); recounting costs about 6% of an
+        # apply, so it runs only in the check_statistics (debug) mode.
+        if self._config.check_statistics and statistics != DiffStatistics.from_diff(
+            diff, block.shard, statistics.min_message, statistics.max_message
+        ):
+            raise ValueError(
+                f"statistics of block {block} contradict its messages ({statistics.total} "
+                f"counted, {len(diff.messages)} messages): pass the diff's own counts, or None"
+            )
         return statistics
 
     def _prepare(
@@ -392,6 +403,12 @@ class Queue(QueueReads):
         all or nothing, streamed with bounded memory. ``progress=True`` draws a progress
         line on stderr; a callable gets ``(messages done, messages in the state)``."""
         self._check_writable("import_state")
+        if not isinstance(source, str | os.PathLike) and not callable(
+            getattr(source, "read", None)
+        ):
+            raise TypeError(
+                f"source must be a path or a binary file object, got {type(source).__name__}"
+            )
         check_type("block_id", block_id, BlockId)
         self._pending.check_no_pending("import_state")
         line = ProgressLine(f"import {block_id.short}") if progress is True else None

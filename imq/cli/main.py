@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from imq.cli import demo, inspect, state
+from imq.cli import demo, inspect, state, verify
 from imq.errors import ImqError
 from imq.observability import configure_for_cli
 from imq.types import ShardIdent
@@ -43,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("db", type=Path, help="database directory")
     show.add_argument("--json", action="store_true", help="print the summary as JSON")
     _state_commands(commands)
+    verify.register(commands)
     return parser
 
 
@@ -109,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"imq: {exc}", file=sys.stderr)
         return 2
     try:
+        if getattr(args, "run", None) is not None:  # commands that register themselves
+            return int(args.run(args, sys.stdout))
         if args.command == "demo":
             demo.run(args.db, out=sys.stdout)
         elif args.command == "inspect":
