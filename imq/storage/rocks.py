@@ -33,6 +33,7 @@ from rocksdict import (
     AccessType,
     Cache,
     CompactOptions,
+    DBRecoveryMode,
     Options,
     Rdict,
     ReadOptions,
@@ -349,6 +350,11 @@ def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) ->
     db_opts.create_if_missing(True)
     db_opts.create_missing_column_families(True)
     db_opts.set_max_background_jobs(options.max_background_jobs)
+    # A damaged log record fails the open (a typed error) instead of RocksDB's default
+    # point-in-time recovery, which silently drops every record after it, acknowledged
+    # writes included. A record cut short at the very end (power lost mid-append, after
+    # the last fsync) is still tolerated: only unsynced diffs can sit there.
+    db_opts.set_wal_recovery_mode(DBRecoveryMode.tolerate_corrupted_tail_records())
     cfs = {t.value: table_options(spec, cache, options) for t, spec in TABLES.items()}
     access = AccessType.read_only() if read_only else AccessType.read_write()
     return Rdict(str(path), options=db_opts, column_families=cfs, access_type=access)
