@@ -19,6 +19,7 @@ from imq.errors import (
     SchemaVersionError,
     StartupError,
     StateFormatError,
+    StorageError,
 )
 from imq.iterator import QueueIterator
 from imq.pending import PendingDiff
@@ -77,6 +78,7 @@ __all__ = [
     "QueueKey",
     "QueueShardRange",
     "SchemaVersionError",
+    "StorageError",
     "ShardIdent",
     "StartupError",
     "StateFormatError",

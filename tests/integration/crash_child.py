@@ -1,6 +1,6 @@
 """The child of ``test_crash.py``: a random mix of queue calls until it is killed.
 
-``python crash_child.py TESTS_DIR DB SEED`` opens the queue, prints ``ready``, then runs
+``python crash_child.py TESTS_DIR DB SEED MIN_LT`` opens the queue, prints ``ready``, then runs
 operations forever. Before each call it prints ``B <json>`` and after the call returns
 ``A <json>`` (flushed), so the parent knows what was acknowledged and what was in
 flight when the SIGKILL came.
@@ -62,7 +62,9 @@ def main() -> None:
         + [p.key.lt for p in queue.get_commit_pointers().values()]
         + [0]
     )
-    clock = Clock(start=max(top_lt, 10**9 + 2 * 10**8) + 1_000)
+    # Above every lt an earlier child used (argv[4]): keys derive from lts, so a cleared
+    # diff's keys must never come back under the same seqno.
+    clock = Clock(start=max(top_lt, int(sys.argv[4]), 10**9 + 2 * 10**8) + 1_000)
     source = db.parent / "import.bin"
     if not source.exists():
         write_state(IMPORT, db.parent / "import.tmp")

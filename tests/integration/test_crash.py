@@ -173,10 +173,10 @@ def check(queue: Queue, model: Model, lines: list[str]) -> None:
     model.last_mc = got_mc
 
 
-def _run_child(db: Path, seed: int, rng: random.Random) -> list[str]:
+def _run_child(db: Path, seed: int, rng: random.Random, min_lt: int = 0) -> list[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, str(CHILD), str(HERE), str(db), str(seed)],
+        [sys.executable, str(CHILD), str(HERE), str(db), str(seed), str(min_lt)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env=env,
@@ -214,13 +214,24 @@ def _run_child(db: Path, seed: int, rng: random.Random) -> list[str]:
     return lines
 
 
+def _lts(lines: list[str]) -> list[int]:
+    """The lts of every diff a child began (acknowledged or not)."""
+    return [
+        int(json.loads(line[2:])["max"][:16], 16)
+        for line in lines
+        if line.startswith("B ") and '"max"' in line
+    ]
+
+
 def _campaign(tmp_path: Path, kills: int, seed: int) -> dict[str, int]:
     rng = random.Random(seed)
     db = tmp_path / "db"
     model = Model()
     acked = 0
+    min_lt = 0
     for i in range(kills):
-        lines = _run_child(db, seed * 100_000 + i, rng)
+        lines = _run_child(db, seed * 100_000 + i, rng, min_lt)
+        min_lt = max([min_lt, *_lts(lines)])
         acked += sum(1 for line in lines if line.startswith("A "))
         queue = Queue.open(db, quiet_config(gc_enabled=False))
         try:
