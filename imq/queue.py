@@ -16,7 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import BinaryIO
 
-from imq import apply, reads, verify
+from imq import apply, reads
 from imq.commit import masterchain_block, plan_commit, stage_commit
 from imq.config import QueueConfig
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_scan
@@ -79,7 +79,6 @@ class Queue(QueueReads):
         if importer.rollback_import_at_open(store, self._log):
             self.metrics.inc("imports_rolled_back")
         reads.load_caches(store)
-        verify.check_pointers(store)  # cheap cross-check: pointers name their diffs
         gc_log = get_logger("gc", db=str(store.path))
         self._gc = GarbageCollector(
             store,

@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 from builders import MC, Chain, open_queue, quarter_shards, top
 
-from imq import Queue
 from imq.cli.main import main
-from imq.errors import CorruptDataError
 from imq.storage import Table, codec
 from imq.types import CommitPointer, QueueKey
 from imq.verify import verify
@@ -76,7 +74,7 @@ def test_a_lost_message_is_reported(db: Path) -> None:
     assert any("messages stored in its span" in p for p in verify(db).problems)
 
 
-def test_a_pointer_naming_no_diff_is_refused_at_open_and_reported(db: Path) -> None:
+def test_a_pointer_naming_the_wrong_diff_is_reported(db: Path) -> None:
     wrong = CommitPointer(QueueKey(10**9, bytes(32)), 2)
     _tamper(
         db,
@@ -84,8 +82,6 @@ def test_a_pointer_naming_no_diff_is_refused_at_open_and_reported(db: Path) -> N
             Table.COMMIT_POINTERS, codec.shard_bytes(SHARDS[1]), codec.pointer_value(wrong)
         ),
     )
-    with pytest.raises(CorruptDataError, match="commit_pointers"):
-        Queue.open(db)
     assert any("differs from the max_message" in p for p in verify(db).problems)
 
 
