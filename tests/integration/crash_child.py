@@ -80,7 +80,11 @@ def main() -> None:
             shard = rng.choice(SHARDS)
             seqno = (queue.get_last_applied_seqno(shard) or 0) + 1
             msgs = messages(clock, shard, rng.randint(1, 40))
-            diff = make_diff(msgs)
+            # Processed up to the end of an older diff of this shard: commits then request
+            # GC bounds on diff boundaries, so GC removes whole committed diffs.
+            older = seqno - 2
+            done = None if older < 1 else queue.get_diff_info(shard, older, DiffZone.BOTH)
+            diff = make_diff(msgs, processed_to={} if done is None else {shard: done.max_message})
             fields = {
                 "op": op,
                 "shard": str(shard),
