@@ -19,6 +19,7 @@ from imq.errors import (
     SchemaVersionError,
     StartupError,
     StateFormatError,
+    StorageError,
 )
 from imq.gc import GcRange, GcReport
 from imq.iterator import QueueIterator
@@ -81,6 +82,7 @@ __all__ = [
     "QueueKey",
     "QueueShardRange",
     "SchemaVersionError",
+    "StorageError",
     "ShardIdent",
     "StartupError",
     "StateFormatError",

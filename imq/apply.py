@@ -7,20 +7,50 @@ written until the pending diff is.
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from imq import reads
 from imq.diff import DiffStatistics, QueueDiff
 from imq.errors import DiffBelowCommitPointerError, DiffConflictError, DiffSequenceError
 from imq.storage import TransactionProtocol as Transaction
 from imq.storage import ops
-from imq.types import BlockIdShort, CommitPointer, DiffInfo, DiffZone, QueueKey
+from imq.types import Address, BlockIdShort, CommitPointer, DiffInfo, DiffZone, QueueKey
 
 __all__ = [
     "already_applied",
     "check_above_pointer",
+    "check_sources",
     "resting_key",
     "skipped_by_sequence",
     "stage_diff",
 ]
+
+_source = itemgetter(1)
+_workchain = itemgetter(0)
+_account = itemgetter(1)
+
+
+def check_sources(diff: QueueDiff, block: BlockIdShort) -> None:
+    """Every message's source address lies inside the block's shard (the original
+    asserts it). C-level passes only: the accounts of a shard are one contiguous byte
+    range, so only the workchains, the smallest and the largest account are tested."""
+    if not diff.messages:
+        return
+    sources = list(map(_source, diff.messages))
+    shard = block.shard
+    workchains = set(map(_workchain, sources))
+    accounts = list(map(_account, sources))
+    wc = shard.workchain
+    for src in (
+        *(Address(w, accounts[0]) for w in workchains if w != wc),
+        min(accounts),
+        max(accounts),
+    ):
+        address = src if isinstance(src, Address) else Address(wc, src)
+        if not shard.contains(address):
+            raise ValueError(
+                f"diff of block {block}: message source {address} is outside the block's shard"
+            )
 
 
 def resting_key(

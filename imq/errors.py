@@ -20,6 +20,7 @@ __all__ = [
     "SchemaVersionError",
     "StartupError",
     "StateFormatError",
+    "StorageError",
 ]
 
 
@@ -65,15 +66,46 @@ class ConfigError(ImqError):
 
 
 class CorruptDataError(ImqError):
-    """Bytes stored in the database cannot be decoded.
+    """Bytes stored in the database cannot be decoded, or RocksDB found a damaged block
+    (checksum mismatch) while reading: a scan that meets one raises this error instead
+    of ending early.
 
-    ``table`` names the column family, ``key`` the raw key (hex in the message).
+    ``table`` names the column family, ``key`` the raw key (hex in the message): for a
+    damaged block, the last key read before it (or the scan's start). The database files
+    are damaged: run ``imq verify DB``, then restore the directory from a copy or rebuild
+    it from a persistent state (``import_state``).
     """
 
     def __init__(self, table: str, key: bytes, reason: str) -> None:
         super().__init__(f"corrupt row in table {table!r} at key {key.hex()}: {reason}")
         self.table = table
         self.key = key
+        self.reason = reason
+
+
+class StorageError(ImqError):
+    """RocksDB failed an operation on the database files (an I/O error such as a full
+    disk, or a damaged file found by a read).
+
+    ``path`` is the database directory, ``operation`` what imq was doing. After a failed
+    write the handle is dead: every later call raises this error again. Free the space
+    or fix the fault, ``close()`` the queue (that always releases the directory) and
+    open it again; nothing a failed call staged was written.
+    """
+
+    def __init__(
+        self,
+        path: object,
+        operation: str,
+        reason: str,
+        hint: str = "close the queue and open it again (after a failed write this handle "
+        "is dead; nothing the failed call staged was written)",
+    ) -> None:
+        super().__init__(
+            f"storage error in queue database {path} during {operation}: {reason}; {hint}"
+        )
+        self.path = path
+        self.operation = operation
         self.reason = reason
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from time import perf_counter
 
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_rows
-from imq.errors import QueueClosedError
+from imq.errors import QueueClosedError, StorageError
 from imq.locks import RWLock, ShardLocks
 from imq.observability import ImqLogger, Metrics
 from imq.storage import StoreProtocol as Store
@@ -184,7 +184,7 @@ class GarbageCollector:
                     break
                 try:
                     done, task_ranges = self._delete(task)
-                except QueueClosedError:
+                except (QueueClosedError, StorageError):  # closed, or the handle is dead
                     raise
                 except Exception as exc:
                     failed += self._failed([task], exc)
@@ -196,7 +196,7 @@ class GarbageCollector:
                 if deleted and self._compact:
                     self._store.compact(sorted(set(ranges), key=lambda r: (r[0].value, r[1])))
                 self._mark_executed([d.task for d in deleted])
-            except QueueClosedError:
+            except (QueueClosedError, StorageError):
                 raise
             except Exception as exc:
                 failed += self._failed([d.task for d in deleted], exc)
@@ -353,6 +353,9 @@ class GcWorker:
             try:
                 self._collector.run_pass()
             except QueueClosedError:
+                return
+            except StorageError as exc:  # the handle is dead: nothing more can be written
+                self._log.error("gc_stopped", error=str(exc))
                 return
             except Exception as exc:  # never let one error end GC (D8)
                 self._log.error("gc_pass_failed", error=f"{type(exc).__name__}: {exc}")

@@ -158,11 +158,16 @@ class Queue(QueueReads):
         with self._close_lock:
             if self._store.closed:
                 return
-            self._gc.stopping.set()
-            if self._gc_worker is not None:
-                self._gc_worker.stop()
-            self._store.close()
-            self._log.info("queue_closed")
+            try:
+                self._gc.stopping.set()
+                if self._gc_worker is not None:
+                    self._gc_worker.stop()
+            finally:
+                failure = self._store.close()
+            if failure is None:
+                self._log.info("queue_closed")
+            else:  # the directory is released all the same; a reopen replays the log
+                self._log.warning("queue_closed_with_error", error=failure)
 
     def __enter__(self) -> Queue:
         return self
@@ -230,6 +235,7 @@ class Queue(QueueReads):
     ) -> DiffStatistics | None:
         check_type("diff", diff, QueueDiff)
         check_type("block", block, BlockIdShort)
+        apply.check_sources(diff, block)
         if not isinstance(diff_hash, bytes):
             raise TypeError(f"diff_hash must be bytes, got {type(diff_hash).__name__}")
         if len(diff_hash) != 32:
@@ -244,6 +250,15 @@ class Queue(QueueReads):
         check_type("statistics", statistics, DiffStatistics)
         if statistics.shard != block.shard:
             raise ValueError(f"statistics are for shard {statistics.shard}, the block is {block}")
+        # Statistics are used as given (SEMANTICS §5.3); recounting costs about 6% of an
+        # apply, so it runs only in the check_statistics (debug) mode.
+        if self._config.check_statistics and statistics != DiffStatistics.from_diff(
+            diff, block.shard, statistics.min_message, statistics.max_message
+        ):
+            raise ValueError(
+                f"statistics of block {block} contradict its messages ({statistics.total} "
+                f"counted, {len(diff.messages)} messages): pass the diff's own counts, or None"
+            )
         return statistics
 
     def _prepare(
@@ -420,6 +435,12 @@ class Queue(QueueReads):
         all or nothing, streamed with bounded memory. ``progress=True`` draws a progress
         line on stderr; a callable gets ``(messages done, messages in the state)``."""
         self._check_writable("import_state")
+        if not isinstance(source, str | os.PathLike) and not callable(
+            getattr(source, "read", None)
+        ):
+            raise TypeError(
+                f"source must be a path or a binary file object, got {type(source).__name__}"
+            )
         check_type("block_id", block_id, BlockId)
         self._pending.check_no_pending("import_state")
         line = ProgressLine(f"import {block_id.short}") if progress is True else None

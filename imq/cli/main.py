@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from imq.cli import demo, inspect, maintenance, replay, simulate, state
+from imq.cli import demo, inspect, maintenance, replay, simulate, state, verify
 from imq.cli.common import Parser, normalize_argv
 from imq.errors import ImqError
 from imq.observability import configure_for_cli
@@ -25,7 +25,7 @@ from imq.observability import configure_for_cli
 __all__ = ["COMMANDS", "build_parser", "main"]
 
 # One module per group of subcommands, in the order `imq --help` lists them.
-COMMANDS: tuple[ModuleType, ...] = (simulate, replay, demo, inspect, state, maintenance)
+COMMANDS: tuple[ModuleType, ...] = (simulate, replay, demo, inspect, state, maintenance, verify)
 
 EXAMPLES = """\
 examples (from the repository root):
@@ -71,8 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = int(args.handler(args))
             sys.stdout.flush()
             return code
-        args.run(args, sys.stdout)
+        code = args.run(args, sys.stdout)  # None or 0: success
         sys.stdout.flush()
+        return int(code or 0)
     except BrokenPipeError:
         # The reader of stdout went away (`imq ... | head`): stop quietly, and keep Python
         # from reporting the same error again when it flushes stdout at exit.
@@ -88,4 +89,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"imq: {exc}", file=sys.stderr)
         return 2
-    return 0

@@ -116,7 +116,9 @@ def import_state(
             messages = _stream(store, reader, works, block_id.shard, progress)
             _finish(store, block_id, header.diffs[0])
         except BaseException:
-            if new:
+            # A dead handle (a failed write) cannot roll back: the marker stays and the
+            # next open rolls the import back.
+            if new and store.dead is None:
                 rollback_import(store, log, reason="failed")
             raise
         report = ImportReport(

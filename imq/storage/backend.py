@@ -14,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
+from imq.errors import StorageError
 from imq.storage.queue_state import QueueState, StateUpdate
 from imq.storage.tables import Table
 
@@ -44,7 +45,8 @@ class CursorProtocol(Protocol):
 
     def count(self, lo: bytes, hi: bytes) -> int: ...
 
-    def close(self) -> None: ...
+    def close(self) -> str | None:
+        """Close (idempotent); what went wrong while closing, if anything."""
 
 
 class SnapshotProtocol(Protocol):
@@ -59,7 +61,8 @@ class SnapshotProtocol(Protocol):
 
     def get(self, table: Table, key: bytes) -> bytes | None: ...
 
-    def close(self) -> None: ...
+    def close(self) -> str | None:
+        """Close (idempotent); what went wrong while closing, if anything."""
 
     def __enter__(self) -> SnapshotProtocol: ...
 
@@ -105,6 +108,10 @@ class StoreProtocol(Protocol):
     @property
     def state(self) -> QueueState: ...
 
+    @property
+    def dead(self) -> StorageError | None:
+        """The error that killed the handle (a failed write), or ``None``."""
+
     def set_state(self, state: QueueState) -> None: ...
 
     def snapshot(
@@ -129,4 +136,5 @@ class StoreProtocol(Protocol):
 
     def disk_usage(self) -> int: ...
 
-    def close(self) -> None: ...
+    def close(self) -> str | None:
+        """Close (idempotent); what went wrong while closing, if anything."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from imq.errors import ImqError, QueueClosedError
+from imq.errors import ImqError, QueueClosedError, StorageError
 from imq.storage import codec
 from imq.storage.backend import Closable, TransactionProtocol
 from imq.storage.queue_state import QueueState, StateUpdate
@@ -165,6 +165,11 @@ class MemoryStore:
     def state(self) -> QueueState:
         return self._state
 
+    @property
+    def dead(self) -> StorageError | None:
+        """Always ``None``: memory has no I/O to fail."""
+        return None
+
     def set_state(self, state: QueueState) -> None:
         with self._gate:
             self._state = state
@@ -274,11 +279,12 @@ class MemoryStore:
         """The bytes of every stored key and value."""
         return sum(len(k) + len(v) for rows in self._tables.values() for k, v in rows.items())
 
-    def close(self) -> None:
+    def close(self) -> str | None:
         with self._gate:
             if self._closed:
-                return
+                return None
             self._closed = True
             resources = list(self._resources)
         for resource in resources:
             resource.close_for_queue()
+        return None

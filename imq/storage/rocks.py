@@ -21,17 +21,20 @@ import fcntl
 import os
 import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain, filterfalse
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from rocksdict import (
     AccessType,
     BottommostLevelCompaction,
     Cache,
     CompactOptions,
+    DBRecoveryMode,
     Options,
     Rdict,
     ReadOptions,
@@ -39,7 +42,14 @@ from rocksdict import (
     WriteOptions,
 )
 
-from imq.errors import DatabaseLockedError, ImqError, QueueClosedError, SchemaVersionError
+from imq.errors import (
+    CorruptDataError,
+    DatabaseLockedError,
+    ImqError,
+    QueueClosedError,
+    SchemaVersionError,
+    StorageError,
+)
 from imq.storage import codec
 from imq.storage.backend import TransactionProtocol
 from imq.storage.queue_state import QueueState, StateUpdate
@@ -67,16 +77,104 @@ class Scan:
     seekable: bool = False  # a raw iterator for Cursor.count over many sub-ranges
 
 
+def read_error(path: object, table: Table, key: bytes, exc: BaseException) -> ImqError:
+    """The typed error for a failed RocksDB read: a damaged block (``Corruption``) is
+    :class:`CorruptDataError`, anything else (an I/O error) :class:`StorageError`."""
+    text = str(exc)
+    if "Corruption" in text or "checksum" in text.lower():
+        return CorruptDataError(table.value, key, f"RocksDB could not read the table: {text}")
+    return StorageError(path, f"a read of table {table.value!r}", text)
+
+
+class _EndCheck:
+    """The last link of a cursor's rows: when they run out, ask RocksDB *why*.
+
+    rocksdict's ``items()``/``keys()`` loops end quietly when RocksDB's iterator turns
+    invalid on a damaged block, exactly as they end at the range's end (the only trace is
+    the raw iterator's ``status()``). So each cursor opens, at the same instant as its
+    rows (the same implicit snapshot), a second raw iterator; when the rows run out, that
+    one steps just past the last row read. If it finds another row in range, or its
+    status is not OK, the scan ended early and this raises instead of ending. One seek
+    per scan end, nothing per row.
+    """
+
+    __slots__ = ("_lo", "_path", "_raw", "_reverse", "_seen", "_table")
+
+    def __init__(
+        self,
+        raw: Any,
+        seen: deque[Any],
+        scan: Scan,
+        path: object,
+    ) -> None:
+        self._raw = raw
+        self._seen = seen
+        self._table = scan.table
+        self._lo = scan.lo
+        self._reverse = scan.reverse
+        self._path = path
+
+    def __iter__(self) -> _EndCheck:
+        return self
+
+    def __next__(self) -> NoReturn:
+        raw, self._raw = self._raw, None
+        if raw is not None:
+            self.check(raw)
+        raise StopIteration
+
+    def check(self, raw: Any) -> None:
+        last = self._seen[0] if self._seen else None
+        last_key: bytes | None = (
+            None if last is None else last if isinstance(last, bytes) else last[0]
+        )
+        try:
+            if self._reverse:
+                if last_key is None:
+                    raw.seek_to_last()  # the upper bound applies
+                else:
+                    raw.seek_for_prev(last_key)
+                    if raw.valid() and raw.key() == last_key:
+                        raw.prev()
+            elif last_key is None:
+                raw.seek(self._lo)
+            else:
+                raw.seek(last_key)
+                if raw.valid() and raw.key() == last_key:
+                    raw.next()
+            if raw.valid():
+                found: bytes = raw.key()
+                raise CorruptDataError(
+                    self._table.value,
+                    last_key if last_key is not None else self._lo,
+                    f"the scan ended early although key {found.hex()} follows "
+                    "(RocksDB's iterator stopped without an error)",
+                )
+            raw.status()
+        except ImqError:
+            raise
+        except Exception as exc:  # rocksdict raises a bare Exception("Corruption: ...")
+            key = last_key if last_key is not None else self._lo
+            raise read_error(self._path, self._table, key, exc) from None
+
+
 class Cursor:
-    """One bounded forward iterator. Keep the cursor object alive while iterating:
-    it owns the bound bytes that RocksDB points into."""
+    """One bounded iterator. Keep the cursor object alive while iterating:
+    it owns the bound bytes that RocksDB points into.
 
-    __slots__ = ("__weakref__", "_hi", "_lo", "_raw", "_reverse", "_ro", "items")
+    ``items`` yields the raw rows (``(key, value)``, or keys with ``keys_only``) and, when
+    they run out, checks that RocksDB reached the range's end: a damaged block raises
+    :class:`CorruptDataError` naming the table instead of ending the scan early.
+    """
 
-    def __init__(self, rdict: Any, scan: Scan) -> None:
+    __slots__ = ("__weakref__", "_hi", "_lo", "_path", "_raw", "_reverse", "_ro", "_table", "items")
+
+    def __init__(self, rdict: Any, scan: Scan, path: object = None) -> None:
         self._lo = scan.lo
         self._hi = scan.hi
         self._reverse = scan.reverse
+        self._table = scan.table
+        self._path = path
         self._ro = ReadOptions()
         if scan.hi is not None:
             self._ro.set_iterate_upper_bound(scan.hi)
@@ -84,16 +182,26 @@ class Cursor:
         self._raw: Any = None
         if scan.seekable:
             self._raw = rdict.iter(self._ro)
-        elif scan.reverse:
+            return
+        if scan.reverse:
             if scan.hi is None:
                 raise ValueError("a reverse scan needs an upper bound")
             # seek_for_prev(hi) under upper bound hi: the last key below hi.
             read = rdict.keys if scan.keys_only else rdict.items
-            self.items = read(backwards=True, from_key=scan.hi, read_opt=self._ro)
+            rows = read(backwards=True, from_key=scan.hi, read_opt=self._ro)
         elif scan.keys_only:
-            self.items = rdict.keys(from_key=scan.lo, read_opt=self._ro)
+            rows = rdict.keys(from_key=scan.lo, read_opt=self._ro)
         else:
-            self.items = rdict.items(from_key=scan.lo, read_opt=self._ro)
+            rows = rdict.items(from_key=scan.lo, read_opt=self._ro)
+        # Opened at the same instant as ``rows``: the same implicit snapshot.
+        check = rdict.iter(self._ro)
+        seen: deque[Any] = deque(maxlen=1)
+        # filterfalse(seen.append, rows) yields every row (append returns None) and keeps
+        # the last one in ``seen``, all in C: no Python frame per row.
+        self.items = chain(
+            filterfalse(seen.append, rows),
+            _EndCheck(check, seen, scan, path),
+        )
 
     def __iter__(self) -> Iterator[Any]:
         # A generator keeps ``self`` (and so the bounds) alive while the caller iterates.
@@ -116,9 +224,13 @@ class Cursor:
         while raw.valid():
             key = raw.key()
             if key >= hi:
-                break
+                return n
             n += 1
             raw.next()
+        try:
+            raw.status()
+        except Exception as exc:
+            raise read_error(self._path, self._table, lo, exc) from None
         return n
 
     def close(self) -> None:
@@ -155,7 +267,7 @@ class Snapshot:
         except Exception as exc:  # rocksdict raises a bare Exception("key not found")
             if "not found" in str(exc):
                 return None
-            raise
+            raise read_error(self._store.path, table, key, exc) from None
         return value
 
     def close(self) -> None:
@@ -191,16 +303,24 @@ class Transaction:
         self.state_updates: list[StateUpdate] = []
         self.deleted_ranges: list[tuple[Table, bytes, bytes]] = []
 
+    def _handle(self, table: Table) -> Any:
+        try:
+            return self._handles[table]
+        except KeyError:  # Store.close dropped the handles while this batch was staged
+            raise QueueClosedError(
+                "the queue was closed while this write was being staged; nothing was written"
+            ) from None
+
     def put(self, table: Table, key: bytes, value: bytes) -> None:
-        self.batch.put(key, value, self._handles[table])
+        self.batch.put(key, value, self._handle(table))
 
     def writer(self, table: Table) -> tuple[Callable[[bytes, bytes, Any], object], Any]:
         """``(put, target)`` for hot loops: ``put(key, value, target)`` adds a row to
         ``table`` in this batch."""
-        return self.batch.put, self._handles[table]
+        return self.batch.put, self._handle(table)
 
     def delete(self, table: Table, key: bytes) -> None:
-        self.batch.delete(key, self._handles[table])
+        self.batch.delete(key, self._handle(table))
 
     def compact_after(self, table: Table, lo: bytes, hi: bytes) -> None:
         """Compact ``[lo, hi)`` after the write (for point deletes spread over a span)."""
@@ -210,7 +330,7 @@ class Transaction:
     def delete_range(self, table: Table, lo: bytes, hi: bytes) -> None:
         """Delete ``[lo, hi)``; the range is remembered for compaction after the write."""
         if lo < hi:
-            self.batch.delete_range(lo, hi, self._handles[table])
+            self.batch.delete_range(lo, hi, self._handle(table))
             self.deleted_ranges.append((table, lo, hi))
 
     def publish(self, update: StateUpdate) -> None:
@@ -234,6 +354,11 @@ def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) ->
     db_opts.create_if_missing(True)
     db_opts.create_missing_column_families(True)
     db_opts.set_max_background_jobs(options.max_background_jobs)
+    # A damaged log record fails the open (a typed error) instead of RocksDB's default
+    # point-in-time recovery, which silently drops every record after it, acknowledged
+    # writes included. A record cut short at the very end (power lost mid-append, after
+    # the last fsync) is still tolerated: only unsynced diffs can sit there.
+    db_opts.set_wal_recovery_mode(DBRecoveryMode.tolerate_corrupted_tail_records())
     cfs = {t.value: table_options(spec, cache, options) for t, spec in TABLES.items()}
     access = AccessType.read_only() if read_only else AccessType.read_write()
     return Rdict(str(path), options=db_opts, column_families=cfs, access_type=access)
@@ -263,6 +388,11 @@ class Store:
                 raise ImqError(f"no queue database at {self.path}")
             self._lock_fd = -1
         else:
+            if self.path.exists() and not self.path.is_dir():
+                raise ImqError(
+                    f"cannot open queue database {self.path}: it is a file, not a directory; "
+                    "pass the directory that holds (or will hold) the queue"
+                )
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock_fd = self._acquire_lock()
         try:
@@ -274,6 +404,7 @@ class Store:
         self._state = QueueState()
         self._resources: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
+        self._dead: StorageError | None = None
         self._sync = WriteOptions()
         self._sync.sync = True
         try:
@@ -298,24 +429,32 @@ class Store:
     def _release_lock(self) -> None:
         if self._lock_fd < 0:
             return
+        fd, self._lock_fd = self._lock_fd, -1
         with contextlib.suppress(OSError):
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
         with contextlib.suppress(OSError):
-            os.close(self._lock_fd)
+            os.close(fd)
 
     def _open_rocksdb(self) -> tuple[Any, dict[Table, Any], dict[Table, Any]]:
         try:
             db = open_rdict(self.path, self.options, read_only=self.read_only)
         except Exception as exc:
-            if "lock" in str(exc).lower():
+            text = str(exc)
+            if "While lock file" in text or "lock hold by" in text or "/LOCK:" in text:
                 raise DatabaseLockedError(f"queue database {self.path} is locked: {exc}") from exc
-            raise ImqError(f"cannot open queue database {self.path}: {exc}") from exc
+            raise StorageError(
+                self.path,
+                "open",
+                str(exc),
+                hint="if the files are damaged, restore the directory from a copy or rebuild "
+                "it from a persistent state; run `imq verify` on it for details",
+            ) from exc
         tables = {t: db.get_column_family(t.value) for t in Table}
         handles = {t: db.get_column_family_handle(t.value) for t in Table}
         return db, tables, handles
 
     def _check_schema(self) -> None:
-        raw = self._tables[Table.VARS].get(codec.SCHEMA_VERSION_KEY)
+        raw = self.get_latest(Table.VARS, codec.SCHEMA_VERSION_KEY)
         if raw is None and self.read_only:
             raise SchemaVersionError(f"queue database {self.path} has no schema version")
         if raw is None:
@@ -335,8 +474,11 @@ class Store:
             )
 
     def _has_rows(self, table: Table) -> bool:
-        keys = self._tables[table].keys()
-        return next(iter(keys), None) is not None
+        cursor = Cursor(self._table(table), Scan(table, b"", None, keys_only=True), self.path)
+        try:
+            return next(iter(cursor.items), None) is not None
+        finally:
+            cursor.close()
 
     @property
     def closed(self) -> bool:
@@ -347,22 +489,66 @@ class Store:
         a live RocksDB iterator keeps the database open and its lock held."""
         self._resources.add(resource)
 
-    def close(self) -> None:
+    @property
+    def dead(self) -> StorageError | None:
+        """The failure that killed this handle (a failed write), or ``None``."""
+        return self._dead
+
+    def close(self) -> str | None:
+        """Close the database and release the directory (idempotent; never raises).
+
+        The lock is released whatever RocksDB raises; a RocksDB error while closing is
+        returned as text (``None`` when the close was clean) for the caller to log.
+        Opening the directory again replays RocksDB's log.
+        """
         if self._closed:
-            return
+            return None
+        failure: Exception | None = None
         with self._gate:
+            if self._closed:
+                return None
             self._closed = True
-            for resource in list(self._resources):
-                resource.close_for_queue()
-            self._tables.clear()
-            self._handles.clear()
-            self._db.close()
-            self._db = None
-            self._release_lock()
+            try:
+                for resource in list(self._resources):
+                    try:
+                        resource.close_for_queue()
+                    except Exception as exc:  # keep closing: the lock must be released
+                        failure = failure or exc
+                self._tables.clear()
+                self._handles.clear()
+                db, self._db = self._db, None
+                if db is not None:
+                    try:
+                        db.close()
+                    except Exception as exc:
+                        failure = failure or exc
+            finally:
+                self._release_lock()
+        return None if failure is None else str(failure)
 
     def _check_open(self) -> None:
         if self._closed:
             raise QueueClosedError(f"queue database {self.path} is closed")
+        if self._dead is not None:
+            raise StorageError(
+                self.path, self._dead.operation, f"this handle is dead: {self._dead.reason}"
+            )
+
+    def _table(self, table: Table) -> Any:
+        self._check_open()
+        try:
+            return self._tables[table]
+        except KeyError:  # closed between the check and the lookup
+            raise QueueClosedError(f"queue database {self.path} is closed") from None
+
+    def _failed(self, operation: str, exc: Exception) -> ImqError:
+        """Kill the handle after a failed write: RocksDB refuses writes after an I/O error
+        until it is reopened, so every later call says so."""
+        if self._closed:
+            return QueueClosedError(f"queue database {self.path} closed during {operation}")
+        error = StorageError(self.path, operation, str(exc))
+        self._dead = self._dead or error
+        return error
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -371,7 +557,7 @@ class Store:
         with self._gate:
             self._check_open()
             snaps = {t: self._tables[t].snapshot() for t in points}
-            cursors = [Cursor(self._tables[s.table], s) for s in scans]
+            cursors = [Cursor(self._tables[s.table], s, self.path) for s in scans]
             state = self._state
         return Snapshot(self, snaps, cursors, state)
 
@@ -382,12 +568,20 @@ class Store:
 
     def load_table(self, table: Table) -> list[tuple[bytes, bytes]]:
         """Every row of a small table (used at open to load the queue state)."""
-        self._check_open()
-        return list(self._tables[table].items())
+        cursor = Cursor(self._table(table), Scan(table, b"", None), self.path)
+        try:
+            return list(cursor.items)
+        finally:
+            cursor.close()
 
     def get_latest(self, table: Table, key: bytes) -> bytes | None:
-        self._check_open()
-        value: bytes | None = self._tables[table].get(key)
+        rdict = self._table(table)
+        try:
+            value: bytes | None = rdict.get(key)
+        except Exception as exc:
+            if self._closed:
+                raise QueueClosedError(f"queue database {self.path} is closed") from exc
+            raise read_error(self.path, table, key, exc) from None
         return value
 
     # -- writes -------------------------------------------------------------------------------
@@ -404,7 +598,10 @@ class Store:
             raise TypeError(f"a RocksDB store writes Transaction, not {type(txn).__name__}")
         with self._gate:
             self._check_open()
-            self._db.write(txn.batch, self._sync) if sync else self._db.write(txn.batch)
+            try:
+                self._db.write(txn.batch, self._sync) if sync else self._db.write(txn.batch)
+            except Exception as exc:  # rocksdict raises a bare Exception("IO error: ...")
+                raise self._failed("write", exc) from exc
             state = self._state
             for update in txn.state_updates:
                 state = update(state)
@@ -432,7 +629,7 @@ class Store:
                     raise QueueClosedError(
                         f"queue database {self.path} closed during compaction"
                     ) from exc
-                raise
+                raise self._failed("compaction", exc) from exc
 
     def compact_all(self, progress: Callable[[int, int], object] | None = None) -> None:
         """A full manual compaction of every table (column family), one after another,
@@ -459,9 +656,12 @@ class Store:
                 progress(done, len(tables))
 
     def flush(self, tables: Iterable[Table]) -> None:
-        self._check_open()
         for table in tables:
-            self._tables[table].flush()
+            rdict = self._table(table)
+            try:
+                rdict.flush()
+            except Exception as exc:
+                raise self._failed("flush", exc) from exc
 
     def disk_usage(self) -> int:
         return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ from builders import (
     make_diff,
     message,
     quarter_shards,
+    quiet_config,
     rows,
     split_shard,
     stats,
@@ -381,6 +384,37 @@ def test_explicit_statistics_are_used_verbatim(queue: Queue, chain: Chain) -> No
         0: {hi: {dst_a: 10}},
         3: {hi: {dst_b: 4}},
     }
+
+
+def test_check_statistics_mode_refuses_any_difference(tmp_path: Path) -> None:
+    q = Queue.open(tmp_path / "q", replace(quiet_config(), check_statistics=True))
+    try:
+        a = Chain(q).build(S, 3)
+        right = derived_stats(a.diff, S)
+        before = dump(q)
+        for counts in ({0: {address_in(OTHER, 1): 3}}, {0: {address_in(OTHER, 1): 999}}, {}):
+            wrong = stats(S, right.min_message, right.max_message, counts)
+            with pytest.raises(ValueError, match="contradict"):
+                q.apply_diff(a.diff, a.block, a.hash, wrong)
+            with pytest.raises(ValueError, match="contradict"):
+                q.prepare_diff(a.diff, a.block, a.hash, wrong)
+        assert dump(q) == before
+        assert q.apply_diff(a.diff, a.block, a.hash, right) is True
+    finally:
+        q.close()
+
+
+def test_a_source_outside_the_block_shard_is_refused(queue: Queue, chain: Chain) -> None:
+    inside = chain.build(S, 3)
+    before = dump(queue)
+    for stranger in (address_in(OTHER, 5), address_in(MC, 5)):
+        msgs = [*inside.messages[:2], message(chain.clock.next_key(), stranger, stranger)]
+        diff = make_diff(msgs)
+        with pytest.raises(ValueError, match="outside the block's shard"):
+            queue.apply_diff(diff, inside.block, inside.hash)
+        with pytest.raises(ValueError, match="outside the block's shard"):
+            queue.prepare_diff(diff, inside.block, inside.hash)
+    assert dump(queue) == before
 
 
 def test_statistics_for_another_shard(queue: Queue, chain: Chain) -> None:

@@ -29,10 +29,10 @@ MC = ShardIdent.MASTERCHAIN
 LEFT = ShardIdent(0, 0x4000_0000_0000_0000)
 
 
-def _message(lt: int, dst_first: int = 0x90) -> Message:
+def _message(lt: int, dst_first: int = 0x90, src_wc: int = 0) -> Message:
     return Message(
         QueueKey(lt, lt.to_bytes(32, "big")),
-        Address(0, b"\x10" * 32),
+        Address(src_wc, b"\x10" * 32),  # inside LEFT (0:4000...) or the masterchain
         Address(0, bytes([dst_first]) + b"\x01" * 31),
     )
 
@@ -41,7 +41,7 @@ def _fill(queue: Queue) -> None:
     """Two diffs of LEFT (one committed), one masterchain diff."""
     queue.apply_diff(QueueDiff([_message(10), _message(11)]), BlockIdShort(LEFT, 1), b"\x01" * 32)
     queue.apply_diff(QueueDiff([_message(20)]), BlockIdShort(LEFT, 2), b"\x02" * 32)
-    mc_diff = QueueDiff([_message(5)], {LEFT: QueueKey.max_for_lt(10)})
+    mc_diff = QueueDiff([_message(5, src_wc=-1)], {LEFT: QueueKey.max_for_lt(10)})
     queue.apply_diff(mc_diff, BlockIdShort(MC, 1), b"\x03" * 32)
     queue.commit_diff([TopBlock(BlockId(MC, 1), 1), TopBlock(BlockId(LEFT, 1), 1)])
 

@@ -128,6 +128,17 @@ ACCOUNTS: tuple[Address, ...] = (
 )
 
 
+def _inside(address: Address, shard: ShardIdent) -> Address:
+    """``address`` moved into ``shard`` (its workchain and prefix bits): a diff's message
+    sources lie in the block's shard, which ``apply_diff`` checks."""
+    bits = shard.prefix_len
+    head = int.from_bytes(address.account[:8], "big")
+    if bits:
+        keep = ((1 << 64) - 1) >> bits
+        head = (shard.prefix & ~keep & ((1 << 64) - 1)) | (head & keep)
+    return Address(shard.workchain, head.to_bytes(8, "big") + address.account[8:])
+
+
 def _root_hash(variant: int) -> bytes:
     return bytes([variant]) * 32
 
@@ -437,7 +448,7 @@ class QueueMachine(RuleBasedStateMachine):
             key = self._message_key(shard, m)
             if key in messages:
                 key = QueueKey(self.clock, self.fresh_hash())
-            messages[key] = Message(key, ACCOUNTS[m.src], ACCOUNTS[m.dst], m.body)
+            messages[key] = Message(key, _inside(ACCOUNTS[m.src], shard), ACCOUNTS[m.dst], m.body)
         processed_to = {}
         for name, mode, back in spec.processed_to:
             source = SHARDS[name]
@@ -465,7 +476,7 @@ class QueueMachine(RuleBasedStateMachine):
             diff_hash=diff_hash,
             messages=tuple(messages.values()),
             processed_to=processed_to,
-            router_src={ACCOUNTS[i]: p for i, p in spec.router_src},
+            router_src={_inside(ACCOUNTS[i], shard): p for i, p in spec.router_src},
             router_dst={ACCOUNTS[i]: p for i, p in spec.router_dst},
             prev_hash=spec.prev_hash,
             bounds=bounds,
@@ -1042,7 +1053,7 @@ class _Workload:
         for _ in range(rng.randint(1, 4)):
             m.clock += 1 + rng.randint(0, 2)
             key = QueueKey(m.clock, m.fresh_hash())
-            src, dst = rng.choice(ACCOUNTS), rng.choice(ACCOUNTS)
+            src, dst = _inside(rng.choice(ACCOUNTS), shard), rng.choice(ACCOUNTS)
             messages.append(Message(key, src, dst, rng.randbytes(rng.randint(0, 4))))
         processed_to = {}
         for source, done in self.round_max.items():
