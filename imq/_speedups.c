@@ -143,6 +143,172 @@ decode_run(PyObject *self, PyObject *args)
     return out;
 }
 
+/* Big-endian bytes (at most 8) as an unsigned integer, as int.from_bytes(v, "big"). */
+static unsigned long long
+be_prefix(const unsigned char *p, Py_ssize_t n)
+{
+    unsigned long long x = 0;
+    for (Py_ssize_t i = 0; i < n && i < 8; i++)
+        x = (x << 8) | p[i];
+    return x;
+}
+
+/* Lexicographic compare of two byte strings, as bytes.__lt__ does. */
+static int
+bytes_cmp(PyObject *a, PyObject *b)
+{
+    Py_ssize_t la = PyBytes_GET_SIZE(a), lb = PyBytes_GET_SIZE(b);
+    int c = memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b), la < lb ? la : lb);
+    if (c != 0)
+        return c;
+    return la < lb ? -1 : la > lb;
+}
+
+static PyObject *
+row_error(PyObject *exc, const char *what, PyObject *key)
+{
+    PyObject *args = Py_BuildValue("(sO)", what, key);
+    if (args != NULL) {
+        PyErr_SetObject(exc, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
+/*
+ * fill_run(source, head_key, head_value, bound, limit, wc_byte, prefix_len, want, shard)
+ *   -> (batch, last_key, pending_key, pending_value, skipped, more)
+ *
+ * One run of the merge iterator: decode the head row, then pull (key, value) rows from
+ * `source` while they stay below `bound` (a full message key in the same shard's key
+ * space, or None), up to `limit` accepted rows. A row is accepted when its destination
+ * workchain byte is `wc_byte` and (prefix_len == 0 or the top prefix_len bits of its
+ * destination account equal `want`); other rows are skipped (counted). The first accepted
+ * row past the bound or the limit comes back as pending; None when the source ended.
+ * `last_key` is the key of the last row consumed (accepted or skipped). `more` is always
+ * False here (the limit counts accepted rows, so a pending row is always found).
+ * Errors: ValueError/TypeError with args (what, key) for a malformed row.
+ */
+static PyObject *
+fill_run(PyObject *self, PyObject *args)
+{
+    PyObject *source, *head_key, *head_value, *bound, *shard;
+    Py_ssize_t limit;
+    int wc_byte, prefix_len;
+    unsigned long long want;
+    if (!PyArg_ParseTuple(args, "OOOOniiKO:fill_run", &source, &head_key, &head_value, &bound,
+                          &limit, &wc_byte, &prefix_len, &want, &shard))
+        return NULL;
+    if (t_iterated == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "imq._speedups.init() was not called");
+        return NULL;
+    }
+    if (bound != Py_None && !PyBytes_Check(bound)) {
+        PyErr_SetString(PyExc_TypeError, "bound must be bytes or None");
+        return NULL;
+    }
+    if (prefix_len < 0 || prefix_len > 64) {
+        PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
+        return NULL;
+    }
+    iternextfunc next = Py_TYPE(source)->tp_iternext;
+    if (next == NULL) {
+        PyErr_SetString(PyExc_TypeError, "source must be an iterator");
+        return NULL;
+    }
+    int shift = 64 - prefix_len;
+    PyObject *batch = PyList_New(0);
+    if (batch == NULL)
+        return NULL;
+    PyObject *item = decode_row(shard, head_key, head_value);
+    if (item == NULL) {
+        Py_DECREF(batch);
+        if (PyErr_ExceptionMatches(PyExc_ValueError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            return row_error(PyExc_ValueError, "undecodable message row", head_key);
+        }
+        return NULL;
+    }
+    if (PyList_Append(batch, item) < 0) {
+        Py_DECREF(item);
+        Py_DECREF(batch);
+        return NULL;
+    }
+    Py_DECREF(item);
+    Py_ssize_t accepted = 1, skipped = 0;
+    PyObject *last = head_key; /* borrowed while it is head_key, owned otherwise */
+    Py_INCREF(last);
+    PyObject *pending = NULL;
+    for (;;) {
+        PyObject *row = next(source);
+        if (row == NULL) {
+            if (PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_StopIteration))
+                    goto fail;
+                PyErr_Clear();
+            }
+            break;
+        }
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(row, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(row, 1))) {
+            Py_DECREF(row);
+            PyErr_SetString(PyExc_TypeError, "source rows must be (bytes, bytes)");
+            goto fail;
+        }
+        PyObject *k = PyTuple_GET_ITEM(row, 0), *v = PyTuple_GET_ITEM(row, 1);
+        Py_ssize_t vlen = PyBytes_GET_SIZE(v);
+        const unsigned char *vb = (const unsigned char *)PyBytes_AS_STRING(v);
+        if (vlen == 0) {
+            row_error(PyExc_ValueError, "empty message value", k);
+            Py_DECREF(row);
+            goto fail;
+        }
+        int ok = vb[0] == wc_byte;
+        if (ok && prefix_len != 0)
+            ok = (be_prefix(vb + 1, vlen - 1) >> shift) == want;
+        if (!ok) {
+            skipped++;
+            Py_INCREF(k);
+            Py_SETREF(last, k);
+            Py_DECREF(row);
+            continue;
+        }
+        if (accepted == limit || (bound != Py_None && bytes_cmp(k, bound) >= 0)) {
+            pending = row;
+            break;
+        }
+        item = decode_row(shard, k, v);
+        if (item == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_ValueError) ||
+                PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Clear();
+                row_error(PyExc_ValueError, "undecodable message row", k);
+            }
+            Py_DECREF(row);
+            goto fail;
+        }
+        if (PyList_Append(batch, item) < 0) {
+            Py_DECREF(item);
+            Py_DECREF(row);
+            goto fail;
+        }
+        Py_DECREF(item);
+        accepted++;
+        Py_INCREF(k);
+        Py_SETREF(last, k);
+        Py_DECREF(row);
+    }
+    PyObject *pk = pending ? PyTuple_GET_ITEM(pending, 0) : Py_None;
+    PyObject *pv = pending ? PyTuple_GET_ITEM(pending, 1) : Py_None;
+    PyObject *out = Py_BuildValue("(NNOOnO)", batch, last, pk, pv, skipped, Py_False);
+    Py_XDECREF(pending);
+    return out;
+fail:
+    Py_DECREF(batch);
+    Py_DECREF(last);
+    return NULL;
+}
+
 static int
 take_type(PyObject *obj, PyTypeObject **slot)
 {
@@ -172,6 +338,9 @@ static PyMethodDef methods[] = {
      "init(IteratedMessage, Message, QueueKey, Address): register the value types."},
     {"decode_run", decode_run, METH_VARARGS,
      "decode_run(keys, values, shard) -> list[IteratedMessage]"},
+    {"fill_run", fill_run, METH_VARARGS,
+     "fill_run(source, head_key, head_value, bound, limit, wc_byte, prefix_len, want, shard)"
+     " -> (batch, last_key, pending_key, pending_value, skipped, more)"},
     {NULL, NULL, 0, NULL},
 };
 
