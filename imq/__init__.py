@@ -1,6 +1,6 @@
 """imq: the internal message queue of a sharded blockchain collator, on RocksDB.
 
-The public API (``spec/API.md``): value types, the router, diffs and statistics, the
+The public API (``docs/api.md``): value types, the router, diffs and statistics, the
 ``Queue`` facade with its iterator and pending diffs, the configuration and the errors.
 """
 

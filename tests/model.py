@@ -1,6 +1,6 @@
 """A plain-Python model of the queue's semantics, for the model-based tests.
 
-Written from ``spec/SEMANTICS.md`` (Part B, with the Part A decisions) and imq's own
+Written from ``docs/behaviour.md`` (with its decisions) and imq's own
 decisions (``docs/architecture.md``, I1-I8), not from imq's internals: no bytes, no
 RocksDB, no imq module other than its public value types and errors. Every operation
 checks first and mutates only when every check passed, so a raised error leaves the

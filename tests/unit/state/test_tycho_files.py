@@ -6,7 +6,6 @@ import hashlib
 import re
 
 import pytest
-
 from tycho_data import IN_REPO
 
 _SUM = re.compile(r"^([0-9a-f]{64})  (\S+)$")
@@ -20,7 +19,9 @@ def _listed() -> list[tuple[str, str]]:
 def test_readme_lists_every_file_once() -> None:
     listed = [name for name, _ in _listed()]
     on_disk = sorted(
-        str(p.relative_to(IN_REPO)) for p in IN_REPO.rglob("*") if p.is_file() and p.name != "README.md"
+        str(p.relative_to(IN_REPO))
+        for p in IN_REPO.rglob("*")
+        if p.is_file() and p.name != "README.md"
     )
     assert len(listed) == len(set(listed)) == 16
     assert sorted(listed) == on_disk
