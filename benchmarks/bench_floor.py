@@ -52,6 +52,10 @@ class Row:
     def rate(self) -> float:
         return self.messages / statistics.median(self.seconds)
 
+    @property
+    def best(self) -> float:
+        return self.messages / min(self.seconds)
+
 
 def timed_nogc(run: Callable[[], Any]) -> tuple[float, Any]:
     gc.collect()
@@ -182,8 +186,8 @@ def run(args: Any, workdir: Path) -> str:
         raw.close()
 
     def line(row: Row, floor: Row | None = None, second: Row | None = None) -> str:
-        ratio = f"{row.rate / floor.rate:.2f}x" if floor else ""
-        ratio2 = f"{row.rate / second.rate:.2f}x" if second else ""
+        ratio = f"{row.rate / floor.rate:.2f}x ({row.best / floor.best:.2f}x)" if floor else ""
+        ratio2 = f"{row.rate / second.rate:.2f}x ({row.best / second.best:.2f}x)" if second else ""
         return (
             f"| {row.name} | {row.rate / 1e6:.3f} | {min(row.seconds):.3f}.."
             f"{max(row.seconds):.3f} | {ratio} | {ratio2} |"
@@ -196,7 +200,9 @@ def run(args: Any, workdir: Path) -> str:
     out += [
         "",
         f"{sizes.diffs} diffs of {sizes.diff_size:,} messages ({total:,}), 4 source shards, "
-        f"200-byte bodies; median of {repeats} runs; cyclic GC off while timing, both sides.",
+        f"200-byte bodies; median of {repeats} runs; cyclic GC off while timing, both sides. "
+        "Ratios: of medians, and in brackets of the best runs (less sensitive to other "
+        "processes on a shared machine).",
         "",
         "## Write",
         "",

@@ -310,6 +310,223 @@ fail:
 }
 
 static int
+add_count(PyObject *counts, long partition, Py_ssize_t n)
+{
+    PyObject *key = PyLong_FromLong(partition);
+    if (key == NULL)
+        return -1;
+    PyObject *old = PyDict_GetItemWithError(counts, key);
+    if (old == NULL && PyErr_Occurred()) {
+        Py_DECREF(key);
+        return -1;
+    }
+    Py_ssize_t before = 0;
+    if (old != NULL) {
+        before = PyLong_AsSsize_t(old);
+        if (before == -1 && PyErr_Occurred()) {
+            Py_DECREF(key);
+            return -1;
+        }
+    }
+    PyObject *total = PyLong_FromSsize_t(before + n);
+    if (total == NULL) {
+        Py_DECREF(key);
+        return -1;
+    }
+    int rc = PyDict_SetItem(counts, key, total);
+    Py_DECREF(key);
+    Py_DECREF(total);
+    return rc;
+}
+
+/* ---- the write path: message rows and statistics values ---------------------------- */
+
+/* An Address (workchain, account) into 33 bytes: workchain + 128, then the account. */
+static int
+put_address(unsigned char *out, PyObject *addr)
+{
+    if (!PyTuple_Check(addr) || PyTuple_GET_SIZE(addr) != 2) {
+        PyErr_SetString(PyExc_TypeError, "an address must be a (workchain, account) tuple");
+        return -1;
+    }
+    long wc = PyLong_AsLong(PyTuple_GET_ITEM(addr, 0));
+    if (wc == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *account = PyTuple_GET_ITEM(addr, 1);
+    if (wc < -128 || wc > 127 || !PyBytes_Check(account) || PyBytes_GET_SIZE(account) != 32) {
+        PyErr_SetString(PyExc_ValueError, "bad address (workchain or account length)");
+        return -1;
+    }
+    out[0] = (unsigned char)(wc + 128);
+    memcpy(out + 1, PyBytes_AS_STRING(account), 32);
+    return 0;
+}
+
+/* One Message -> (key, value) new references; partition already chosen. */
+static int
+encode_message(PyObject *msg, const unsigned char *prefix, PyObject **key_out,
+               PyObject **value_out)
+{
+    if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) != 4) {
+        PyErr_SetString(PyExc_TypeError, "a message must be a (key, src, dst, body) tuple");
+        return -1;
+    }
+    PyObject *qk = PyTuple_GET_ITEM(msg, 0), *body = PyTuple_GET_ITEM(msg, 3);
+    if (!PyTuple_Check(qk) || PyTuple_GET_SIZE(qk) != 2 || !PyBytes_Check(body)) {
+        PyErr_SetString(PyExc_TypeError, "bad message key or body");
+        return -1;
+    }
+    unsigned long long lt = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(qk, 0));
+    if (lt == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    PyObject *hash = PyTuple_GET_ITEM(qk, 1);
+    if (!PyBytes_Check(hash) || PyBytes_GET_SIZE(hash) != 32) {
+        PyErr_SetString(PyExc_ValueError, "a message hash must be 32 bytes");
+        return -1;
+    }
+    Py_ssize_t blen = PyBytes_GET_SIZE(body);
+    PyObject *value = PyBytes_FromStringAndSize(NULL, HEADER_LEN + blen);
+    if (value == NULL)
+        return -1;
+    unsigned char *vb = (unsigned char *)PyBytes_AS_STRING(value);
+    if (put_address(vb, PyTuple_GET_ITEM(msg, 2)) < 0 ||
+        put_address(vb + ADDR_LEN, PyTuple_GET_ITEM(msg, 1)) < 0) {
+        Py_DECREF(value);
+        return -1;
+    }
+    memcpy(vb + HEADER_LEN, PyBytes_AS_STRING(body), blen);
+    PyObject *key = PyBytes_FromStringAndSize(NULL, KEY_LEN);
+    if (key == NULL) {
+        Py_DECREF(value);
+        return -1;
+    }
+    unsigned char *kb = (unsigned char *)PyBytes_AS_STRING(key);
+    memcpy(kb, prefix, QK_AT);
+    for (int i = 0; i < 8; i++)
+        kb[QK_AT + i] = (unsigned char)(lt >> (56 - 8 * i));
+    memcpy(kb + QK_AT + 8, PyBytes_AS_STRING(hash), 32);
+    *key_out = key;
+    *value_out = value;
+    return 0;
+}
+
+/*
+ * put_rows(put, target, shard_bytes, messages, partition_for, counts) -> rows
+ *
+ * The C form of imq.storage.codec.put_message_rows: encode each Message of `messages`
+ * (a sequence) as its stored row and call put(key, value, target); partition_for(src,
+ * dst) -> int picks the partition, or None for partition 0. `counts` (a dict) receives
+ * messages per partition.
+ */
+static PyObject *
+put_rows(PyObject *self, PyObject *args)
+{
+    PyObject *put, *target, *shard_b, *messages, *partition_for, *counts;
+    if (!PyArg_ParseTuple(args, "OOO!OOO!:put_rows", &put, &target, &PyBytes_Type, &shard_b,
+                          &messages, &partition_for, &PyDict_Type, &counts))
+        return NULL;
+    if (PyBytes_GET_SIZE(shard_b) != QK_AT - 2) {
+        PyErr_SetString(PyExc_ValueError, "shard_bytes must be 12 bytes");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(messages, "messages must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    unsigned char prefix[QK_AT];
+    memcpy(prefix + 2, PyBytes_AS_STRING(shard_b), QK_AT - 2);
+    prefix[0] = prefix[1] = 0;
+    long current = 0;
+    Py_ssize_t in_current = 0; /* rows counted for `current` not yet added to counts */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *msg = items[i];
+        if (partition_for != Py_None) {
+            if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) != 4) {
+                PyErr_SetString(PyExc_TypeError, "a message must be a (key, src, dst, body) tuple");
+                goto fail;
+            }
+            PyObject *pargs[2] = {PyTuple_GET_ITEM(msg, 1), PyTuple_GET_ITEM(msg, 2)};
+            PyObject *part = PyObject_Vectorcall(partition_for, pargs, 2, NULL);
+            if (part == NULL)
+                goto fail;
+            long p = PyLong_AsLong(part);
+            Py_DECREF(part);
+            if (p == -1 && PyErr_Occurred())
+                goto fail;
+            if (p < 0 || p > 0xFFFF) {
+                PyErr_SetString(PyExc_ValueError, "partition out of range");
+                goto fail;
+            }
+            if (p != current) {
+                if (in_current && add_count(counts, current, in_current) < 0)
+                    goto fail;
+                in_current = 0;
+                current = p;
+                prefix[0] = (unsigned char)(p >> 8);
+                prefix[1] = (unsigned char)p;
+            }
+        }
+        PyObject *key, *value;
+        if (encode_message(msg, prefix, &key, &value) < 0)
+            goto fail;
+        PyObject *cargs[3] = {key, value, target};
+        PyObject *r = PyObject_Vectorcall(put, cargs, 3, NULL);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (r == NULL)
+            goto fail;
+        Py_DECREF(r);
+        in_current++;
+    }
+    if (in_current && add_count(counts, current, in_current) < 0)
+        goto fail;
+    Py_DECREF(seq);
+    return PyLong_FromSsize_t(n);
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/*
+ * stat_value(counts) -> bytes: a statistics value, one 41-byte entry per (Address, count)
+ * item of the dict: workchain + 128, account (32), count (u64 BE); as codec.stat_value.
+ */
+static PyObject *
+stat_value(PyObject *self, PyObject *counts)
+{
+    if (!PyDict_Check(counts)) {
+        PyErr_SetString(PyExc_TypeError, "stat_value takes a dict");
+        return NULL;
+    }
+    Py_ssize_t n = PyDict_GET_SIZE(counts);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 41);
+    if (out == NULL)
+        return NULL;
+    unsigned char *b = (unsigned char *)PyBytes_AS_STRING(out);
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *addr, *count;
+    while (PyDict_Next(counts, &pos, &addr, &count)) {
+        if (i >= n || put_address(b + 41 * i, addr) < 0)
+            goto fail;
+        unsigned long long c = PyLong_AsUnsignedLongLong(count);
+        if (c == (unsigned long long)-1 && PyErr_Occurred())
+            goto fail;
+        for (int j = 0; j < 8; j++)
+            b[41 * i + 33 + j] = (unsigned char)(c >> (56 - 8 * j));
+        i++;
+    }
+    if (i != n) {
+        PyErr_SetString(PyExc_RuntimeError, "dict changed size during stat_value");
+        goto fail;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+static int
 take_type(PyObject *obj, PyTypeObject **slot)
 {
     if (!PyType_Check(obj) || !PyType_IsSubtype((PyTypeObject *)obj, &PyTuple_Type)) {
@@ -341,6 +558,9 @@ static PyMethodDef methods[] = {
     {"fill_run", fill_run, METH_VARARGS,
      "fill_run(source, head_key, head_value, bound, limit, wc_byte, prefix_len, want, shard)"
      " -> (batch, last_key, pending_key, pending_value, skipped, more)"},
+    {"put_rows", put_rows, METH_VARARGS,
+     "put_rows(put, target, shard_bytes, messages, partition_for, counts) -> rows"},
+    {"stat_value", stat_value, METH_O, "stat_value(counts: dict[Address, int]) -> bytes"},
     {NULL, NULL, 0, NULL},
 };
 
