@@ -14,8 +14,6 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <stdint.h>
-#include <string.h>
 
 #define KEY_LEN 54
 #define QK_AT 14
@@ -31,7 +29,7 @@ new_tuple(PyTypeObject *type, Py_ssize_t n)
 }
 
 static PyObject *
-new_address(const unsigned char *raw)
+make_address(const unsigned char *raw)
 {
     PyObject *addr = new_tuple(t_address, 2);
     if (addr == NULL)
@@ -46,40 +44,6 @@ new_address(const unsigned char *raw)
     }
     PyTuple_SET_ITEM(addr, 0, wc);
     PyTuple_SET_ITEM(addr, 1, account);
-    return addr;
-}
-
-/*
- * Decoded addresses are cached in a direct-mapped table: a queue's messages come from
- * and go to a limited set of accounts, and an Address is immutable (a tuple subclass
- * with no instance dict), so one object can serve every message that names it. A miss
- * replaces the slot. Only touched with the GIL held.
- */
-#define ADDR_SLOTS 4096
-static struct {
-    unsigned char raw[ADDR_LEN];
-    PyObject *addr;
-} addr_cache[ADDR_SLOTS];
-
-static PyObject *
-make_address(const unsigned char *raw)
-{
-    uint32_t h = 2166136261u;
-    for (int i = 0; i < 12; i++) /* workchain + 11 account bytes: enough to spread */
-        h = (h ^ raw[i]) * 16777619u;
-    size_t slot = h & (ADDR_SLOTS - 1);
-    PyObject *cached = addr_cache[slot].addr;
-    if (cached != NULL && Py_TYPE(cached) == t_address &&
-        memcmp(addr_cache[slot].raw, raw, ADDR_LEN) == 0) {
-        Py_INCREF(cached);
-        return cached;
-    }
-    PyObject *addr = new_address(raw);
-    if (addr == NULL)
-        return NULL;
-    Py_INCREF(addr);
-    Py_XSETREF(addr_cache[slot].addr, addr);
-    memcpy(addr_cache[slot].raw, raw, ADDR_LEN);
     return addr;
 }
 
