@@ -270,14 +270,14 @@ def run_pq_ack(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict
     from persistqueue import SQLiteAckQueue
 
     out: dict[str, float] = {}
-    q = SQLiteAckQueue(str(path), auto_commit=False, multithreading=False)
+    q = SQLiteAckQueue(str(path), multithreading=False)
     ids: list[int] = []
 
     def append() -> None:
         for chunk in batches(items, batch):
             for item in chunk:
                 q.put(item)
-            q.task_done()  # auto_commit=False: one commit per batch
+            q.task_done()  # a no-op with auto_commit (the ack queue supports no other)
 
     def read() -> int:
         n = 0
@@ -305,7 +305,7 @@ def run_pq_ack(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict
     q.close()
 
     def reopen() -> Any:
-        again = SQLiteAckQueue(str(path), auto_commit=False, multithreading=False)
+        again = SQLiteAckQueue(str(path), multithreading=False)
         first = again.get(block=False)
         again.close()
         return first
@@ -424,8 +424,8 @@ SYSTEMS = (
         "persist-queue",
         2,
         run_pq_ack,
-        "SQLite defaults (rollback journal, synchronous=FULL), auto_commit=False and one "
-        "task_done (commit) per batch; pickled items",
+        "SQLite defaults (rollback journal, synchronous=FULL); one commit per put, get "
+        "and ack (the ack queue refuses auto_commit=False); pickled items",
     ),
     System(
         "persist-queue Queue (file)",
@@ -544,7 +544,7 @@ METHOD = """## Method
 - persist-queue file `Queue`: it has no partial acknowledgement, so the read runs in two
   halves with `task_done()` (which persists the read position and deletes consumed chunk
   files) between them; that `task_done()` is its delete.
-- persist-queue `SQLiteAckQueue`: read = `get` (marks rows unacked, committed per batch),
+- persist-queue `SQLiteAckQueue`: read = `get` (marks a row unacked, one commit each),
   delete = `ack` per message + `clear_acked_data`; reopen resumes unacked rows.
 """
 

@@ -235,7 +235,7 @@ def measure(g: Grower, plan: Plan, rng: random.Random) -> Size:
     gc_samples = []
     victim = SHARDS[0]
     for _ in range(plan.slow_calls):
-        if len(g.diffs[victim]) < 4:
+        if len(g.diffs[victim]) < 2:
             break
         _seqno, _lo, hi = g.diffs[victim].pop(0)
         g.stored -= DIFF

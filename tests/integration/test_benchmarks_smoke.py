@@ -12,13 +12,33 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(
-    "module", ["benchmarks.bench_core", "benchmarks.bench_gc", "benchmarks.bench_state"]
-)
+# Extra flags keep the smoke runs of the newer benchmarks to seconds.
+QUICK_FLAGS = {
+    "benchmarks.bench_core": [],
+    "benchmarks.bench_gc": [],
+    "benchmarks.bench_state": [],
+    "benchmarks.bench_floor": [],
+    "benchmarks.bench_peers": [],
+    "benchmarks.bench_scaling": [],
+    "benchmarks.bench_endurance": ["--minutes", "0.1"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(QUICK_FLAGS))
 def test_benchmark_quick_run_writes_its_report(module: str, tmp_path: Path) -> None:
     out = tmp_path / "report.md"
     result = subprocess.run(
-        [sys.executable, "-m", module, "--quick", "--out", str(out), "--dir", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            module,
+            "--quick",
+            *QUICK_FLAGS[module],
+            "--out",
+            str(out),
+            "--dir",
+            str(tmp_path),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
