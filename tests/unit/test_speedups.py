@@ -183,3 +183,25 @@ def test_compiled_write_path_is_in_use() -> None:
 @given(st.dictionaries(addresses, st.integers(1, 2**64 - 1), max_size=30))
 def test_stat_value_compiled_equals_pure_python(counts: dict[Address, int]) -> None:
     assert codec.stat_value(counts) == codec._stat_value_py(counts)
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 2), st.binary(max_size=20)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_fill_run_with_repeated_addresses(picks: list[tuple[int, int, bytes]]) -> None:
+    """Consecutive rows that share a source or destination decode to equal messages in
+    both paths (the C path reuses the previous row's Address object)."""
+    pool = [Address(0, bytes([i]) * 32) for i in range(3)]
+    batch = [
+        Message(QueueKey(i + 1, bytes(32)), pool[s], pool[d], body)
+        for i, (s, d, body) in enumerate(picks)
+    ]
+    rows = _rows(batch, 0)
+    outs = []
+    for fill in (iterator._speedups_module.fill_run, iterator._py_fill_run):
+        outs.append(fill(iter(rows[1:]), *rows[0], None, 100, 128, 0, 0, SHARD))
+    assert outs[0][0] == outs[1][0] == [IteratedMessage(SHARD, m) for m in batch]
