@@ -21,6 +21,7 @@ QUICK_FLAGS = {
     "benchmarks.bench_peers": [],
     "benchmarks.bench_scaling": [],
     "benchmarks.bench_endurance": ["--minutes", "0.1"],
+    "benchmarks.bench_sim": [],
 }
 
 
