@@ -6,12 +6,12 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck pytest soak bench clean
+.PHONY: run test lint typecheck pytest soak bench bench-endurance clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 
-$(STAMP): $(BIN)/python pyproject.toml
+$(STAMP): $(BIN)/python pyproject.toml setup.py imq/_speedups.c
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
@@ -41,6 +41,15 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_core
 	$(BIN)/python -m benchmarks.bench_gc
 	$(BIN)/python -m benchmarks.bench_state
+	$(BIN)/python -m benchmarks.bench_floor
+	$(BIN)/python -m benchmarks.bench_peers
+	$(BIN)/python -m benchmarks.bench_scaling
+	$(BIN)/python -m benchmarks.bench_sim --profile --out benchmarks/results/sim.md
+
+# The 30-minute steady state (issue 11), apart from `make bench` for its length.
+bench-endurance: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m benchmarks.bench_endurance
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .hypothesis var

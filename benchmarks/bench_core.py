@@ -377,12 +377,8 @@ def _imq_read(queue: Queue, for_shard: ShardIdent) -> int:
 
 def _imq_read_pure_python(queue: Queue) -> int:
     """The same pass with the pure-Python decode (what a machine without a C compiler runs)."""
-    saved = iterator_module._decode_run
-    iterator_module._decode_run = iterator_module._decode
-    try:
+    with iterator_module.pure_python():
         return _imq_read(queue, ShardIdent.BASECHAIN)
-    finally:
-        iterator_module._decode_run = saved
 
 
 def _sst_summary(path: Path) -> str:

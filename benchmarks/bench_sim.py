@@ -1,6 +1,7 @@
 """End-to-end throughput of ``imq simulate`` and the share of wall time inside imq.
 
     python -m benchmarks.bench_sim [--rounds-4 N] [--rounds-16 N] [--profile]
+                                   [--quick] [--out FILE] [--dir DIR]
 
 Runs the simulation (seed 1, background GC, the default fault rates) with 4 and with 16
 basechain shards and prints a Markdown report: delivered messages per second, and the
@@ -27,8 +28,8 @@ from imq.sim import SimConfig, Simulation
 from imq.sim.engine import SimResult, percentiles
 
 
-def _run(shards: int, rounds: int) -> SimResult:
-    with tempfile.TemporaryDirectory(prefix="imq-bench-sim-") as tmp:
+def _run(shards: int, rounds: int, where: Path | None) -> SimResult:
+    with tempfile.TemporaryDirectory(prefix="imq-bench-sim-", dir=where) as tmp:
         return Simulation(SimConfig(directory=Path(tmp), shards=shards, rounds=rounds)).run()
 
 
@@ -86,13 +87,15 @@ def _attribute(stats: dict[Func, Any]) -> dict[Func, dict[str, float]]:
     return {func: share(func) for func in stats}
 
 
-def _engine_share(rounds: int) -> tuple[dict[str, float], float, list[tuple[str, float]]]:
+def _engine_share(
+    rounds: int, where: Path | None
+) -> tuple[dict[str, float], float, list[tuple[str, float]]]:
     """Own time (main thread) by owner: imq or the simulation, shared code split by
     caller; also how much of it is C (builtins and extensions, RocksDB and BLAKE3
     included) called on imq's behalf; and the functions with the most own time."""
     profile = cProfile.Profile()
     profile.enable()
-    _run(4, rounds)
+    _run(4, rounds, where)
     profile.disable()
     stats: dict[Func, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
     shares = _attribute(stats)
@@ -113,11 +116,16 @@ def _engine_share(rounds: int) -> tuple[dict[str, float], float, list[tuple[str,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_sim")
     parser.add_argument("--rounds-4", type=int, default=1500)
     parser.add_argument("--rounds-16", type=int, default=400)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="a few rounds (seconds)")
+    parser.add_argument("--out", type=Path, default=None, help="results file (default: print only)")
+    parser.add_argument("--dir", type=Path, default=None, help="where the runs go (temp)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds_4, args.rounds_16 = 40, 10
     load_start = os.getloadavg()[0]
     lines = [
         "# imq simulate: end-to-end throughput",
@@ -125,14 +133,17 @@ def main() -> None:
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"- machine: {os.cpu_count()} CPUs, python {platform.python_version()}",
         f"- load average (1 min) at start {load_start:.2f}",
-        "- command: `python -m benchmarks.bench_sim" + (" --profile" if args.profile else "") + "`",
+        "- command: `python -m benchmarks.bench_sim"
+        + (" --profile" if args.profile else "")
+        + (" --quick" if args.quick else "")
+        + "`",
         "",
         "| shards | rounds | blocks | messages delivered | wall s | messages/s "
         "| inside queue calls | prepare p50/p99 ms | read p50/p99 ms | verdict |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for shards, rounds in ((4, args.rounds_4), (16, args.rounds_16)):
-        r = _run(shards, rounds)
+        r = _run(shards, rounds, args.dir)
         share = 100 * r.queue_seconds / r.seconds
         prep = percentiles(r.latencies["prepare_diff"])
         read = percentiles(r.latencies["read"])
@@ -146,7 +157,7 @@ def main() -> None:
     lines.append(f"\nLoad average (1 min) at end {os.getloadavg()[0]:.2f}.")
     if args.profile:
         prof_rounds = max(args.rounds_4 // 3, 100)
-        owners, imq_c, rows = _engine_share(prof_rounds)
+        owners, imq_c, rows = _engine_share(prof_rounds, args.dir)
         total = sum(owners.values()) or 1.0
         imq_t, sim_t = owners.get("imq", 0.0), owners.get("sim", 0.0)
         lines += [
@@ -164,7 +175,11 @@ def main() -> None:
             "|---:|---|---:|",
             *(f"| {name} | {t:.2f} |" for name, t in rows),
         ]
-    print("\n".join(lines))
+    text = "\n".join(lines)
+    print(text)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

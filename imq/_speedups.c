@@ -69,9 +69,43 @@ make_key(const unsigned char *k)
     return key;
 }
 
+/*
+ * The source and the destination of the previous row, reused when the next row names
+ * the same account (consecutive messages often share one): an Address is immutable (a
+ * tuple subclass without instance dict), so one object can serve both messages. One
+ * memo per call of decode_run / fill_run; a miss costs one 33-byte compare.
+ */
+typedef struct {
+    unsigned char raw[2][ADDR_LEN];
+    PyObject *addr[2]; /* owned, or NULL */
+} AddrMemo;
+
+static void
+memo_clear(AddrMemo *memo)
+{
+    Py_CLEAR(memo->addr[0]);
+    Py_CLEAR(memo->addr[1]);
+}
+
+static PyObject *
+memo_address(AddrMemo *memo, int role, const unsigned char *raw)
+{
+    if (memo != NULL && memo->addr[role] != NULL && memcmp(memo->raw[role], raw, ADDR_LEN) == 0) {
+        Py_INCREF(memo->addr[role]);
+        return memo->addr[role];
+    }
+    PyObject *addr = make_address(raw);
+    if (addr != NULL && memo != NULL) {
+        Py_INCREF(addr);
+        Py_XSETREF(memo->addr[role], addr);
+        memcpy(memo->raw[role], raw, ADDR_LEN);
+    }
+    return addr;
+}
+
 /* One row -> IteratedMessage, or NULL with an exception set. */
 static PyObject *
-decode_row(PyObject *shard, PyObject *key_obj, PyObject *value_obj)
+decode_row(PyObject *shard, PyObject *key_obj, PyObject *value_obj, AddrMemo *memo)
 {
     if (!PyBytes_Check(key_obj) || !PyBytes_Check(value_obj)) {
         PyErr_SetString(PyExc_TypeError, "message rows must be bytes");
@@ -89,8 +123,8 @@ decode_row(PyObject *shard, PyObject *key_obj, PyObject *value_obj)
         return NULL;
     PyObject *fields[4];
     fields[0] = make_key(k);
-    fields[1] = make_address(v + ADDR_LEN);
-    fields[2] = make_address(v);
+    fields[1] = memo_address(memo, 0, v + ADDR_LEN);
+    fields[2] = memo_address(memo, 1, v);
     fields[3] = PyBytes_FromStringAndSize((const char *)v + HEADER_LEN, vlen - HEADER_LEN);
     for (int i = 0; i < 4; i++) {
         if (fields[i] == NULL) {
@@ -133,7 +167,8 @@ decode_run(PyObject *self, PyObject *args)
     if (out == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = decode_row(shard, PyList_GET_ITEM(keys, i), PyList_GET_ITEM(values, i));
+        PyObject *item =
+            decode_row(shard, PyList_GET_ITEM(keys, i), PyList_GET_ITEM(values, i), NULL);
         if (item == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -141,6 +176,394 @@ decode_run(PyObject *self, PyObject *args)
         PyList_SET_ITEM(out, i, item);
     }
     return out;
+}
+
+/* Big-endian bytes (at most 8) as an unsigned integer, as int.from_bytes(v, "big"). */
+static unsigned long long
+be_prefix(const unsigned char *p, Py_ssize_t n)
+{
+    unsigned long long x = 0;
+    for (Py_ssize_t i = 0; i < n && i < 8; i++)
+        x = (x << 8) | p[i];
+    return x;
+}
+
+/* Lexicographic compare of two byte strings, as bytes.__lt__ does. */
+static int
+bytes_cmp(PyObject *a, PyObject *b)
+{
+    Py_ssize_t la = PyBytes_GET_SIZE(a), lb = PyBytes_GET_SIZE(b);
+    int c = memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b), la < lb ? la : lb);
+    if (c != 0)
+        return c;
+    return la < lb ? -1 : la > lb;
+}
+
+static PyObject *
+row_error(PyObject *exc, const char *what, PyObject *key)
+{
+    PyObject *args = Py_BuildValue("(sO)", what, key);
+    if (args != NULL) {
+        PyErr_SetObject(exc, args);
+        Py_DECREF(args);
+    }
+    return NULL;
+}
+
+/*
+ * fill_run(source, head_key, head_value, bound, limit, wc_byte, prefix_len, want, shard)
+ *   -> (batch, last_key, pending_key, pending_value, skipped, more)
+ *
+ * One run of the merge iterator: decode the head row, then pull (key, value) rows from
+ * `source` while they stay below `bound` (a full message key in the same shard's key
+ * space, or None), up to `limit` accepted rows. A row is accepted when its destination
+ * workchain byte is `wc_byte` and (prefix_len == 0 or the top prefix_len bits of its
+ * destination account equal `want`); other rows are skipped (counted). The first accepted
+ * row past the bound or the limit comes back as pending; None when the source ended.
+ * `last_key` is the key of the last row consumed (accepted or skipped). `more` is always
+ * False here (the limit counts accepted rows, so a pending row is always found).
+ * Errors: ValueError/TypeError with args (what, key) for a malformed row.
+ */
+static PyObject *
+fill_run(PyObject *self, PyObject *args)
+{
+    PyObject *source, *head_key, *head_value, *bound, *shard;
+    Py_ssize_t limit;
+    int wc_byte, prefix_len;
+    unsigned long long want;
+    if (!PyArg_ParseTuple(args, "OOOOniiKO:fill_run", &source, &head_key, &head_value, &bound,
+                          &limit, &wc_byte, &prefix_len, &want, &shard))
+        return NULL;
+    if (t_iterated == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "imq._speedups.init() was not called");
+        return NULL;
+    }
+    if (bound != Py_None && !PyBytes_Check(bound)) {
+        PyErr_SetString(PyExc_TypeError, "bound must be bytes or None");
+        return NULL;
+    }
+    if (prefix_len < 0 || prefix_len > 64) {
+        PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
+        return NULL;
+    }
+    iternextfunc next = Py_TYPE(source)->tp_iternext;
+    if (next == NULL) {
+        PyErr_SetString(PyExc_TypeError, "source must be an iterator");
+        return NULL;
+    }
+    int shift = 64 - prefix_len;
+    PyObject *batch = PyList_New(0);
+    if (batch == NULL)
+        return NULL;
+    AddrMemo memo = {{{0}}, {NULL, NULL}};
+    PyObject *item = decode_row(shard, head_key, head_value, &memo);
+    if (item == NULL) {
+        Py_DECREF(batch);
+        memo_clear(&memo);
+        if (PyErr_ExceptionMatches(PyExc_ValueError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            return row_error(PyExc_ValueError, "undecodable message row", head_key);
+        }
+        return NULL;
+    }
+    if (PyList_Append(batch, item) < 0) {
+        Py_DECREF(item);
+        Py_DECREF(batch);
+        memo_clear(&memo);
+        return NULL;
+    }
+    Py_DECREF(item);
+    Py_ssize_t accepted = 1, skipped = 0;
+    PyObject *last = head_key; /* borrowed while it is head_key, owned otherwise */
+    Py_INCREF(last);
+    PyObject *pending = NULL;
+    for (;;) {
+        PyObject *row = next(source);
+        if (row == NULL) {
+            if (PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_StopIteration))
+                    goto fail;
+                PyErr_Clear();
+            }
+            break;
+        }
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(row, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(row, 1))) {
+            Py_DECREF(row);
+            PyErr_SetString(PyExc_TypeError, "source rows must be (bytes, bytes)");
+            goto fail;
+        }
+        PyObject *k = PyTuple_GET_ITEM(row, 0), *v = PyTuple_GET_ITEM(row, 1);
+        Py_ssize_t vlen = PyBytes_GET_SIZE(v);
+        const unsigned char *vb = (const unsigned char *)PyBytes_AS_STRING(v);
+        if (vlen == 0) {
+            row_error(PyExc_ValueError, "empty message value", k);
+            Py_DECREF(row);
+            goto fail;
+        }
+        int ok = vb[0] == wc_byte;
+        if (ok && prefix_len != 0)
+            ok = (be_prefix(vb + 1, vlen - 1) >> shift) == want;
+        if (!ok) {
+            skipped++;
+            Py_INCREF(k);
+            Py_SETREF(last, k);
+            Py_DECREF(row);
+            continue;
+        }
+        if (accepted == limit || (bound != Py_None && bytes_cmp(k, bound) >= 0)) {
+            pending = row;
+            break;
+        }
+        item = decode_row(shard, k, v, &memo);
+        if (item == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_ValueError) ||
+                PyErr_ExceptionMatches(PyExc_TypeError)) {
+                PyErr_Clear();
+                row_error(PyExc_ValueError, "undecodable message row", k);
+            }
+            Py_DECREF(row);
+            goto fail;
+        }
+        if (PyList_Append(batch, item) < 0) {
+            Py_DECREF(item);
+            Py_DECREF(row);
+            goto fail;
+        }
+        Py_DECREF(item);
+        accepted++;
+        Py_INCREF(k);
+        Py_SETREF(last, k);
+        Py_DECREF(row);
+    }
+    PyObject *pk = pending ? PyTuple_GET_ITEM(pending, 0) : Py_None;
+    PyObject *pv = pending ? PyTuple_GET_ITEM(pending, 1) : Py_None;
+    PyObject *out = Py_BuildValue("(NNOOnO)", batch, last, pk, pv, skipped, Py_False);
+    Py_XDECREF(pending);
+    memo_clear(&memo);
+    return out;
+fail:
+    Py_DECREF(batch);
+    Py_DECREF(last);
+    memo_clear(&memo);
+    return NULL;
+}
+
+static int
+add_count(PyObject *counts, long partition, Py_ssize_t n)
+{
+    PyObject *key = PyLong_FromLong(partition);
+    if (key == NULL)
+        return -1;
+    PyObject *old = PyDict_GetItemWithError(counts, key);
+    if (old == NULL && PyErr_Occurred()) {
+        Py_DECREF(key);
+        return -1;
+    }
+    Py_ssize_t before = 0;
+    if (old != NULL) {
+        before = PyLong_AsSsize_t(old);
+        if (before == -1 && PyErr_Occurred()) {
+            Py_DECREF(key);
+            return -1;
+        }
+    }
+    PyObject *total = PyLong_FromSsize_t(before + n);
+    if (total == NULL) {
+        Py_DECREF(key);
+        return -1;
+    }
+    int rc = PyDict_SetItem(counts, key, total);
+    Py_DECREF(key);
+    Py_DECREF(total);
+    return rc;
+}
+
+/* ---- the write path: message rows and statistics values ---------------------------- */
+
+/* An Address (workchain, account) into 33 bytes: workchain + 128, then the account. */
+static int
+put_address(unsigned char *out, PyObject *addr)
+{
+    if (!PyTuple_Check(addr) || PyTuple_GET_SIZE(addr) != 2) {
+        PyErr_SetString(PyExc_TypeError, "an address must be a (workchain, account) tuple");
+        return -1;
+    }
+    long wc = PyLong_AsLong(PyTuple_GET_ITEM(addr, 0));
+    if (wc == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *account = PyTuple_GET_ITEM(addr, 1);
+    if (wc < -128 || wc > 127 || !PyBytes_Check(account) || PyBytes_GET_SIZE(account) != 32) {
+        PyErr_SetString(PyExc_ValueError, "bad address (workchain or account length)");
+        return -1;
+    }
+    out[0] = (unsigned char)(wc + 128);
+    memcpy(out + 1, PyBytes_AS_STRING(account), 32);
+    return 0;
+}
+
+/* One Message -> (key, value) new references; partition already chosen. */
+static int
+encode_message(PyObject *msg, const unsigned char *prefix, PyObject **key_out,
+               PyObject **value_out)
+{
+    if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) != 4) {
+        PyErr_SetString(PyExc_TypeError, "a message must be a (key, src, dst, body) tuple");
+        return -1;
+    }
+    PyObject *qk = PyTuple_GET_ITEM(msg, 0), *body = PyTuple_GET_ITEM(msg, 3);
+    if (!PyTuple_Check(qk) || PyTuple_GET_SIZE(qk) != 2 || !PyBytes_Check(body)) {
+        PyErr_SetString(PyExc_TypeError, "bad message key or body");
+        return -1;
+    }
+    unsigned long long lt = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(qk, 0));
+    if (lt == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    PyObject *hash = PyTuple_GET_ITEM(qk, 1);
+    if (!PyBytes_Check(hash) || PyBytes_GET_SIZE(hash) != 32) {
+        PyErr_SetString(PyExc_ValueError, "a message hash must be 32 bytes");
+        return -1;
+    }
+    Py_ssize_t blen = PyBytes_GET_SIZE(body);
+    PyObject *value = PyBytes_FromStringAndSize(NULL, HEADER_LEN + blen);
+    if (value == NULL)
+        return -1;
+    unsigned char *vb = (unsigned char *)PyBytes_AS_STRING(value);
+    if (put_address(vb, PyTuple_GET_ITEM(msg, 2)) < 0 ||
+        put_address(vb + ADDR_LEN, PyTuple_GET_ITEM(msg, 1)) < 0) {
+        Py_DECREF(value);
+        return -1;
+    }
+    memcpy(vb + HEADER_LEN, PyBytes_AS_STRING(body), blen);
+    PyObject *key = PyBytes_FromStringAndSize(NULL, KEY_LEN);
+    if (key == NULL) {
+        Py_DECREF(value);
+        return -1;
+    }
+    unsigned char *kb = (unsigned char *)PyBytes_AS_STRING(key);
+    memcpy(kb, prefix, QK_AT);
+    for (int i = 0; i < 8; i++)
+        kb[QK_AT + i] = (unsigned char)(lt >> (56 - 8 * i));
+    memcpy(kb + QK_AT + 8, PyBytes_AS_STRING(hash), 32);
+    *key_out = key;
+    *value_out = value;
+    return 0;
+}
+
+/*
+ * put_rows(put, target, shard_bytes, messages, partition_for, counts) -> rows
+ *
+ * The C form of imq.storage.codec.put_message_rows: encode each Message of `messages`
+ * (a sequence) as its stored row and call put(key, value, target); partition_for(src,
+ * dst) -> int picks the partition, or None for partition 0. `counts` (a dict) receives
+ * messages per partition.
+ */
+static PyObject *
+put_rows(PyObject *self, PyObject *args)
+{
+    PyObject *put, *target, *shard_b, *messages, *partition_for, *counts;
+    if (!PyArg_ParseTuple(args, "OOO!OOO!:put_rows", &put, &target, &PyBytes_Type, &shard_b,
+                          &messages, &partition_for, &PyDict_Type, &counts))
+        return NULL;
+    if (PyBytes_GET_SIZE(shard_b) != QK_AT - 2) {
+        PyErr_SetString(PyExc_ValueError, "shard_bytes must be 12 bytes");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(messages, "messages must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    unsigned char prefix[QK_AT];
+    memcpy(prefix + 2, PyBytes_AS_STRING(shard_b), QK_AT - 2);
+    prefix[0] = prefix[1] = 0;
+    long current = 0;
+    Py_ssize_t in_current = 0; /* rows counted for `current` not yet added to counts */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *msg = items[i];
+        if (partition_for != Py_None) {
+            if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) != 4) {
+                PyErr_SetString(PyExc_TypeError, "a message must be a (key, src, dst, body) tuple");
+                goto fail;
+            }
+            PyObject *pargs[2] = {PyTuple_GET_ITEM(msg, 1), PyTuple_GET_ITEM(msg, 2)};
+            PyObject *part = PyObject_Vectorcall(partition_for, pargs, 2, NULL);
+            if (part == NULL)
+                goto fail;
+            long p = PyLong_AsLong(part);
+            Py_DECREF(part);
+            if (p == -1 && PyErr_Occurred())
+                goto fail;
+            if (p < 0 || p > 0xFFFF) {
+                PyErr_SetString(PyExc_ValueError, "partition out of range");
+                goto fail;
+            }
+            if (p != current) {
+                if (in_current && add_count(counts, current, in_current) < 0)
+                    goto fail;
+                in_current = 0;
+                current = p;
+                prefix[0] = (unsigned char)(p >> 8);
+                prefix[1] = (unsigned char)p;
+            }
+        }
+        PyObject *key, *value;
+        if (encode_message(msg, prefix, &key, &value) < 0)
+            goto fail;
+        PyObject *cargs[3] = {key, value, target};
+        PyObject *r = PyObject_Vectorcall(put, cargs, 3, NULL);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (r == NULL)
+            goto fail;
+        Py_DECREF(r);
+        in_current++;
+    }
+    if (in_current && add_count(counts, current, in_current) < 0)
+        goto fail;
+    Py_DECREF(seq);
+    return PyLong_FromSsize_t(n);
+fail:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/*
+ * stat_value(counts) -> bytes: a statistics value, one 41-byte entry per (Address, count)
+ * item of the dict: workchain + 128, account (32), count (u64 BE); as codec.stat_value.
+ */
+static PyObject *
+stat_value(PyObject *self, PyObject *counts)
+{
+    if (!PyDict_Check(counts)) {
+        PyErr_SetString(PyExc_TypeError, "stat_value takes a dict");
+        return NULL;
+    }
+    Py_ssize_t n = PyDict_GET_SIZE(counts);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 41);
+    if (out == NULL)
+        return NULL;
+    unsigned char *b = (unsigned char *)PyBytes_AS_STRING(out);
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *addr, *count;
+    while (PyDict_Next(counts, &pos, &addr, &count)) {
+        if (i >= n || put_address(b + 41 * i, addr) < 0)
+            goto fail;
+        unsigned long long c = PyLong_AsUnsignedLongLong(count);
+        if (c == (unsigned long long)-1 && PyErr_Occurred())
+            goto fail;
+        for (int j = 0; j < 8; j++)
+            b[41 * i + 33 + j] = (unsigned char)(c >> (56 - 8 * j));
+        i++;
+    }
+    if (i != n) {
+        PyErr_SetString(PyExc_RuntimeError, "dict changed size during stat_value");
+        goto fail;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
 }
 
 static int
@@ -172,6 +595,12 @@ static PyMethodDef methods[] = {
      "init(IteratedMessage, Message, QueueKey, Address): register the value types."},
     {"decode_run", decode_run, METH_VARARGS,
      "decode_run(keys, values, shard) -> list[IteratedMessage]"},
+    {"fill_run", fill_run, METH_VARARGS,
+     "fill_run(source, head_key, head_value, bound, limit, wc_byte, prefix_len, want, shard)"
+     " -> (batch, last_key, pending_key, pending_value, skipped, more)"},
+    {"put_rows", put_rows, METH_VARARGS,
+     "put_rows(put, target, shard_bytes, messages, partition_for, counts) -> rows"},
+    {"stat_value", stat_value, METH_O, "stat_value(counts: dict[Address, int]) -> bytes"},
     {NULL, NULL, 0, NULL},
 };
 

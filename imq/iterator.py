@@ -25,11 +25,12 @@ import contextlib
 import operator
 import os
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
+from functools import partial
 from heapq import heapify, heappop, heapreplace
-from itertools import chain
+from itertools import chain, islice
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 from imq.errors import CorruptDataError, QueueClosedError
 from imq.storage import SnapshotProtocol as Snapshot
@@ -72,11 +73,45 @@ def _address(cache: dict[bytes, Address], raw: bytes) -> Address:
     return found
 
 
-class QueueIterator:
+class QueueIterator(chain[IteratedMessage]):
     """Messages of one partition from several source shards, merged by key.
 
-    A Python iterator of :class:`IteratedMessage`; also a context manager.
+    A Python iterator of :class:`IteratedMessage` (``iter(it) is it``); also a context
+    manager. It is an ``itertools.chain`` of decoded runs, so ``next()`` runs in C: the
+    Python merge code runs once per run, not once per message.
     """
+
+    _snap: Snapshot
+    _shards: list[ShardIdent]
+    _positions: list[bytes | QueueKey | None]
+    _for_shard: ShardIdent
+    _on_done: Callable[[int, int], None] | None
+    _sources: list[Iterator[Any]]
+    _closed_by_queue: bool
+    _run: tuple[int, list[IteratedMessage], Iterator[IteratedMessage]] | None
+    _producer: Generator[Iterator[IteratedMessage], None, None]
+
+    def __new__(
+        cls,
+        snap: Snapshot,
+        ranges: Sequence[QueueShardRange],
+        for_shard: ShardIdent,
+        on_done: Callable[[int, int], None] | None = None,
+    ) -> QueueIterator:
+        cell: list[QueueIterator] = []
+        producer = _runs(cell, _fill_run)
+        self = cast(QueueIterator, cls.from_iterable(producer))
+        cell.append(self)
+        self._snap = snap
+        self._shards = [r.shard for r in ranges]
+        self._positions = [None] * len(ranges)
+        self._for_shard = for_shard
+        self._on_done = on_done
+        self._sources = [c.items for c in snap.cursors]
+        self._closed_by_queue = False
+        self._run = None
+        self._producer = producer
+        return self
 
     def __init__(
         self,
@@ -85,61 +120,50 @@ class QueueIterator:
         for_shard: ShardIdent,
         on_done: Callable[[int, int], None] | None = None,
     ) -> None:
-        self._snap = snap
-        self._shards = [r.shard for r in ranges]
-        self._positions: list[bytes | None] = [None] * len(ranges)
-        self._for_shard = for_shard
-        self._on_done = on_done
-        self._sources: list[Iterator[Any]] = [c.items for c in snap.cursors]
-        self._closed_by_queue = False
-        self._run: tuple[int, list[bytes], Iterator[IteratedMessage]] | None = None
-        # Runs are handed out as list iterators and chained in C, so a message passes to
-        # the consumer without resuming a Python frame.
-        self._producer = self._runs()
-        self._merged: Iterator[IteratedMessage] = chain.from_iterable(self._producer)
+        pass  # everything is set in __new__ (itertools.chain takes no __init__ arguments)
 
     # -- public -------------------------------------------------------------------------------
-
-    def __iter__(self) -> Iterator[IteratedMessage]:
-        if self._closed_by_queue:
-            return _Closed()
-        return self._merged
-
-    def __next__(self) -> IteratedMessage:
-        if self._closed_by_queue:
-            raise QueueClosedError("the queue was closed while this iterator was open")
-        return next(self._merged)
 
     def current_position(self) -> dict[ShardIdent, QueueKey]:
         """Last key consumed per source shard, skipped messages included."""
         positions = list(self._positions)
         if self._run is not None:  # inside a decoded run: count what the consumer took
-            idx, keys, run = self._run
-            taken = len(keys) - operator.length_hint(run)
+            idx, batch, run = self._run
+            taken = len(batch) - operator.length_hint(run)
             if taken > 0:
-                positions[idx] = keys[taken - 1]
+                positions[idx] = batch[taken - 1][1][0]
         return {
-            shard: codec.decode_key(raw[_QK:])
+            shard: raw if isinstance(raw, QueueKey) else codec.decode_key(raw[_QK:])
             for shard, raw in zip(self._shards, positions, strict=True)
             if raw is not None
         }
 
     def close(self) -> None:
         """Release the cursors; the iterator is then exhausted."""
-        self._merged = iter(())
+        self._stop_run()
         # ValueError: another thread is producing a run right now; dropping the sources
         # below still ends it at its next pull.
         with contextlib.suppress(ValueError):
-            self._producer.close()  # type: ignore[attr-defined]
+            self._producer.close()
         self._release(iter(()))
 
     def close_for_queue(self) -> None:
         """Called when the queue closes: later ``next()`` calls raise ``QueueClosedError``."""
         self._closed_by_queue = True
+        self._stop_run()
+        # ``next()`` must raise from now on, even on an exhausted chain: switch this object
+        # to a subclass whose ``__next__`` raises (same layout, so the switch is allowed).
+        self.__class__ = _ClosedQueueIterator
         self._release(_Closed())
 
+    def _stop_run(self) -> None:
+        # The chain holds the current run's list iterator: emptying the list ends it now.
+        run = self._run
+        if run is not None:
+            run[1].clear()
+
     def _release(self, replacement: Iterator[Any]) -> None:
-        # The merge reads ``self._sources[idx]`` afresh after every yield, so swapping the
+        # The merge reads ``self._sources[idx]`` afresh for every run, so swapping the
         # entries drops the RocksDB iterators and decides what its next pull does.
         for idx in range(len(self._sources)):
             self._sources[idx] = replacement
@@ -156,77 +180,103 @@ class QueueIterator:
     ) -> None:
         self.close()
 
-    # -- the merge ----------------------------------------------------------------------------
 
-    def _runs(self) -> Iterator[Iterator[IteratedMessage]]:  # noqa: PLR0915 - one hot loop
-        for_shard = self._for_shard
-        wc_byte = codec.workchain_byte(for_shard.workchain)
-        if wc_byte is None:  # no std address lives in this workchain: skip everything
-            wc_byte = -1
-        full = for_shard.is_full
-        shift = 64 - for_shard.prefix_len
-        want = for_shard.prefix >> shift
-        from_bytes = int.from_bytes
-        positions = self._positions
-        shards = self._shards
-        sources = self._sources
-        cache: dict[bytes, Address] = {}
-        yielded = skipped = 0
-        heap: list[tuple[bytes, int, bytes, bytes]] = []
-        k = b""
-        try:
-            for idx in range(len(sources)):
-                for k, v in sources[idx]:
-                    if v[0] == wc_byte and (full or from_bytes(v[1:9], "big") >> shift == want):
-                        heap.append((k[_QK:], idx, k, v))
-                        break
-                    positions[idx] = k
-                    skipped += 1
-            heapify(heap)
-            while heap:
-                # A run: this shard's accepted rows below every other shard's pending key.
-                _qk, idx, k, v = heap[0]
-                n = len(heap)
-                bound = None if n == 1 else heap[1][0] if n == 2 else min(heap[1][0], heap[2][0])
-                keys = [k]
-                values = [v]
-                trailing_skip = None
-                pending = None
-                for k, v in sources[idx]:
-                    if v[0] == wc_byte and (full or from_bytes(v[1:9], "big") >> shift == want):
-                        if len(keys) == _RUN or (bound is not None and k[_QK:] >= bound):
-                            pending = (k, v)
-                            break
-                        keys.append(k)
-                        values.append(v)
-                        trailing_skip = None
-                    else:
-                        trailing_skip = k
-                        skipped += 1
-                batch = _decode_run(keys, values, shards[idx], cache)
-                run = iter(batch)
-                self._run = (idx, keys, run)
-                yield run
-                # The consumer asked for the next message: the run is consumed, and its
-                # trailing skips count as consumed now (as the original records them).
-                self._run = None
-                yielded += len(batch)
-                positions[idx] = keys[-1] if trailing_skip is None else trailing_skip
-                if pending is None:
-                    heappop(heap)
-                else:
-                    k, v = pending
-                    heapreplace(heap, (k[_QK:], idx, k, v))
-        except IndexError:  # v[0] of an empty value: the row at key k (a 3.11 try is free)
-            raise CorruptDataError("messages", k, "empty message value") from None
-        finally:
+class _ClosedQueueIterator(QueueIterator):
+    """What a :class:`QueueIterator` becomes when its queue closes."""
+
+    def __next__(self) -> NoReturn:
+        raise QueueClosedError("the queue was closed while this iterator was open")
+
+
+# -- the merge --------------------------------------------------------------------------------
+
+_NO_BOUND = b"\xff" * (_KEY_LEN + 1)  # above every message key
+
+
+def _runs(  # noqa: PLR0915 - one hot loop
+    cell: list[QueueIterator], fill_run: Callable[..., Any]
+) -> Generator[Iterator[IteratedMessage], None, None]:
+    """The merge: yields list iterators of decoded runs, which the chain hands out.
+
+    A run is one shard's accepted rows below every other shard's pending key (the common
+    case when blocks cover disjoint lt ranges): while it lasts no heap is touched. The
+    bound is compared with whole stored keys (the other shard's queue key under this
+    shard's key prefix), so no key is sliced per row.
+    """
+    self = cell.pop()
+    if fill_run is _py_fill_run:  # the pure-Python decode caches addresses per iterator
+        fill_run = partial(_py_fill_run, _cache={})
+    for_shard = self._for_shard
+    wc_byte = codec.workchain_byte(for_shard.workchain)
+    if wc_byte is None:  # no std address lives in this workchain: skip everything
+        wc_byte = -1
+    prefix_len = for_shard.prefix_len
+    shift = 64 - prefix_len
+    want = for_shard.prefix >> shift if prefix_len else 0
+    from_bytes = int.from_bytes
+    positions = self._positions
+    shards = self._shards
+    sources = self._sources
+    yielded = skipped = 0
+    heap: list[tuple[bytes, int, bytes, bytes]] = []
+    prefixes: list[bytes] = []
+    k = b""
+
+    def first_accepted(idx: int) -> tuple[bytes, bytes] | None:
+        nonlocal skipped, k
+        for k, v in sources[idx]:
+            if v[0] == wc_byte and (not prefix_len or from_bytes(v[1:9], "big") >> shift == want):
+                return k, v
+            positions[idx] = k
+            skipped += 1
+        return None
+
+    try:
+        for idx in range(len(sources)):
+            found = first_accepted(idx)
+            prefixes.append(b"" if found is None else found[0][:_QK])
+            if found is not None:
+                heap.append((found[0][_QK:], idx, found[0], found[1]))
+        heapify(heap)
+        while heap:
+            _qk, idx, k, v = heap[0]
+            n = len(heap)
+            other = None if n == 1 else heap[1][0] if n == 2 else min(heap[1][0], heap[2][0])
+            bound = None if other is None else prefixes[idx] + other
+            try:
+                batch, last, pk, pv, n_skipped, more = fill_run(
+                    sources[idx], k, v, bound, _RUN, wc_byte, prefix_len, want, shards[idx]
+                )
+            except (ValueError, TypeError) as exc:
+                bad = exc.args[1] if len(exc.args) > 1 else k
+                raise CorruptDataError("messages", bad, str(exc.args[0])) from None
+            skipped += n_skipped
+            run = iter(batch)
+            self._run = (idx, batch, run)
+            yield run
+            # The consumer asked for the next message: the run is consumed, and its
+            # trailing skips count as consumed now (as the original records them).
             self._run = None
-            if self._on_done is not None:
-                on_done, self._on_done = self._on_done, None
-                on_done(yielded, skipped)
+            yielded += len(batch)
+            positions[idx] = last
+            if pk is None and more:
+                found = first_accepted(idx)
+                if found is not None:
+                    pk, pv = found
+            if pk is None:
+                heappop(heap)
+            else:
+                heapreplace(heap, (pk[_QK:], idx, pk, pv))
+    except IndexError:  # v[0] of an empty value: the row at key k (a 3.11 try is free)
+        raise CorruptDataError("messages", k, "empty message value") from None
+    finally:
+        self._run = None
+        if self._on_done is not None:
+            on_done, self._on_done = self._on_done, None
+            on_done(yielded, skipped)
 
 
-_RUN = 64  # rows decoded at once; best of 4..2048 measured (larger runs lose to GC and caches)
+_RUN = 64  # accepted rows per run (re-measure with benchmarks/bench_floor.py)
 _unpack_key = struct.Struct(">14xQ32s").unpack
 
 
@@ -260,27 +310,61 @@ def _decode(
         _corrupt(keys, values)
 
 
-def _compiled_decoder() -> Callable[..., list[IteratedMessage]] | None:
-    """The C decode of ``imq._speedups`` when it was built (and not disabled with
-    ``IMQ_PURE_PYTHON=1``); it returns exactly what :func:`_decode` returns."""
-    if os.environ.get("IMQ_PURE_PYTHON"):
-        return None
-    try:
-        from imq import _speedups  # noqa: PLC0415 -- optional, built only with a compiler
-    except ImportError:
-        return None
-    _speedups.init(IteratedMessage, Message, QueueKey, Address)
-    decode_run = _speedups.decode_run
+def _py_fill_run(  # noqa: PLR0917 - the signature of _speedups.fill_run
+    source: Iterator[tuple[bytes, bytes]],
+    head_key: bytes,
+    head_value: bytes,
+    bound: bytes | None,
+    limit: int,
+    wc_byte: int,
+    prefix_len: int,
+    want: int,
+    shard: ShardIdent,
+    _cache: dict[bytes, Address] | None = None,
+) -> tuple[list[IteratedMessage], bytes, bytes | None, bytes | None, int, bool]:
+    """The pure-Python ``imq._speedups.fill_run``: same arguments, same results.
 
-    def decode(
-        keys: list[bytes], values: list[bytes], shard: ShardIdent, _cache: dict[bytes, Address]
-    ) -> list[IteratedMessage]:
-        try:
-            return decode_run(keys, values, shard)
-        except (ValueError, TypeError):
-            _corrupt(keys, values)
-
-    return decode
+    Reads at most ``limit`` rows (``islice``, so the loop does no count of its own); when
+    they run out without reaching the bound, ``more`` says the source may hold more.
+    """
+    keys = [head_key]
+    values = [head_value]
+    append_k = keys.append
+    append_v = values.append
+    if bound is None:
+        bound = _NO_BOUND
+    last = head_key
+    skipped = 0
+    pk = pv = None
+    if prefix_len == 0:
+        for k, v in islice(source, limit):
+            if v[0] == wc_byte:
+                if k >= bound:
+                    pk, pv = k, v
+                    break
+                append_k(k)
+                append_v(v)
+            else:
+                skipped += 1
+                last = k
+    else:
+        shift = 64 - prefix_len
+        from_bytes = int.from_bytes
+        for k, v in islice(source, limit):
+            if v[0] == wc_byte and from_bytes(v[1:9], "big") >> shift == want:
+                if k >= bound:
+                    pk, pv = k, v
+                    break
+                append_k(k)
+                append_v(v)
+            else:
+                skipped += 1
+                last = k
+    # Keys rise within a source: the last row consumed is the later of the two.
+    last = max(last, keys[-1])
+    more = pk is None and len(keys) - 1 + skipped == limit
+    batch = _decode_py(keys, values, shard, {} if _cache is None else _cache)
+    return batch, last, pk, pv, skipped, more
 
 
 def _corrupt(keys: list[bytes], values: list[bytes]) -> NoReturn:
@@ -292,6 +376,52 @@ def _corrupt(keys: list[bytes], values: list[bytes]) -> NoReturn:
     raise CorruptDataError("messages", keys[0], "undecodable message rows")
 
 
-_decode_run: Callable[..., list[IteratedMessage]] = _compiled_decoder() or _decode
-COMPILED = _decode_run is not _decode
-"""True when the compiled decode is in use (reported by the benchmarks)."""
+_decode_py = _decode
+
+
+def _compiled() -> Any:
+    """``imq._speedups`` when it was built (and not disabled with ``IMQ_PURE_PYTHON=1``)."""
+    if os.environ.get("IMQ_PURE_PYTHON"):
+        return None
+    try:
+        from imq import _speedups  # noqa: PLC0415 -- optional, built only with a compiler
+    except ImportError:
+        return None
+    _speedups.init(IteratedMessage, Message, QueueKey, Address)
+    return _speedups
+
+
+_speedups_module = _compiled()
+
+
+def _c_decode(
+    keys: list[bytes], values: list[bytes], shard: ShardIdent, _cache: dict[bytes, Address]
+) -> list[IteratedMessage]:
+    """The C decode of a run; it returns exactly what :func:`_decode` returns."""
+    try:
+        result: list[IteratedMessage] = _speedups_module.decode_run(keys, values, shard)
+    except (ValueError, TypeError):
+        _corrupt(keys, values)
+    return result
+
+
+_decode_run: Callable[..., list[IteratedMessage]] = (
+    _decode if _speedups_module is None else _c_decode
+)
+_fill_run: Callable[..., Any] = (
+    _py_fill_run if _speedups_module is None else _speedups_module.fill_run
+)
+COMPILED = _speedups_module is not None
+"""True when the compiled merge and decode are in use (reported by the benchmarks)."""
+
+
+@contextlib.contextmanager
+def pure_python() -> Iterator[None]:
+    """Within this block, new iterators use the pure-Python path (benchmarks, tests)."""
+    global _decode_run, _fill_run
+    saved = _decode_run, _fill_run
+    _decode_run, _fill_run = _decode, _py_fill_run
+    try:
+        yield
+    finally:
+        _decode_run, _fill_run = saved

@@ -48,6 +48,7 @@ from imq.types import (
 __all__ = ["CompactReport", "Queue", "store_options"]
 
 _DEFAULT_PARTITIONS = (0, 1)
+_CLEAR_COMPACT_DIFFS = 256  # a clear of at least this many diffs compacts their diff infos
 
 
 def _partitions(partitions: Iterable[int]) -> frozenset[int]:
@@ -366,8 +367,20 @@ class Queue(QueueReads):
         self._pending.check_no_pending("clear_uncommitted_state")
         with self.metrics.time("clear_uncommitted_state"):
             deleted, compact = self._clear(parts, tops)
-            if self._config.compact_after_delete and not self._store.closed:
-                self._store.compact(compact)  # D9: after the locks are released
+            # D9: compaction after the locks are released, and only for a large clear.
+            # A clear removes what the last restart or cancelled collation left above
+            # the pointers: messages, statistics and tails go by range tombstones (free
+            # for reads) and the few diff-info tombstones are overwritten when those
+            # seqnos are applied again; GC compacts all of it later. Compacting here
+            # flushed memtables and rewrote L0 files on every clear (25 ms on an empty
+            # queue, 195 ms beside 72k unrelated messages).
+            cleared = sum(len(d.seqnos) for d in deleted)
+            if (
+                self._config.compact_after_delete
+                and cleared >= _CLEAR_COMPACT_DIFFS
+                and not self._store.closed
+            ):
+                self._store.compact([r for r in compact if r[0] is Table.DIFF_INFO])
         self.metrics.inc("uncommitted_cleared")
         if self._log.isEnabledFor(logging.INFO):
             self._log.info(

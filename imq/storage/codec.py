@@ -11,11 +11,14 @@ signed numbers are stored offset-binary (value + 2**(bits-1)), so the masterchai
 element is a record version.
 
 Speed note: ``put_message_rows`` is the per-message write path: it packs with
-precompiled ``struct``s and puts in the same loop (see the function's docstring).
+precompiled ``struct``s and puts in the same loop (see the function's docstring). When
+the optional C extension ``imq._speedups`` is built (and ``IMQ_PURE_PYTHON`` is unset),
+``put_message_rows`` and ``stat_value`` run its byte-identical C forms.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
@@ -226,7 +229,7 @@ def message_delete_range(
     return prefix + key_bytes(first), _inclusive_end(prefix, last)
 
 
-def put_message_rows(
+def _put_message_rows_py(
     put: Callable[[bytes, bytes, Any], object],
     target: Any,
     shard: ShardIdent,
@@ -362,7 +365,7 @@ Destinations = Mapping[Address, int] | Mapping[tuple[int, bytes], int]
 """Messages per destination, keyed by ``Address`` or by a plain ``(workchain, account)``."""
 
 
-def stat_value(counts: Destinations) -> bytes:
+def _stat_value_py(counts: Destinations) -> bytes:
     """Packed ``(destination, count)`` entries of one diff in one partition."""
     pack = _STAT_ENTRY.pack
     return b"".join([pack(dst[0] + 128, dst[1], count) for dst, count in counts.items()])
@@ -658,3 +661,53 @@ def decode_import_marker(
         raise
     except Exception as exc:
         raise CorruptDataError("vars", IMPORT_MARKER, f"{type(exc).__name__}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The compiled write path (optional)
+
+
+def _load_speedups() -> Any:
+    if os.environ.get("IMQ_PURE_PYTHON"):
+        return None
+    try:
+        from imq import _speedups  # noqa: PLC0415 -- optional, built only with a compiler
+    except ImportError:
+        return None
+    return _speedups
+
+
+_speedups = _load_speedups()
+_c_put_rows: Any = None if _speedups is None else _speedups.put_rows
+_c_stat_value: Any = None if _speedups is None else _speedups.stat_value
+
+
+def put_message_rows(
+    put: Callable[[bytes, bytes, Any], object],
+    target: Any,
+    shard: ShardIdent,
+    messages: Iterable[Message],
+    partition_for: Callable[[Address, Address], int] | None,
+    *,
+    counts: dict[int, int] | None = None,
+) -> int:
+    """Encode ``messages`` of source ``shard`` and hand each row to ``put(key, value,
+    target)``; ``partition_for=None`` puts every message in partition 0. ``counts`` (if
+    given) receives messages per partition. Returns the number of rows.
+
+    Runs in C (one call for the whole diff) when ``imq._speedups`` is built and
+    ``messages`` is a tuple or list; the rows are byte-identical either way.
+    """
+    tally: dict[int, int] = {} if counts is None else counts
+    if _c_put_rows is not None and type(messages) in (tuple, list):
+        rows: int = _c_put_rows(put, target, shard_bytes(shard), messages, partition_for, tally)
+        return rows
+    return _put_message_rows_py(put, target, shard, messages, partition_for, counts=tally)
+
+
+def stat_value(counts: Destinations) -> bytes:
+    """Packed ``(destination, count)`` entries of one diff in one partition."""
+    if _c_stat_value is not None and type(counts) is dict:
+        value: bytes = _c_stat_value(counts)
+        return value
+    return _stat_value_py(counts)

@@ -82,6 +82,7 @@ class StoreOptions:
     write_buffer_size: int = 64 << 20
     max_background_jobs: int = 2
     min_blob_size: int = 32 << 10
+    max_total_wal_size: int = 256 << 20
 
 
 def table_options(spec: TableSpec, cache: Cache, opts: StoreOptions) -> Options:

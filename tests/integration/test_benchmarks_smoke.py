@@ -12,6 +12,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Extra flags keep the smoke runs of the longer benchmarks to seconds.
+QUICK_FLAGS = {
+    "benchmarks.bench_core": [],
+    "benchmarks.bench_gc": [],
+    "benchmarks.bench_state": [],
+    "benchmarks.bench_floor": [],
+    "benchmarks.bench_peers": [],
+    "benchmarks.bench_scaling": [],
+    "benchmarks.bench_endurance": ["--minutes", "0.1"],
+    "benchmarks.bench_sim": [],
+}
+
+
 def _quick(module: str, tmp_path: Path, *extra: str) -> str:
     out = tmp_path / "report.md"
     result = subprocess.run(
@@ -20,6 +33,7 @@ def _quick(module: str, tmp_path: Path, *extra: str) -> str:
             "-m",
             module,
             "--quick",
+            *QUICK_FLAGS[module],
             "--out",
             str(out),
             "--dir",
@@ -37,9 +51,7 @@ def _quick(module: str, tmp_path: Path, *extra: str) -> str:
     return out.read_text()
 
 
-@pytest.mark.parametrize(
-    "module", ["benchmarks.bench_core", "benchmarks.bench_gc", "benchmarks.bench_state"]
-)
+@pytest.mark.parametrize("module", sorted(QUICK_FLAGS))
 def test_benchmark_quick_run_writes_its_report(module: str, tmp_path: Path) -> None:
     report = _quick(module, tmp_path)
     assert report.startswith("# imq")

@@ -373,3 +373,35 @@ def test_large_bodies_round_trip(db_path: Path) -> None:
         got = run(queue, BASE)
         assert got == expected
         assert [len(im.message.body) for im in got[-3:]] == [100 << 10] * 3
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["default", "pure-python"])
+def test_true_iterator_and_long_runs_in_both_paths(queue: Queue, pure: bool) -> None:
+    """``iter(it) is it``; runs longer than one decode batch, with skips, split across
+    several runs, give the same merge in the compiled and the pure-Python path."""
+    from contextlib import nullcontext
+
+    from imq import iterator as iterator_module
+
+    everything = []
+    lt = 1000
+    for seqno in (1, 2):
+        for si, src in enumerate(SOURCES):
+            msgs = [
+                message(key(lt + i), address_in(src, i), address_in(DESTINATIONS[(i + si) % 5], i))
+                for i in range(300)
+            ]
+            lt += 300
+            assert queue.apply_diff(make_diff(msgs), block(src, seqno), diff_hash((src, seqno)))
+            everything += [IteratedMessage(src, m) for m in msgs]
+    everything.sort(key=lambda im: im.message.key)
+    with iterator_module.pure_python() if pure else nullcontext():
+        for for_shard in (BASE, Q1, MC):
+            it = queue.iterator(0, [full_range(s) for s in SOURCES], for_shard)
+            assert iter(it) is it
+            want = [im for im in everything if for_shard.contains(im.message.dst)]
+            got = [next(it) for _ in range(len(want) // 2)]
+            assert it.current_position()[got[-1].source] == got[-1].message.key
+            got += list(it)
+            assert got == want
+            it.close()

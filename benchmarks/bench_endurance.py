@@ -1,0 +1,373 @@
+"""Endurance: a producer-consumer steady state with GC on, sampled over time.
+
+Four source shards each apply a diff per round; an empty masterchain diff then commits
+the round, carrying the consumer's read positions as ``processed_to``; the consumer reads
+the new messages of all four shards through the merge iterator (``for_shard`` = the
+basechain). The queue's own GC worker runs (``QueueConfig()`` defaults, a pass every 5
+s) and collects everything the consumer has read and the commits cover. Rounds are paced
+to a fixed message rate, so throughput measures whether the queue keeps up, and latency
+whether it slows down.
+
+Every sample interval (60 s in the full run of 30 minutes, 10 s in ``--quick``, 2
+minutes) the benchmark records: apply and read throughput (messages/s), p50 and p99
+latency of ``apply_diff`` and of one consumer read, L0 file count and live SST size of
+each column family, disk use of the directory, and the process RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_core import machine_lines
+from benchmarks.common import account_in, parse_args, quiet_logs, write_report
+from imq import (
+    Address,
+    BlockId,
+    BlockIdShort,
+    DiffStatistics,
+    Message,
+    Queue,
+    QueueConfig,
+    QueueDiff,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+    TopBlock,
+)
+from imq.storage import Table
+
+SEED = 20_261_203
+SHARDS = tuple(ShardIdent(0, (2 * i + 1) << 61) for i in range(4))
+MC = ShardIdent.MASTERCHAIN
+BODY = 200
+LT0 = 1_000_000
+MC_LT0 = 1 << 44
+CONFIG = QueueConfig()  # production defaults: GC worker on
+
+
+@dataclass(frozen=True)
+class Plan:
+    seconds: float
+    interval: float
+    warmup: float  # seconds excluded from the trend comparison
+    rate: int  # target messages/s, all shards together
+    diff_size: int  # messages per shard diff
+
+
+FULL = Plan(seconds=1800, interval=60, warmup=120, rate=20_000, diff_size=500)
+QUICK = Plan(seconds=120, interval=10, warmup=20, rate=20_000, diff_size=500)
+
+
+@dataclass
+class Sample:
+    t: float
+    applied: int = 0
+    read: int = 0
+    apply_ns: list[int] = field(default_factory=list)
+    read_ns: list[int] = field(default_factory=list)
+    behind_s: float = 0.0  # how far the rounds ran behind their schedule at the end
+    l0: dict[str, int] = field(default_factory=dict)
+    sst_mb: dict[str, float] = field(default_factory=dict)
+    disk_mb: float = 0.0
+    rss_mb: float = 0.0
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status", encoding="utf-8") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def disk_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+
+
+def pct(values: Sequence[int], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1] / 1e6  # ms
+
+
+class Producer:
+    def __init__(self) -> None:
+        self.rng = random.Random(SEED)
+        self.dst = [Address(0, self.rng.randbytes(32)) for _ in range(4096)]
+        self.src = {s: [Address(0, account_in(self.rng, s)) for _ in range(64)] for s in SHARDS}
+        self.lt = LT0
+        self.seqno = dict.fromkeys(SHARDS, 0)
+        self.mc = 0
+
+    def diff(self, shard: ShardIdent, size: int) -> tuple[BlockIdShort, QueueDiff, bytes]:
+        rng = self.rng
+        msgs = [
+            Message(
+                QueueKey(self.lt + j, rng.randbytes(32)),
+                rng.choice(self.src[shard]),
+                rng.choice(self.dst),
+                rng.randbytes(BODY),
+            )
+            for j in range(size)
+        ]
+        self.lt += size
+        self.seqno[shard] += 1
+        return BlockIdShort(shard, self.seqno[shard]), QueueDiff(msgs, {}), rng.randbytes(32)
+
+    def mc_diff(
+        self, processed: dict[ShardIdent, QueueKey]
+    ) -> tuple[BlockIdShort, QueueDiff, bytes, DiffStatistics]:
+        self.mc += 1
+        lt = MC_LT0 + self.mc * 1000
+        stats = DiffStatistics(MC, QueueKey.min_for_lt(lt), QueueKey.max_for_lt(lt + 999), {})
+        return (
+            BlockIdShort(MC, self.mc),
+            QueueDiff((), processed),
+            self.mc.to_bytes(32, "big"),
+            stats,
+        )
+
+
+def run(args: argparse.Namespace, workdir: Path) -> tuple[str, list[Sample]]:
+    plan = QUICK if args.quick else FULL
+    if args.minutes is not None:
+        plan = Plan(args.minutes * 60, plan.interval, plan.warmup, plan.rate, plan.diff_size)
+    load_start = os.getloadavg()
+    path = workdir / "q"
+    queue = Queue.open(path, CONFIG)
+    prod = Producer()
+    positions: dict[ShardIdent, QueueKey] = {}
+    round_msgs = plan.diff_size * len(SHARDS)
+    round_s = round_msgs / plan.rate
+    samples: list[Sample] = []
+    started = time.perf_counter()
+    current = Sample(0.0)
+    next_sample = plan.interval
+    rounds = 0
+    clock = time.perf_counter_ns
+    try:
+        while True:
+            now = time.perf_counter() - started
+            if now >= next_sample:
+                finish_sample(current, queue, path, now, rounds * round_s - now)
+                samples.append(current)
+                print(
+                    f"t={now:5.0f}s applied {current.applied / plan.interval:,.0f}/s "
+                    f"p99 apply {pct(current.apply_ns, 0.99):.1f} ms rss {current.rss_mb:.0f} MB",
+                    file=sys.stderr,
+                )
+                current = Sample(now)
+                next_sample += plan.interval
+                if now >= plan.seconds:
+                    break
+            # pace: round k starts at k * round_s
+            wait = rounds * round_s - (time.perf_counter() - started)
+            if wait > 0:
+                time.sleep(wait)
+            rounds += 1
+            gc.disable()  # Python's cyclic GC off inside a round (on between rounds)
+            try:
+                for shard in SHARDS:
+                    block, diff, digest = prod.diff(shard, plan.diff_size)
+                    t0 = clock()
+                    assert queue.apply_diff(diff, block, digest)
+                    current.apply_ns.append(clock() - t0)
+                    current.applied += len(diff.messages)
+                mc_block, mc_diff, mc_hash, stats = prod.mc_diff(dict(positions))
+                assert queue.apply_diff(mc_diff, mc_block, mc_hash, stats)
+                tops = [TopBlock(BlockId(MC, prod.mc), prod.mc)]
+                tops += [TopBlock(BlockId(s, prod.seqno[s]), prod.mc) for s in SHARDS]
+                assert queue.commit_diff(tops)
+                ranges = [
+                    QueueShardRange(
+                        s,
+                        positions[s].next_value() if s in positions else QueueKey.MIN,
+                        QueueKey.MAX,
+                    )
+                    for s in SHARDS
+                ]
+                t0 = clock()
+                with queue.iterator(0, ranges, ShardIdent.BASECHAIN) as it:
+                    n = sum(1 for _ in it)
+                    positions.update(it.current_position())
+                current.read_ns.append(clock() - t0)
+                current.read += n
+            finally:
+                gc.enable()
+    finally:
+        queue.close()
+    return render(args, plan, samples, load_start), samples
+
+
+def finish_sample(s: Sample, queue: Queue, path: Path, now: float, ahead: float) -> None:
+    s.behind_s = max(0.0, -ahead)
+    store: Any = queue._store
+    for table in (Table.MESSAGES, Table.STATISTICS, Table.DIFF_TAIL, Table.DIFF_INFO):
+        cf = store._tables[table]
+        s.l0[table.value] = int(cf.property_int_value("rocksdb.num-files-at-level0") or 0)
+        s.sst_mb[table.value] = int(cf.property_int_value("rocksdb.live-sst-files-size") or 0) / 1e6
+    s.disk_mb = disk_mb(path)
+    s.rss_mb = rss_mb()
+    s.t = now
+
+
+def _window(samples: list[Sample], lo: float, hi: float) -> list[Sample]:
+    return [s for s in samples if lo <= s.t <= hi]
+
+
+def render(
+    args: argparse.Namespace, plan: Plan, samples: list[Sample], load_start: tuple[float, ...]
+) -> str:
+    out = ["# imq endurance benchmark: producer-consumer steady state, GC on", ""]
+    if args.quick:
+        out += [
+            "**Quick run: 2 minutes instead of 30; the trend comparison covers minutes, "
+            "not the issue's 10-minute windows.**",
+            "",
+        ]
+    out += machine_lines(
+        " ".join(["python -m benchmarks.bench_endurance", *sys.argv[1:]]), load_start
+    )
+    out += [
+        "",
+        f"Target rate {plan.rate:,} messages/s: rounds of {len(SHARDS)} shard diffs of "
+        f"{plan.diff_size} messages, an empty masterchain diff and a commit carrying the "
+        f"consumer's positions, then one consumer read of the new messages. "
+        f"{plan.seconds / 60:.0f} minutes, a sample every {plan.interval:.0f} s.",
+        "",
+        "| t s | apply msgs/s | read msgs/s | apply p50 / p99 ms | read p99 ms | behind s | "
+        "L0 files msgs/stats/tail/info | SST MB msgs/stats | disk MB | RSS MB |",
+        "|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
+    ]
+    for s in samples:
+        dur = plan.interval
+        out.append(
+            f"| {s.t:.0f} | {s.applied / dur:,.0f} | {s.read / dur:,.0f} | "
+            f"{pct(s.apply_ns, 0.5):.2f} / {pct(s.apply_ns, 0.99):.2f} | "
+            f"{pct(s.read_ns, 0.99):.2f} | {s.behind_s:.1f} | "
+            f"{'/'.join(str(v) for v in s.l0.values())} | "
+            f"{s.sst_mb.get('messages', 0):.0f}/{s.sst_mb.get('statistics', 0):.1f} | "
+            f"{s.disk_mb:.0f} | {s.rss_mb:.0f} |"
+        )
+    steady = [s for s in samples if s.t > plan.warmup]
+    verdict: list[str] = []
+    if len(steady) >= 2:
+        span = max(1, len(steady) // 3)
+        first, last = steady[:span], steady[-span:]
+
+        def mean(xs: list[float]) -> float:
+            return statistics.fmean(xs) if xs else float("nan")
+
+        def p99_of(group: list[Sample]) -> float:
+            return pct([ns for s in group for ns in s.apply_ns], 0.99)
+
+        thr_a = mean([s.applied / plan.interval for s in first])
+        thr_b = mean([s.applied / plan.interval for s in last])
+        p_a, p_b = p99_of(first), p99_of(last)
+        verdict += [
+            "",
+            f"Trend (first third of the steady samples vs the last third, warm-up "
+            f"{plan.warmup:.0f} s excluded):",
+            "",
+            f"- apply throughput {thr_a:,.0f} → {thr_b:,.0f} msgs/s ({thr_b / thr_a - 1:+.1%}); "
+            f"target within 10%: {'PASS' if abs(thr_b / thr_a - 1) <= 0.10 else 'FAIL'}",
+            f"- apply p99 {p_a:.2f} → {p_b:.2f} ms ({p_b / p_a - 1:+.1%}); target within 10%: "
+            f"{'PASS' if abs(p_b / p_a - 1) <= 0.10 else 'FAIL'}",
+            f"- disk {steady[0].disk_mb:.0f} → {steady[-1].disk_mb:.0f} MB, RSS "
+            f"{steady[0].rss_mb:.0f} → {steady[-1].rss_mb:.0f} MB, L0 files of messages "
+            f"max {max(s.l0.get('messages', 0) for s in steady)}",
+        ]
+    out += verdict
+    out += ["", METHOD]
+    return "\n".join(out)
+
+
+METHOD = """## Method
+
+- `QueueConfig()` production defaults: the GC worker collects every 5 s what the commits'
+  `processed_to` (the consumer's positions) allow; commits fsync.
+- Rounds are paced: round k starts at k * round messages / target rate; "behind" says
+  how far the schedule slipped (0 = the queue kept up). Throughput is messages applied
+  (read) per sample interval.
+- Latencies: each `apply_diff` call, and one consumer read (iterator creation, reading
+  every new message, `current_position`).
+- L0 files: `rocksdb.num-files-at-level0` of each bulk table; SST size:
+  `rocksdb.live-sst-files-size`; disk: every file in the database directory; RSS: VmRSS.
+- Python's cyclic GC is off inside a round and runs between rounds.
+"""
+
+
+def write_plot(samples: list[Sample], path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "plot skipped: matplotlib not installed"
+    if not samples:
+        return "plot skipped: no samples"
+    t = [s.t / 60 for s in samples]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    ax = axes[0][0]
+    dur = (samples[1].t - samples[0].t) if len(samples) > 1 else samples[0].t
+    ax.plot(t, [s.applied / dur for s in samples], marker="o", label="apply")
+    ax.plot(t, [s.read / dur for s in samples], marker="x", label="read")
+    ax.set_ylabel("messages/s")
+    ax.legend()
+    ax = axes[0][1]
+    ax.plot(t, [pct(s.apply_ns, 0.99) for s in samples], marker="o", label="apply_diff p99")
+    ax.plot(t, [pct(s.read_ns, 0.99) for s in samples], marker="x", label="consumer read p99")
+    ax.set_ylabel("ms")
+    ax.legend()
+    ax = axes[1][0]
+    for name in ("messages", "statistics", "diff_tail", "diff_info"):
+        ax.plot(t, [s.l0.get(name, 0) for s in samples], marker=".", label=f"L0 {name}")
+    ax.set_ylabel("L0 files")
+    ax.set_xlabel("minutes")
+    ax.legend(fontsize=8)
+    ax = axes[1][1]
+    ax.plot(t, [s.disk_mb for s in samples], marker="o", label="disk MB")
+    ax.plot(t, [s.rss_mb for s in samples], marker="x", label="RSS MB")
+    ax.set_xlabel("minutes")
+    ax.legend()
+    fig.suptitle("imq endurance: 4 shards, GC on")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"plot: {path.name}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    extra = argparse.ArgumentParser(add_help=False)
+    extra.add_argument("--minutes", type=float, default=None)
+    known, rest = extra.parse_known_args(argv)
+    args = parse_args(rest, "endurance", "producer-consumer steady state", "unused")
+    args.minutes = known.minutes
+    quiet_logs()
+    workdir = Path(tempfile.mkdtemp(prefix="imq-endurance-", dir=args.dir))
+    try:
+        text, samples = run(args, workdir)
+        note = write_plot(samples, args.out.with_suffix(".png"))
+        write_report(args.out, text + f"\n\n{note}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,247 @@
+"""How close imq's hot paths come to raw rocksdict: apply_diff against a raw write of the
+same rows, merged iteration against raw cursors (merged with ``heapq.merge``, and alone).
+
+Python's cyclic GC is off while timing (``gc.collect()`` before each timed run), on both
+sides. Runs alternate between variants so drift in machine load hits all alike; the
+table gives the median of ``--repeats`` runs and each ratio is taken within this run.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+from rocksdict import ReadOptions
+
+from benchmarks.bench_core import (
+    CONFIG,
+    SOURCE_SHARDS,
+    Prepared,
+    Sizes,
+    machine_lines,
+    prepare,
+    raw_merged_read,
+    raw_write,
+)
+from benchmarks.common import RawDb, parse_args, quiet_logs, write_report
+from imq import Queue, QueueKey, QueueShardRange, ShardIdent
+from imq import iterator as iterator_module
+from imq.storage import Table, codec
+
+FULL = Sizes(20, 10_000, (0, 0), (0, 0), 0, 0, 0, 0)
+QUICK = Sizes(4, 1_000, (0, 0), (0, 0), 0, 0, 0, 0)
+
+
+@dataclass
+class Row:
+    name: str
+    messages: int
+    seconds: list[float] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return self.messages / statistics.median(self.seconds)
+
+    @property
+    def best(self) -> float:
+        return self.messages / min(self.seconds)
+
+
+def timed_nogc(run: Callable[[], Any]) -> tuple[float, Any]:
+    gc.collect()
+    gc.disable()
+    try:
+        started = perf_counter()
+        result = run()
+        return perf_counter() - started, result
+    finally:
+        gc.enable()
+
+
+def imq_write(path: Path, prepared: Sequence[Prepared]) -> float:
+    queue = Queue.open(path, CONFIG)
+    try:
+        apply = queue.apply_diff
+        seconds, written = timed_nogc(lambda: [apply(p.diff, p.block, p.hash) for p in prepared])
+    finally:
+        queue.close()
+    assert all(written)
+    return seconds
+
+
+def raw_encoded_write(path: Path, prepared: Sequence[Prepared]) -> float:
+    """Raw write with the encoding inside the timing (rows built from the messages)."""
+    db = RawDb(path, CONFIG)
+
+    def run() -> None:
+        from rocksdict import WriteBatch
+
+        handle = db.handle[Table.MESSAGES]
+        for p in prepared:
+            batch = WriteBatch(raw_mode=True)
+            put = batch.put
+            for key, value in codec.message_rows(p.block.shard, p.diff.messages):
+                put(key, value, handle)
+            db.db.write(batch)
+
+    try:
+        seconds, _ = timed_nogc(run)
+    finally:
+        db.close()
+    return seconds
+
+
+def raw_pre_encoded_write(path: Path, prepared: Sequence[Prepared]) -> float:
+    db = RawDb(path, CONFIG)
+    try:
+        seconds, _ = timed_nogc(lambda: raw_write(db, prepared))
+    finally:
+        db.close()
+    return seconds
+
+
+def imq_read(queue: Queue) -> int:
+    ranges = [QueueShardRange(s, QueueKey.MIN, QueueKey.MAX) for s in SOURCE_SHARDS]
+    with queue.iterator(0, ranges, ShardIdent.BASECHAIN) as it:
+        return sum(1 for _ in it)
+
+
+def imq_read_pure(queue: Queue) -> int:
+    with iterator_module.pure_python():
+        return imq_read(queue)
+
+
+def raw_cursors_alone(db: RawDb) -> int:
+    """The second floor: the four ranges read one after another, no merge."""
+    keep_alive = []
+    sources = []
+    for shard in SOURCE_SHARDS:
+        lo, hi = codec.message_range(0, shard, QueueKey.MIN, QueueKey.MAX)
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(hi)
+        keep_alive.append((hi, ro))
+        sources.append(db.cf[Table.MESSAGES].items(from_key=lo, read_opt=ro))
+    count = sum(1 for _ in chain.from_iterable(sources))
+    del sources, keep_alive
+    return count
+
+
+def raw_heapq_merge(db: RawDb) -> int:
+    return raw_merged_read(db)
+
+
+def run(args: Any, workdir: Path) -> str:
+    sizes = QUICK if args.quick else FULL
+    repeats = args.repeats or (1 if args.quick else 5)
+    load_start = os.getloadavg()
+    prepared, _ = prepare(sizes)
+    total = sum(len(p.rows) for p in prepared)
+    w_imq = Row("apply_diff (statistics derived)", total)
+    w_raw_enc = Row("raw write, rows encoded inside the timing", total)
+    w_raw = Row("raw write of pre-encoded rows (floor)", total)
+    keep: dict[str, Path] = {}
+    for r in range(repeats):
+        last = r == repeats - 1
+        paths = {n: workdir / f"w-{n}-{r}" for n in ("imq", "enc", "raw")}
+        w_imq.seconds.append(imq_write(paths["imq"], prepared))
+        w_raw_enc.seconds.append(raw_encoded_write(paths["enc"], prepared))
+        w_raw.seconds.append(raw_pre_encoded_write(paths["raw"], prepared))
+        for n, p in paths.items():
+            if last and n in ("imq", "raw"):
+                keep[n] = p
+            else:
+                shutil.rmtree(p, ignore_errors=True)
+    queue, raw = Queue.open(keep["imq"], CONFIG), RawDb(keep["raw"], CONFIG)
+    c_name = "compiled decode" if iterator_module.COMPILED else "pure-Python decode (no C build)"
+    r_imq = Row(f"imq iterator, 4 shards merged, {c_name}", total)
+    r_pure = Row("imq iterator, pure-Python decode (IMQ_PURE_PYTHON=1)", total)
+    r_merge = Row("raw 4 cursors + heapq.merge (floor)", total)
+    r_alone = Row("raw 4 cursors alone, no merge (second floor)", total)
+    reads: list[tuple[Row, Callable[[], int]]] = [
+        (r_imq, lambda: imq_read(queue)),
+        (r_pure, lambda: imq_read_pure(queue)),
+        (r_merge, lambda: raw_heapq_merge(raw)),
+        (r_alone, lambda: raw_cursors_alone(raw)),
+    ]
+    try:
+        for _row, fn in reads:
+            assert fn() == total  # warm-up
+        for _ in range(repeats):
+            for row, fn in reads:
+                seconds, count = timed_nogc(fn)
+                assert count == total
+                row.seconds.append(seconds)
+    finally:
+        queue.close()
+        raw.close()
+
+    def line(row: Row, floor: Row | None = None, second: Row | None = None) -> str:
+        ratio = f"{row.rate / floor.rate:.2f}x ({row.best / floor.best:.2f}x)" if floor else ""
+        ratio2 = f"{row.rate / second.rate:.2f}x ({row.best / second.best:.2f}x)" if second else ""
+        return (
+            f"| {row.name} | {row.rate / 1e6:.3f} | {min(row.seconds):.3f}.."
+            f"{max(row.seconds):.3f} | {ratio} | {ratio2} |"
+        )
+
+    out = ["# imq floor benchmark: apply_diff and merged iteration against raw rocksdict", ""]
+    if args.quick:
+        out += ["**Quick smoke run: sizes are reduced; these numbers are not results.**", ""]
+    out += machine_lines(" ".join(["python -m benchmarks.bench_floor", *sys.argv[1:]]), load_start)
+    out += [
+        "",
+        f"{sizes.diffs} diffs of {sizes.diff_size:,} messages ({total:,}), 4 source shards, "
+        f"200-byte bodies; median of {repeats} runs; cyclic GC off while timing, both sides. "
+        "Ratios: of medians, and in brackets of the best runs (less sensitive to other "
+        "processes on a shared machine).",
+        "",
+        "## Write",
+        "",
+        "| variant | M msgs/s | seconds min..max | vs floor | |",
+        "|---|---:|---:|---:|---|",
+        line(w_imq, w_raw),
+        line(w_raw_enc, w_raw),
+        line(w_raw, w_raw),
+        "",
+        f"apply_diff vs raw write with encoding inside the timing: "
+        f"**{w_imq.rate / w_raw_enc.rate:.2f}x**.",
+        "",
+        "## Merged read",
+        "",
+        "| variant | M msgs/s | seconds min..max | vs heapq.merge floor | vs cursors alone |",
+        "|---|---:|---:|---:|---:|",
+        line(r_imq, r_merge, r_alone),
+        line(r_pure, r_merge, r_alone),
+        line(r_merge, r_merge, r_alone),
+        line(r_alone, r_merge, r_alone),
+        "",
+        "imq yields decoded `IteratedMessage` values; raw yields `(key, value)` byte pairs. "
+        "Iterator creation is inside the timing on both sides.",
+    ]
+    return "\n".join(out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(
+        argv, "floor", "apply_diff and merged read against raw rocksdict", "runs (default 5)"
+    )
+    quiet_logs()
+    workdir = Path(tempfile.mkdtemp(prefix="imq-floor-", dir=args.dir))
+    try:
+        write_report(args.out, run(args, workdir))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,591 @@
+"""imq against what a Python developer would pick instead, on one simple queue workload.
+
+Systems: imq; raw rocksdict (the floor, imq's own table options); plain ``sqlite3`` (WAL,
+BLOB primary key, WITHOUT ROWID, ``executemany``, one transaction per batch);
+persist-queue's ``SQLiteAckQueue`` and its file ``Queue``; ``diskcache.Deque``.
+
+Workload, the same bytes for every system: ``N`` messages, each a 40-byte ordering key
+(lt u64 big-endian + 32-byte hash) and a 200-byte body, appended in batches; then
+
+1. **append** all ``N`` in batches (imq: one diff of one source shard per batch, applied,
+   then committed on an empty masterchain diff);
+2. **read** all ``N`` back in order;
+3. **delete** the consumed prefix, the first half (imq: commit ``processed_to`` past it,
+   then one GC pass);
+4. **reopen** and read the first remaining message (open time included).
+
+Slow peers run at a smaller ``N`` (said in the table); compare rates per message.
+Python's cyclic GC is off while timing (after a ``gc.collect()``), for every system.
+The peers are in the ``bench`` extra (``pip install -e '.[bench]'``); a missing one is
+reported as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import shutil
+import sqlite3
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+from rocksdict import ReadOptions, WriteBatch
+
+from benchmarks.bench_core import machine_lines
+from benchmarks.common import RawDb, parse_args, quiet_logs, write_report
+from imq import (
+    Address,
+    BlockId,
+    BlockIdShort,
+    DiffStatistics,
+    Message,
+    Queue,
+    QueueConfig,
+    QueueDiff,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+    TopBlock,
+)
+from imq.storage import Table
+
+SEED = 20_261_201
+BODY = 200
+SHARD = ShardIdent(0, 0x6000_0000_0000_0000)  # prefix 01 (length 2): accounts 0x4..-0x7..
+LT0 = 1_000_000
+MC_LT0 = 1 << 40
+CONFIG = QueueConfig(gc_enabled=False)  # production settings; GC only through run_gc()
+
+
+@dataclass(frozen=True)
+class Sizes:
+    n: int  # messages for imq, raw rocksdict and sqlite3
+    slow_n: int  # diskcache
+    slowest_n: int  # persist-queue (about 1,000 appends/s here)
+    batch: int
+
+
+FULL = Sizes(1_000_000, 100_000, 20_000, 10_000)
+QUICK = Sizes(20_000, 2_000, 1_000, 1_000)
+
+
+def workload(n: int, seed: int = SEED) -> list[tuple[bytes, bytes]]:
+    """(40-byte key, 200-byte body) in key order."""
+    rng = random.Random(seed)
+    return [
+        ((LT0 + i).to_bytes(8, "big") + rng.randbytes(32), rng.randbytes(BODY)) for i in range(n)
+    ]
+
+
+def batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+@dataclass
+class Result:
+    system: str
+    n: int
+    durability: str
+    seconds: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+    def rate(self, step: str) -> float:
+        count = self.n // 2 if step == "delete" else self.n
+        return count / self.seconds[step]
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    gc.collect()
+    gc.disable()
+    try:
+        started = perf_counter()
+        out = fn()
+        return perf_counter() - started, out
+    finally:
+        gc.enable()
+
+
+STEPS = ("append", "read", "delete", "reopen")
+
+
+# ---------------------------------------------------------------------------------------------
+# Systems: each returns {step: seconds}; every step checks its result.
+
+
+def run_imq(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[str, float]:
+    src = Address(0, (0x4 << 60).to_bytes(8, "big") + bytes(24))
+    dst = Address(0, bytes(32))
+    msgs = [Message(QueueKey(int.from_bytes(k[:8], "big"), k[8:]), src, dst, b) for k, b in items]
+    chunks = list(batches(msgs, batch))
+    mc = ShardIdent.MASTERCHAIN
+    out: dict[str, float] = {}
+
+    def mc_diff(seqno: int, processed: QueueKey | None) -> tuple[QueueDiff, DiffStatistics]:
+        lt = MC_LT0 + seqno * 1000
+        stats = DiffStatistics(mc, QueueKey.min_for_lt(lt), QueueKey.max_for_lt(lt + 999), {})
+        return QueueDiff((), {SHARD: processed} if processed else {}), stats
+
+    queue = Queue.open(path, CONFIG)
+
+    def append() -> None:
+        for i, chunk in enumerate(chunks, 1):
+            diff = QueueDiff(chunk, {})
+            assert queue.apply_diff(diff, BlockIdShort(SHARD, i), i.to_bytes(32, "big"))
+            d, s = mc_diff(i, None)
+            assert queue.apply_diff(d, BlockIdShort(mc, i), (i + 1 << 128).to_bytes(32, "big"), s)
+            assert queue.commit_diff([TopBlock(BlockId(mc, i), i), TopBlock(BlockId(SHARD, i), i)])
+
+    ranges = [QueueShardRange(SHARD, QueueKey.MIN, QueueKey.MAX)]
+
+    def read() -> int:
+        with queue.iterator(0, ranges, ShardIdent.BASECHAIN) as it:
+            return sum(1 for _ in it)
+
+    half = len(msgs) // 2
+
+    def delete() -> int:
+        i = len(chunks) + 1
+        d, s = mc_diff(i, msgs[half - 1].key)
+        assert queue.apply_diff(d, BlockIdShort(mc, i), (i + 1 << 128).to_bytes(32, "big"), s)
+        assert queue.commit_diff(
+            [TopBlock(BlockId(mc, i), i), TopBlock(BlockId(SHARD, len(chunks)), i)]
+        )
+        return queue.run_gc()
+
+    out["append"], _ = timed(append)
+    out["read"], count = timed(read)
+    assert count == len(msgs), count
+    out["delete"], executed = timed(delete)
+    assert executed > 0
+    queue.close()
+
+    def reopen() -> tuple[Queue, Any]:
+        q = Queue.open(path, CONFIG)
+        with q.iterator(0, ranges, ShardIdent.BASECHAIN) as it:
+            return q, next(it)
+
+    out["reopen"], (queue, first) = timed(reopen)
+    assert first.message.key == msgs[half].key, (first.message.key, msgs[half].key)
+    with queue.iterator(0, ranges, ShardIdent.BASECHAIN) as it:
+        assert sum(1 for _ in it) == len(msgs) - half
+    queue.close()
+    return out
+
+
+def run_raw(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    db = RawDb(path, CONFIG)
+    cf, handle = db.cf[Table.MESSAGES], db.handle[Table.MESSAGES]
+
+    def append() -> None:
+        for chunk in batches(items, batch):
+            wb = WriteBatch(raw_mode=True)
+            put = wb.put
+            for k, v in chunk:
+                put(k, v, handle)
+            db.db.write(wb)
+
+    def read() -> int:
+        return sum(1 for _ in cf.items())
+
+    half = len(items) // 2
+
+    def delete() -> None:
+        cf.delete_range(items[0][0], items[half][0])
+
+    out["append"], _ = timed(append)
+    out["read"], count = timed(read)
+    assert count == len(items)
+    out["delete"], _ = timed(delete)
+    cf = handle = None  # a live column family keeps RocksDB open
+    db.close()
+
+    def reopen() -> tuple[RawDb, Any]:
+        again = RawDb(path, CONFIG)
+        ro = ReadOptions()
+        return again, next(iter(again.cf[Table.MESSAGES].items(read_opt=ro)))
+
+    out["reopen"], (db, first) = timed(reopen)
+    assert first[0] == items[half][0]
+    db.close()
+    return out
+
+
+def _sqlite_connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=NORMAL")
+    return conn
+
+
+def run_sqlite(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    path.mkdir(parents=True, exist_ok=True)
+    file = path / "q.db"
+    conn = _sqlite_connect(file)
+    conn.execute("CREATE TABLE q (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID")
+
+    def append() -> None:
+        for chunk in batches(items, batch):
+            conn.execute("BEGIN")
+            conn.executemany("INSERT INTO q VALUES (?, ?)", chunk)
+            conn.execute("COMMIT")
+
+    def read() -> int:
+        return sum(1 for _ in conn.execute("SELECT k, v FROM q ORDER BY k"))
+
+    half = len(items) // 2
+
+    def delete() -> None:
+        conn.execute("BEGIN")
+        conn.execute("DELETE FROM q WHERE k < ?", (items[half][0],))
+        conn.execute("COMMIT")
+
+    out["append"], _ = timed(append)
+    out["read"], count = timed(read)
+    assert count == len(items)
+    out["delete"], _ = timed(delete)
+    conn.close()
+
+    def reopen() -> tuple[sqlite3.Connection, Any]:
+        c = _sqlite_connect(file)
+        return c, c.execute("SELECT k, v FROM q ORDER BY k LIMIT 1").fetchone()
+
+    out["reopen"], (conn, first) = timed(reopen)
+    assert first[0] == items[half][0]
+    conn.close()
+    return out
+
+
+def run_pq_ack(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[str, float]:
+    from persistqueue import SQLiteAckQueue
+
+    out: dict[str, float] = {}
+    q = SQLiteAckQueue(str(path), multithreading=False)
+    ids: list[int] = []
+
+    def append() -> None:
+        for chunk in batches(items, batch):
+            for item in chunk:
+                q.put(item)
+            q.task_done()  # a no-op with auto_commit (the ack queue supports no other)
+
+    def read() -> int:
+        n = 0
+        for chunk in batches(items, batch):
+            for _ in chunk:
+                row = q.get(block=False, raw=True)
+                ids.append(row["pqid"])
+                n += 1
+            q.task_done()
+        return n
+
+    half = len(items) // 2
+
+    def delete() -> None:
+        for chunk in batches(ids[:half], batch):
+            for pqid in chunk:
+                q.ack(id=pqid)
+            q.task_done()
+        q.clear_acked_data(max_delete=half + 1, keep_latest=0)
+
+    out["append"], _ = timed(append)
+    out["read"], count = timed(read)
+    assert count == len(items)
+    out["delete"], _ = timed(delete)
+    q.close()
+
+    def reopen() -> Any:
+        again = SQLiteAckQueue(str(path), multithreading=False)
+        first = again.get(block=False)
+        again.close()
+        return first
+
+    out["reopen"], first = timed(reopen)
+    assert first == items[half], "first remaining message"
+    return out
+
+
+def run_pq_file(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[str, float]:
+    from persistqueue import Queue as FileQueue
+
+    out: dict[str, float] = {}
+    q = FileQueue(str(path), tempdir=str(path.parent))
+    half = len(items) // 2
+
+    def append() -> None:
+        for item in items:
+            q.put(item)
+
+    def read_half() -> int:
+        return sum(1 for _ in range(half) if q.get(block=False) is not None)
+
+    def read_rest() -> int:
+        return sum(1 for _ in range(len(items) - half) if q.get(block=False) is not None)
+
+    out["append"], _ = timed(append)
+    seconds1, n1 = timed(read_half)
+    out["delete"], _ = timed(q.task_done)  # persists the read position, drops read chunks
+    seconds2, n2 = timed(read_rest)
+    out["read"] = seconds1 + seconds2
+    assert n1 + n2 == len(items)
+    q = None  # the file queue has no close; drop it before reopening
+
+    def reopen() -> Any:
+        again = FileQueue(str(path), tempdir=str(path.parent))
+        return again.get(block=False)
+
+    out["reopen"], first = timed(reopen)
+    assert first == items[half]
+    return out
+
+
+def run_diskcache(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[str, float]:
+    from diskcache import Deque
+
+    out: dict[str, float] = {}
+    dq = Deque(directory=str(path))
+
+    def append() -> None:
+        for chunk in batches(items, batch):
+            dq.extend(chunk)
+
+    def read() -> int:
+        return sum(1 for _ in dq)
+
+    half = len(items) // 2
+
+    def delete() -> None:
+        pop = dq.popleft
+        for _ in range(half):
+            pop()
+
+    out["append"], _ = timed(append)
+    out["read"], count = timed(read)
+    assert count == len(items)
+    out["delete"], _ = timed(delete)
+    dq._cache.close()  # Deque has no close of its own
+
+    def reopen() -> Any:
+        again = Deque(directory=str(path))
+        first = again.peekleft()
+        again._cache.close()
+        return first
+
+    out["reopen"], first = timed(reopen)
+    assert first == items[half]
+    return out
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    package: str | None
+    slow: int  # 0: full N, 1: slow_n, 2: slowest_n
+    run: Callable[[Path, list[tuple[bytes, bytes]], int], dict[str, float]]
+    durability: str
+
+
+SYSTEMS = (
+    System(
+        "imq",
+        None,
+        0,
+        run_imq,
+        "RocksDB WAL on; apply_diff without fsync, commit_diff with fsync (QueueConfig() "
+        "defaults, GC worker off)",
+    ),
+    System(
+        "raw rocksdict (floor)",
+        None,
+        0,
+        run_raw,
+        "WAL on, no fsync; imq's table options; delete = one delete_range",
+    ),
+    System(
+        "sqlite3",
+        None,
+        0,
+        run_sqlite,
+        "WAL, synchronous=NORMAL (fsync at checkpoints), WITHOUT ROWID, executemany, one "
+        "transaction per batch",
+    ),
+    System(
+        "persist-queue SQLiteAckQueue",
+        "persist-queue",
+        2,
+        run_pq_ack,
+        "SQLite defaults (rollback journal, synchronous=FULL); one commit per put, get "
+        "and ack (the ack queue refuses auto_commit=False); pickled items",
+    ),
+    System(
+        "persist-queue Queue (file)",
+        "persist-queue",
+        2,
+        run_pq_file,
+        "flush per put, info file rewritten per put, fsync per chunk of 100 (defaults); "
+        "pickled items",
+    ),
+    System(
+        "diskcache.Deque",
+        "diskcache",
+        1,
+        run_diskcache,
+        "SQLite WAL, synchronous=NORMAL (diskcache defaults), extend() per batch; pickled items",
+    ),
+)
+
+
+def _version(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def run(args: argparse.Namespace, workdir: Path) -> tuple[str, list[Result]]:
+    sizes = QUICK if args.quick else FULL
+    load_start = os.getloadavg()
+    items = workload(sizes.n)
+    results: list[Result] = []
+    skipped: list[str] = []
+    for system in SYSTEMS:
+        if system.package is not None and _version(system.package) is None:
+            skipped.append(f"{system.name} ({system.package} not installed)")
+            continue
+        n = (sizes.n, sizes.slow_n, sizes.slowest_n)[system.slow]
+        path = workdir / system.name.split()[0].replace(".", "-")
+        path = workdir / f"{len(results)}-{path.name}"
+        print(f"{system.name}: {n:,} messages ...", file=sys.stderr)
+        seconds = system.run(path, items[:n], sizes.batch)
+        results.append(Result(system.name, n, system.durability, seconds))
+        shutil.rmtree(path, ignore_errors=True)
+    return render(args, sizes, results, skipped, load_start), results
+
+
+def render(
+    args: argparse.Namespace,
+    sizes: Sizes,
+    results: list[Result],
+    skipped: list[str],
+    load_start: tuple[float, ...],
+) -> str:
+    imq = results[0]
+    out = ["# imq against other Python queues (bench_peers)", ""]
+    if args.quick:
+        out += ["**Quick smoke run: sizes are reduced; these numbers are not results.**", ""]
+    out += machine_lines(" ".join(["python -m benchmarks.bench_peers", *sys.argv[1:]]), load_start)
+    versions = ", ".join(
+        f"{p} {_version(p)}" for p in ("persist-queue", "diskcache") if _version(p) is not None
+    )
+    out += [f"- peers: {versions or 'none installed'}, sqlite {sqlite3.sqlite_version}", ""]
+    out += [
+        f"Messages: 40-byte ordering key + {BODY}-byte body; batches of {sizes.batch:,}. "
+        "Steps in order: append all, read all in order, delete the consumed prefix "
+        "(the first half), reopen and read the first remaining message (reopen with half "
+        "the messages stored). Rates are messages/s (delete: messages deleted/s); reopen is "
+        "in milliseconds. Cyclic GC off while timing.",
+        "",
+        "| system | N | append msgs/s | read msgs/s | delete msgs/s | reopen + first ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        out.append(
+            f"| {r.system} | {r.n:,} | {r.rate('append'):,.0f} | {r.rate('read'):,.0f} | "
+            f"{r.rate('delete'):,.0f} | {r.seconds['reopen'] * 1e3:.1f} |"
+        )
+    out += [
+        "",
+        "## imq's ratio to each (rate per message; reopen: their time ÷ imq's)",
+        "",
+        "| system | append | read | delete | reopen |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in results[1:]:
+        out.append(
+            f"| {r.system} | {imq.rate('append') / r.rate('append'):.2f}x | "
+            f"{imq.rate('read') / r.rate('read'):.2f}x | "
+            f"{imq.rate('delete') / r.rate('delete'):.2f}x | "
+            f"{r.seconds['reopen'] / imq.seconds['reopen']:.2f}x |"
+        )
+    out += ["", "## Durability of each system", ""]
+    out += [f"- **{r.system}** ({r.n:,} messages): {r.durability}" for r in results]
+    if skipped:
+        out += ["", "Skipped: " + "; ".join(skipped)]
+    out += ["", METHOD]
+    return "\n".join(out)
+
+
+METHOD = """## Method
+
+- One process, systems in turn, each on a fresh directory under the temp dir; one run
+  per system (the full run takes minutes; repeat it to see the spread).
+- The queue libraries (persist-queue, diskcache) run at the smaller N; their per-message
+  rates are compared with imq's at the full N. A smaller N favours them (smaller files,
+  warmer caches).
+- imq's messages carry source and destination addresses (66 more bytes per row) that
+  the peers do not store; every other system stores the same key and body bytes.
+- imq append: per batch, `QueueDiff` construction, `apply_diff` of one source shard's
+  diff, `apply_diff` of an empty masterchain diff and `commit_diff` (fsync). Read: one
+  iterator over the source shard. Delete: an empty masterchain diff whose `processed_to`
+  names the last message of the first half, its commit, and one `run_gc()` pass.
+  Reopen: `Queue.open` (RocksDB open, cache warm-up, startup checks) + iterator + `next`.
+- raw rocksdict: the floor, with imq's column-family options; delete is one
+  `delete_range` (no compaction); reopen is an open of the same directory + the first item.
+- persist-queue file `Queue`: it has no partial acknowledgement, so the read runs in two
+  halves with `task_done()` (which persists the read position and deletes consumed chunk
+  files) between them; that `task_done()` is its delete.
+- persist-queue `SQLiteAckQueue`: read = `get` (marks a row unacked, one commit each),
+  delete = `ack` per message + `clear_acked_data`; reopen resumes unacked rows.
+"""
+
+
+def write_plot(results: list[Result], path: Path) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "plot skipped: matplotlib not installed"
+    fig, ax = plt.subplots(figsize=(10, 5))
+    steps = ("append", "read", "delete")
+    width = 0.8 / len(results)
+    for i, r in enumerate(results):
+        xs = [s + i * width for s in range(len(steps))]
+        ax.bar(xs, [r.rate(s) for s in steps], width, label=f"{r.system} (N={r.n:,})")
+    ax.set_xticks([s + 0.4 - width / 2 for s in range(len(steps))], steps)
+    ax.set_yscale("log")
+    ax.set_ylabel("messages/s (log)")
+    ax.set_title("imq vs Python queues: 240-byte messages, batches of 10k")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"plot: {path.name}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv, "peers", "imq against other Python queues", "unused (one run)")
+    quiet_logs()
+    workdir = Path(tempfile.mkdtemp(prefix="imq-peers-", dir=args.dir))
+    try:
+        text, results = run(args, workdir)
+        note = write_plot(results, args.out.with_suffix(".png"))
+        write_report(args.out, text + f"\n{note}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
