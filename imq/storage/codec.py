@@ -1,8 +1,9 @@
 """Every byte layout of the database: keys, values, range bounds.
 
-Storage rows are packed only here. One reader goes around it: the iterator's decode of
-message rows (``imq/iterator.py`` and its C twin ``imq/_speedups.c``) reads them at
-offsets of its own, which must match :func:`put_message_rows`.
+Storage rows are packed and unpacked only here, with one exception by design: the
+iterator's decode of message rows (``imq/iterator.py``, and ``imq/_speedups.c``, which
+also packs them on the apply path) works on the raw bytes, at the offsets this module
+defines (``MESSAGE_*``; a unit test pins the C ``#define``s to them).
 
 Keys are fixed-width big-endian so that byte order equals logical order (D1):
 signed numbers are stored offset-binary (value + 2**(bits-1)), so the masterchain
@@ -42,24 +43,32 @@ from imq.types import (
 )
 
 __all__ = [
+    "ACCOUNT_LEN",
     "ADDRESS_LEN",
     "COMMIT_RECORD",
     "DIFF_INFO_KEY_LEN",
-    "Destinations",
     "GC_EXECUTED",
     "GC_REQUESTED",
+    "HASH_LEN",
     "IMPORT_MARKER",
     "KEY_LEN",
     "LAST_COMMITTED_MC_BLOCK",
+    "LT_LEN",
+    "MESSAGE_DST_AT",
     "MESSAGE_KEY_LEN",
+    "MESSAGE_KEY_LT_HASH",
+    "MESSAGE_LT_END",
     "MESSAGE_PREFIX_LEN",
+    "MESSAGE_SRC_AT",
     "MESSAGE_VALUE_HEADER_LEN",
     "SCHEMA_VERSION",
     "SCHEMA_VERSION_KEY",
     "SHARD_LEN",
+    "STAT_ENTRY_LEN",
     "STAT_KEY_LEN",
     "STAT_PREFIX_LEN",
     "TAIL_KEY_LEN",
+    "Destinations",
     "address_bytes",
     "block_id_bytes",
     "commit_record_value",
@@ -119,11 +128,22 @@ GC_EXECUTED = b"gc_executed"
 IMPORT_MARKER = b"import_in_progress"
 
 SHARD_LEN = 12
-KEY_LEN = 40
-ADDRESS_LEN = 33
-MESSAGE_PREFIX_LEN = 2 + SHARD_LEN
+LT_LEN = 8
+HASH_LEN = 32
+KEY_LEN = LT_LEN + HASH_LEN  # a queue key: lt u64, hash
+ACCOUNT_LEN = 32
+ADDRESS_LEN = 1 + ACCOUNT_LEN  # workchain + 128, account
+# The message row, the one layout three readers share: this module writes it, the
+# iterator and its C decode (imq/_speedups.c, whose #defines a unit test pins to these
+# values) read it at these offsets.
+#   key   = partition u16 | source shard (12) | lt u64 | hash (32)
+#   value = dst address (33) | src address (33) | body
+MESSAGE_PREFIX_LEN = 2 + SHARD_LEN  # where the queue key starts in a message key
+MESSAGE_LT_END = MESSAGE_PREFIX_LEN + LT_LEN  # where the hash starts
 MESSAGE_KEY_LEN = MESSAGE_PREFIX_LEN + KEY_LEN  # 54
-MESSAGE_VALUE_HEADER_LEN = 2 * ADDRESS_LEN  # dst then src
+MESSAGE_DST_AT = 0
+MESSAGE_SRC_AT = ADDRESS_LEN
+MESSAGE_VALUE_HEADER_LEN = 2 * ADDRESS_LEN  # where the body starts
 STAT_PREFIX_LEN = SHARD_LEN + 2 + KEY_LEN  # 54
 STAT_KEY_LEN = STAT_PREFIX_LEN + 4  # 58
 TAIL_KEY_LEN = SHARD_LEN + KEY_LEN + 4  # 56
@@ -134,8 +154,11 @@ _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _STAT_ENTRY = struct.Struct(">B32sQ")  # destination (offset workchain, account), count
-_MESSAGE_KEY = struct.Struct(">14sQ32s")  # partition + shard prefix, lt, hash
-_MESSAGE_HEADER = struct.Struct(">B32sB32s")  # dst workchain, dst account, src ...
+STAT_ENTRY_LEN = _STAT_ENTRY.size  # 41
+_MESSAGE_KEY = struct.Struct(f">{MESSAGE_PREFIX_LEN}sQ{HASH_LEN}s")  # prefix, lt, hash
+_MESSAGE_HEADER = struct.Struct(f">B{ACCOUNT_LEN}sB{ACCOUNT_LEN}s")  # dst wc, account, src ...
+MESSAGE_KEY_LT_HASH = struct.Struct(f">{MESSAGE_PREFIX_LEN}xQ{HASH_LEN}s")
+"""Unpacks ``(lt, hash)`` from a message key (what the iterator's decode uses)."""
 _I32_OFFSET = 1 << 31
 _WC_BYTE = {wc: bytes((wc + 128,)) for wc in range(-128, 128)}
 
