@@ -46,7 +46,7 @@ from imq.types import (
     ShardIdent,
 )
 
-__all__ = ["QueueIterator"]
+__all__ = ["QueueIterator", "pure_python"]
 
 # The message row's layout is codec's (see its "message row" comment): offsets only here.
 _QK = codec.MESSAGE_PREFIX_LEN  # where the queue key starts in a message key

@@ -77,7 +77,7 @@ class Scan:
     seekable: bool = False  # a raw iterator for Cursor.count over many sub-ranges
 
 
-def read_error(path: object, table: Table, key: bytes, exc: BaseException) -> ImqError:
+def _read_error(path: object, table: Table, key: bytes, exc: BaseException) -> ImqError:
     """The typed error for a failed RocksDB read: a damaged block (``Corruption``) is
     :class:`CorruptDataError`, anything else (an I/O error) :class:`StorageError`."""
     text = str(exc)
@@ -155,7 +155,7 @@ class _EndCheck:
             raise
         except Exception as exc:  # rocksdict raises a bare Exception("Corruption: ...")
             key = last_key if last_key is not None else self._lo
-            raise read_error(self._path, self._table, key, exc) from None
+            raise _read_error(self._path, self._table, key, exc) from None
 
 
 class Cursor:
@@ -230,7 +230,7 @@ class Cursor:
         try:
             raw.status()
         except Exception as exc:
-            raise read_error(self._path, self._table, lo, exc) from None
+            raise _read_error(self._path, self._table, lo, exc) from None
         return n
 
     def close(self) -> None:
@@ -267,7 +267,7 @@ class Snapshot:
         except Exception as exc:  # rocksdict raises a bare Exception("key not found")
             if "not found" in str(exc):
                 return None
-            raise read_error(self._store.path, table, key, exc) from None
+            raise _read_error(self._store.path, table, key, exc) from None
         return value
 
     def close(self) -> None:
@@ -586,7 +586,7 @@ class Store:
         except Exception as exc:
             if self._closed:
                 raise QueueClosedError(f"queue database {self.path} is closed") from exc
-            raise read_error(self.path, table, key, exc) from None
+            raise _read_error(self.path, table, key, exc) from None
         return value
 
     # -- writes -------------------------------------------------------------------------------
