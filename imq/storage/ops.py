@@ -258,7 +258,7 @@ class LastSeqno(Read[int | None]):
         lo, hi = codec.diff_info_shard_range(shard)
         if below is not None:
             hi = codec.diff_info_key(shard, below)
-        super().__init__(Scan(Table.DIFF_INFO, lo, hi, keys_only=True, reverse=True))
+        self.scan = Scan(Table.DIFF_INFO, lo, hi, keys_only=True, reverse=True)
 
     def answer(self, cursor: Cursor) -> int | None:
         for key in cursor:
@@ -274,7 +274,7 @@ class TailRows(Read[Iterator[tuple[QueueKey, int]]]):
 
     def __init__(self, shard: ShardIdent, first: QueueKey, last: QueueKey) -> None:
         lo, hi = codec.tail_range_inclusive(shard, first, last)
-        super().__init__(Scan(Table.DIFF_TAIL, lo, hi, keys_only=True))
+        self.scan = Scan(Table.DIFF_TAIL, lo, hi, keys_only=True)
 
     def answer(self, cursor: Cursor) -> Iterator[tuple[QueueKey, int]]:
         return (codec.decode_tail_key(key) for key in cursor)
@@ -287,7 +287,7 @@ class TailLen(Read[int]):
 
     def __init__(self, shard: ShardIdent, from_key: QueueKey) -> None:
         lo, hi = codec.tail_range(shard, from_key)
-        super().__init__(Scan(Table.DIFF_TAIL, lo, hi, keys_only=True))
+        self.scan = Scan(Table.DIFF_TAIL, lo, hi, keys_only=True)
 
     def answer(self, cursor: Cursor) -> int:
         return sum(1 for _ in cursor)
@@ -305,7 +305,7 @@ class StatTotals(Read[dict[Address, int]]):
     __slots__ = ()
 
     def __init__(self, partition: int, r: QueueShardRange) -> None:
-        super().__init__(_stat_scan(partition, r))
+        self.scan = _stat_scan(partition, r)
 
     def answer(self, cursor: Cursor) -> dict[Address, int]:
         totals: dict[Address, int] = {}
@@ -322,7 +322,7 @@ class StatsByDiff(Read[dict[QueueKey, dict[Address, int]]]):
     __slots__ = ()
 
     def __init__(self, partition: int, r: QueueShardRange) -> None:
-        super().__init__(_stat_scan(partition, r))
+        self.scan = _stat_scan(partition, r)
 
     def answer(self, cursor: Cursor) -> dict[QueueKey, dict[Address, int]]:
         grouped: dict[QueueKey, dict[Address, int]] = {}
@@ -341,7 +341,7 @@ class ShardDiffs(Read[dict[int, DiffRecord]]):
 
     def __init__(self, shard: ShardIdent) -> None:
         lo, hi = codec.diff_info_shard_range(shard)
-        super().__init__(Scan(Table.DIFF_INFO, lo, hi))
+        self.scan = Scan(Table.DIFF_INFO, lo, hi)
         self._shard = shard
 
     def answer(self, cursor: Cursor) -> dict[int, DiffRecord]:
@@ -357,7 +357,7 @@ class AllDiffs(Read[Iterator[tuple[ShardIdent, DiffInfo, dict[int, int]]]]):
     __slots__ = ()
 
     def __init__(self) -> None:
-        super().__init__(Scan(Table.DIFF_INFO, b"", None))
+        self.scan = Scan(Table.DIFF_INFO, b"", None)
 
     def answer(self, cursor: Cursor) -> Iterator[tuple[ShardIdent, DiffInfo, dict[int, int]]]:
         for key, value in cursor:
@@ -373,7 +373,7 @@ class DiffMessages(Read[list[tuple[bytes, bytes]]]):
 
     def __init__(self, partition: int, shard: ShardIdent, first: QueueKey, last: QueueKey) -> None:
         lo, hi = codec.message_delete_range(partition, shard, first, last)
-        super().__init__(Scan(Table.MESSAGES, lo, hi))
+        self.scan = Scan(Table.MESSAGES, lo, hi)
 
     def answer(self, cursor: Cursor) -> list[tuple[bytes, bytes]]:
         decode = codec.decode_message_hash_body
@@ -404,7 +404,7 @@ class MessageCounter(Read[RowCounter]):
     __slots__ = ()
 
     def __init__(self) -> None:
-        super().__init__(Scan(Table.MESSAGES, b"", None, keys_only=True, seekable=True))
+        self.scan = Scan(Table.MESSAGES, b"", None, keys_only=True, seekable=True)
 
     def answer(self, cursor: Cursor) -> RowCounter:
         return RowCounter(cursor)
@@ -428,22 +428,27 @@ class View:
     """A consistent read view (D12): the queue state, diff records by point read, and
     the answers to the questions it was opened with."""
 
-    __slots__ = ("_cursors", "_snap")
+    __slots__ = ("_cursors", "_reads", "_snap")
 
     def __init__(self, snap: Snapshot, reads: Sequence[Read[Any]]) -> None:
+        # A view answers a handful of reads: parallel lists searched by identity are
+        # cheaper than a dict here (every read call of the facade opens one view).
         self._snap = snap
-        self._cursors: dict[Read[Any], Cursor] = dict(zip(reads, snap.cursors, strict=True))
+        self._reads: list[Read[Any] | None] = list(reads)
+        self._cursors = list(snap.cursors)
 
     @property
     def state(self) -> QueueState:
         return self._snap.state
 
     def __getitem__(self, read: Read[T]) -> T:
+        reads = self._reads
         try:
-            cursor = self._cursors.pop(read)
-        except KeyError:
+            i = reads.index(read)  # by identity: a Read has no __eq__ of its own
+        except ValueError:
             raise KeyError("this view was not opened with that read, or it was answered") from None
-        return read.answer(cursor)
+        reads[i] = None
+        return read.answer(self._cursors[i])
 
     def _raw_info(self, shard: ShardIdent, seqno: int) -> tuple[bytes, bytes | None]:
         key = codec.diff_info_key(shard, seqno)
@@ -480,8 +485,11 @@ class View:
         self.close()
 
 
+_DIFF_POINTS = (Table.DIFF_INFO,)
+
+
 def view(store: Store, *reads: Read[Any], diffs: bool = False) -> View:
     """Open a view answering ``reads``; ``diffs=True`` also allows point reads of diff
     records."""
-    points = [Table.DIFF_INFO] if diffs else []
+    points = _DIFF_POINTS if diffs else ()
     return View(store.snapshot(points=points, scans=[r.scan for r in reads]), reads)
