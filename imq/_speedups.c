@@ -15,10 +15,16 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-#define KEY_LEN 54
-#define QK_AT 14
-#define ADDR_LEN 33
-#define HEADER_LEN 66
+/* The message row layout, as imq.storage.codec defines it (tests/unit/test_message_row_layout.py
+ * pins each value to codec's). */
+#define KEY_LEN 54        /* codec.MESSAGE_KEY_LEN */
+#define QK_AT 14          /* codec.MESSAGE_PREFIX_LEN: where the queue key (lt, hash) starts */
+#define LT_LEN 8          /* codec.LT_LEN */
+#define HASH_LEN 32       /* codec.HASH_LEN */
+#define ADDR_LEN 33       /* codec.ADDRESS_LEN: workchain + 128, then the account */
+#define ACCOUNT_LEN 32    /* codec.ACCOUNT_LEN */
+#define HEADER_LEN 66     /* codec.MESSAGE_VALUE_HEADER_LEN: dst address, then src address */
+#define STAT_ENTRY_LEN 41 /* codec.STAT_ENTRY_LEN: address (33), count u64 */
 
 static PyTypeObject *t_iterated, *t_message, *t_queue_key, *t_address;
 
@@ -35,7 +41,7 @@ make_address(const unsigned char *raw)
     if (addr == NULL)
         return NULL;
     PyObject *wc = PyLong_FromLong((long)raw[0] - 128);
-    PyObject *account = PyBytes_FromStringAndSize((const char *)raw + 1, 32);
+    PyObject *account = PyBytes_FromStringAndSize((const char *)raw + 1, ACCOUNT_LEN);
     if (wc == NULL || account == NULL) {
         Py_XDECREF(wc);
         Py_XDECREF(account);
@@ -51,13 +57,13 @@ static PyObject *
 make_key(const unsigned char *k)
 {
     unsigned long long lt = 0;
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < LT_LEN; i++)
         lt = (lt << 8) | k[QK_AT + i];
     PyObject *key = new_tuple(t_queue_key, 2);
     if (key == NULL)
         return NULL;
     PyObject *lt_obj = PyLong_FromUnsignedLongLong(lt);
-    PyObject *hash = PyBytes_FromStringAndSize((const char *)k + QK_AT + 8, 32);
+    PyObject *hash = PyBytes_FromStringAndSize((const char *)k + QK_AT + LT_LEN, HASH_LEN);
     if (lt_obj == NULL || hash == NULL) {
         Py_XDECREF(lt_obj);
         Py_XDECREF(hash);
@@ -393,12 +399,12 @@ put_address(unsigned char *out, PyObject *addr)
     if (wc == -1 && PyErr_Occurred())
         return -1;
     PyObject *account = PyTuple_GET_ITEM(addr, 1);
-    if (wc < -128 || wc > 127 || !PyBytes_Check(account) || PyBytes_GET_SIZE(account) != 32) {
+    if (wc < -128 || wc > 127 || !PyBytes_Check(account) || PyBytes_GET_SIZE(account) != ACCOUNT_LEN) {
         PyErr_SetString(PyExc_ValueError, "bad address (workchain or account length)");
         return -1;
     }
     out[0] = (unsigned char)(wc + 128);
-    memcpy(out + 1, PyBytes_AS_STRING(account), 32);
+    memcpy(out + 1, PyBytes_AS_STRING(account), ACCOUNT_LEN);
     return 0;
 }
 
@@ -420,7 +426,7 @@ encode_message(PyObject *msg, const unsigned char *prefix, PyObject **key_out,
     if (lt == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
     PyObject *hash = PyTuple_GET_ITEM(qk, 1);
-    if (!PyBytes_Check(hash) || PyBytes_GET_SIZE(hash) != 32) {
+    if (!PyBytes_Check(hash) || PyBytes_GET_SIZE(hash) != HASH_LEN) {
         PyErr_SetString(PyExc_ValueError, "a message hash must be 32 bytes");
         return -1;
     }
@@ -442,9 +448,9 @@ encode_message(PyObject *msg, const unsigned char *prefix, PyObject **key_out,
     }
     unsigned char *kb = (unsigned char *)PyBytes_AS_STRING(key);
     memcpy(kb, prefix, QK_AT);
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < LT_LEN; i++)
         kb[QK_AT + i] = (unsigned char)(lt >> (56 - 8 * i));
-    memcpy(kb + QK_AT + 8, PyBytes_AS_STRING(hash), 32);
+    memcpy(kb + QK_AT + LT_LEN, PyBytes_AS_STRING(hash), HASH_LEN);
     *key_out = key;
     *value_out = value;
     return 0;
@@ -540,20 +546,20 @@ stat_value(PyObject *self, PyObject *counts)
         return NULL;
     }
     Py_ssize_t n = PyDict_GET_SIZE(counts);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 41);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * STAT_ENTRY_LEN);
     if (out == NULL)
         return NULL;
     unsigned char *b = (unsigned char *)PyBytes_AS_STRING(out);
     Py_ssize_t pos = 0, i = 0;
     PyObject *addr, *count;
     while (PyDict_Next(counts, &pos, &addr, &count)) {
-        if (i >= n || put_address(b + 41 * i, addr) < 0)
+        if (i >= n || put_address(b + STAT_ENTRY_LEN * i, addr) < 0)
             goto fail;
         unsigned long long c = PyLong_AsUnsignedLongLong(count);
         if (c == (unsigned long long)-1 && PyErr_Occurred())
             goto fail;
         for (int j = 0; j < 8; j++)
-            b[41 * i + 33 + j] = (unsigned char)(c >> (56 - 8 * j));
+            b[STAT_ENTRY_LEN * i + ADDR_LEN + j] = (unsigned char)(c >> (56 - 8 * j));
         i++;
     }
     if (i != n) {

@@ -1,7 +1,7 @@
 """Applying a diff: the pre-write checks of SEMANTICS §5.3 and the rows a diff writes.
 
-The checks run against one snapshot, in the original's order: duplicate, sequence,
-commit pointer. Staging builds every row of the diff into one transaction; nothing is
+The checks run against one view, in the original's order: already applied, sequence,
+commit pointer. Staging puts every row of the diff into one transaction; nothing is
 written until the pending diff is.
 """
 
@@ -12,26 +12,16 @@ from operator import itemgetter
 from imq import reads
 from imq.diff import DiffStatistics, QueueDiff
 from imq.errors import DiffBelowCommitPointerError, DiffConflictError, DiffSequenceError
-from imq.storage import Scan, Snapshot, Table, Transaction, codec
-from imq.types import (
-    Address,
-    BlockIdShort,
-    CommitPointer,
-    DiffInfo,
-    DiffZone,
-    QueueKey,
-    ShardIdent,
-)
+from imq.storage import TransactionProtocol as Transaction
+from imq.storage import ops
+from imq.types import Address, BlockIdShort, CommitPointer, DiffInfo, DiffZone, QueueKey
 
 __all__ = [
+    "already_applied",
     "check_above_pointer",
-    "check_duplicate",
     "check_sources",
-    "check_sequence",
-    "last_seqno",
-    "last_seqno_scan",
-    "previous_diff_scan",
     "resting_key",
+    "skipped_by_sequence",
     "stage_diff",
 ]
 
@@ -63,49 +53,31 @@ def check_sources(diff: QueueDiff, block: BlockIdShort) -> None:
             )
 
 
-def last_seqno_scan(shard: ShardIdent) -> Scan:
-    """A reverse key scan whose first row is the shard's highest stored seqno."""
-    lo, hi = codec.diff_info_shard_range(shard)
-    return Scan(Table.DIFF_INFO, lo, hi, keys_only=True, reverse=True)
-
-
-def last_seqno(snap: Snapshot, cursor_index: int) -> int | None:
-    for key in snap.cursors[cursor_index]:
-        return codec.decode_diff_info_seqno(key)
-    return None
-
-
-def previous_diff_scan(block: BlockIdShort) -> Scan:
-    """A reverse key scan whose first row is the shard's newest stored diff below
-    ``block``'s seqno."""
-    lo, _ = codec.diff_info_shard_range(block.shard)
-    hi = codec.diff_info_key(block.shard, block.seqno)
-    return Scan(Table.DIFF_INFO, lo, hi, keys_only=True, reverse=True)
-
-
 def resting_key(
-    snap: Snapshot, cursor_index: int, block: BlockIdShort, pointer: CommitPointer | None
+    view: ops.View, previous: ops.LastSeqno, block: BlockIdShort, pointer: CommitPointer | None
 ) -> QueueKey:
     """Where an empty diff that carries no span (no lt span, no explicit keys) sits, as
     both its ``min_message`` and ``max_message``: just above its shard's newest position,
     the next key after the higher of the shard's commit pointer and the ``max_message``
-    of the shard's newest stored diff below ``block`` (read from the previous-diff scan
-    at ``cursor_index``); ``QueueKey.MIN`` when the shard has neither.
+    of the shard's newest stored diff below ``block`` (``previous`` is
+    ``LastSeqno(block.shard, below=block.seqno)``); ``QueueKey.MIN`` when the shard has
+    neither.
 
     Committing it therefore never moves the pointer backwards (D6), and until it is
     committed it is in the uncommitted zone, like any diff, so clear removes it."""
     at = None if pointer is None else pointer.key
-    seqno = last_seqno(snap, cursor_index)
+    seqno = view[previous]
     if seqno is not None:
-        previous = reads.diff_info(snap, block.shard, seqno)
-        if previous is not None and (at is None or previous.max_message > at):
-            at = previous.max_message
+        info = view.diff_info(block.shard, seqno)
+        if info is not None and (at is None or info.max_message > at):
+            at = info.max_message
     return QueueKey.MIN if at is None else at.next_value()
 
 
-def check_duplicate(snap: Snapshot, block: BlockIdShort, diff_hash: bytes) -> bool:
-    """True if this exact diff is already stored; a different hash is a conflict."""
-    stored = reads.diff_info(snap, block.shard, block.seqno)
+def already_applied(view: ops.View, block: BlockIdShort, diff_hash: bytes) -> bool:
+    """True if this exact diff is already stored (applying it again is a no-op); the
+    block's diff stored with another hash is a conflict."""
+    stored = view.diff_info(block.shard, block.seqno)
     if stored is None:
         return False
     if stored.hash != diff_hash:
@@ -116,19 +88,22 @@ def check_duplicate(snap: Snapshot, block: BlockIdShort, diff_hash: bytes) -> bo
     return True
 
 
-def check_sequence(snap: Snapshot, cursor_index: int, block: BlockIdShort, zone: DiffZone) -> bool:
-    """True if the diff is at or below the last one visible in ``zone`` (skip it)."""
-    last = last_seqno(snap, cursor_index)
-    if last is None:
+def skipped_by_sequence(
+    view: ops.View, last: ops.LastSeqno, block: BlockIdShort, zone: DiffZone
+) -> bool:
+    """True if the sequence rule skips the diff: it is at or below the last one visible
+    in ``zone`` (``last`` is ``LastSeqno(block.shard)``); a gap is an error."""
+    seqno = view[last]
+    if seqno is None:
         return False
-    if reads.diff_info(snap, block.shard, last, zone) is None:  # absent or not in zone
+    if reads.diff_info(view, block.shard, seqno, zone) is None:  # absent or not in zone
         return False
-    if block.seqno <= last:
+    if block.seqno <= seqno:
         return True
-    if block.seqno != last + 1:
+    if block.seqno != seqno + 1:
         raise DiffSequenceError(
             f"diff of block {block} is not sequential: the last {zone.value} diff of shard "
-            f"{block.shard} has seqno {last}"
+            f"{block.shard} has seqno {seqno}"
         )
     return False
 
@@ -158,15 +133,7 @@ def stage_diff(
     router = diff.router
     partition_for = None if router.is_empty else router.partition_for
     per_partition: dict[int, int] = {}
-    put, target = txn.writer(Table.MESSAGES)
-    codec.put_message_rows(put, target, shard, diff.messages, partition_for, counts=per_partition)
-    for partition, counts in stats.partitions.items():
-        txn.put(
-            Table.STATISTICS,
-            codec.stat_key(shard, partition, stats.max_message, seqno),
-            codec.stat_value(counts),
-        )
-    txn.put(Table.DIFF_TAIL, codec.tail_key(shard, stats.max_message, seqno), b"")
+    ops.put_messages(txn, shard, diff.messages, partition_for, per_partition)
     info = DiffInfo(
         min_message=stats.min_message,
         max_message=stats.max_message,
@@ -180,9 +147,5 @@ def stage_diff(
     )
     written = router.partitions() | stats.partitions.keys()
     partitions = {p: per_partition.get(p, 0) for p in written}
-    txn.put(
-        Table.DIFF_INFO,
-        codec.diff_info_key(shard, seqno),
-        codec.diff_info_value(info, partitions),
-    )
+    ops.put_diff(txn, shard, info, stats.partitions, partitions)
     return info

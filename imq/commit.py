@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from imq.errors import CommitError
-from imq.storage import Table, Transaction, codec
-from imq.storage.codec import CommitRecord, GcBounds
+from imq.storage import TransactionProtocol as Transaction
+from imq.storage import ops
+from imq.storage.queue_state import CommitRecord, GcBounds
 from imq.types import BlockId, CommitPointer, DiffInfo, QueueKey, ShardIdent, TopBlock
 
 __all__ = [
@@ -97,7 +98,7 @@ def plan_commit(
         return None
 
     moved: dict[ShardIdent, CommitPointer] = {}
-    new_record: CommitRecord = {}
+    new_record: dict[ShardIdent, Mapping[ShardIdent, QueueKey]] = {}
     listed: set[ShardIdent] = set()
     for top in top_blocks:
         block = top.block_id
@@ -119,7 +120,7 @@ def plan_commit(
         moved[block.shard] = pointer
         new_record[block.shard] = dict(info.processed_to)
 
-    requested = dict(gc_requested)
+    requested: dict[tuple[int, ShardIdent], QueueKey] = dict(gc_requested)
     bounds = gc_bounds(new_record)
     for partition in partitions:
         for shard, key in bounds.items():
@@ -134,12 +135,4 @@ def plan_commit(
 
 
 def stage_commit(txn: Transaction, plan: CommitPlan) -> None:
-    for shard, pointer in plan.moved.items():
-        txn.put(Table.COMMIT_POINTERS, codec.shard_bytes(shard), codec.pointer_value(pointer))
-    txn.put(Table.VARS, codec.LAST_COMMITTED_MC_BLOCK, codec.block_id_bytes(plan.mc_block))
-    txn.put(Table.VARS, codec.COMMIT_RECORD, codec.commit_record_value(plan.record))
-    txn.put(Table.VARS, codec.GC_REQUESTED, codec.gc_bounds_value(plan.gc_requested))
-    txn.publish("pointers", plan.pointers)
-    txn.publish("last_mc_block", plan.mc_block)
-    txn.publish("commit_record", plan.record)
-    txn.publish("gc_requested", plan.gc_requested)
+    ops.put_commit_state(txn, plan.moved, plan.mc_block, plan.record, plan.gc_requested)

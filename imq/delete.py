@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from imq.storage import Scan, Snapshot, Table, Transaction, codec
+from imq.storage import TransactionProtocol as Transaction
+from imq.storage import ops
 from imq.types import QueueKey, ShardIdent
 
-__all__ = ["DeleteRange", "DeletedDiffs", "DiffSpan", "stage_delete", "tail_scan"]
+__all__ = ["DeleteRange", "DeletedDiffs", "DiffSpan", "stage_delete", "tail_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,43 +58,29 @@ class DeletedDiffs:
         return sum(sum(d.messages.values()) for d in self.diffs)
 
 
-def tail_scan(r: DeleteRange) -> Scan:
-    lo, hi = codec.tail_range_inclusive(r.shard, r.first, r.last)
-    return Scan(Table.DIFF_TAIL, lo, hi, keys_only=True)
+def tail_rows(r: DeleteRange) -> ops.TailRows:
+    """The read :func:`stage_delete` needs: the tail rows of the diffs ``r`` deletes."""
+    return ops.TailRows(r.shard, r.first, r.last)
 
 
 def stage_delete(
-    snap: Snapshot, cursor_index: int, txn: Transaction, r: DeleteRange
+    view: ops.View, tail: ops.TailRows, txn: Transaction, r: DeleteRange
 ) -> DeletedDiffs:
-    """Stage the deletion of ``r``; ``snap.cursors[cursor_index]`` is ``tail_scan(r)``."""
+    """Stage the deletion of ``r``; ``view`` answers ``tail`` (``tail_rows(r)``) and
+    point reads of diff records."""
     partitions = set(r.partitions)
     diffs: list[DiffSpan] = []
     seqnos: list[int] = []
-    for tail in snap.cursors[cursor_index]:
-        _max_message, seqno = codec.decode_tail_key(tail)
+    for _max_message, seqno in view[tail]:
         seqnos.append(seqno)
-        info_key = codec.diff_info_key(r.shard, seqno)
-        raw = snap.get(Table.DIFF_INFO, info_key)
-        if raw is None:
+        span = view.diff_span(r.shard, seqno)
+        if span is None:
             continue
-        min_message, max_message, counts = codec.decode_diff_span(info_key, raw)
+        min_message, max_message, counts = span
         diffs.append(DiffSpan(seqno, min_message, max_message, counts))
         if r.include_diff_partitions:
             partitions |= counts.keys()
-        txn.delete(Table.DIFF_INFO, info_key)
-    if seqnos:
-        txn.delete_range(Table.DIFF_TAIL, *codec.tail_range_inclusive(r.shard, r.first, r.last))
-        # The diff-info rows go by point deletes; compact their span too, or the
-        # tombstones stay (no automatic compaction) and slow every later seek there.
-        lo = codec.diff_info_key(r.shard, min(seqnos))
-        txn.compact_after(
-            Table.DIFF_INFO, lo, codec.prefix_end(codec.diff_info_key(r.shard, max(seqnos)))
-        )
+    ops.delete_diff_rows(txn, r.shard, seqnos, r.first, r.last)
     for partition in sorted(partitions):
-        txn.delete_range(
-            Table.MESSAGES, *codec.message_delete_range(partition, r.shard, r.first, r.last)
-        )
-        txn.delete_range(
-            Table.STATISTICS, *codec.stat_delete_range(r.shard, partition, r.first, r.last)
-        )
+        ops.delete_partition_rows(txn, r.shard, partition, r.first, r.last)
     return DeletedDiffs(r.shard, tuple(diffs), frozenset(partitions))

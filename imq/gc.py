@@ -3,13 +3,14 @@
 Commits persist the *requested* bound of every (partition, source shard) (D7); the
 collector persists the *executed* one. A pass runs every entry whose requested bound is
 strictly above its executed bound, grouped by (shard, bound) so one delete batch serves
-every partition that shares a bound. For each group:
+every partition that shares a bound. A pass:
 
-1. under the facade's read lock and the shard's mutex (so the batch serializes with
-   that shard's diff writes and with commit and clear): stage and write the delete of
-   everything up to the bound, inclusive;
-2. without any facade lock (D9): compact exactly the deleted ranges;
-3. only then mark the bound executed, in its own small batch.
+1. for each group, under the facade's read lock and the shard's mutex (so the batch
+   serializes with that shard's diff writes and with commit and clear): stage and
+   write the delete of everything up to the bound, inclusive, then release them;
+2. once every group is deleted, without any facade lock (D9): compact exactly the
+   deleted ranges of all groups, at once;
+3. only then mark the bounds of the deleted groups executed, in one small batch.
 
 A failure at any step is logged (``gc_range_failed``) and the bound stays unexecuted,
 so the next tick retries it (D8); deletes are idempotent. Passes never overlap, and the
@@ -22,12 +23,13 @@ import threading
 from dataclasses import dataclass
 from time import perf_counter
 
-from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_scan
+from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_rows
 from imq.errors import QueueClosedError, StorageError
 from imq.locks import RWLock, ShardLocks
 from imq.observability import ImqLogger, Metrics
-from imq.storage import Scan, Store, Table, codec
-from imq.storage.codec import GcBounds
+from imq.storage import StoreProtocol as Store
+from imq.storage import Table, ops
+from imq.storage.queue_state import GcBounds
 from imq.types import QueueKey, ShardIdent
 
 __all__ = ["GarbageCollector", "GcRange", "GcReport", "GcTask", "GcWorker", "due_tasks"]
@@ -100,17 +102,19 @@ class _Deleted:
     seconds: float
 
 
+Gap = tuple[QueueKey, QueueKey, bool]  # from, to, whether ``to`` itself is included
+
+
 def _count_plan(
-    shard: ShardIdent,
     partition: int,
     after: QueueKey | None,
     bound: QueueKey,
     deleted: DeletedDiffs,
-) -> tuple[int, list[tuple[bytes, bytes]]]:
+) -> tuple[int, list[Gap]]:
     """How to count the messages of ``partition`` in ``(after, bound]``: the diffs that
     lie wholly inside count by their records; the gaps between them (at most a partial
     diff at each end, when a shard's diffs cover disjoint key ranges as blocks do) are
-    counted row by row. Returns (counted from records, gap byte ranges to count)."""
+    counted row by row. Returns (counted from records, gap key ranges to count)."""
     low = QueueKey.MIN if after is None else after.next_value()
     if after is not None and after == QueueKey.MAX:
         return 0, []
@@ -119,16 +123,16 @@ def _count_plan(
         key=lambda d: d.min_message,
     )
     counted = sum(d.messages.get(partition, 0) for d in inside)
-    gaps: list[tuple[bytes, bytes]] = []
+    gaps: list[Gap] = []
     cursor = low
     for d in inside:
         if cursor < d.min_message:
-            gaps.append(codec.message_range(partition, shard, cursor, d.min_message))
+            gaps.append((cursor, d.min_message, False))
         if d.max_message == QueueKey.MAX:
             return counted, gaps
         cursor = max(cursor, d.max_message.next_value())
     if cursor <= bound:
-        gaps.append(codec.message_delete_range(partition, shard, cursor, bound))
+        gaps.append((cursor, bound, True))
     return counted, gaps
 
 
@@ -168,7 +172,8 @@ class GarbageCollector:
         """Run every due deletion; return what the pass deleted."""
         with self._pass_lock:
             started = perf_counter()
-            tasks = due_tasks(self._store.cached("gc_requested"), self._store.cached("gc_executed"))
+            state = self._store.state
+            tasks = due_tasks(state.gc_requested, state.gc_executed)
             if not tasks:
                 return _EMPTY_REPORT
             deleted: list[_Deleted] = []
@@ -210,12 +215,13 @@ class GarbageCollector:
         started = perf_counter()
         store = self._store
         r = DeleteRange(task.shard, QueueKey.MIN, task.bound, frozenset(task.partitions), False)
-        executed = store.cached("gc_executed")
+        executed = store.state.gc_executed
         txn = store.transaction()
         with self._locked(task.shard):
-            # Under the shard's mutex nothing writes this shard, so two snapshots agree.
-            with store.snapshot(points=[Table.DIFF_INFO], scans=[tail_scan(r)]) as snap:
-                found = stage_delete(snap, 0, txn, r)
+            # Under the shard's mutex nothing writes this shard, so two views agree.
+            tail = tail_rows(r)
+            with ops.view(store, tail, diffs=True) as view:
+                found = stage_delete(view, tail, txn, r)
             messages = self._count_removed(task, executed, found)
             store.write(txn)
         seconds = perf_counter() - started
@@ -224,28 +230,28 @@ class GarbageCollector:
     def _count_removed(
         self, task: GcTask, executed: GcBounds, found: DeletedDiffs
     ) -> dict[int, int]:
+        shard = task.shard
         plans = {
-            p: _count_plan(task.shard, p, executed.get((p, task.shard)), task.bound, found)
-            for p in task.partitions
+            p: _count_plan(p, executed.get((p, shard)), task.bound, found) for p in task.partitions
         }
-        scan = Scan(Table.MESSAGES, b"", None, keys_only=True, seekable=True)
-        with self._store.snapshot(scans=[scan]) as snap:
-            cursor = snap.cursors[0]
+        rows = ops.MessageCounter()
+        with ops.view(self._store, rows) as view:
+            counter = view[rows]
             return {
-                p: counted + sum(cursor.count(lo, hi) for lo, hi in gaps)
+                p: counted
+                + sum(counter.count(p, shard, lo, hi, inclusive=inc) for lo, hi, inc in gaps)
                 for p, (counted, gaps) in plans.items()
             }
 
     def _mark_executed(self, tasks: list[GcTask]) -> None:
         if not tasks:
             return
-        executed = dict(self._store.cached("gc_executed"))
+        executed = dict(self._store.state.gc_executed)
         for task in tasks:
             for partition in task.partitions:
                 executed[(partition, task.shard)] = task.bound
         mark = self._store.transaction()
-        mark.put(Table.VARS, codec.GC_EXECUTED, codec.gc_bounds_value(executed))
-        mark.publish("gc_executed", executed)
+        ops.mark_gc_executed(mark, executed)
         self._store.write(mark)
 
     def _failed(self, tasks: list[GcTask], exc: Exception) -> int:

@@ -9,13 +9,15 @@ for ``current_position()``, which records the last key taken from each shard.
 Speed note: ``_runs`` is the per-message hot path and trades some clarity for speed
 (``benchmarks/bench_core.py`` measures it against raw rocksdict):
 
-- ``iter(queue_iterator)`` hands out the merge generator itself, so a ``for`` loop pays
-  no Python-level ``__next__`` per message;
-- it merges on raw key bytes (no key function) and *gallops*: while the shard it just
-  read from stays below every other shard's pending key, it yields without touching
-  the heap, which is the common case of blocks covering disjoint lt ranges;
-- the destination test, key decoding and value-type construction are inlined, and
-  decoded addresses are cached per iterator;
+- the iterator is an ``itertools.chain`` of *runs*, so ``next()`` runs in C and the
+  Python merge code runs once per run, not once per message;
+- a run is up to ``_RUN`` accepted rows of the heap's top shard that stay below every
+  other shard's pending key (the common case of blocks covering disjoint lt ranges),
+  collected in one call (``_speedups.fill_run`` when built, else ``_py_fill_run``)
+  without touching the heap; the merge compares raw key bytes (no key function);
+- the destination test, key decoding and value-type construction happen in that call,
+  at the message row's offsets from :mod:`imq.storage.codec`; decoded addresses are
+  reused (per iterator in Python, per run in C);
 - closing swaps the cursors for ones that raise, instead of checking a flag per row.
 """
 
@@ -33,7 +35,8 @@ from types import TracebackType
 from typing import Any, NoReturn, cast
 
 from imq.errors import CorruptDataError, QueueClosedError
-from imq.storage import Snapshot, codec
+from imq.storage import SnapshotProtocol as Snapshot
+from imq.storage import codec
 from imq.types import (
     Address,
     IteratedMessage,
@@ -43,13 +46,14 @@ from imq.types import (
     ShardIdent,
 )
 
-__all__ = ["QueueIterator"]
+__all__ = ["QueueIterator", "pure_python"]
 
+# The message row's layout is codec's (see its "message row" comment): offsets only here.
 _QK = codec.MESSAGE_PREFIX_LEN  # where the queue key starts in a message key
-_LT_END = _QK + 8
+_LT_END = codec.MESSAGE_LT_END
 _KEY_LEN = codec.MESSAGE_KEY_LEN
-_HEADER = codec.MESSAGE_VALUE_HEADER_LEN
-_ADDR = codec.ADDRESS_LEN
+_HEADER = codec.MESSAGE_VALUE_HEADER_LEN  # where the body starts
+_ADDR = codec.MESSAGE_SRC_AT  # dst is [0, _ADDR), src [_ADDR, _HEADER)
 _ADDRESS_CACHE_LIMIT = 1 << 16
 _tnew = tuple.__new__
 
@@ -276,7 +280,7 @@ def _runs(  # noqa: PLR0915 - one hot loop
 
 
 _RUN = 64  # accepted rows per run (re-measure with benchmarks/bench_floor.py)
-_unpack_key = struct.Struct(">14xQ32s").unpack
+_unpack_key = codec.MESSAGE_KEY_LT_HASH.unpack
 
 
 def _decode(
@@ -323,8 +327,10 @@ def _py_fill_run(  # noqa: PLR0917 - the signature of _speedups.fill_run
 ) -> tuple[list[IteratedMessage], bytes, bytes | None, bytes | None, int, bool]:
     """The pure-Python ``imq._speedups.fill_run``: same arguments, same results.
 
-    Reads at most ``limit`` rows (``islice``, so the loop does no count of its own); when
-    they run out without reaching the bound, ``more`` says the source may hold more.
+    Reads at most ``limit - 1`` rows after the head (``islice``, so the loop does no count
+    of its own), so a run never holds more than ``limit`` messages, as in C (whose limit
+    counts accepted rows, the head included); when they run out without reaching the
+    bound, ``more`` says the source may hold more.
     """
     keys = [head_key]
     values = [head_value]
@@ -336,7 +342,7 @@ def _py_fill_run(  # noqa: PLR0917 - the signature of _speedups.fill_run
     skipped = 0
     pk = pv = None
     if prefix_len == 0:
-        for k, v in islice(source, limit):
+        for k, v in islice(source, limit - 1):
             if v[0] == wc_byte:
                 if k >= bound:
                     pk, pv = k, v
@@ -349,7 +355,7 @@ def _py_fill_run(  # noqa: PLR0917 - the signature of _speedups.fill_run
     else:
         shift = 64 - prefix_len
         from_bytes = int.from_bytes
-        for k, v in islice(source, limit):
+        for k, v in islice(source, limit - 1):
             if v[0] == wc_byte and from_bytes(v[1:9], "big") >> shift == want:
                 if k >= bound:
                     pk, pv = k, v
@@ -361,7 +367,7 @@ def _py_fill_run(  # noqa: PLR0917 - the signature of _speedups.fill_run
                 last = k
     # Keys rise within a source: the last row consumed is the later of the two.
     last = max(last, keys[-1])
-    more = pk is None and len(keys) - 1 + skipped == limit
+    more = pk is None and len(keys) - 1 + skipped == limit - 1
     batch = _decode_py(keys, values, shard, {} if _cache is None else _cache)
     return batch, last, pk, pv, skipped, more
 

@@ -9,16 +9,13 @@ the thread that holds it, and a commit or clear by a thread holding a pending di
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from imq.errors import ImqError
 from imq.locks import RWLock, ShardLocks
-from imq.storage import Transaction
+from imq.storage import TransactionProtocol
 from imq.types import BlockIdShort, ShardIdent
-
-if TYPE_CHECKING:
-    from imq.queue import Queue
 
 __all__ = ["LockGuard", "PendingDiff", "PendingRegistry"]
 
@@ -30,7 +27,11 @@ class PendingRegistry:
         self._mutex = threading.Lock()
         self._held: dict[int, list[ShardIdent]] = {}
 
-    def acquire(self, rw: RWLock, shard_locks: ShardLocks, shard: ShardIdent) -> LockGuard:
+    def hold_shard(self, rw: RWLock, shard_locks: ShardLocks, shard: ShardIdent) -> LockGuard:
+        """Take the read lock and ``shard``'s mutex for this thread and remember it:
+        what a pending diff holds until written or discarded, and what an export holds
+        while it reads the shard (so neither can be followed by a commit or clear, or a
+        second hold of the shard, in the same thread)."""
         thread = threading.get_ident()
         with self._mutex:
             held = list(self._held.get(thread, ()))
@@ -105,17 +106,19 @@ class PendingDiff:
     exit unless written.
     """
 
-    __slots__ = ("_guard", "_queue", "_state", "block", "messages", "txn")
+    __slots__ = ("_guard", "_state", "_write", "block", "messages", "txn")
 
     def __init__(
         self,
-        queue: Queue,
-        txn: Transaction,
+        write: Callable[[PendingDiff], None],
+        txn: TransactionProtocol,
         guard: LockGuard,
         block: BlockIdShort,
         messages: int,
     ) -> None:
-        self._queue = queue
+        """``write(self)`` writes ``txn`` (the queue's writer); it runs while the locks
+        are held."""
+        self._write = write
         self.txn = txn
         self._guard = guard
         self.block = block
@@ -135,7 +138,7 @@ class PendingDiff:
     def write(self) -> None:
         self._finish("failed")
         try:
-            self._queue._write_pending(self)
+            self._write(self)
             self._state = "written"
         finally:
             self._guard.release()

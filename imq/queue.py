@@ -22,7 +22,7 @@ from typing import BinaryIO
 from imq import apply, reads
 from imq.commit import masterchain_block, plan_commit, stage_commit
 from imq.config import QueueConfig
-from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_scan
+from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_rows
 from imq.diff import DiffStatistics, QueueDiff
 from imq.errors import ImqError, StartupError
 from imq.gc import GarbageCollector, GcReport, GcWorker
@@ -34,11 +34,10 @@ from imq.reads import check_type
 from imq.state import exporter, importer
 from imq.state.exporter import ExportReport
 from imq.state.importer import ImportReport, Progress
-from imq.storage import Store, StoreOptions, Table
+from imq.storage import Store, StoreOptions, StoreProtocol, Table, ops
 from imq.types import (
     BlockId,
     BlockIdShort,
-    CommitPointer,
     DiffZone,
     QueueKey,
     ShardIdent,
@@ -80,7 +79,7 @@ class Queue(QueueReads):
     """The internal message queue. Open with :meth:`Queue.open`; close with :meth:`close`."""
 
     def __init__(
-        self, store: Store, config: QueueConfig, zerostate_seqno: int
+        self, store: StoreProtocol, config: QueueConfig, zerostate_seqno: int
     ) -> None:  # use Queue.open
         self._store = store
         self._config = config
@@ -93,7 +92,7 @@ class Queue(QueueReads):
         self._log = get_logger("queue", db=str(store.path))
         if importer.rollback_import_at_open(store, self._log):
             self.metrics.inc("imports_rolled_back")
-        reads.load_caches(store)
+        store.set_state(ops.load_state(store))
         gc_log = get_logger("gc", db=str(store.path))
         self._gc = GarbageCollector(
             store,
@@ -127,12 +126,22 @@ class Queue(QueueReads):
         if not isinstance(zerostate_seqno, int) or not 0 <= zerostate_seqno <= 0xFFFF_FFFF:
             raise ValueError(f"zerostate_seqno must be a u32, got {zerostate_seqno!r}")
         store = Store(Path(path), store_options(config), read_only=read_only)
+        return cls._on_store(store, config, zerostate_seqno=zerostate_seqno)
+
+    @classmethod
+    def _on_store(
+        cls, store: StoreProtocol, config: QueueConfig | None = None, *, zerostate_seqno: int = 0
+    ) -> Queue:
+        """A queue over an open ``store`` (closed with the queue, or on failure): what
+        :meth:`open` does after opening RocksDB, and how tests run the queue on
+        :class:`imq.storage.memory.MemoryStore` (see ``imq.testing.MemoryDatabase``)."""
+        config = config if config is not None else QueueConfig()
         try:
             queue = cls(store, config, zerostate_seqno)
         except BaseException:
             store.close()
             raise
-        queue._log.info("queue_opened", pointers=len(queue._store.cached("pointers")))
+        queue._log.info("queue_opened", pointers=len(queue._store.state.pointers))
         return queue
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -261,31 +270,31 @@ class Queue(QueueReads):
         stats: DiffStatistics | None,
         check_sequence: DiffZone | None,
     ) -> PendingDiff | None:
-        guard = self._pending.acquire(self._rw, self._shard_locks, block.shard)
+        guard = self._pending.hold_shard(self._rw, self._shard_locks, block.shard)
         try:
-            scans = [apply.last_seqno_scan(block.shard)] if check_sequence else []
-            if stats is None:
-                scans.append(apply.previous_diff_scan(block))
-            with self._store.snapshot(points=[Table.DIFF_INFO], scans=scans) as snap:
-                if apply.check_duplicate(snap, block, diff_hash) or (
+            last = ops.LastSeqno(block.shard)
+            previous = ops.LastSeqno(block.shard, below=block.seqno)
+            questions = ([last] if check_sequence else []) + ([previous] if stats is None else [])
+            with ops.view(self._store, *questions, diffs=True) as view:
+                if apply.already_applied(view, block, diff_hash) or (
                     check_sequence is not None
-                    and apply.check_sequence(snap, 0, block, check_sequence)
+                    and apply.skipped_by_sequence(view, last, block, check_sequence)
                 ):
                     self.metrics.inc("diffs_skipped")
                     self._log.debug("diff_skipped", block=str(block))
                     guard.release()
                     return None
-                pointer = snap.cache["pointers"].get(block.shard)
+                pointer = view.state.pointers.get(block.shard)
                 apply.check_above_pointer(pointer, block, diff)
                 if stats is None:
-                    at = apply.resting_key(snap, len(scans) - 1, block, pointer)
+                    at = apply.resting_key(view, previous, block, pointer)
                     stats = DiffStatistics.from_diff(diff, block.shard, at, at)
             txn = self._store.transaction()
             apply.stage_diff(txn, diff, block, diff_hash, stats)
         except BaseException:
             guard.release()
             raise
-        return PendingDiff(self, txn, guard, block, len(diff.messages))
+        return PendingDiff(self._write_pending, txn, guard, block, len(diff.messages))
 
     def _write_pending(self, pending: PendingDiff) -> None:
         """Called by ``PendingDiff.write`` while it still holds the locks."""
@@ -317,15 +326,16 @@ class Queue(QueueReads):
         self._pending.check_no_pending("commit_diff")
         with self.metrics.time("commit_diff"), self._rw.write_locked():
             self._check_open()
-            with self._store.snapshot(points=[Table.DIFF_INFO]) as snap:
+            with ops.view(self._store, diffs=True) as view:
+                state = view.state
                 plan = plan_commit(
                     tops,
                     sorted(parts),
-                    pointers=snap.cache["pointers"],
-                    last_mc_block=snap.cache["last_mc_block"],
-                    record=snap.cache["commit_record"],
-                    gc_requested=snap.cache["gc_requested"],
-                    find_diff=lambda shard, seqno: reads.diff_info(snap, shard, seqno),
+                    pointers=state.pointers,
+                    last_mc_block=state.last_mc_block,
+                    record=state.commit_record,
+                    gc_requested=state.gc_requested,
+                    find_diff=view.diff_info,
                     zerostate_seqno=self._zerostate_seqno,
                 )
             if plan is None:
@@ -385,7 +395,7 @@ class Queue(QueueReads):
     ) -> tuple[list[DeletedDiffs], list[tuple[Table, bytes, bytes]]]:
         with self._rw.write_locked():
             self._check_open()
-            pointers: dict[ShardIdent, CommitPointer] = self._store.cached("pointers")
+            pointers = self._store.state.pointers
             ranges = []
             for shard in sorted({*pointers, *tops}):
                 pointer = pointers.get(shard)
@@ -393,10 +403,12 @@ class Queue(QueueReads):
                     continue
                 first = QueueKey.MIN if pointer is None else pointer.key.next_value()
                 ranges.append(DeleteRange(shard, first, QueueKey.MAX, parts, True))
-            scans = [tail_scan(r) for r in ranges]
+            tails = [tail_rows(r) for r in ranges]
             txn = self._store.transaction()
-            with self._store.snapshot(points=[Table.DIFF_INFO], scans=scans) as snap:
-                deleted = [stage_delete(snap, i, txn, r) for i, r in enumerate(ranges)]
+            with ops.view(self._store, *tails, diffs=True) as view:
+                deleted = [
+                    stage_delete(view, t, txn, r) for t, r in zip(tails, ranges, strict=True)
+                ]
             self._store.write(txn)
             return deleted, txn.deleted_ranges
 
@@ -480,7 +492,9 @@ class Queue(QueueReads):
         callback: Progress | None = line
         if callable(progress):
             callback = progress
-        guard = self._pending.acquire(self._rw, self._shard_locks, shard)
+        # The shard's diffs and messages must not change while they are read: hold the
+        # shard as a pending diff does (read lock and the shard's mutex).
+        guard = self._pending.hold_shard(self._rw, self._shard_locks, shard)
         try:
             with self.metrics.time("export_state"):
                 self._check_open()

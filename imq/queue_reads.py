@@ -1,6 +1,6 @@
 """The read side of the facade: the iterator, diff infos, tail lengths, statistics,
-pointers and summaries. Each call reads one consistent snapshot (D12) or the caches
-(D14); none takes the facade's locks.
+pointers and summaries. Each call reads one consistent snapshot (D12) or the queue
+state (D14); none takes the facade's locks.
 
 :class:`QueueReads` is a base of :class:`imq.queue.Queue`, which owns the store, the
 metrics and the lifecycle; it is not used on its own.
@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from imq import apply, reads
+from imq import reads
 from imq.errors import QueueClosedError
 from imq.iterator import QueueIterator
 from imq.observability import Metrics
 from imq.reads import check_type
-from imq.storage import Store, Table
+from imq.storage import StoreProtocol as Store
+from imq.storage import ops
 from imq.types import (
     Address,
     BlockId,
@@ -55,8 +56,8 @@ class QueueReads:
         check_type("for_shard", for_shard, ShardIdent)
         ranges = list(ranges)
         with self.metrics.time("iterator_create"):
-            scans = reads.message_scans(partition, ranges)
-            snap = self._store.snapshot(scans=scans)
+            reads.check_ranges(ranges)
+            snap = ops.open_messages(self._store, partition, ranges)
             it = QueueIterator(snap, ranges, for_shard, self._iterator_done)
             self._store.register(it)
         return it
@@ -71,38 +72,32 @@ class QueueReads:
         self._check_open()
         reads.check_block(shard, seqno)
         check_type("zone", zone, DiffZone)
-        with (
-            self.metrics.time("get_diff_info"),
-            self._store.snapshot(points=[Table.DIFF_INFO]) as snap,
-        ):
-            return reads.diff_info(snap, shard, seqno, zone)
+        with self.metrics.time("get_diff_info"), ops.view(self._store, diffs=True) as view:
+            return reads.diff_info(view, shard, seqno, zone)
 
     def is_diff_exists(self, block: BlockIdShort) -> bool:
         self._check_open()
         check_type("block", block, BlockIdShort)
-        with (
-            self.metrics.time("is_diff_exists"),
-            self._store.snapshot(points=[Table.DIFF_INFO]) as snap,
-        ):
-            return reads.diff_info(snap, block.shard, block.seqno) is not None
+        with self.metrics.time("is_diff_exists"), ops.view(self._store, diffs=True) as view:
+            return view.diff_info(block.shard, block.seqno) is not None
 
     def get_diffs_tail_len(self, shard: ShardIdent, from_key: QueueKey) -> int:
         """Number of stored diffs of ``shard`` (either zone) with ``max_message >= from_key``."""
         self._check_open()
         check_type("shard", shard, ShardIdent)
         check_type("from_key", from_key, QueueKey)
-        scan = reads.tail_len_scan(shard, from_key)
-        with self.metrics.time("get_diffs_tail_len"), self._store.snapshot(scans=[scan]) as snap:
-            return sum(1 for _ in snap.cursors[0])
+        tail = ops.TailLen(shard, from_key)
+        with self.metrics.time("get_diffs_tail_len"), ops.view(self._store, tail) as view:
+            return view[tail]
 
     def load_diff_statistics(self, partition: int, range: QueueShardRange) -> dict[Address, int]:
         """Per destination account: messages of diffs whose ``max_message`` is in ``range``."""
         self._check_open()
         check_partition(partition)
         check_type("range", range, QueueShardRange)
-        scan = reads.stats_scan(partition, range)
-        with self.metrics.time("load_diff_statistics"), self._store.snapshot(scans=[scan]) as snap:
-            return reads.sum_statistics(snap.cursors[0])
+        totals = ops.StatTotals(partition, range)
+        with self.metrics.time("load_diff_statistics"), ops.view(self._store, totals) as view:
+            return view[totals]
 
     def load_separated_diff_statistics(
         self, partitions: Iterable[int], range: QueueShardRange
@@ -112,44 +107,48 @@ class QueueReads:
         parts = sorted({check_partition(p) for p in partitions})
         check_type("range", range, QueueShardRange)
         with self.metrics.time("load_separated_diff_statistics"):
-            scans = [reads.stats_scan(p, range) for p in parts]
-            with self._store.snapshot(scans=scans) as snap:
-                return {p: reads.group_statistics(snap.cursors[i]) for i, p in enumerate(parts)}
+            per_partition = {p: ops.StatsByDiff(p, range) for p in parts}
+            with ops.view(self._store, *per_partition.values()) as view:
+                return {p: view[read] for p, read in per_partition.items()}
 
     def gc_bounds(
         self,
     ) -> tuple[dict[tuple[int, ShardIdent], QueueKey], dict[tuple[int, ShardIdent], QueueKey]]:
         """The persisted GC bounds: (requested, executed), each keyed by (partition, shard)."""
         self._check_open()
-        return dict(self._store.cached("gc_requested")), dict(self._store.cached("gc_executed"))
+        state = self._store.state
+        return dict(state.gc_requested), dict(state.gc_executed)
+
+    def commit_record(self) -> dict[ShardIdent, dict[ShardIdent, QueueKey]]:
+        """The commit record of the last commit (D7): per top shard it listed, the
+        ``processed_to`` of that shard's newest committed diff. The GC bound of a source
+        shard is the lowest key any entry gives it."""
+        self._check_open()
+        return {top: dict(entries) for top, entries in self._store.state.commit_record.items()}
 
     def summary(self) -> dict[str, Any]:
         """What the queue holds, for operators: pointers, the last committed block, GC
         bounds, and per shard its diffs by zone and its messages per partition. Reads
         every diff record (one snapshot); meant for inspection, not for a hot path."""
         self._check_open()
-        scan = reads.all_diffs_scan()
-        with self._store.snapshot(scans=[scan]) as snap:
-            return reads.summarize(snap, self._store.path, self._store.read_only)
+        diffs = ops.AllDiffs()
+        with ops.view(self._store, diffs) as view:
+            return reads.summarize(view, diffs, self._store.path, self._store.read_only)
 
     def get_last_committed_mc_block_id(self) -> BlockId | None:
         self._check_open()
         with self.metrics.time("get_last_committed_mc_block_id"):
-            block: BlockId | None = self._store.cached("last_mc_block")
-            return block
+            return self._store.state.last_mc_block
 
     def get_commit_pointers(self) -> dict[ShardIdent, CommitPointer]:
         self._check_open()
         with self.metrics.time("get_commit_pointers"):
-            return dict(self._store.cached("pointers"))
+            return dict(self._store.state.pointers)
 
     def get_last_applied_seqno(self, shard: ShardIdent) -> int | None:
         """Highest seqno with a stored diff of ``shard``, either zone."""
         self._check_open()
         check_type("shard", shard, ShardIdent)
-        scan = apply.last_seqno_scan(shard)
-        with (
-            self.metrics.time("get_last_applied_seqno"),
-            self._store.snapshot(scans=[scan]) as snap,
-        ):
-            return apply.last_seqno(snap, 0)
+        last = ops.LastSeqno(shard)
+        with self.metrics.time("get_last_applied_seqno"), ops.view(self._store, last) as view:
+            return view[last]

@@ -49,6 +49,7 @@ __all__ = [
     "SimulationError",
     "Violation",
     "default_opener",
+    "percentiles",
 ]
 
 MC = ShardIdent.MASTERCHAIN

@@ -21,7 +21,15 @@ from imq import (
 )
 from imq.state.tl import TlDiff, diff_hash, encode_diff
 
-__all__ = ["ZERO_HASH", "World", "basechain_shards", "derive_rng", "diff_hash_of"]
+__all__ = [
+    "ZERO_HASH",
+    "World",
+    "basechain_shards",
+    "busiest_router",
+    "derive_rng",
+    "diff_hash_of",
+    "message_key",
+]
 
 ZERO_HASH = bytes(32)
 ACCOUNTS_PER_SHARD = 32

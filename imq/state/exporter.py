@@ -26,7 +26,8 @@ from imq.observability import ImqLogger
 from imq.state.boc import BocError
 from imq.state.tl import TlDiff, diff_hash, encode_diff
 from imq.state.writer import ChunkSpool, open_sink, write_state
-from imq.storage import Scan, Store, Table, codec
+from imq.storage import StoreProtocol as Store
+from imq.storage import ops
 from imq.types import DiffInfo, ShardIdent
 
 __all__ = ["ExportReport", "export_state"]
@@ -112,16 +113,15 @@ def _load_infos(
 ) -> list[tuple[DiffInfo, dict[int, int]]]:
     """The stored records of the exported diffs, newest first."""
     records = []
-    with store.snapshot(points=[Table.DIFF_INFO]) as snap:
+    with ops.view(store, diffs=True) as view:
         for s in range(seqno, seqno - tail_len, -1):
-            key = codec.diff_info_key(shard, s)
-            raw = snap.get(Table.DIFF_INFO, key)
-            if raw is None:
+            record = view.diff_record(shard, s)
+            if record is None:
                 raise ImqError(
                     f"cannot export the state of {shard}:{seqno} with tail_len {tail_len}: "
                     f"the diff of {shard}:{s} is not stored"
                 )
-            records.append(codec.decode_diff_record(key, raw))
+            records.append(record)
     return records
 
 
@@ -130,16 +130,13 @@ def _spool_messages(
 ) -> bytes:
     """Spool one diff's messages in hash order; return their hashes, concatenated."""
     expected = sum(parts.values())
-    scans = []
-    for partition, count in sorted(parts.items()):
-        if count:
-            lo, hi = codec.message_delete_range(
-                partition, shard, info.min_message, info.max_message
-            )
-            scans.append(Scan(Table.MESSAGES, lo, hi))
-    decode = codec.decode_message_hash_body
-    with store.snapshot(scans=scans) as snap:
-        rows = [decode(k, v) for cursor in snap.cursors for k, v in cursor]
+    reads = [
+        ops.DiffMessages(partition, shard, info.min_message, info.max_message)
+        for partition, count in sorted(parts.items())
+        if count
+    ]
+    with ops.view(store, *reads) as view:
+        rows = [row for read in reads for row in view[read]]
     if len(rows) != expected:
         raise ImqError(
             f"cannot export the diff of {shard}:{info.seqno}: it wrote {expected} messages, "

@@ -30,14 +30,16 @@ from time import perf_counter
 from typing import BinaryIO, NoReturn
 
 from imq.commit import check_forward
-from imq.delete import DeleteRange, stage_delete, tail_scan
+from imq.delete import DeleteRange, stage_delete, tail_rows
 from imq.errors import DiffConflictError, StateFormatError
 from imq.observability import ImqLogger
 from imq.state.message import MessageFormatError, parse_internal_header
 from imq.state.reader import Segment, StateReader
 from imq.state.source import open_source
 from imq.state.tl import TlDiff
-from imq.storage import Scan, Store, Table, Transaction, codec
+from imq.storage import StoreProtocol as Store
+from imq.storage import TransactionProtocol as Transaction
+from imq.storage import ops
 from imq.types import (
     BlockId,
     CommitPointer,
@@ -164,24 +166,20 @@ def _check_top_update(top_update: tuple[bytes, int]) -> tuple[bytes, int]:
 def _plan(store: Store, reader: StateReader, block_id: BlockId) -> list[_DiffWork]:
     header = reader.header
     shard = header.shard
-    lo, hi = codec.diff_info_shard_range(shard)
-    with store.snapshot(scans=[Scan(Table.DIFF_INFO, lo, hi)]) as snap:
-        stored = {codec.decode_diff_info_seqno(k): v for k, v in snap.cursors[0]}
+    shard_diffs = ops.ShardDiffs(shard)
+    with ops.view(store, shard_diffs) as view:
+        stored = view[shard_diffs]
     works = []
     for diff, diff_hash in zip(header.diffs, header.diff_hashes, strict=True):
-        raw = stored.get(diff.seqno)
-        if raw is not None:
-            info = codec.decode_diff_info(codec.diff_info_key(shard, diff.seqno), raw)
-            if info.hash != diff_hash:
-                raise DiffConflictError(
-                    f"diff of block {shard}:{diff.seqno} is already stored with hash "
-                    f"{info.hash.hex()}; the state's diff hashes to {diff_hash.hex()}"
-                )
-        works.append(_DiffWork(diff, diff_hash, raw is None, *_routes(diff)))
+        record = stored.get(diff.seqno)
+        if record is not None and record[0].hash != diff_hash:
+            raise DiffConflictError(
+                f"diff of block {shard}:{diff.seqno} is already stored with hash "
+                f"{record[0].hash.hex()}; the state's diff hashes to {diff_hash.hex()}"
+            )
+        works.append(_DiffWork(diff, diff_hash, record is None, *_routes(diff)))
     # A rollback deletes the spans of the diffs it wrote: they must not hold stored rows.
-    spans = [
-        codec.decode_diff_span(codec.diff_info_key(shard, s), v)[:2] for s, v in stored.items()
-    ]
+    spans = [(info.min_message, info.max_message) for info, _ in stored.values()]
     for work in works:
         d = work.diff
         if work.write and any(lo <= d.max_message and d.min_message <= hi for lo, hi in spans):
@@ -209,7 +207,7 @@ def _routes(diff: TlDiff) -> tuple[dict[tuple[int, bytes], int], dict[tuple[int,
 def _check_pointer(store: Store, shard: ShardIdent, top: TlDiff) -> None:
     check_forward(
         shard,
-        store.cached("pointers", {}).get(shard),
+        store.state.pointers.get(shard),
         CommitPointer(top.max_message, top.seqno),
         operation=f"importing the state of {shard}:{top.seqno}",
     )
@@ -221,7 +219,7 @@ def _write_marker(store: Store, block_id: BlockId, new: list[_DiffWork]) -> None
         partitions.update(work.route_dst.values(), work.route_src.values())
     txn = store.transaction()
     spans = [(w.diff.seqno, w.diff.min_message, w.diff.max_message) for w in new]
-    txn.put(Table.VARS, codec.IMPORT_MARKER, codec.import_marker_value(block_id, spans, partitions))
+    ops.put_import_marker(txn, block_id, spans, partitions)
     store.write(txn, sync=True)
 
 
@@ -245,8 +243,8 @@ def _stream(
             work = works[segment.diff_index]
             partitions, headers = _stage_segment(segment, work)
             if work.write:
-                codec.put_raw_message_rows(
-                    *batch[0].writer(Table.MESSAGES),
+                ops.put_raw_messages(
+                    batch[0],
                     shard,
                     partitions=partitions,
                     headers=headers,
@@ -338,15 +336,9 @@ def _stage_diff_rows(txn: Transaction, shard: ShardIdent, work: _DiffWork) -> No
     messages: dict[int, int] = {}
     per_workchain: Counter[int] = Counter()
     for partition, counter in work.stats.items():
-        txn.put(
-            Table.STATISTICS,
-            codec.stat_key(shard, partition, diff.max_message, diff.seqno),
-            codec.stat_value_raw(counter.items()),
-        )
         messages[partition] = counter.total()
         for (wc, _), count in counter.items():
             per_workchain[wc] += count
-    txn.put(Table.DIFF_TAIL, codec.tail_key(shard, diff.max_message, diff.seqno), b"")
     info = DiffInfo(
         min_message=diff.min_message,
         max_message=diff.max_message,
@@ -359,11 +351,7 @@ def _stage_diff_rows(txn: Transaction, shard: ShardIdent, work: _DiffWork) -> No
         prev_hash=diff.prev_hash,
     )
     partitions = {p: 0 for p, _ in (*diff.router_src, *diff.router_dst)} | messages
-    txn.put(
-        Table.DIFF_INFO,
-        codec.diff_info_key(shard, diff.seqno),
-        codec.diff_info_value(info, partitions),
-    )
+    ops.put_diff(txn, shard, info, work.stats, partitions)
     work.stats = {}
 
 
@@ -371,16 +359,14 @@ def _finish(store: Store, block_id: BlockId, top: TlDiff) -> None:
     """The pointer, the last committed masterchain block, and the marker gone: one
     synced batch, after which the import is complete."""
     txn = store.transaction()
-    shard = block_id.shard
     pointer = CommitPointer(top.max_message, top.seqno)
-    txn.put(Table.COMMIT_POINTERS, codec.shard_bytes(shard), codec.pointer_value(pointer))
-    txn.publish("pointers", {**store.cached("pointers", {}), shard: pointer})
+    mc_block = None
     if block_id.is_masterchain:
-        last: BlockId | None = store.cached("last_mc_block")
+        last = store.state.last_mc_block
         if last is None or last.seqno <= block_id.seqno:
-            txn.put(Table.VARS, codec.LAST_COMMITTED_MC_BLOCK, codec.block_id_bytes(block_id))
-            txn.publish("last_mc_block", block_id)
-    txn.delete(Table.VARS, codec.IMPORT_MARKER)
+            mc_block = block_id
+    ops.put_commit_state(txn, {block_id.shard: pointer}, mc_block)
+    ops.delete_import_marker(txn)
     store.write(txn, sync=True)
 
 
@@ -392,7 +378,7 @@ def rollback_import_at_open(store: Store, log: ImqLogger) -> bool:
     """At open: remove what an import interrupted by a crash wrote (D10) and say so. A
     read-only open cannot, and warns that the view holds a partial import."""
     if store.read_only:
-        if store.get_latest(Table.VARS, codec.IMPORT_MARKER) is not None:
+        if ops.read_import_marker(store) is not None:
             log.warning("import_incomplete", detail="a writer's next open will roll it back")
         return False
     return rollback_import(store, log, reason="interrupted")
@@ -401,19 +387,20 @@ def rollback_import_at_open(store: Store, log: ImqLogger) -> bool:
 def rollback_import(store: Store, log: ImqLogger, *, reason: str) -> bool:
     """Delete everything an unfinished import wrote, and its marker; False if there was
     no unfinished import. Used after a failed import and at open after a crash."""
-    raw = store.get_latest(Table.VARS, codec.IMPORT_MARKER)
-    if raw is None:
+    marker = ops.read_import_marker(store)
+    if marker is None:
         return False
-    block_id, spans, partitions = codec.decode_import_marker(raw)
+    block_id, spans, partitions = marker
     shard = block_id.shard
     ranges = [DeleteRange(shard, lo, hi, frozenset(partitions), True) for _, lo, hi in spans]
     txn = store.transaction()
     # A diff's tail and info rows are written in one batch, and its tail key (its
     # max_message) lies in its span, so the tail scan finds every info row to delete.
-    with store.snapshot(points=[Table.DIFF_INFO], scans=[tail_scan(r) for r in ranges]) as snap:
-        for i, r in enumerate(ranges):
-            stage_delete(snap, i, txn, r)
-    txn.delete(Table.VARS, codec.IMPORT_MARKER)
+    tails = [tail_rows(r) for r in ranges]
+    with ops.view(store, *tails, diffs=True) as view:
+        for tail, r in zip(tails, ranges, strict=True):
+            stage_delete(view, tail, txn, r)
+    ops.delete_import_marker(txn)
     store.write(txn, sync=True)
     store.compact(txn.deleted_ranges)
     log.warning(

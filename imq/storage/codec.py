@@ -1,4 +1,9 @@
-"""Every byte layout of the database: keys, values, range bounds. Nothing else packs bytes.
+"""Every byte layout of the database: keys, values, range bounds.
+
+Storage rows are packed and unpacked only here, with one exception by design: the
+iterator's decode of message rows (``imq/iterator.py``, and ``imq/_speedups.c``, which
+also packs them on the apply path) works on the raw bytes, at the offsets this module
+defines (``MESSAGE_*``; a unit test pins the C ``#define``s to them).
 
 Keys are fixed-width big-endian so that byte order equals logical order (D1):
 signed numbers are stored offset-binary (value + 2**(bits-1)), so the masterchain
@@ -23,6 +28,7 @@ from typing import Any
 import msgpack
 
 from imq.errors import CorruptDataError
+from imq.storage.queue_state import CommitRecord, GcBounds
 from imq.types import (
     Address,
     BlockId,
@@ -37,15 +43,77 @@ from imq.types import (
 )
 
 __all__ = [
+    "ACCOUNT_LEN",
+    "ADDRESS_LEN",
     "COMMIT_RECORD",
+    "DIFF_INFO_KEY_LEN",
     "GC_EXECUTED",
     "GC_REQUESTED",
+    "HASH_LEN",
     "IMPORT_MARKER",
+    "KEY_LEN",
     "LAST_COMMITTED_MC_BLOCK",
+    "LT_LEN",
+    "MESSAGE_DST_AT",
     "MESSAGE_KEY_LEN",
+    "MESSAGE_KEY_LT_HASH",
+    "MESSAGE_LT_END",
+    "MESSAGE_PREFIX_LEN",
+    "MESSAGE_SRC_AT",
     "MESSAGE_VALUE_HEADER_LEN",
     "SCHEMA_VERSION",
     "SCHEMA_VERSION_KEY",
+    "SHARD_LEN",
+    "STAT_ENTRY_LEN",
+    "STAT_KEY_LEN",
+    "STAT_PREFIX_LEN",
+    "TAIL_KEY_LEN",
+    "Destinations",
+    "address_bytes",
+    "block_id_bytes",
+    "commit_record_value",
+    "decode_address",
+    "decode_block_id",
+    "decode_commit_record",
+    "decode_diff_info",
+    "decode_diff_info_seqno",
+    "decode_diff_record",
+    "decode_diff_span",
+    "decode_gc_bounds",
+    "decode_import_marker",
+    "decode_key",
+    "decode_message",
+    "decode_message_hash_body",
+    "decode_pointer",
+    "decode_shard",
+    "decode_stat_row",
+    "decode_tail_key",
+    "decode_u32",
+    "diff_info_key",
+    "diff_info_shard_range",
+    "diff_info_value",
+    "gc_bounds_value",
+    "import_marker_value",
+    "key_bytes",
+    "message_delete_range",
+    "message_key",
+    "message_prefix",
+    "message_range",
+    "message_rows",
+    "pointer_value",
+    "prefix_end",
+    "put_message_rows",
+    "put_raw_message_rows",
+    "stat_delete_range",
+    "stat_key",
+    "stat_prefix",
+    "stat_range",
+    "stat_value",
+    "tail_key",
+    "tail_range",
+    "tail_range_inclusive",
+    "u32_value",
+    "workchain_byte",
 ]
 
 SCHEMA_VERSION = 1
@@ -60,11 +128,22 @@ GC_EXECUTED = b"gc_executed"
 IMPORT_MARKER = b"import_in_progress"
 
 SHARD_LEN = 12
-KEY_LEN = 40
-ADDRESS_LEN = 33
-MESSAGE_PREFIX_LEN = 2 + SHARD_LEN
+LT_LEN = 8
+HASH_LEN = 32
+KEY_LEN = LT_LEN + HASH_LEN  # a queue key: lt u64, hash
+ACCOUNT_LEN = 32
+ADDRESS_LEN = 1 + ACCOUNT_LEN  # workchain + 128, account
+# The message row, the one layout three readers share: this module writes it, the
+# iterator and its C decode (imq/_speedups.c, whose #defines a unit test pins to these
+# values) read it at these offsets.
+#   key   = partition u16 | source shard (12) | lt u64 | hash (32)
+#   value = dst address (33) | src address (33) | body
+MESSAGE_PREFIX_LEN = 2 + SHARD_LEN  # where the queue key starts in a message key
+MESSAGE_LT_END = MESSAGE_PREFIX_LEN + LT_LEN  # where the hash starts
 MESSAGE_KEY_LEN = MESSAGE_PREFIX_LEN + KEY_LEN  # 54
-MESSAGE_VALUE_HEADER_LEN = 2 * ADDRESS_LEN  # dst then src
+MESSAGE_DST_AT = 0
+MESSAGE_SRC_AT = ADDRESS_LEN
+MESSAGE_VALUE_HEADER_LEN = 2 * ADDRESS_LEN  # where the body starts
 STAT_PREFIX_LEN = SHARD_LEN + 2 + KEY_LEN  # 54
 STAT_KEY_LEN = STAT_PREFIX_LEN + 4  # 58
 TAIL_KEY_LEN = SHARD_LEN + KEY_LEN + 4  # 56
@@ -75,8 +154,11 @@ _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _STAT_ENTRY = struct.Struct(">B32sQ")  # destination (offset workchain, account), count
-_MESSAGE_KEY = struct.Struct(">14sQ32s")  # partition + shard prefix, lt, hash
-_MESSAGE_HEADER = struct.Struct(">B32sB32s")  # dst workchain, dst account, src ...
+STAT_ENTRY_LEN = _STAT_ENTRY.size  # 41
+_MESSAGE_KEY = struct.Struct(f">{MESSAGE_PREFIX_LEN}sQ{HASH_LEN}s")  # prefix, lt, hash
+_MESSAGE_HEADER = struct.Struct(f">B{ACCOUNT_LEN}sB{ACCOUNT_LEN}s")  # dst wc, account, src ...
+MESSAGE_KEY_LT_HASH = struct.Struct(f">{MESSAGE_PREFIX_LEN}xQ{HASH_LEN}s")
+"""Unpacks ``(lt, hash)`` from a message key (what the iterator's decode uses)."""
 _I32_OFFSET = 1 << 31
 _WC_BYTE = {wc: bytes((wc + 128,)) for wc in range(-128, 128)}
 
@@ -260,12 +342,6 @@ def put_raw_message_rows(
         )
 
 
-def stat_value_raw(entries: Iterable[tuple[tuple[int, bytes], int]]) -> bytes:
-    """:func:`stat_value` from ``((workchain, account), count)`` pairs (the import path)."""
-    pack = _STAT_ENTRY.pack
-    return b"".join([pack(wc + 128, account, count) for (wc, account), count in entries])
-
-
 def decode_message_hash_body(raw_key: bytes, value: bytes) -> tuple[bytes, bytes]:
     """(message hash, body) of a stored row: what an export needs, without decoding
     the addresses."""
@@ -308,7 +384,11 @@ def stat_key(shard: ShardIdent, partition: int, max_message: QueueKey, seqno: in
     return stat_prefix(shard, partition, max_message) + _U32.pack(seqno)
 
 
-def _stat_value_py(counts: Mapping[Address, int]) -> bytes:
+Destinations = Mapping[Address, int] | Mapping[tuple[int, bytes], int]
+"""Messages per destination, keyed by ``Address`` or by a plain ``(workchain, account)``."""
+
+
+def _stat_value_py(counts: Destinations) -> bytes:
     """Packed ``(destination, count)`` entries of one diff in one partition."""
     pack = _STAT_ENTRY.pack
     return b"".join([pack(dst[0] + 128, dst[1], count) for dst, count in counts.items()])
@@ -531,10 +611,6 @@ def decode_u32(name: bytes, value: bytes) -> int:
     return int(_U32.unpack(value)[0])
 
 
-CommitRecord = dict[ShardIdent, dict[ShardIdent, QueueKey]]
-GcBounds = dict[tuple[int, ShardIdent], QueueKey]
-
-
 def commit_record_value(record: CommitRecord) -> bytes:
     rows = [
         [shard_bytes(top), [[shard_bytes(s), key_bytes(k)] for s, k in sorted(pt.items())]]
@@ -543,7 +619,7 @@ def commit_record_value(record: CommitRecord) -> bytes:
     return bytes(_pack([_RECORD_VERSION, rows]))
 
 
-def decode_commit_record(value: bytes) -> CommitRecord:
+def decode_commit_record(value: bytes) -> dict[ShardIdent, dict[ShardIdent, QueueKey]]:
     try:
         version, rows = _unpack(value)
         if version != _RECORD_VERSION:
@@ -561,7 +637,7 @@ def gc_bounds_value(bounds: GcBounds) -> bytes:
     return bytes(_pack([_RECORD_VERSION, rows]))
 
 
-def decode_gc_bounds(name: bytes, value: bytes) -> GcBounds:
+def decode_gc_bounds(name: bytes, value: bytes) -> dict[tuple[int, ShardIdent], QueueKey]:
     try:
         version, rows = _unpack(value)
         if version != _RECORD_VERSION:
@@ -652,7 +728,7 @@ def put_message_rows(
     return _put_message_rows_py(put, target, shard, messages, partition_for, counts=tally)
 
 
-def stat_value(counts: Mapping[Address, int]) -> bytes:
+def stat_value(counts: Destinations) -> bytes:
     """Packed ``(destination, count)`` entries of one diff in one partition."""
     if _c_stat_value is not None and type(counts) is dict:
         value: bytes = _c_stat_value(counts)

@@ -6,8 +6,8 @@ is an implicit snapshot taken when it is created, and ``snapshot[key]`` is consi
 So every write goes through one mutex (the *gate*), and a :class:`Snapshot` opens, under
 that same gate, the per-table point snapshots and every cursor its read call will use.
 All of them then see the same sequence number: one consistent view across tables (D12).
-The gate also publishes the small in-memory caches (commit pointers etc., D14) in step
-with the write that changed them.
+The gate also publishes the queue's in-memory state (:class:`QueueState`: commit
+pointers etc., D14) in step with the write that changed it.
 
 Bounds. ``set_iterate_lower_bound`` is broken (it sets the upper bound), so cursors
 seek to their lower bound instead; and a bound is a dangling pointer once its ``bytes``
@@ -51,6 +51,8 @@ from imq.errors import (
     StorageError,
 )
 from imq.storage import codec
+from imq.storage.backend import TransactionProtocol
+from imq.storage.queue_state import QueueState, StateUpdate
 from imq.storage.tables import TABLES, StoreOptions, Table, table_options
 
 __all__ = ["Closable", "Cursor", "Scan", "Snapshot", "Store", "Transaction", "open_rdict"]
@@ -75,7 +77,7 @@ class Scan:
     seekable: bool = False  # a raw iterator for Cursor.count over many sub-ranges
 
 
-def read_error(path: object, table: Table, key: bytes, exc: BaseException) -> ImqError:
+def _read_error(path: object, table: Table, key: bytes, exc: BaseException) -> ImqError:
     """The typed error for a failed RocksDB read: a damaged block (``Corruption``) is
     :class:`CorruptDataError`, anything else (an I/O error) :class:`StorageError`."""
     text = str(exc)
@@ -153,7 +155,7 @@ class _EndCheck:
             raise
         except Exception as exc:  # rocksdict raises a bare Exception("Corruption: ...")
             key = last_key if last_key is not None else self._lo
-            raise read_error(self._path, self._table, key, exc) from None
+            raise _read_error(self._path, self._table, key, exc) from None
 
 
 class Cursor:
@@ -228,7 +230,7 @@ class Cursor:
         try:
             raw.status()
         except Exception as exc:
-            raise read_error(self._path, self._table, lo, exc) from None
+            raise _read_error(self._path, self._table, lo, exc) from None
         return n
 
     def close(self) -> None:
@@ -238,21 +240,21 @@ class Cursor:
 
 class Snapshot:
     """A consistent read view: point reads on the tables named at creation, the cursors
-    declared at creation, and the in-memory caches as they were at that instant."""
+    declared at creation, and the queue state as it was at that instant."""
 
-    __slots__ = ("_closed", "_points", "_store", "cache", "cursors")
+    __slots__ = ("_closed", "_points", "_store", "cursors", "state")
 
     def __init__(
         self,
         store: Store,
         points: dict[Table, Any],
         cursors: list[Cursor],
-        cache: dict[str, Any],
+        state: QueueState,
     ) -> None:
         self._store = store
         self._points = points
         self.cursors = cursors
-        self.cache = cache
+        self.state = state
         self._closed = False
 
     def get(self, table: Table, key: bytes) -> bytes | None:
@@ -265,7 +267,7 @@ class Snapshot:
         except Exception as exc:  # rocksdict raises a bare Exception("key not found")
             if "not found" in str(exc):
                 return None
-            raise read_error(self._store.path, table, key, exc) from None
+            raise _read_error(self._store.path, table, key, exc) from None
         return value
 
     def close(self) -> None:
@@ -288,17 +290,17 @@ class Snapshot:
 
 
 class Transaction:
-    """One atomic ``WriteBatch`` across tables, plus the cache values it publishes.
+    """One atomic ``WriteBatch`` across tables, plus the queue-state changes it publishes.
 
     Single use: :meth:`Store.write` consumes it.
     """
 
-    __slots__ = ("_handles", "batch", "cache_updates", "deleted_ranges")
+    __slots__ = ("_handles", "batch", "deleted_ranges", "state_updates")
 
     def __init__(self, handles: Mapping[Table, Any]) -> None:
         self._handles = handles
         self.batch = WriteBatch(raw_mode=True)
-        self.cache_updates: dict[str, Any] = {}
+        self.state_updates: list[StateUpdate] = []
         self.deleted_ranges: list[tuple[Table, bytes, bytes]] = []
 
     def _handle(self, table: Table) -> Any:
@@ -331,9 +333,10 @@ class Transaction:
             self.batch.delete_range(lo, hi, self._handle(table))
             self.deleted_ranges.append((table, lo, hi))
 
-    def publish(self, name: str, value: Any) -> None:
-        """Set cache entry ``name`` to ``value`` once (and only if) the batch is written."""
-        self.cache_updates[name] = value
+    def publish(self, update: StateUpdate) -> None:
+        """Apply ``update`` to the queue state once (and only if) the batch is written,
+        under the write gate, to the state current then."""
+        self.state_updates.append(update)
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -403,7 +406,7 @@ class Store:
             self._release_lock()
             raise
         self._gate = threading.Lock()
-        self._cache: dict[str, Any] = {}
+        self._state = QueueState()
         self._resources: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
         self._dead: StorageError | None = None
@@ -560,14 +563,16 @@ class Store:
             self._check_open()
             snaps = {t: self._tables[t].snapshot() for t in points}
             cursors = [Cursor(self._tables[s.table], s, self.path) for s in scans]
-            cache = dict(self._cache)
-        return Snapshot(self, snaps, cursors, cache)
+            state = self._state
+        return Snapshot(self, snaps, cursors, state)
 
-    def cached(self, name: str, default: Any = None) -> Any:
-        return self._cache.get(name, default)
+    @property
+    def state(self) -> QueueState:
+        """The queue state as of the last write."""
+        return self._state
 
     def load_table(self, table: Table) -> list[tuple[bytes, bytes]]:
-        """Every row of a small table (used at open to fill the caches)."""
+        """Every row of a small table (used at open to load the queue state)."""
         cursor = Cursor(self._table(table), Scan(table, b"", None), self.path)
         try:
             return list(cursor.items)
@@ -581,7 +586,7 @@ class Store:
         except Exception as exc:
             if self._closed:
                 raise QueueClosedError(f"queue database {self.path} is closed") from exc
-            raise read_error(self.path, table, key, exc) from None
+            raise _read_error(self.path, table, key, exc) from None
         return value
 
     # -- writes -------------------------------------------------------------------------------
@@ -592,20 +597,25 @@ class Store:
             raise ImqError(f"queue database {self.path} is open read-only")
         return Transaction(self._handles)
 
-    def write(self, txn: Transaction, *, sync: bool = False) -> None:
-        """Write ``txn`` atomically and publish its cache updates."""
+    def write(self, txn: TransactionProtocol, *, sync: bool = False) -> None:
+        """Write ``txn`` atomically and publish its queue-state updates."""
+        if not isinstance(txn, Transaction):
+            raise TypeError(f"a RocksDB store writes Transaction, not {type(txn).__name__}")
         with self._gate:
             self._check_open()
             try:
                 self._db.write(txn.batch, self._sync) if sync else self._db.write(txn.batch)
             except Exception as exc:  # rocksdict raises a bare Exception("IO error: ...")
                 raise self._failed("write", exc) from exc
-            self._cache.update(txn.cache_updates)
+            state = self._state
+            for update in txn.state_updates:
+                state = update(state)
+            self._state = state
 
-    def publish(self, values: Mapping[str, Any]) -> None:
-        """Set cache entries without a write (used when loading them at open)."""
+    def set_state(self, state: QueueState) -> None:
+        """Replace the queue state without a write (when loading it at open)."""
         with self._gate:
-            self._cache.update(values)
+            self._state = state
 
     def compact(self, ranges: Iterable[tuple[Table, bytes, bytes]]) -> None:
         """Compact exactly the given key ranges (after a range delete).

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,15 @@ from imq import (
 from imq.testing import codec as c
 from imq.testing.model import DiffInput, QueueModel
 
-__all__ = ["ReplayDivergenceError", "ReplayReport", "assert_replays", "read_log", "replay"]
+__all__ = [
+    "Opener",
+    "ReplayDivergenceError",
+    "ReplayReport",
+    "assert_replays",
+    "iter_steps",
+    "read_log",
+    "replay",
+]
 
 MUTATING = {
     "open",
@@ -112,10 +120,16 @@ def _diff_input(args: dict[str, Any]) -> tuple[QueueDiff, Any, DiffInput]:
     return diff, stats, model_input
 
 
+Opener = Callable[[QueueConfig, int], Queue]  # (config, zerostate seqno) -> an open queue
+
+
 class _Replayer:
-    def __init__(self, db: Path, zerostate_seqno: int) -> None:
+    def __init__(self, db: Path, zerostate_seqno: int, opener: Opener | None = None) -> None:
         self.db = db
         self.zerostate = zerostate_seqno
+        self.opener: Opener = opener or (
+            lambda config, zerostate: Queue.open(self.db, config, zerostate_seqno=zerostate)
+        )
         self.model = QueueModel(zerostate_seqno)
         self.queue: Queue | None = None
         self.real_pending: dict[int, Any] = {}
@@ -152,7 +166,7 @@ class _Replayer:
         none = _outcome(lambda: None, lambda v: v)
         if op == "open":
             config = QueueConfig(gc_enabled=False, sync_commits=False)
-            self.queue = Queue.open(self.db, config, zerostate_seqno=self.zerostate)
+            self.queue = self.opener(config, self.zerostate)
             return none, none
         if op in ("close", "kill"):
             if self.queue is None:  # closing a closed queue is a no-op
@@ -372,11 +386,17 @@ def _short(value: Any) -> str:
     return text if len(text) <= 600 else text[:600] + "..."
 
 
-def replay(path: Path, db: Path | None = None) -> ReplayReport:
+def replay(path: Path, db: Path | None = None, *, open_queue: Opener | None = None) -> ReplayReport:
     """Replay the log at ``path`` on a fresh database in ``db`` (a temporary directory if
     None; ``db`` must not hold a database) and on the model. Raises
-    :class:`ReplayDivergenceError` at the first difference."""
+    :class:`ReplayDivergenceError` at the first difference.
+
+    ``open_queue(config, zerostate_seqno)``, when given, opens the queue instead (every
+    ``open`` of the log calls it; it must reopen one database, e.g.
+    :meth:`MemoryDatabase.open`), and ``db`` is not used."""
     header, lines = read_log(path)
+    if open_queue is not None:
+        return _replay(header, lines, Path("unused"), open_queue)
     if db is None:
         with tempfile.TemporaryDirectory(prefix="imq-replay-") as tmp:
             return _replay(header, lines, Path(tmp) / "queue")
@@ -385,8 +405,10 @@ def replay(path: Path, db: Path | None = None) -> ReplayReport:
     return _replay(header, lines, db)
 
 
-def _replay(header: dict[str, Any], lines: list[dict[str, Any]], db: Path) -> ReplayReport:
-    r = _Replayer(db, int(header.get("zerostate_seqno", 0)))
+def _replay(
+    header: dict[str, Any], lines: list[dict[str, Any]], db: Path, opener: Opener | None = None
+) -> ReplayReport:
+    r = _Replayer(db, int(header.get("zerostate_seqno", 0)), opener)
     try:
         for line in lines:
             r.step(line)

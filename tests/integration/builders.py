@@ -325,12 +325,12 @@ def iterate_all(
 
 
 def state(queue: Queue, shards: Sequence[ShardIdent]) -> dict[str, Any]:
-    """The observable state through the public API (plus the persisted GC caches)."""
+    """The observable state through the public API, GC bounds and commit record included."""
     return {
         "pointers": queue.get_commit_pointers(),
         "last_mc": queue.get_last_committed_mc_block_id(),
         "last_applied": {s: queue.get_last_applied_seqno(s) for s in shards},
         "tails": {s: queue.get_diffs_tail_len(s, QueueKey.MIN) for s in shards},
-        "gc_requested": dict(queue._store.cached("gc_requested")),
-        "commit_record": dict(queue._store.cached("commit_record")),
+        "gc_requested": dict(queue.gc_bounds()[0]),
+        "commit_record": dict(queue.commit_record()),
     }

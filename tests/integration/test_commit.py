@@ -301,8 +301,8 @@ def _requested(
 def test_gc_bounds_are_the_min_processed_to_over_the_top_diffs(queue: Queue, chain: Chain) -> None:
     w = committed_world(chain)
     expected = {MC: key(90), S1: key(50), S2: key(40)}
-    assert queue._store.cached("gc_requested") == _requested(expected, (0, 1))
-    assert queue._store.cached("commit_record") == {
+    assert queue.gc_bounds()[0] == _requested(expected, (0, 1))
+    assert queue.commit_record() == {
         MC: w["mc1"].diff.processed_to,
         S1: w["s1_2"].diff.processed_to,
         S2: w["s2_1"].diff.processed_to,
@@ -313,7 +313,7 @@ def test_gc_bounds_follow_the_partitions_argument(queue: Queue, chain: Chain) ->
     mc = chain.apply(MC, 1, processed_to={S1: key(7)})
     s1 = chain.apply(S1, 1, processed_to={S1: key(9), MC: key(3)})
     assert queue.commit_diff([mc.top(), s1.top(1)], partitions=[0, 3]) is True
-    assert queue._store.cached("gc_requested") == _requested({S1: key(7), MC: key(3)}, (0, 3))
+    assert queue.gc_bounds()[0] == _requested({S1: key(7), MC: key(3)}, (0, 3))
 
 
 def test_gc_bounds_of_an_idle_shard(queue: Queue, chain: Chain) -> None:
@@ -324,7 +324,7 @@ def test_gc_bounds_of_an_idle_shard(queue: Queue, chain: Chain) -> None:
     tops = [mc2.top(), s1_3.top(2), w["s2_1"].top(1, updated=False)]
     assert queue.commit_diff(tops) is True
     idle = {MC: key(95), S1: key(55), S2: key(220)}
-    requested = queue._store.cached("gc_requested")
+    requested = queue.gc_bounds()[0]
     assert {k: requested[k] for k in _requested(idle, (0, 1))} == _requested(idle, (0, 1))
 
     # The idle shard's DiffInfo is gone (as after a GC pass): D7 keeps its old entry, so
@@ -334,27 +334,27 @@ def test_gc_bounds_of_an_idle_shard(queue: Queue, chain: Chain) -> None:
     s1_4 = chain.apply(S1, 1, processed_to={MC: key(500), S1: key(510), S2: key(520)})
     tops = [mc3.top(), s1_4.top(3), w["s2_1"].top(3, updated=False)]
     assert queue.commit_diff(tops) is True
-    record = queue._store.cached("commit_record")
+    record = queue.commit_record()
     assert record[S2] == w["s2_1"].diff.processed_to
     idle = {MC: key(95), S1: key(55), S2: key(420)}
-    requested = queue._store.cached("gc_requested")
+    requested = queue.gc_bounds()[0]
     assert {k: requested[k] for k in _requested(idle, (0, 1))} == _requested(idle, (0, 1))
 
     # A commit that no longer lists S2 drops its entry.
     mc4 = chain.apply(MC, 1, processed_to={MC: key(600), S1: key(610), S2: key(620)})
     assert queue.commit_diff([mc4.top(), s1_4.top(4, updated=False)]) is True
-    assert set(queue._store.cached("commit_record")) == {MC, S1}
+    assert set(queue.commit_record()) == {MC, S1}
     moved = {MC: key(500), S1: key(510), S2: key(520)}
-    requested = queue._store.cached("gc_requested")
+    requested = queue.gc_bounds()[0]
     assert {k: requested[k] for k in _requested(moved, (0, 1))} == _requested(moved, (0, 1))
 
 
 def test_gc_bounds_survive_reopen(db_path: Path) -> None:
     with open_queue(db_path) as queue:
         committed_world(Chain(queue))
-        requested = dict(queue._store.cached("gc_requested"))
+        requested = dict(queue.gc_bounds()[0])
     with open_queue(db_path) as queue:
-        assert queue._store.cached("gc_requested") == requested
+        assert queue.gc_bounds()[0] == requested
 
 
 # -- zones ------------------------------------------------------------------------------------

@@ -356,7 +356,7 @@ def test_an_idle_shard_holds_back_deletion_of_what_it_has_not_read(
         a_next = chain.apply(A, to_b, processed_to={A: chain.of(A)[-1].max_message})
         mc = chain.apply(MC, 0, processed_to={A: a_next.max_message, B: b1.max_message})
         commit(queue, mc, a_next, idle=[b1])
-        assert queue._store.cached("commit_record")[B] == b1.diff.processed_to
+        assert queue.commit_record()[B] == b1.diff.processed_to
         assert queue.gc_bounds()[0][(0, A)] == b_read
         queue.run_gc()
         unread += keys_of(a_next)

@@ -353,7 +353,7 @@ class QueueMachine(RuleBasedStateMachine):
     def _open(self) -> Any:
         """Open the queue, wait for the worker's first pass (it fires at open, D7: GC
         resumes without a new commit) and let the model run that pass too."""
-        queue = Queue.open(self.path, CONFIG, zerostate_seqno=self.zerostate_seqno)
+        queue = self._open_queue()
         try:
             worker = queue.gc_worker
             assert worker is not None
@@ -371,6 +371,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.log.record("open", {})
         self.log.record("run_gc", {}, expected)  # the worker's pass at open
         return RecordingQueue(queue, self.log)
+
+    def _open_queue(self) -> Queue:
+        return Queue.open(self.path, CONFIG, zerostate_seqno=self.zerostate_seqno)
 
     def teardown(self) -> None:
         QueueMachine.last_log = self.sink.getvalue()

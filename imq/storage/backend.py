@@ -1,0 +1,140 @@
+"""What a store must offer the queue: the interface RocksDB (:mod:`imq.storage.rocks`)
+and memory (:mod:`imq.storage.memory`) both implement.
+
+It sits one level below :mod:`imq.storage.ops`: raw rows of the six tables, atomic
+transactions, consistent snapshots and the published :class:`QueueState`. The domain
+never calls it for rows; it passes a backend to the named operations of ``ops``, which
+hold every byte layout, so both backends store the same bytes by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from imq.errors import StorageError
+from imq.storage.queue_state import QueueState, StateUpdate
+from imq.storage.tables import Table
+
+if TYPE_CHECKING:
+    from imq.storage.rocks import Scan
+
+__all__ = [
+    "Closable",
+    "CursorProtocol",
+    "SnapshotProtocol",
+    "StoreProtocol",
+    "TransactionProtocol",
+]
+
+
+class Closable(Protocol):
+    def close_for_queue(self) -> None: ...
+
+
+class CursorProtocol(Protocol):
+    """A bounded range of one table, opened with its snapshot. Iterating yields
+    ``(key, value)`` pairs (keys only for a ``keys_only`` scan); ``items`` is the same
+    iterator, for a consumer that pulls rows in bulk."""
+
+    items: Iterator[Any]
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def count(self, lo: bytes, hi: bytes) -> int: ...
+
+    def close(self) -> str | None:
+        """Close (idempotent); what went wrong while closing, if anything."""
+
+
+class SnapshotProtocol(Protocol):
+    """A consistent read view: point reads, the cursors declared at creation (in their
+    order), and the queue state of that instant."""
+
+    @property
+    def state(self) -> QueueState: ...
+
+    @property
+    def cursors(self) -> Sequence[CursorProtocol]: ...
+
+    def get(self, table: Table, key: bytes) -> bytes | None: ...
+
+    def close(self) -> str | None:
+        """Close (idempotent); what went wrong while closing, if anything."""
+
+    def __enter__(self) -> SnapshotProtocol: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+class TransactionProtocol(Protocol):
+    """Rows staged for one atomic write, and the queue-state updates it publishes."""
+
+    @property
+    def deleted_ranges(self) -> list[tuple[Table, bytes, bytes]]: ...
+
+    def put(self, table: Table, key: bytes, value: bytes) -> None: ...
+
+    def writer(self, table: Table) -> tuple[Callable[[bytes, bytes, Any], object], Any]: ...
+
+    def delete(self, table: Table, key: bytes) -> None: ...
+
+    def delete_range(self, table: Table, lo: bytes, hi: bytes) -> None: ...
+
+    def compact_after(self, table: Table, lo: bytes, hi: bytes) -> None: ...
+
+    def publish(self, update: StateUpdate) -> None: ...
+
+
+class StoreProtocol(Protocol):
+    """A queue's storage: tables, transactions, snapshots, the queue state."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def read_only(self) -> bool: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def state(self) -> QueueState: ...
+
+    @property
+    def dead(self) -> StorageError | None:
+        """The error that killed the handle (a failed write), or ``None``."""
+
+    def set_state(self, state: QueueState) -> None: ...
+
+    def snapshot(
+        self, points: Iterable[Table] = (), scans: Sequence[Scan] = ()
+    ) -> SnapshotProtocol: ...
+
+    def transaction(self) -> TransactionProtocol: ...
+
+    def write(self, txn: TransactionProtocol, *, sync: bool = False) -> None: ...
+
+    def load_table(self, table: Table) -> list[tuple[bytes, bytes]]: ...
+
+    def get_latest(self, table: Table, key: bytes) -> bytes | None: ...
+
+    def register(self, resource: Closable) -> None: ...
+
+    def compact(self, ranges: Iterable[tuple[Table, bytes, bytes]]) -> None: ...
+
+    def compact_all(self, progress: Callable[[int, int], object] | None = None) -> None: ...
+
+    def flush(self, tables: Iterable[Table]) -> None: ...
+
+    def disk_usage(self) -> int: ...
+
+    def close(self) -> str | None:
+        """Close (idempotent); what went wrong while closing, if anything."""
