@@ -368,10 +368,10 @@ class Simulation:
     def _close(self, *, crash: bool = False) -> None:
         if self.queue is None:
             return
-        collected, deletions, passes = self._gc_counters()
-        self._gc_base += collected
-        self._gc_deletions_base += deletions
-        self._gc_passes_base += passes
+        # An in-process queue is read after closing, so a GC pass that finishes while
+        # close() waits for it counts; a child process's queue must be read before.
+        in_process = isinstance(self.queue, Queue)
+        counters = None if in_process else self._gc_counters()
         for queue in [self.queue, *self.followers]:
             started = time.perf_counter()
             if crash and self.crash is not None:
@@ -379,6 +379,10 @@ class Simulation:
             else:
                 queue.close()
             self._timed("close", started)
+        collected, deletions, passes = counters or self._gc_counters()
+        self._gc_base += collected
+        self._gc_deletions_base += deletions
+        self._gc_passes_base += passes
         self.queue = None
         self.followers = []
 

@@ -23,6 +23,8 @@ def test_short_runs_verify_exactly_once(tmp_path: Path, seed: int) -> None:
     result = Simulation(config).run()
     assert result.verified, result.verdict()
     assert result.messages_delivered == result.messages_created > 0
+    # every delivered message was collected by GC and counted once, across restarts
+    assert result.gc_collected == result.messages_created
     assert result.restarts and result.resets > result.restarts and result.cancelled
     assert result.rolled_back_blocks
     assert result.verdict().startswith("exactly-once: verified, ")
@@ -33,6 +35,7 @@ def test_explicit_gc_and_two_shards(tmp_path: Path) -> None:
     result = Simulation(config).run()
     assert result.verified, result.verdict()
     assert result.gc_passes >= 80 // 3
+    assert result.gc_collected == result.messages_created
 
 
 def test_a_previous_queue_needs_fresh(tmp_path: Path) -> None:
