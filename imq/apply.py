@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from operator import itemgetter
 
-from imq import reads
 from imq.diff import DiffStatistics, QueueDiff
 from imq.errors import DiffBelowCommitPointerError, DiffConflictError, DiffSequenceError
 from imq.storage import TransactionProtocol as Transaction
 from imq.storage import ops
 from imq.types import Address, BlockIdShort, CommitPointer, DiffInfo, DiffZone, QueueKey
+from imq.zones import max_in_zone
 
 __all__ = [
     "already_applied",
@@ -96,8 +96,10 @@ def skipped_by_sequence(
     seqno = view[last]
     if seqno is None:
         return False
-    if reads.diff_info(view, block.shard, seqno, zone) is None:  # absent or not in zone
-        return False
+    # Only the zone matters here: read the record's span, not its whole DiffInfo.
+    span = view.diff_span(block.shard, seqno)
+    if span is None or not max_in_zone(span[1], view.state.pointers.get(block.shard), zone):
+        return False  # absent or not in zone
     if block.seqno <= seqno:
         return True
     if block.seqno != seqno + 1:

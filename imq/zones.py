@@ -6,16 +6,22 @@ the diff's ``max_message``. The pointer's seqno plays no part in zones.
 
 from __future__ import annotations
 
-from imq.types import CommitPointer, DiffInfo, DiffZone
+from imq.types import CommitPointer, DiffInfo, DiffZone, QueueKey
 
-__all__ = ["in_zone", "is_committed"]
+__all__ = ["in_zone", "is_committed", "max_in_zone"]
 
 
 def is_committed(info: DiffInfo, pointer: CommitPointer | None) -> bool:
     return pointer is not None and pointer.key >= info.max_message
 
 
-def in_zone(info: DiffInfo, pointer: CommitPointer | None, zone: DiffZone) -> bool:
+def max_in_zone(max_message: QueueKey, pointer: CommitPointer | None, zone: DiffZone) -> bool:
+    """The zone test on a diff's ``max_message`` alone (no :class:`DiffInfo` needed)."""
     if zone is DiffZone.BOTH:
         return True
-    return is_committed(info, pointer) == (zone is DiffZone.COMMITTED)
+    committed = pointer is not None and pointer.key >= max_message
+    return committed == (zone is DiffZone.COMMITTED)
+
+
+def in_zone(info: DiffInfo, pointer: CommitPointer | None, zone: DiffZone) -> bool:
+    return max_in_zone(info.max_message, pointer, zone)
