@@ -17,6 +17,7 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from builders import Chain, open_queue  # noqa: E402
+from cli_runner import Imq, make_runner  # noqa: E402
 
 from imq import Queue  # noqa: E402
 from imq.observability import capture_events  # noqa: E402
@@ -47,3 +48,9 @@ def logs() -> Iterator[list[MutableMapping[str, Any]]]:
     ``structlog.testing.capture_logs`` shapes them (``event``, fields, ``log_level``)."""
     with capture_events() as entries:
         yield entries
+
+
+@pytest.fixture
+def imq(capsys: pytest.CaptureFixture[str]) -> Imq:
+    """``imq(*argv) -> Run``: the ``imq`` command run in-process (``cli_runner.py``)."""
+    return make_runner(capsys)

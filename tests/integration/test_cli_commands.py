@@ -10,12 +10,10 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import structlog
+from cli_runner import Imq, Run
 from state_fixtures import DUMP_STATES, MASTER_BIN, MASTER_TOP_HASH, SHARD_BIN, SHARD_TOP_HASH
 
 from imq import (
@@ -33,7 +31,7 @@ from imq import (
     TopBlock,
 )
 from imq.cli.common import Heartbeat
-from imq.cli.main import build_parser, main
+from imq.cli.main import build_parser
 from imq.state.block import parse_block_id_name
 from imq.state.source import open_source
 from imq.state.tl import read_state_header
@@ -42,33 +40,6 @@ MC = ShardIdent.MASTERCHAIN
 LEFT = ShardIdent(0, 0x4000_0000_0000_0000)
 MC_ID = "-1:8000000000000000"
 SHARD_ID = "0:8000000000000000:160"
-
-
-@dataclass(frozen=True)
-class Run:
-    code: int
-    out: str
-    err: str
-
-
-Imq = Callable[..., Run]
-
-
-@pytest.fixture
-def imq(capsys: pytest.CaptureFixture[str]) -> Iterator[Imq]:
-    saved = structlog.get_config()
-
-    def run(*argv: str | Path) -> Run:
-        capsys.readouterr()
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as exc:  # argparse
-            code = int(exc.code or 0)
-        captured = capsys.readouterr()
-        return Run(code, captured.out, captured.err)
-
-    yield run
-    structlog.configure(**saved)
 
 
 def _one_line_error(run: Run) -> str:

@@ -13,13 +13,11 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
 import pytest
-import structlog
+from cli_runner import Imq
 from state_fixtures import (
     BASE,
     DUMP_STATES,
@@ -34,7 +32,6 @@ from state_fixtures import (
 )
 
 from imq import BlockId, Queue, QueueConfig
-from imq.cli.main import main
 from imq.state.block import parse_block_id_name
 from imq.state.boc import CellBuilder, encode_boc
 from imq.state.synth import default_name, synth_state, write_synth_state
@@ -45,34 +42,6 @@ SHARD_ID = f"0:8000000000000000:160:{ZERO}:{ZERO}"
 MC57 = DUMP_STATES[0]
 DUMP35 = DUMP_STATES[1]
 assert MC57.block is not None and DUMP35.block is not None
-
-
-@dataclass(frozen=True)
-class Run:
-    code: int
-    out: str
-    err: str
-
-
-Imq = Callable[..., Run]
-
-
-@pytest.fixture
-def imq(capsys: pytest.CaptureFixture[str]) -> Iterator[Imq]:
-    """``imq(*argv) -> Run``; structlog's global setup is restored afterwards."""
-    saved = structlog.get_config()
-
-    def run(*argv: str | Path) -> Run:
-        capsys.readouterr()
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as exc:  # argparse
-            code = int(exc.code or 0)
-        captured = capsys.readouterr()
-        return Run(code, captured.out, captured.err)
-
-    yield run
-    structlog.configure(**saved)
 
 
 def _open(db: Path) -> Queue:
