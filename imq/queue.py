@@ -19,7 +19,7 @@ from time import perf_counter
 from types import TracebackType
 from typing import BinaryIO
 
-from imq import apply, reads
+from imq import apply, reads, verify
 from imq.commit import masterchain_block, plan_commit, stage_commit
 from imq.config import QueueConfig
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_rows
@@ -93,6 +93,8 @@ class Queue(QueueReads):
         if importer.rollback_import_at_open(store, self._log):
             self.metrics.inc("imports_rolled_back")
         store.set_state(ops.load_state(store))
+        for problem in verify.state_problems(store):  # a few point reads; never refuses
+            self._log.warning("integrity_check_failed", problem=problem)
         gc_log = get_logger("gc", db=str(store.path))
         self._gc = GarbageCollector(
             store,

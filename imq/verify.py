@@ -11,9 +11,12 @@ checks what the tables must agree on:
   GC collected (then a requested GC bound of the shard reaches the pointer);
 - a masterchain pointer comes with a last committed block.
 
-None of these runs at open: the property tests found accepted call sequences (a GC that
-collects the pointer's diff, its seqno applied again) that a stricter open-time rule
-would refuse.
+At open, :func:`state_problems` runs the checks that cost a few point reads (each
+commit pointer against its diff, the masterchain pointer against the last committed
+block) and the queue logs what it finds as ``integrity_check_failed`` warnings without
+refusing to open: the rules allow what GC legitimately does (the property tests found a
+GC that collects the pointer's diff and its seqno applied again), and an operator is
+better served by a queue that opens and says what looks wrong, then ``imq verify``.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from imq.errors import CorruptDataError, ImqError
-from imq.storage import Scan, Store, StoreOptions, Table, codec
+from imq.storage import Scan, Store, StoreOptions, Table, codec, ops
+from imq.storage.backend import StoreProtocol
 from imq.types import CommitPointer, QueueKey, ShardIdent
 
-__all__ = ["Report", "verify"]
+__all__ = ["Report", "state_problems", "verify"]
 
 
 @dataclass
@@ -149,6 +153,24 @@ def _verify(store: Store, report: Report) -> None:
             report.problems.append(problem)
     if last_mc is None and ShardIdent.MASTERCHAIN in pointers:
         report.problems.append("a masterchain commit pointer but no last committed block")
+
+
+def state_problems(store: StoreProtocol) -> list[str]:
+    """The open-time cross-checks: every commit pointer against the diff stored under its
+    seqno (or a GC bound that explains a collected one), and a masterchain pointer against
+    the last committed block. A few point reads; nothing is decoded beyond the spans."""
+    state = store.state
+    problems: list[str] = []
+    with ops.view(store, diffs=True) as view:
+        for shard, pointer in sorted(state.pointers.items(), key=str):
+            span = view.diff_span(shard, pointer.seqno)
+            max_message = None if span is None else span[1]
+            problem = _pointer_problem(shard, pointer, max_message, state.gc_requested)
+            if problem is not None:
+                problems.append(problem)
+    if state.last_mc_block is None and ShardIdent.MASTERCHAIN in state.pointers:
+        problems.append("a masterchain commit pointer but no last committed block")
+    return problems
 
 
 def _check_messages(

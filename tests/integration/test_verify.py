@@ -1,4 +1,4 @@
-"""``imq verify DB`` and the pointer cross-check at open."""
+"""``imq verify DB`` and the pointer cross-check at open (a warning, never a refusal)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from builders import MC, Chain, open_queue, quarter_shards, top
 
 from imq.cli.main import main
+from imq.observability import capture_events
 from imq.storage import Table, codec
 from imq.types import CommitPointer, QueueKey
 from imq.verify import verify
@@ -83,6 +84,29 @@ def test_a_pointer_naming_the_wrong_diff_is_reported(db: Path) -> None:
         ),
     )
     assert any("differs from the max_message" in p for p in verify(db).problems)
+
+
+def test_open_warns_of_a_pointer_naming_the_wrong_diff(db: Path) -> None:
+    """The open-time cross-check logs what it finds and still opens the queue."""
+    with capture_events() as events:
+        open_queue(db).close()
+    assert not [e for e in events if e["event"] == "integrity_check_failed"]
+    wrong = CommitPointer(QueueKey(10**9, bytes(32)), 2)
+    _tamper(
+        db,
+        lambda t: t.put(
+            Table.COMMIT_POINTERS, codec.shard_bytes(SHARDS[1]), codec.pointer_value(wrong)
+        ),
+    )
+    with capture_events() as events:
+        q = open_queue(db)
+        assert q.get_commit_pointers()[SHARDS[1]] == wrong  # opened all the same
+        q.close()
+    warned = [e for e in events if e["event"] == "integrity_check_failed"]
+    assert len(warned) == 1
+    assert warned[0]["log_level"] == "warning"
+    assert str(SHARDS[1]) in warned[0]["problem"]
+    assert "differs from the max_message" in warned[0]["problem"]
 
 
 def test_a_damaged_table_file_is_reported(db: Path, tmp_path: Path) -> None:
