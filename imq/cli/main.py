@@ -2,7 +2,8 @@
 
 Every subcommand lives in its own module, which exposes ``register(commands)``: it adds
 its parser to ``commands`` (argparse's subparsers) and sets ``run`` with
-``set_defaults(run=fn)``, where ``fn(args, out)`` does the work and prints to ``out``.
+``set_defaults(run=fn)``, where ``fn(args, out)`` does the work, prints to ``out`` and
+returns its exit status (``None`` counts as 0).
 Adding a command is one module and one entry in :data:`COMMANDS`.
 
 Exit status: 0 done; 1 refused by imq (a typed ``ImqError``, or a path that cannot be
@@ -67,11 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"imq: {exc}", file=sys.stderr)
         return 2
     try:
-        if hasattr(args, "handler"):  # commands that decide their own exit status
-            code = int(args.handler(args))
-            sys.stdout.flush()
-            return code
-        code = args.run(args, sys.stdout)  # None or 0: success
+        code = args.run(args, sys.stdout)  # None or 0: success; a command may return 1
         sys.stdout.flush()
         return int(code or 0)
     except BrokenPipeError:

@@ -20,7 +20,7 @@ def register(commands: Any) -> None:
     )
     cmd.add_argument("log", type=Path, help="op log (JSON lines, docs/replay-format.md)")
     cmd.add_argument("--db", type=Path, help="fresh database directory (default: a temporary one)")
-    cmd.set_defaults(handler=run)
+    cmd.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:

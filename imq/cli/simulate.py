@@ -70,7 +70,7 @@ def register(commands: Any) -> None:
     )
     sim.add_argument("--record", type=Path, help="record every queue call to this JSON-lines log")
     sim.add_argument("--no-plot", action="store_true", help="do not draw report.png")
-    sim.set_defaults(handler=run)
+    sim.set_defaults(run=run)
 
 
 class _Progress:
