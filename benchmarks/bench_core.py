@@ -856,7 +856,7 @@ METHOD = """## Method
   `get_diff_info` asks for random stored shard diffs; `get_diffs_tail_len` starts at the
   max_message of a shard's 2nd newest diff, so the answer is 2 at every size. The queues
   hold 10^3 to 10^6 messages in diffs of 100, so the number of diffs grows with them.
-- structlog is configured to drop events below WARNING, so `diff_applied` info events are
+- the `imq` logger drops events below WARNING, so `diff_applied` info events are
   not rendered during timing.
 - Details and caveats: `benchmarks/README.md`.
 """

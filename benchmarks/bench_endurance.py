@@ -21,10 +21,8 @@ import gc
 import math
 import os
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_core import machine_lines
-from benchmarks.common import account_in, parse_args, quiet_logs, write_report
+from benchmarks.common import account_in, parse_args, quiet_logs, temp_workdir, write_report
 from imq import (
     Address,
     BlockId,
@@ -359,13 +357,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(rest, "endurance", "producer-consumer steady state", "unused")
     args.minutes = known.minutes
     quiet_logs()
-    workdir = Path(tempfile.mkdtemp(prefix="imq-endurance-", dir=args.dir))
-    try:
-        text, samples = run(args, workdir)
+    with temp_workdir(args, "endurance") as work:
+        text, samples = run(args, work)
         note = write_plot(samples, args.out.with_suffix(".png"))
         write_report(args.out, text + f"\n\n{note}")
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

@@ -13,7 +13,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
@@ -33,7 +32,7 @@ from benchmarks.bench_core import (
     raw_merged_read,
     raw_write,
 )
-from benchmarks.common import RawDb, parse_args, quiet_logs, write_report
+from benchmarks.common import RawDb, parse_args, quiet_logs, temp_workdir, write_report
 from imq import Queue, QueueKey, QueueShardRange, ShardIdent
 from imq import iterator as iterator_module
 from imq.storage import Table, codec
@@ -235,11 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv, "floor", "apply_diff and merged read against raw rocksdict", "runs (default 5)"
     )
     quiet_logs()
-    workdir = Path(tempfile.mkdtemp(prefix="imq-floor-", dir=args.dir))
-    try:
-        write_report(args.out, run(args, workdir))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    with temp_workdir(args, "floor") as work:
+        write_report(args.out, run(args, work))
     return 0
 
 

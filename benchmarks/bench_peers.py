@@ -29,7 +29,6 @@ import random
 import shutil
 import sqlite3
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
@@ -40,7 +39,7 @@ from typing import Any
 from rocksdict import ReadOptions, WriteBatch
 
 from benchmarks.bench_core import machine_lines
-from benchmarks.common import RawDb, parse_args, quiet_logs, write_report
+from benchmarks.common import RawDb, parse_args, quiet_logs, temp_workdir, write_report
 from imq import (
     Address,
     BlockId,
@@ -577,13 +576,10 @@ def write_plot(results: list[Result], path: Path) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv, "peers", "imq against other Python queues", "unused (one run)")
     quiet_logs()
-    workdir = Path(tempfile.mkdtemp(prefix="imq-peers-", dir=args.dir))
-    try:
-        text, results = run(args, workdir)
+    with temp_workdir(args, "peers") as work:
+        text, results = run(args, work)
         note = write_plot(results, args.out.with_suffix(".png"))
         write_report(args.out, text + f"\n{note}")
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

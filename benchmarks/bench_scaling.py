@@ -26,10 +26,8 @@ import gc
 import math
 import os
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +35,7 @@ from time import perf_counter, perf_counter_ns
 from typing import Any
 
 from benchmarks.bench_core import machine_lines
-from benchmarks.common import account_in, parse_args, quiet_logs, write_report
+from benchmarks.common import account_in, parse_args, quiet_logs, temp_workdir, write_report
 from imq import (
     Address,
     BlockId,
@@ -406,13 +404,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(rest, "scaling", "latency against queue size", "unused")
     args.max_exp = known.max_exp
     quiet_logs()
-    workdir = Path(tempfile.mkdtemp(prefix="imq-scaling-", dir=args.dir))
-    try:
-        text, sizes, _ = run(args, workdir)
+    with temp_workdir(args, "scaling") as work:
+        text, sizes, _ = run(args, work)
         note = write_plot(sizes, args.out.with_suffix(".png"))
         write_report(args.out, text + f"\n\n{note}")
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

@@ -3,19 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import random
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
-
-import structlog
 
 from imq import QueueConfig, ShardIdent
 from imq.queue import store_options
 from imq.storage import Table, open_rdict
 
-__all__ = ["RawDb", "account_in", "count_label", "parse_args", "quiet_logs", "write_report"]
+__all__ = [
+    "RawDb",
+    "account_in",
+    "count_label",
+    "parse_args",
+    "quiet_logs",
+    "temp_workdir",
+    "write_report",
+]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -73,8 +82,21 @@ def write_report(out: Path, text: str) -> None:
 
 
 def quiet_logs() -> None:
-    """Drop events below WARNING, as a production service would for per-diff info events."""
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    """Drop imq's events below WARNING, as a production service would for per-diff info
+    events. imq logs to the standard logger ``imq`` and never reads structlog's global
+    configuration, so that logger's level is what decides."""
+    logging.getLogger("imq").setLevel(logging.WARNING)
+
+
+@contextlib.contextmanager
+def temp_workdir(args: argparse.Namespace, name: str) -> Iterator[Path]:
+    """A fresh temporary directory under ``--dir`` (system temp by default) for one
+    benchmark's databases, removed afterwards whatever happened."""
+    path = Path(tempfile.mkdtemp(prefix=f"imq-{name}-", dir=args.dir))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def account_in(rng: random.Random, shard: ShardIdent) -> bytes:
