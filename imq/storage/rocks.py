@@ -58,6 +58,7 @@ from imq.storage.tables import TABLES, StoreOptions, Table, table_options
 __all__ = ["Closable", "Cursor", "Scan", "Snapshot", "Store", "Transaction", "open_rdict"]
 
 LOCK_FILE = "imq.lock"
+_UNBOUNDED = ReadOptions()  # no bounds: nothing for RocksDB to point into
 
 
 class Closable(Protocol):
@@ -95,10 +96,11 @@ class _EndCheck:
     rows (the same implicit snapshot), a second raw iterator; when the rows run out, that
     one steps just past the last row read. If it finds another row in range, or its
     status is not OK, the scan ended early and this raises instead of ending. One seek
-    per scan end, nothing per row.
+    per scan end, nothing per row. The message cursors of one snapshot share one raw
+    iterator without bounds (``shared``): the scan's upper bound is then tested here.
     """
 
-    __slots__ = ("_lo", "_path", "_raw", "_reverse", "_seen", "_table")
+    __slots__ = ("_hi", "_lo", "_path", "_raw", "_reverse", "_seen", "_table")
 
     def __init__(
         self,
@@ -106,11 +108,14 @@ class _EndCheck:
         seen: deque[Any],
         scan: Scan,
         path: object,
+        *,
+        shared: bool = False,
     ) -> None:
         self._raw = raw
         self._seen = seen
         self._table = scan.table
         self._lo = scan.lo
+        self._hi = scan.hi if shared else None
         self._reverse = scan.reverse
         self._path = path
 
@@ -142,7 +147,9 @@ class _EndCheck:
                 raw.seek(last_key)
                 if raw.valid() and raw.key() == last_key:
                     raw.next()
-            if raw.valid():
+            # A shared iterator has no upper bound of its own: the scan's applies here.
+            hi = self._hi
+            if raw.valid() and (hi is None or raw.key() < hi):
                 found: bytes = raw.key()
                 raise CorruptDataError(
                     self._table.value,
@@ -169,7 +176,10 @@ class Cursor:
 
     __slots__ = ("__weakref__", "_hi", "_lo", "_path", "_raw", "_reverse", "_ro", "_table", "items")
 
-    def __init__(self, rdict: Any, scan: Scan, path: object = None) -> None:
+    def __init__(self, rdict: Any, scan: Scan, path: object = None, check: Any = None) -> None:
+        """``check``: a raw iterator without bounds opened at the same instant as this
+        cursor (in the same snapshot), shared by the forward cursors of one table, for
+        the end check; without it the cursor opens its own."""
         self._lo = scan.lo
         self._hi = scan.hi
         self._reverse = scan.reverse
@@ -193,14 +203,16 @@ class Cursor:
             rows = rdict.keys(from_key=scan.lo, read_opt=self._ro)
         else:
             rows = rdict.items(from_key=scan.lo, read_opt=self._ro)
-        # Opened at the same instant as ``rows``: the same implicit snapshot.
-        check = rdict.iter(self._ro)
+        shared = check is not None and not scan.reverse
+        if not shared:
+            # Opened at the same instant as ``rows``: the same implicit snapshot.
+            check = rdict.iter(self._ro)
         seen: deque[Any] = deque(maxlen=1)
         # filterfalse(seen.append, rows) yields every row (append returns None) and keeps
         # the last one in ``seen``, all in C: no Python frame per row.
         self.items = chain(
             filterfalse(seen.append, rows),
-            _EndCheck(check, seen, scan, path),
+            _EndCheck(check, seen, scan, path, shared=shared),
         )
 
     def __iter__(self) -> Iterator[Any]:
@@ -567,7 +579,18 @@ class Store:
         with self._gate:
             self._check_open()
             snaps = {t: self._tables[t].snapshot() for t in points}
-            cursors = [Cursor(self._tables[s.table], s, self.path) for s in scans]
+            tables = self._tables
+            # Every iterator opened under the gate sees the same sequence number, so the
+            # message cursors of a merged read share one end-check iterator: one RocksDB
+            # iterator per source instead of two. Only messages: their deletes are range
+            # tombstones, which an unbounded seek past a range's end skips at once.
+            check = None
+            if sum(s.table is Table.MESSAGES for s in scans) > 1:
+                check = tables[Table.MESSAGES].iter(_UNBOUNDED)
+            cursors = [
+                Cursor(tables[s.table], s, self.path, check if s.table is Table.MESSAGES else None)
+                for s in scans
+            ]
             state = self._state
         return Snapshot(self, snaps, cursors, state)
 
