@@ -210,7 +210,10 @@ class QueueConfig:
     - ``block_cache_size``: RocksDB block cache, bytes.
     - ``write_buffer_size``: memtable size of each bulk column family, bytes.
     - ``max_background_jobs``: RocksDB flush and compaction threads.
-    - ``compact_after_delete``: compact exactly the deleted key ranges after clear or GC.
+    - ``compact_after_delete``: after a GC pass (and a clear of 256 diffs or more), also
+      compact exactly the deleted key ranges, so space comes back at once rather than
+      when RocksDB's background compaction reaches them. Off by default: it rewrites
+      whole SST files (one GC pass: 0.9 s at 10^6 stored messages, 0.6 ms without).
     - ``check_statistics``: debug mode: ``apply_diff``/``prepare_diff`` recount the
       messages and refuse ``statistics`` that differ in any count (about 6% of an apply,
       so off by default: statistics are then used as given).
@@ -224,7 +227,7 @@ class QueueConfig:
     block_cache_size: int = 256 * _MIB
     write_buffer_size: int = 64 * _MIB
     max_background_jobs: int = 2
-    compact_after_delete: bool = True
+    compact_after_delete: bool = False
     check_statistics: bool = False
 
     def __post_init__(self) -> None:

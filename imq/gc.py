@@ -8,9 +8,12 @@ every partition that shares a bound. A pass:
 1. for each group, under the facade's read lock and the shard's mutex (so the batch
    serializes with that shard's diff writes and with commit and clear): stage and
    write the delete of everything up to the bound, inclusive, then release them;
-2. once every group is deleted, without any facade lock (D9): compact exactly the
-   deleted ranges of all groups, at once;
+2. with ``compact_after_delete`` only, once every group is deleted and without any
+   facade lock (D9): compact exactly the deleted ranges of all groups, at once;
 3. only then mark the bounds of the deleted groups executed, in one small batch.
+
+By default step 2 is skipped: the range tombstones cost readers nothing, and RocksDB's
+background compaction drops the rows they cover as it merges the files that hold them.
 
 A failure at any step is logged (``gc_range_failed``) and the bound stays unexecuted,
 so the next tick retries it (D8); deletes are idempotent. Passes never overlap, and the
@@ -139,10 +142,10 @@ def _count_plan(
 class GarbageCollector:
     """Runs GC passes; one at a time, from the worker or from ``Queue.run_gc``.
 
-    A pass writes every due deletion first, then compacts all deleted ranges at once,
-    then marks the bounds executed in one batch. Compacting after each shard's delete
-    instead cost 4x more: each compaction rewrote the live rows of shards not yet
-    deleted (``benchmarks/results/gc.md``).
+    A pass writes every due deletion first, then (``compact``) compacts all deleted
+    ranges at once, then marks the bounds executed in one batch. Compacting after each
+    shard's delete instead cost 4x more: each compaction rewrote the live rows of shards
+    not yet deleted (``benchmarks/results/gc.md``).
     """
 
     def __init__(
