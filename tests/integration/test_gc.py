@@ -40,6 +40,7 @@ from builders import (
 from imq import (
     Address,
     DiffZone,
+    GcReport,
     ImqError,
     IteratedMessage,
     PartitionRouter,
@@ -846,3 +847,34 @@ def test_background_compaction_keeps_level0_bounded_when_nothing_is_collected(
         assert flushes == 40
         assert _level0_files(queue) <= 4, most
         assert len(message_keys(queue, 0, A)) == 160_000
+
+
+def test_compaction_debt_compacts_once_enough_is_collected(db_path: Path) -> None:
+    """Below ``compaction_debt`` a pass only deletes; the pass that brings the messages
+    deleted since the last compaction to the debt compacts every range they cover (those
+    of the earlier passes too) and starts the debt again."""
+    body = bytes(range(256)) * 4  # 1 KiB
+    with Queue.open(db_path, quiet_config(compaction_debt=5_000)) as queue:
+        chain = Chain(queue)
+        applied = [chain.apply(A, 1000, body=body) for _ in range(10)]
+        keep = applied[-1]
+
+        def collect_through(i: int) -> GcReport:
+            mc = chain.apply(MC, 0, processed_to={A: applied[i].max_message})
+            commit(queue, mc, keep)
+            return queue.run_gc_report()
+
+        first = collect_through(2)  # 3,000 messages: below the debt
+        assert (first.messages, first.compaction_seconds) == (3_000, 0.0)
+        assert queue._gc.debt == 3_000
+        before = flushed_size(queue)
+
+        second = collect_through(5)  # 3,000 more: 6,000 >= 5,000
+        assert second.messages == 3_000 and second.compaction_seconds > 0
+        assert queue._gc.debt == 0
+        after = flushed_size(queue)
+        assert after < before * 0.55, (before, after)  # 6 of the 10 MB of messages gone
+
+        third = collect_through(6)
+        assert (third.messages, third.compaction_seconds, queue._gc.debt) == (1_000, 0.0, 1_000)
+        assert message_keys(queue, 0, A) == [k for a in applied[7:] for k in keys_of(a)]
