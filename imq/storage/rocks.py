@@ -58,7 +58,6 @@ from imq.storage.tables import TABLES, StoreOptions, Table, table_options
 __all__ = ["Closable", "Cursor", "Scan", "Snapshot", "Store", "Transaction", "open_rdict"]
 
 LOCK_FILE = "imq.lock"
-_UNBOUNDED = ReadOptions()  # no bounds: nothing for RocksDB to point into
 
 
 class Closable(Protocol):
@@ -96,11 +95,10 @@ class _EndCheck:
     rows (the same implicit snapshot), a second raw iterator; when the rows run out, that
     one steps just past the last row read. If it finds another row in range, or its
     status is not OK, the scan ended early and this raises instead of ending. One seek
-    per scan end, nothing per row. The message cursors of one snapshot share one raw
-    iterator without bounds (``shared``): the scan's upper bound is then tested here.
+    per scan end, nothing per row.
     """
 
-    __slots__ = ("_hi", "_lo", "_path", "_raw", "_reverse", "_seen", "_table")
+    __slots__ = ("_lo", "_path", "_raw", "_reverse", "_seen", "_table")
 
     def __init__(
         self,
@@ -108,14 +106,11 @@ class _EndCheck:
         seen: deque[Any],
         scan: Scan,
         path: object,
-        *,
-        shared: bool = False,
     ) -> None:
         self._raw = raw
         self._seen = seen
         self._table = scan.table
         self._lo = scan.lo
-        self._hi = scan.hi if shared else None
         self._reverse = scan.reverse
         self._path = path
 
@@ -147,9 +142,7 @@ class _EndCheck:
                 raw.seek(last_key)
                 if raw.valid() and raw.key() == last_key:
                     raw.next()
-            # A shared iterator has no upper bound of its own: the scan's applies here.
-            hi = self._hi
-            if raw.valid() and (hi is None or raw.key() < hi):
+            if raw.valid():
                 found: bytes = raw.key()
                 raise CorruptDataError(
                     self._table.value,
@@ -176,10 +169,7 @@ class Cursor:
 
     __slots__ = ("__weakref__", "_hi", "_lo", "_path", "_raw", "_reverse", "_ro", "_table", "items")
 
-    def __init__(self, rdict: Any, scan: Scan, path: object = None, check: Any = None) -> None:
-        """``check``: a raw iterator without bounds opened at the same instant as this
-        cursor (in the same snapshot), shared by the forward cursors of one table, for
-        the end check; without it the cursor opens its own."""
+    def __init__(self, rdict: Any, scan: Scan, path: object = None) -> None:
         self._lo = scan.lo
         self._hi = scan.hi
         self._reverse = scan.reverse
@@ -203,16 +193,14 @@ class Cursor:
             rows = rdict.keys(from_key=scan.lo, read_opt=self._ro)
         else:
             rows = rdict.items(from_key=scan.lo, read_opt=self._ro)
-        shared = check is not None and not scan.reverse
-        if not shared:
-            # Opened at the same instant as ``rows``: the same implicit snapshot.
-            check = rdict.iter(self._ro)
+        # Opened at the same instant as ``rows``: the same implicit snapshot.
+        check = rdict.iter(self._ro)
         seen: deque[Any] = deque(maxlen=1)
         # filterfalse(seen.append, rows) yields every row (append returns None) and keeps
         # the last one in ``seen``, all in C: no Python frame per row.
         self.items = chain(
             filterfalse(seen.append, rows),
-            _EndCheck(check, seen, scan, path, shared=shared),
+            _EndCheck(check, seen, scan, path),
         )
 
     def __iter__(self) -> Iterator[Any]:
@@ -379,7 +367,8 @@ def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) ->
     # RocksDB opens every table file at open with up to 16 threads *per column family*:
     # seven families made every open spawn and join about 110 threads (strace), about
     # 5 of the 13 ms an open took in the simulation's restarts. imq's tables hold few
-    # files (bulk tables are compacted after their deletes), so one thread opens them.
+    # files (level compaction keeps L0 short), so one thread opens them; the threads
+    # would only help a cold page cache on a large store.
     db_opts.set_max_file_opening_threads(1)
     cfs = {t.value: table_options(spec, cache, options) for t, spec in TABLES.items()}
     access = AccessType.read_only() if read_only else AccessType.read_write()
@@ -579,18 +568,7 @@ class Store:
         with self._gate:
             self._check_open()
             snaps = {t: self._tables[t].snapshot() for t in points}
-            tables = self._tables
-            # Every iterator opened under the gate sees the same sequence number, so the
-            # message cursors of a merged read share one end-check iterator: one RocksDB
-            # iterator per source instead of two. Only messages: their deletes are range
-            # tombstones, which an unbounded seek past a range's end skips at once.
-            check = None
-            if sum(s.table is Table.MESSAGES for s in scans) > 1:
-                check = tables[Table.MESSAGES].iter(_UNBOUNDED)
-            cursors = [
-                Cursor(tables[s.table], s, self.path, check if s.table is Table.MESSAGES else None)
-                for s in scans
-            ]
+            cursors = [Cursor(self._tables[s.table], s, self.path) for s in scans]
             state = self._state
         return Snapshot(self, snaps, cursors, state)
 
