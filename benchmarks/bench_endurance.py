@@ -81,6 +81,11 @@ class Sample:
     sst_mb: dict[str, float] = field(default_factory=dict)
     disk_mb: float = 0.0
     rss_mb: float = 0.0
+    # RocksDB's own memory, MB: memtables and table readers summed over every table, and
+    # the block cache all tables share (what explains the RSS and bounds it).
+    memtables_mb: float = 0.0
+    cache_mb: float = 0.0
+    readers_mb: float = 0.0
 
 
 def rss_mb() -> float:
@@ -217,6 +222,13 @@ def finish_sample(s: Sample, queue: Queue, path: Path, now: float, ahead: float)
     for table in (Table.MESSAGES, Table.STATISTICS, Table.DIFF_TAIL, Table.DIFF_INFO):
         s.l0[table.value] = store.property_int(table, "rocksdb.num-files-at-level0")
         s.sst_mb[table.value] = store.property_int(table, "rocksdb.live-sst-files-size") / 1e6
+    s.memtables_mb = (
+        sum(store.property_int(t, "rocksdb.cur-size-all-mem-tables") for t in Table) / 1e6
+    )
+    s.readers_mb = (
+        sum(store.property_int(t, "rocksdb.estimate-table-readers-mem") for t in Table) / 1e6
+    )
+    s.cache_mb = store.property_int(Table.MESSAGES, "rocksdb.block-cache-usage") / 1e6
     s.disk_mb = disk_mb(path)
     s.rss_mb = rss_mb()
     s.t = now
@@ -247,8 +259,9 @@ def render(
         f"{plan.seconds / 60:.0f} minutes, a sample every {plan.interval:.0f} s.",
         "",
         "| t s | apply msgs/s | read msgs/s | apply p50 / p99 ms | read p99 ms | behind s | "
-        "L0 files msgs/stats/tail/info | SST MB msgs/stats | disk MB | RSS MB |",
-        "|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
+        "L0 files msgs/stats/tail/info | SST MB msgs/stats | disk MB | RSS MB | "
+        "memtables / block cache / table readers MB |",
+        "|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|",
     ]
     for s in samples:
         dur = plan.interval
@@ -258,7 +271,8 @@ def render(
             f"{pct(s.read_ns, 0.99):.2f} | {s.behind_s:.1f} | "
             f"{'/'.join(str(v) for v in s.l0.values())} | "
             f"{s.sst_mb.get('messages', 0):.0f}/{s.sst_mb.get('statistics', 0):.1f} | "
-            f"{s.disk_mb:.0f} | {s.rss_mb:.0f} |"
+            f"{s.disk_mb:.0f} | {s.rss_mb:.0f} | "
+            f"{s.memtables_mb:.0f} / {s.cache_mb:.0f} / {s.readers_mb:.1f} |"
         )
     steady = [s for s in samples if s.t > plan.warmup]
     verdict: list[str] = []
@@ -304,6 +318,10 @@ METHOD = """## Method
   every new message, `current_position`).
 - L0 files: `rocksdb.num-files-at-level0` of each bulk table; SST size:
   `rocksdb.live-sst-files-size`; disk: every file in the database directory; RSS: VmRSS.
+- RocksDB's memory: `rocksdb.cur-size-all-mem-tables` and
+  `rocksdb.estimate-table-readers-mem` summed over the six tables, and
+  `rocksdb.block-cache-usage` of the one cache they share. Their configured ceilings
+  (`QueueConfig()`): 64 MiB memtables, two per bulk table; a 256 MiB block cache.
 - Python's cyclic GC is off inside a round and runs between rounds.
 """
 
