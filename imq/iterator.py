@@ -86,10 +86,11 @@ class QueueIterator(chain[IteratedMessage]):
 
     _snap: Snapshot
     _shards: list[ShardIdent]
-    _positions: list[bytes | QueueKey | None]
+    _positions: list[bytes | None]
     _for_shard: ShardIdent
     _on_done: Callable[[int, int], None] | None
     _sources: list[Iterator[Any]]
+    _finish: list[Callable[[bytes | None], None]]
     _closed_by_queue: bool
     _run: tuple[int, list[IteratedMessage], Iterator[IteratedMessage]] | None
     _producer: Generator[Iterator[IteratedMessage], None, None]
@@ -110,7 +111,10 @@ class QueueIterator(chain[IteratedMessage]):
         self._positions = [None] * len(ranges)
         self._for_shard = for_shard
         self._on_done = on_done
-        self._sources = [c.items for c in snap.cursors]
+        # The bare rows: the merge knows the last key it read from each source, so it
+        # runs each cursor's end check itself when its rows run out (``finish``).
+        self._sources = [c.rows for c in snap.cursors]
+        self._finish = [c.finish for c in snap.cursors]
         self._closed_by_queue = False
         self._run = None
         self._producer = producer
@@ -129,7 +133,7 @@ class QueueIterator(chain[IteratedMessage]):
 
     def current_position(self) -> dict[ShardIdent, QueueKey]:
         """Last key consumed per source shard, skipped messages included."""
-        positions = list(self._positions)
+        positions: list[bytes | QueueKey | None] = list(self._positions)
         if self._run is not None:  # inside a decoded run: count what the consumer took
             idx, batch, run = self._run
             taken = len(batch) - operator.length_hint(run)
@@ -220,6 +224,7 @@ def _runs(  # noqa: PLR0915 - one hot loop
     positions = self._positions
     shards = self._shards
     sources = self._sources
+    finish = self._finish
     yielded = skipped = 0
     heap: list[tuple[bytes, int, bytes, bytes]] = []
     prefixes: list[bytes] = []
@@ -232,6 +237,7 @@ def _runs(  # noqa: PLR0915 - one hot loop
                 return k, v
             positions[idx] = k
             skipped += 1
+        finish[idx](positions[idx])  # the rows ran out: raises unless at the range's end
         return None
 
     try:
@@ -254,6 +260,8 @@ def _runs(  # noqa: PLR0915 - one hot loop
                 bad = exc.args[1] if len(exc.args) > 1 else k
                 raise CorruptDataError("messages", bad, str(exc.args[0])) from None
             skipped += n_skipped
+            if pk is None and not more:  # the rows ran out: raises unless at the range's end
+                finish[idx](last)
             run = iter(batch)
             self._run = (idx, batch, run)
             yield run
