@@ -273,7 +273,8 @@ decode_checked(PyObject *shard, PyObject *k, PyObject *v)
  * row past the bound or the limit comes back as pending; None when the source ended.
  * `last_key` is the key of the last row consumed (accepted or skipped). `more` is always
  * False here (the limit counts accepted rows, so a pending row is always found).
- * Errors: ValueError/TypeError with args (what, key) for a malformed row.
+ * Errors: ValueError/TypeError with args (what, key) for a malformed row; a value shorter
+ * than its header is one, whether its row is accepted or not.
  *
  * Each row is compared in place (its destination header and its key against the bound,
  * no slices); the batch list is allocated once at `limit` slots and trimmed at the end.
@@ -356,8 +357,9 @@ fill_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *k = PyTuple_GET_ITEM(row, 0), *v = PyTuple_GET_ITEM(row, 1);
         Py_ssize_t vlen = PyBytes_GET_SIZE(v);
         const unsigned char *vb = (const unsigned char *)PyBytes_AS_STRING(v);
-        if (vlen == 0) {
-            row_error(PyExc_ValueError, "empty message value", k);
+        if (vlen < HEADER_LEN) { /* corrupt, whether for this shard or not */
+            row_error(PyExc_ValueError, vlen == 0 ? "empty message value" : "message row too short",
+                      k);
             Py_DECREF(row);
             goto fail;
         }

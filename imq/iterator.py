@@ -30,7 +30,7 @@ import struct
 from collections.abc import Callable, Generator, Iterator, Sequence
 from functools import partial
 from heapq import heapify, heappop, heapreplace
-from itertools import chain, islice
+from itertools import chain, islice, repeat
 from types import TracebackType
 from typing import Any, NoReturn, cast
 
@@ -66,14 +66,6 @@ class _Closed:
 
     def __next__(self) -> NoReturn:
         raise QueueClosedError("the queue was closed while this iterator was open")
-
-
-def _address(cache: dict[bytes, Address], raw: bytes) -> Address:
-    if len(cache) >= _ADDRESS_CACHE_LIMIT:
-        cache.clear()
-    found: Address = _tnew(Address, (raw[0] - 128, raw[1:]))
-    cache[raw] = found
-    return found
 
 
 class QueueIterator(chain[IteratedMessage]):
@@ -197,8 +189,6 @@ class _ClosedQueueIterator(QueueIterator):
 
 # -- the merge --------------------------------------------------------------------------------
 
-_NO_BOUND = b"\xff" * (_KEY_LEN + 1)  # above every message key
-
 
 def _runs(  # noqa: PLR0915 - one hot loop
     cell: list[QueueIterator], fill_run: Callable[..., Any]
@@ -212,7 +202,7 @@ def _runs(  # noqa: PLR0915 - one hot loop
     """
     self = cell.pop()
     if fill_run is _py_fill_run:  # the pure-Python decode caches addresses per iterator
-        fill_run = partial(_py_fill_run, _cache={})
+        fill_run = partial(_py_fill_run, _cache=_AddressCache())
     for_shard = self._for_shard
     wc_byte = codec.workchain_byte(for_shard.workchain)
     if wc_byte is None:  # no std address lives in this workchain: skip everything
@@ -233,6 +223,8 @@ def _runs(  # noqa: PLR0915 - one hot loop
     def first_accepted(idx: int) -> tuple[bytes, bytes] | None:
         nonlocal skipped, k
         for k, v in sources[idx]:
+            if len(v) < _HEADER:  # corrupt, whether for this shard or not
+                raise CorruptDataError("messages", k, _short_what(v))
             if v[0] == wc_byte and (not prefix_len or from_bytes(v[1:9], "big") >> shift == want):
                 return k, v
             positions[idx] = k
@@ -278,8 +270,6 @@ def _runs(  # noqa: PLR0915 - one hot loop
                 heappop(heap)
             else:
                 heapreplace(heap, (pk[_QK:], idx, pk, pv))
-    except IndexError:  # v[0] of an empty value: the row at key k (a 3.11 try is free)
-        raise CorruptDataError("messages", k, "empty message value") from None
     finally:
         self._run = None
         if self._on_done is not None:
@@ -287,41 +277,62 @@ def _runs(  # noqa: PLR0915 - one hot loop
             on_done(yielded, skipped)
 
 
+_NO_BOUND = b"\xff" * (_KEY_LEN + 1)  # above every message key
 _RUN = 64  # accepted rows per run (re-measure with benchmarks/bench_floor.py)
 _unpack_key = codec.MESSAGE_KEY_LT_HASH.unpack
+_src_of = operator.itemgetter(slice(_ADDR, _HEADER))
+_dst_of = operator.itemgetter(slice(0, _ADDR))
+_body_of = operator.itemgetter(slice(_HEADER, None))
+
+
+class _AddressCache(dict[bytes, Address]):
+    """Decoded addresses by their 33 stored bytes; a miss decodes and keeps one (bounded:
+    the cache empties itself when full). Looked up through ``__getitem__`` from C
+    (``map``), so a hit runs no Python code."""
+
+    __slots__ = ()
+
+    def __missing__(self, raw: bytes) -> Address:
+        if len(self) >= _ADDRESS_CACHE_LIMIT:
+            self.clear()
+        found: Address = _tnew(Address, (raw[0] - 128, raw[1:]))
+        self[raw] = found
+        return found
 
 
 def _decode(
-    keys: list[bytes], values: list[bytes], shard: ShardIdent, cache: dict[bytes, Address]
+    keys: Sequence[bytes], values: Sequence[bytes], shard: ShardIdent, cache: dict[bytes, Address]
 ) -> list[IteratedMessage]:
-    """Build the messages of a run in one comprehension (the per-message hot path)."""
+    """Build the messages of a run (the per-message hot path of the pure-Python decode).
+
+    One pipeline of ``map``/``zip`` over the run, so that no Python bytecode runs per
+    message: the key's (lt, hash) by ``struct``, each value's fields by slicing
+    ``itemgetter``s, addresses from ``cache``, and each value type by ``tuple.__new__``
+    (``zip`` reuses its tuple once ``tuple.__new__`` has copied it).
+    """
     if min(map(len, values)) < _HEADER:
         _corrupt(keys, values)
-    get = cache.get
+    if type(cache) is not _AddressCache:  # a plain dict (tests): decode through a wrapper
+        cache = _AddressCache(cache)
+    get = cache.__getitem__
+    messages = map(
+        _tnew,
+        repeat(Message),
+        zip(
+            map(_tnew, repeat(QueueKey), map(_unpack_key, keys)),
+            map(get, map(_src_of, values)),
+            map(get, map(_dst_of, values)),
+            map(_body_of, values),
+            strict=True,
+        ),
+    )
     try:
-        return [
-            _tnew(
-                IteratedMessage,
-                (
-                    shard,
-                    _tnew(
-                        Message,
-                        (
-                            _tnew(QueueKey, _unpack_key(k)),
-                            get(src := v[_ADDR:_HEADER]) or _address(cache, src),
-                            get(dst := v[:_ADDR]) or _address(cache, dst),
-                            v[_HEADER:],
-                        ),
-                    ),
-                ),
-            )
-            for k, v in zip(keys, values, strict=True)
-        ]
+        return list(map(_tnew, repeat(IteratedMessage), zip(repeat(shard), messages)))
     except struct.error:  # a key of the wrong length
         _corrupt(keys, values)
 
 
-def _py_fill_run(  # noqa: PLR0917 - the signature of _speedups.fill_run
+def _py_fill_run(  # noqa: PLR0917 - the signature of _speedups.fill_run; one hot loop
     source: Iterator[tuple[bytes, bytes]],
     head_key: bytes,
     head_value: bytes,
@@ -338,7 +349,9 @@ def _py_fill_run(  # noqa: PLR0917 - the signature of _speedups.fill_run
     Reads at most ``limit - 1`` rows after the head (``islice``, so the loop does no count
     of its own), so a run never holds more than ``limit`` messages, as in C (whose limit
     counts accepted rows, the head included); when they run out without reaching the
-    bound, ``more`` says the source may hold more.
+    bound, ``more`` says the source may hold more. An accepted row's length is checked by
+    the decode, a skipped row's here (a value shorter than its header is corrupt either
+    way, as in C).
     """
     keys = [head_key]
     values = [head_value]
@@ -349,38 +362,60 @@ def _py_fill_run(  # noqa: PLR0917 - the signature of _speedups.fill_run
     last = head_key
     skipped = 0
     pk = pv = None
-    if prefix_len == 0:
-        for k, v in islice(source, limit - 1):
-            if v[0] == wc_byte:
-                if k >= bound:
-                    pk, pv = k, v
-                    break
-                append_k(k)
-                append_v(v)
-            else:
-                skipped += 1
-                last = k
-    else:
-        shift = 64 - prefix_len
-        from_bytes = int.from_bytes
-        for k, v in islice(source, limit - 1):
-            if v[0] == wc_byte and from_bytes(v[1:9], "big") >> shift == want:
-                if k >= bound:
-                    pk, pv = k, v
-                    break
-                append_k(k)
-                append_v(v)
-            else:
-                skipped += 1
-                last = k
+    k = head_key
+    try:
+        if prefix_len == 0:
+            for k, v in islice(source, limit - 1):
+                if v[0] == wc_byte:
+                    if k >= bound:
+                        pk, pv = k, v
+                        break
+                    append_k(k)
+                    append_v(v)
+                else:
+                    if len(v) < _HEADER:
+                        _short_row((k,), (v,))
+                    skipped += 1
+                    last = k
+        else:
+            shift = 64 - prefix_len
+            from_bytes = int.from_bytes
+            for k, v in islice(source, limit - 1):
+                if v[0] == wc_byte and from_bytes(v[1:9], "big") >> shift == want:
+                    if k >= bound:
+                        pk, pv = k, v
+                        break
+                    append_k(k)
+                    append_v(v)
+                else:
+                    if len(v) < _HEADER:
+                        _short_row((k,), (v,))
+                    skipped += 1
+                    last = k
+    except IndexError:  # v[0] of an empty value (a 3.11 try is free)
+        raise ValueError("empty message value", k) from None
+    if pv is not None and len(pv) < _HEADER:  # the pending row: not decoded here
+        _short_row((pk or b"",), (pv,))
     # Keys rise within a source: the last row consumed is the later of the two.
     last = max(last, keys[-1])
     more = pk is None and len(keys) - 1 + skipped == limit - 1
-    batch = _decode_py(keys, values, shard, {} if _cache is None else _cache)
+    batch = _decode(keys, values, shard, _AddressCache() if _cache is None else _cache)
     return batch, last, pk, pv, skipped, more
 
 
-def _corrupt(keys: list[bytes], values: list[bytes]) -> NoReturn:
+def _short_row(keys: Sequence[bytes], values: Sequence[bytes]) -> NoReturn:
+    """A value shorter than its header, accepted or not: ValueError(what, key), as C."""
+    for k, v in zip(keys, values, strict=True):
+        if len(v) < _HEADER:
+            raise ValueError(_short_what(v), k)
+    raise AssertionError("no short row")
+
+
+def _short_what(value: bytes) -> str:
+    return "empty message value" if not value else "message row too short"
+
+
+def _corrupt(keys: Sequence[bytes], values: Sequence[bytes]) -> NoReturn:
     for k, v in zip(keys, values, strict=True):
         if len(k) != _KEY_LEN or len(v) < _HEADER:
             raise CorruptDataError(
