@@ -17,8 +17,20 @@ Speed note: ``_runs`` is the per-message hot path and trades some clarity for sp
   without touching the heap; the merge compares raw key bytes (no key function);
 - the destination test, key decoding and value-type construction happen in that call,
   at the message row's offsets from :mod:`imq.storage.codec`; decoded addresses are
-  reused (per iterator in Python, per run in C);
+  shared (a bounded cache per iterator in Python, process-wide in C); C builds the value
+  types without ``tp_alloc`` and outside the cyclic GC, Python in one ``map``/``zip``
+  pipeline with no bytecode per message;
+- the merge pulls each cursor's bare rows (``Cursor.rows``) and runs the cursor's end
+  check itself when they run out (``Cursor.finish``), so a damaged table still raises
+  instead of ending the scan, with no bookkeeping per row;
 - closing swaps the cursors for ones that raise, instead of checking a flag per row.
+
+Profile of a 1,000,000-message single-shard scan (perf, compiled path): about a third
+of the time is RocksDB and rocksdict's per-row wrapper (``valid``/``key``/``value``/
+``next``), a sixth the kernel copying blocks from the page cache, and most of the rest
+allocating and freeing the six objects of each message (``IteratedMessage``,
+``Message``, ``QueueKey``, its lt and hash, the body) and rocksdict's three (the row
+tuple, key and value); the merge and the decode logic are a few percent.
 """
 
 from __future__ import annotations
