@@ -12,7 +12,9 @@ Speed note: ``_runs`` is the per-message hot path and trades some clarity for sp
 - the iterator is an ``itertools.chain`` of *runs*, so ``next()`` runs in C and the
   Python merge code runs once per run, not once per message;
 - a run is up to ``_RUN`` accepted rows of the heap's top shard that stay below every
-  other shard's pending key (the common case of blocks covering disjoint lt ranges),
+  other shard's pending key (the common case of blocks covering disjoint lt ranges;
+  the first run is ``_RUN_FIRST`` rows and each next one twice as long, so the first
+  message comes after a few rows' decode and a long scan pays the merge per 256 rows),
   collected in one call (``_speedups.fill_run`` when built, else ``_py_fill_run``)
   without touching the heap; the merge compares raw key bytes (no key function);
 - the destination test, key decoding and value-type construction happen in that call,
@@ -228,6 +230,7 @@ def _runs(  # noqa: PLR0915 - one hot loop
     sources = self._sources
     finish = self._finish
     yielded = skipped = 0
+    limit = min(_RUN_FIRST, _RUN)  # runs grow: the first message comes soon, later runs long
     heap: list[tuple[bytes, int, bytes, bytes]] = []
     prefixes: list[bytes] = []
     k = b""
@@ -258,12 +261,13 @@ def _runs(  # noqa: PLR0915 - one hot loop
             bound = None if other is None else prefixes[idx] + other
             try:
                 batch, last, pk, pv, n_skipped, more = fill_run(
-                    sources[idx], k, v, bound, _RUN, wc_byte, prefix_len, want, shards[idx]
+                    sources[idx], k, v, bound, limit, wc_byte, prefix_len, want, shards[idx]
                 )
             except (ValueError, TypeError) as exc:
                 bad = exc.args[1] if len(exc.args) > 1 else k
                 raise CorruptDataError("messages", bad, str(exc.args[0])) from None
             skipped += n_skipped
+            limit = min(2 * limit, _RUN)
             if pk is None and not more:  # the rows ran out: raises unless at the range's end
                 finish[idx](last)
             run = iter(batch)
@@ -290,7 +294,8 @@ def _runs(  # noqa: PLR0915 - one hot loop
 
 
 _NO_BOUND = b"\xff" * (_KEY_LEN + 1)  # above every message key
-_RUN = 64  # accepted rows per run (re-measure with benchmarks/bench_floor.py)
+_RUN = 256  # accepted rows per run, at most (re-measure with benchmarks/bench_floor.py)
+_RUN_FIRST = 16  # the first run's limit; each next run's doubles, up to _RUN
 _unpack_key = codec.MESSAGE_KEY_LT_HASH.unpack
 _src_of = operator.itemgetter(slice(_ADDR, _HEADER))
 _dst_of = operator.itemgetter(slice(0, _ADDR))
