@@ -8,9 +8,9 @@ table gives the median of ``--repeats`` runs and each ratio is taken within this
 Both sides open the database with imq's table options (the raw side through
 ``RawDb``), so the message table's 32 KiB data blocks serve both alike. The imq side
 decodes every field of every message eagerly (key, source, destination, body), as a
-consumer gets them; nothing is decoded lazily. Repeated addresses are shared ``Address``
-objects (the compiled path keeps a bounded process-wide cache, the pure-Python path one
-per iterator): equal values, built once.
+consumer gets them; nothing is decoded lazily. Repeated addresses may be shared
+``Address`` objects (the compiled path reuses the previous row's, the pure-Python path
+keeps a bounded cache per iterator): equal values, built once.
 """
 
 from __future__ import annotations
@@ -259,8 +259,9 @@ def run(args: Any, workdir: Path) -> str:
         "imq yields decoded `IteratedMessage` values; raw yields `(key, value)` byte pairs. "
         "Iterator creation is inside the timing on both sides. imq decodes every field of "
         "every message eagerly (key, source, destination, body), nothing lazily; repeated "
-        "addresses are shared `Address` objects (a bounded cache: process-wide in C, per "
-        "iterator in Python). Both sides use imq's table options (32 KiB message blocks).",
+        "addresses may be shared `Address` objects (C: the previous row's; Python: a "
+        "bounded cache per iterator). Both sides use imq's table options (32 KiB message "
+        "blocks).",
     ]
     return "\n".join(out)
 

@@ -19,7 +19,8 @@ Speed note: ``_runs`` is the per-message hot path and trades some clarity for sp
   without touching the heap; the merge compares raw key bytes (no key function);
 - the destination test, key decoding and value-type construction happen in that call,
   at the message row's offsets from :mod:`imq.storage.codec`; decoded addresses are
-  shared (a bounded cache per iterator in Python, process-wide in C); C builds the value
+  shared (a bounded cache per iterator in Python; in C, the previous row's, which a
+  row naming the same account reuses: a process-wide cache was slower); C builds the value
   types without ``tp_alloc`` and outside the cyclic GC, Python in one ``map``/``zip``
   pipeline with no bytecode per message;
 - the merge pulls each cursor's bare rows (``Cursor.rows``) and runs the cursor's end
