@@ -37,11 +37,17 @@ class Closable(Protocol):
 class CursorProtocol(Protocol):
     """A bounded range of one table, opened with its snapshot. Iterating yields
     ``(key, value)`` pairs (keys only for a ``keys_only`` scan); ``items`` is the same
-    iterator, for a consumer that pulls rows in bulk."""
+    iterator, for a consumer that pulls rows in bulk. ``rows`` yields the same rows
+    without checking, when they run out, that the scan reached the range's end; a
+    consumer of ``rows`` calls ``finish(last_key)`` then, which raises if it did not
+    (use ``items`` or ``rows``, not both)."""
 
     items: Iterator[Any]
+    rows: Iterator[Any]
 
     def __iter__(self) -> Iterator[Any]: ...
+
+    def finish(self, last_key: bytes | None) -> None: ...
 
     def count(self, lo: bytes, hi: bytes) -> int: ...
 

@@ -34,14 +34,18 @@ _Op = tuple[str, Table, bytes, bytes]  # ("put" | "delete" | "delete_range", tab
 class MemoryCursor:
     """The rows of one scan, copied when its snapshot was opened."""
 
-    __slots__ = ("_keys", "items")
+    __slots__ = ("_keys", "items", "rows")
 
     def __init__(self, rows: list[Any], keys: list[bytes] | None = None) -> None:
         self.items: Iterator[Any] = iter(rows)
+        self.rows = self.items  # copied rows cannot end early: no end check
         self._keys = keys  # every key of the table, for count (a seekable scan)
 
     def __iter__(self) -> Iterator[Any]:
         return self.items
+
+    def finish(self, last_key: bytes | None) -> None:
+        """Nothing to check: the rows were copied whole."""
 
     def count(self, lo: bytes, hi: bytes) -> int:
         if self._keys is None:
@@ -51,7 +55,7 @@ class MemoryCursor:
         return bisect.bisect_left(self._keys, hi) - bisect.bisect_left(self._keys, lo)
 
     def close(self) -> None:
-        self.items = iter(())
+        self.items = self.rows = iter(())
         self._keys = None
 
 

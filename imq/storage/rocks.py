@@ -118,16 +118,18 @@ class _EndCheck:
         return self
 
     def __next__(self) -> NoReturn:
-        raw, self._raw = self._raw, None
-        if raw is not None:
-            self.check(raw)
+        last = self._seen[0] if self._seen else None
+        self.finish(None if last is None else last if isinstance(last, bytes) else last[0])
         raise StopIteration
 
-    def check(self, raw: Any) -> None:
-        last = self._seen[0] if self._seen else None
-        last_key: bytes | None = (
-            None if last is None else last if isinstance(last, bytes) else last[0]
-        )
+    def finish(self, last_key: bytes | None) -> None:
+        """Check once that the rows ended at the range's end, ``last_key`` being the
+        last key read (None: no row was read); later calls do nothing."""
+        raw, self._raw = self._raw, None
+        if raw is not None:
+            self.check(raw, last_key)
+
+    def check(self, raw: Any, last_key: bytes | None) -> None:
         try:
             if self._reverse:
                 if last_key is None:
@@ -165,9 +167,27 @@ class Cursor:
     ``items`` yields the raw rows (``(key, value)``, or keys with ``keys_only``) and, when
     they run out, checks that RocksDB reached the range's end: a damaged block raises
     :class:`CorruptDataError` naming the table instead of ending the scan early.
+
+    A consumer that tracks the last key it read itself (the merge iterator) may instead
+    pull from ``rows``, the bare RocksDB rows (no bookkeeping per row), and must then call
+    ``finish(last_key)`` when they run out: the same end check, from that key. Use one of
+    the two, never both. For scans other than forward rows, ``rows`` is ``items`` and
+    ``finish`` does nothing (``items`` checks the end itself).
     """
 
-    __slots__ = ("__weakref__", "_hi", "_lo", "_path", "_raw", "_reverse", "_ro", "_table", "items")
+    __slots__ = (
+        "__weakref__",
+        "_end",
+        "_hi",
+        "_lo",
+        "_path",
+        "_raw",
+        "_reverse",
+        "_ro",
+        "_table",
+        "items",
+        "rows",
+    )
 
     def __init__(self, rdict: Any, scan: Scan, path: object = None) -> None:
         self._lo = scan.lo
@@ -179,6 +199,8 @@ class Cursor:
         if scan.hi is not None:
             self._ro.set_iterate_upper_bound(scan.hi)
         self.items: Iterator[Any] = iter(())
+        self.rows: Iterator[Any] = self.items
+        self._end: _EndCheck | None = None
         self._raw: Any = None
         if scan.seekable:
             self._raw = rdict.iter(self._ro)
@@ -196,12 +218,21 @@ class Cursor:
         # Opened at the same instant as ``rows``: the same implicit snapshot.
         check = rdict.iter(self._ro)
         seen: deque[Any] = deque(maxlen=1)
+        end = _EndCheck(check, seen, scan, path)
         # filterfalse(seen.append, rows) yields every row (append returns None) and keeps
         # the last one in ``seen``, all in C: no Python frame per row.
-        self.items = chain(
-            filterfalse(seen.append, rows),
-            _EndCheck(check, seen, scan, path),
-        )
+        self.items = chain(filterfalse(seen.append, rows), end)
+        self.rows = self.items
+        if not scan.reverse and not scan.keys_only:
+            self.rows = rows
+            self._end = end
+
+    def finish(self, last_key: bytes | None) -> None:
+        """After ``rows`` ran out: raise if the scan ended before the range's end (a
+        damaged block), ``last_key`` being the last key read from ``rows`` (None: none)."""
+        end = self._end
+        if end is not None:
+            end.finish(last_key)
 
     def __iter__(self) -> Iterator[Any]:
         # A generator keeps ``self`` (and so the bounds) alive while the caller iterates.
@@ -234,7 +265,8 @@ class Cursor:
         return n
 
     def close(self) -> None:
-        self.items = iter(())
+        self.items = self.rows = iter(())
+        self._end = None
         self._raw = None
 
 

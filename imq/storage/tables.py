@@ -31,6 +31,11 @@ class TableSpec:
     bulk: bool  # written in large batches, shrunk by GC's and clear's deletes
     blobs: bool = False  # large values go to blob files
     point_deletes: bool = False  # rows are deleted one by one (not by range tombstones)
+    # Data block size; None: RocksDB's 4 KiB. The message table is read in long forward
+    # scans (the merge iterator), where each block costs a block-cache lookup, insert and
+    # eviction, a read and a checksum: 32 KiB blocks cut a scan's RocksDB time by about a
+    # third (1,000,000 rows of 320 B through imq: 1.7 -> 2.5 M msgs/s, 64 KiB no better).
+    block_size: int | None = None
 
 
 TABLES: dict[Table, TableSpec] = {
@@ -42,6 +47,7 @@ TABLES: dict[Table, TableSpec] = {
             value="dst wc (1) | dst account (32) | src wc (1) | src account (32) | body",
             bulk=True,
             blobs=True,
+            block_size=32 << 10,
         ),
         TableSpec(
             Table.STATISTICS,
@@ -103,6 +109,8 @@ def table_options(spec: TableSpec, cache: Cache, opts: StoreOptions) -> Options:
     bbo = BlockBasedOptions()
     bbo.set_block_cache(cache)
     bbo.set_format_version(6)
+    if spec.block_size is not None:
+        bbo.set_block_size(spec.block_size)
     o.set_level_compaction_dynamic_level_bytes(True)
     if spec.bulk:
         o.set_compression_type(DBCompressionType.none())

@@ -10,6 +10,7 @@ GC and export.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from builders import BASE, Chain, full_range, open_queue, quarter_shards, quiet_
 from state_fixtures import write_state
 
 from imq import DiffZone, ImqError, Queue, QueueKey
+from imq import iterator as iterator_module
 from imq.errors import CorruptDataError, StorageError
 from imq.state.synth import synth_state
 from imq.storage import Table
@@ -193,9 +195,11 @@ def test_damaged_sst_never_reads_short(
         assert errors > 0
 
 
+@pytest.mark.parametrize("pure", [False, True], ids=["default", "pure-python"])
 def test_a_damaged_messages_block_stops_the_iterator_with_a_typed_error(
-    intact: tuple[Path, dict[Table, str]], tmp_path: Path
+    intact: tuple[Path, dict[Table, str]], tmp_path: Path, pure: bool
 ) -> None:
+    """Both decode paths: the merge runs each cursor's end check when its rows run out."""
     path, sst = intact
     copy = tmp_path / "db"
     shutil.copytree(path, copy)
@@ -203,7 +207,10 @@ def test_a_damaged_messages_block_stops_the_iterator_with_a_typed_error(
     _flip(file, file.stat().st_size // 3)
     q = open_queue(copy)
     try:
-        with pytest.raises(CorruptDataError, match="messages") as info:
+        with (
+            iterator_module.pure_python() if pure else contextlib.nullcontext(),
+            pytest.raises(CorruptDataError, match="messages") as info,
+        ):
             _iterate(q)
         assert info.value.table == "messages"
     finally:

@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import shutil
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from imq import iterator
+from imq.diff import QueueDiff
 from imq.errors import CorruptDataError
 from imq.storage import codec
-from imq.types import Address, IteratedMessage, Message, QueueKey, ShardIdent
+from imq.testing import MemoryDatabase
+from imq.types import (
+    Address,
+    BlockIdShort,
+    IteratedMessage,
+    Message,
+    QueueKey,
+    QueueShardRange,
+    ShardIdent,
+)
 
 pytestmark = pytest.mark.skipif(
     not iterator.COMPILED and shutil.which("cc") is None,
@@ -205,3 +217,146 @@ def test_fill_run_with_repeated_addresses(picks: list[tuple[int, int, bytes]]) -
     for fill in (iterator._speedups_module.fill_run, iterator._py_fill_run):
         outs.append(fill(iter(rows[1:]), *rows[0], None, 100, 128, 0, 0, SHARD))
     assert outs[0][0] == outs[1][0] == [IteratedMessage(SHARD, m) for m in batch]
+
+
+def test_decoded_addresses_are_shared_and_values_untracked() -> None:
+    """The C path builds its value types outside the cyclic GC (they hold only ints,
+    bytes and such tuples) and, within a run, reuses the previous row's Address objects
+    when the next row names the same accounts."""
+    src, dst = Address(0, b"\x05" * 32), Address(-1, b"\x06" * 32)
+    batch = [Message(QueueKey(i + 1, bytes([i]) * 32), src, dst, b"x" * i) for i in range(5)]
+    rows = _rows(batch, 0)
+    first = iterator._speedups_module.fill_run(iter(rows[1:]), *rows[0], None, 9, 127, 0, 0, SHARD)
+    again = iterator._speedups_module.fill_run(iter(rows[1:]), *rows[0], None, 9, 127, 0, 0, SHARD)
+    assert first[0] == again[0] == [IteratedMessage(SHARD, m) for m in batch]
+    assert len({id(im.message.src) for im in first[0]}) == 1
+    assert len({id(im.message.dst) for im in first[0]}) == 1
+    for im in first[0] + again[0]:
+        assert not gc.is_tracked(im)
+        assert not gc.is_tracked(im.message)
+        assert not gc.is_tracked(im.message.key)
+        assert not gc.is_tracked(im.message.src)
+    del again
+    gc.collect()  # the untracked values are freed by reference counting alone
+    assert first[0][0].message.src == src
+
+
+@pytest.mark.parametrize("length", [0, 1, 9, 65])
+@pytest.mark.parametrize("for_this_shard", [True, False])
+def test_a_short_value_is_corrupt_in_both_fills(length: int, for_this_shard: bool) -> None:
+    """A value shorter than its 66-byte header raises in both paths, whether its row is
+    for the iterated shard or would be skipped (it is never counted as a skip)."""
+    good = _rows([Message(QueueKey(1, b"\x01" * 32), *(Address(0, b"\x02" * 32),) * 2)], 0)[0]
+    bad_key = codec.message_key(0, SHARD, QueueKey(2, b"\x03" * 32))
+    bad_value = (b"\x80" if for_this_shard else b"\x7f") + b"\x00" * 80
+    for fill in (iterator._speedups_module.fill_run, iterator._py_fill_run):
+        # ValueError(what, key) from the fill, or CorruptDataError from the Python decode:
+        # the merge turns either into CorruptDataError naming the row.
+        with pytest.raises((ValueError, CorruptDataError)) as info:
+            fill(iter([(bad_key, bad_value[:length])]), *good, None, 10, 128, 0, 0, SHARD)
+        error = info.value
+        assert (error.key if isinstance(error, CorruptDataError) else error.args[1]) == bad_key
+
+
+# -- the whole iterator: compiled and pure-Python paths agree ----------------------------------
+
+_SOURCES = [ShardIdent(0, 0x2000_0000_0000_0000 + (i << 62)) for i in range(4)]
+_FOR_SHARDS = [
+    ShardIdent.BASECHAIN,
+    ShardIdent(0, 0x6000_0000_0000_0000),
+    ShardIdent(0, 0x5000_0000_0000_0000),
+    ShardIdent.MASTERCHAIN,
+    ShardIdent(7, 0x8000_0000_0000_0000),  # no stored destination lives there
+    ShardIdent(1000, 0x8000_0000_0000_0000),  # no std address lives in workchain 1000
+]
+
+
+def _account(prefix: int, salt: int) -> bytes:
+    return ((prefix & 0xFF) << 56 | salt).to_bytes(8, "big") + bytes([salt % 251]) * 24
+
+
+def _source_address(shard: ShardIdent, salt: int) -> Address:
+    return Address(0, ((shard.prefix & ~(0xF << 56)) | (salt & 0xFF)).to_bytes(8, "big") * 4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(  # per diff: source shard, first lt step, messages as (dst wc, dst prefix, salt)
+        st.tuples(
+            st.integers(0, 3),
+            st.integers(1, 5),
+            st.lists(
+                st.tuples(
+                    st.sampled_from([0, 0, 0, -1, 7]), st.integers(0, 255), st.integers(0, 5)
+                ),
+                min_size=1,
+                max_size=40,
+            ),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.sampled_from(_FOR_SHARDS),
+    st.integers(1, 9),
+    st.lists(st.integers(0, 3), min_size=1, max_size=4, unique=True),
+)
+def test_the_iterator_is_the_same_on_both_paths(
+    diffs: list[tuple[int, int, list[tuple[int, int, int]]]],
+    for_shard: ShardIdent,
+    run: int,
+    picked: list[int],
+) -> None:
+    """Random diffs of up to four source shards with overlapping lt spans (so runs end at
+    other shards' keys, at the run limit and at skipped rows): the compiled and the
+    pure-Python iterator yield equal messages of the same types, and agree on
+    ``current_position()`` after every message and at the end."""
+    db = MemoryDatabase()
+    queue = db.open()
+    seqnos = [0] * 4
+    lt = 10
+    try:
+        for n, (source, step, picks) in enumerate(diffs):
+            shard = _SOURCES[source]
+            msgs = []
+            for i, (wc, prefix, salt) in enumerate(picks):
+                lt += step if i == 0 else 1 + salt % 2
+                dst = Address(wc, _account(prefix, salt))
+                msgs.append(
+                    Message(
+                        QueueKey(lt, bytes([n, i]) * 16),
+                        _source_address(shard, salt),
+                        dst,
+                        bytes(salt),
+                    )
+                )
+            seqnos[source] += 1
+            assert queue.apply_diff(
+                QueueDiff(msgs), BlockIdShort(shard, seqnos[source]), bytes([n + 1]) * 32
+            )
+            lt -= len(picks)  # the next diff's span overlaps this one
+        ranges = [QueueShardRange(_SOURCES[i], QueueKey.MIN, QueueKey.MAX) for i in picked]
+        outputs = []
+        saved = iterator._RUN
+        iterator._RUN = run
+        try:
+            for pure in (False, True):
+                with iterator.pure_python() if pure else contextlib.nullcontext():
+                    steps = []
+                    with queue.iterator(0, ranges, for_shard) as it:
+                        for item in it:
+                            steps.append((item, it.current_position()))
+                        steps.append((None, it.current_position()))
+                    outputs.append(steps)
+        finally:
+            iterator._RUN = saved
+        assert outputs[0] == outputs[1]
+        for item, _ in outputs[0][:-1]:
+            assert item is not None
+            assert type(item) is IteratedMessage and type(item.message) is Message
+            assert type(item.message.key) is QueueKey
+            assert type(item.message.src) is type(item.message.dst) is Address
+            assert for_shard.contains(item.message.dst)
+        keys = [item.message.key for item, _ in outputs[0][:-1] if item is not None]
+        assert keys == sorted(keys)
+    finally:
+        queue.close()
