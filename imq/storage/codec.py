@@ -11,9 +11,11 @@ signed numbers are stored offset-binary (value + 2**(bits-1)), so the masterchai
 (diff infos, the commit record, GC bounds) are msgpack positional arrays whose first
 element is a record version.
 
-Speed note: ``put_message_rows`` is the per-message write path: it packs with
-precompiled ``struct``s and puts in the same loop (see the function's docstring). When
-the optional C extension ``imq._speedups`` is built (and ``IMQ_PURE_PYTHON`` is unset),
+Speed note: ``encode_diff`` (apply with derived statistics) and ``put_message_rows``
+are the per-message write path: they pack with precompiled ``struct``s and put in the
+same loop, and ``encode_diff`` also counts the destinations there (see the functions'
+docstrings). When the optional C extension ``imq._speedups`` is built (and
+``IMQ_PURE_PYTHON`` is unset; ``imq._native`` loads it), ``encode_diff``,
 ``put_message_rows`` and ``stat_value`` run its byte-identical C forms.
 """
 
