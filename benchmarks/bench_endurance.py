@@ -215,9 +215,8 @@ def finish_sample(s: Sample, queue: Queue, path: Path, now: float, ahead: float)
     s.behind_s = max(0.0, -ahead)
     store: Any = queue._store
     for table in (Table.MESSAGES, Table.STATISTICS, Table.DIFF_TAIL, Table.DIFF_INFO):
-        cf = store._tables[table]
-        s.l0[table.value] = int(cf.property_int_value("rocksdb.num-files-at-level0") or 0)
-        s.sst_mb[table.value] = int(cf.property_int_value("rocksdb.live-sst-files-size") or 0) / 1e6
+        s.l0[table.value] = store.property_int(table, "rocksdb.num-files-at-level0")
+        s.sst_mb[table.value] = store.property_int(table, "rocksdb.live-sst-files-size") / 1e6
     s.disk_mb = disk_mb(path)
     s.rss_mb = rss_mb()
     s.t = now

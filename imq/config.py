@@ -195,6 +195,7 @@ _RULES: dict[str, _Rule] = {
     "write_buffer_size": (_size_from_toml, _check_int_between(1, 1 << 40)),
     "max_background_jobs": (_as_is, _check_int_between(1, 1024)),
     "compact_after_delete": (_as_is, _check_bool),
+    "compaction_debt": (_as_is, _check_int_between(0, 1 << 62)),
     "check_statistics": (_as_is, _check_bool),
 }
 
@@ -210,7 +211,14 @@ class QueueConfig:
     - ``block_cache_size``: RocksDB block cache, bytes.
     - ``write_buffer_size``: memtable size of each bulk column family, bytes.
     - ``max_background_jobs``: RocksDB flush and compaction threads.
-    - ``compact_after_delete``: compact exactly the deleted key ranges after clear or GC.
+    - ``compact_after_delete``: after a GC pass (and a clear of 256 diffs or more), also
+      compact exactly the deleted key ranges, so space comes back at once rather than
+      when RocksDB's background compaction reaches them. Off by default: it rewrites
+      whole SST files (one GC pass: 0.9 s at 10^6 stored messages, 0.6 ms without).
+    - ``compaction_debt``: a GC pass also compacts every range deleted since the last
+      such compaction once they hold at least this many messages (0: never), so the
+      space of a large collection comes back even on a node that writes nothing more
+      (on a node that keeps writing, RocksDB's background compaction reclaims it).
     - ``check_statistics``: debug mode: ``apply_diff``/``prepare_diff`` recount the
       messages and refuse ``statistics`` that differ in any count (about 6% of an apply,
       so off by default: statistics are then used as given).
@@ -224,7 +232,8 @@ class QueueConfig:
     block_cache_size: int = 256 * _MIB
     write_buffer_size: int = 64 * _MIB
     max_background_jobs: int = 2
-    compact_after_delete: bool = True
+    compact_after_delete: bool = False
+    compaction_debt: int = 1_000_000
     check_statistics: bool = False
 
     def __post_init__(self) -> None:

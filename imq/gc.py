@@ -8,9 +8,15 @@ every partition that shares a bound. A pass:
 1. for each group, under the facade's read lock and the shard's mutex (so the batch
    serializes with that shard's diff writes and with commit and clear): stage and
    write the delete of everything up to the bound, inclusive, then release them;
-2. once every group is deleted, without any facade lock (D9): compact exactly the
-   deleted ranges of all groups, at once;
+2. when compaction is due, once every group is deleted and without any facade lock
+   (D9): compact exactly the ranges deleted since the last compaction, at once;
 3. only then mark the bounds of the deleted groups executed, in one small batch.
+
+Compaction is due after every pass with ``compact_after_delete``, and otherwise once
+the ranges deleted since the last compaction hold ``compaction_debt`` messages. Until
+then the range tombstones cost readers nothing, and RocksDB's background compaction
+drops the rows they cover as it merges the files that hold them. The debt lives in
+memory: after a reopen it starts again from zero (what it held is left to RocksDB).
 
 A failure at any step is logged (``gc_range_failed``) and the bound stays unexecuted,
 so the next tick retries it (D8); deletes are idempotent. Passes never overlap, and the
@@ -32,7 +38,7 @@ from imq.storage import Table, ops
 from imq.storage.queue_state import GcBounds
 from imq.types import QueueKey, ShardIdent
 
-__all__ = ["GarbageCollector", "GcRange", "GcReport", "GcTask", "GcWorker", "due_tasks"]
+__all__ = ["GarbageCollector", "GcRange", "GcReport", "GcTask", "GcWorker", "due_tasks", "union"]
 
 _LOCK_POLL = 0.05  # seconds between checks of the stop flag while waiting for a lock
 
@@ -136,13 +142,26 @@ def _count_plan(
     return counted, gaps
 
 
+def union(ranges: list[tuple[Table, bytes, bytes]]) -> list[tuple[Table, bytes, bytes]]:
+    """Half-open key ranges ``[lo, hi)`` per table, merged where they overlap or touch;
+    sorted by table, then start."""
+    merged: list[tuple[Table, bytes, bytes]] = []
+    for table, lo, hi in sorted(ranges, key=lambda r: (r[0].value, r[1])):
+        if merged and merged[-1][0] is table and lo <= merged[-1][2]:
+            last = merged[-1]
+            merged[-1] = (table, last[1], max(last[2], hi))
+        else:
+            merged.append((table, lo, hi))
+    return merged
+
+
 class GarbageCollector:
     """Runs GC passes; one at a time, from the worker or from ``Queue.run_gc``.
 
-    A pass writes every due deletion first, then compacts all deleted ranges at once,
-    then marks the bounds executed in one batch. Compacting after each shard's delete
-    instead cost 4x more: each compaction rewrote the live rows of shards not yet
-    deleted (``benchmarks/results/gc.md``).
+    A pass writes every due deletion first, then (``compact``) compacts all deleted
+    ranges at once, then marks the bounds executed in one batch. Compacting after each
+    shard's delete instead cost 4x more: each compaction rewrote the live rows of shards
+    not yet deleted (``benchmarks/results/gc.md``).
     """
 
     def __init__(
@@ -154,6 +173,7 @@ class GarbageCollector:
         log: ImqLogger,
         *,
         compact: bool,
+        compaction_debt: int = 0,
     ) -> None:
         self._store = store
         self._rw = rw
@@ -161,6 +181,12 @@ class GarbageCollector:
         self._metrics = metrics
         self._log = log
         self._compact = compact
+        self._debt_limit = compaction_debt
+        # Deleted but not yet compacted: messages, and the union of the deleted key ranges
+        # (GC deletes a growing prefix of each (partition, shard) and consecutive diff
+        # seqnos, so successive passes' ranges overlap or touch and the union stays small).
+        self._debt = 0
+        self._debt_ranges: list[tuple[Table, bytes, bytes]] = []
         self._pass_lock = threading.Lock()
         self.stopping = threading.Event()
 
@@ -195,17 +221,21 @@ class GarbageCollector:
                     # later (in compaction, say) has removed these rows all the same, and
                     # its retry after the next open finds nothing left to count.
                     self._metrics.inc("messages_deleted", sum(done.messages.values()))
-            compact_started = perf_counter()
+            compaction = 0.0
             try:
-                if deleted and self._compact:
-                    self._store.compact(sorted(set(ranges), key=lambda r: (r[0].value, r[1])))
+                if deleted:
+                    self._add_debt(deleted, ranges)
+                    if self._compaction_due():
+                        compact_started = perf_counter()
+                        self._store.compact(self._debt_list())
+                        compaction = perf_counter() - compact_started
+                        self._debt, self._debt_ranges = 0, []
                 self._mark_executed([d.task for d in deleted])
             except (QueueClosedError, StorageError):
                 raise
             except Exception as exc:
                 failed += self._failed([d.task for d in deleted], exc)
                 deleted = []
-            compaction = perf_counter() - compact_started
             self._report(deleted, failed, started, compaction)
             collected = tuple(
                 GcRange(p, d.task.shard, d.task.bound, d.messages[p], d.diffs)
@@ -213,6 +243,23 @@ class GarbageCollector:
                 for p in d.task.partitions
             )
             return GcReport(collected, failed, perf_counter() - started, compaction)
+
+    @property
+    def debt(self) -> int:
+        """Messages deleted (by this process) since the last compaction of their ranges."""
+        return self._debt
+
+    def _add_debt(self, deleted: list[_Deleted], ranges: list[tuple[Table, bytes, bytes]]) -> None:
+        self._debt += sum(sum(d.messages.values()) for d in deleted)
+        self._debt_ranges = union(self._debt_ranges + ranges)
+
+    def _compaction_due(self) -> bool:
+        if self._compact:
+            return True
+        return self._debt_limit > 0 and self._debt >= self._debt_limit
+
+    def _debt_list(self) -> list[tuple[Table, bytes, bytes]]:
+        return list(self._debt_ranges)
 
     def _delete(self, task: GcTask) -> tuple[_Deleted, list[tuple[Table, bytes, bytes]]]:
         """Write one (shard, bound) deletion; return it and the ranges to compact."""

@@ -103,6 +103,7 @@ class Queue(QueueReads):
             self.metrics,
             gc_log,
             compact=config.compact_after_delete,
+            compaction_debt=config.compaction_debt,
         )
         self._gc_worker: GcWorker | None = None
         if config.gc_enabled and not store.read_only:

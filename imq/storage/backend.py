@@ -139,6 +139,10 @@ class StoreProtocol(Protocol):
 
     def flush(self, tables: Iterable[Table]) -> None: ...
 
+    def property_int(self, table: Table, name: str) -> int:
+        """An engine property of one table (RocksDB's names); 0 where it has none."""
+        ...
+
     def disk_usage(self) -> int: ...
 
     def close(self) -> str | None:

@@ -277,6 +277,11 @@ class MemoryStore:
         with self._gate:
             return {t: [(k, self._tables[t][k]) for k in self._keys(t)] for t in Table}
 
+    def property_int(self, table: Table, name: str) -> int:
+        """No engine below: no files, no levels."""
+        self._check_open()
+        return 0
+
     def disk_usage(self) -> int:
         """The bytes of every stored key and value."""
         return sum(len(k) + len(v) for rows in self._tables.values() for k, v in rows.items())

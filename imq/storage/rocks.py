@@ -686,5 +686,15 @@ class Store:
             except Exception as exc:
                 raise self._failed("flush", exc) from exc
 
+    def property_int(self, table: Table, name: str) -> int:
+        """A RocksDB integer property of one table (``rocksdb.num-files-at-level0``,
+        ``rocksdb.live-sst-files-size``, ...); 0 when RocksDB does not know it."""
+        try:
+            return int(self._table(table).property_int_value(name) or 0)
+        except ImqError:
+            raise
+        except Exception as exc:
+            raise self._failed("property read", exc) from exc
+
     def disk_usage(self) -> int:
         return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())

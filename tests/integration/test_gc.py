@@ -40,6 +40,7 @@ from builders import (
 from imq import (
     Address,
     DiffZone,
+    GcReport,
     ImqError,
     IteratedMessage,
     PartitionRouter,
@@ -434,10 +435,11 @@ def _two_shards_due(chain: Chain) -> tuple[Applied, Applied, Applied, Applied]:
 
 
 def test_a_failed_compaction_is_logged_not_marked_and_retried(db_path: Path, logs: Logs) -> None:
-    """A pass compacts all its deleted ranges at once, after writing every delete; a
-    failed compaction leaves every bound of the pass unexecuted (logged per range), and
-    the next pass redoes the (idempotent) deletes and the compaction."""
-    with Queue.open(db_path, quiet_config()) as queue:
+    """With ``compact_after_delete``, a pass compacts all its deleted ranges at once, after
+    writing every delete; a failed compaction leaves every bound of the pass unexecuted
+    (logged per range), and the next pass redoes the (idempotent) deletes and the
+    compaction."""
+    with Queue.open(db_path, quiet_config(compact_after_delete=True)) as queue:
         chain = Chain(queue)
         a1, a2, b1, b2 = _two_shards_due(chain)
         compact = queue._store.compact
@@ -767,22 +769,112 @@ def flushed_size(queue: Queue) -> int:
     return queue._store.disk_usage()
 
 
-def test_collecting_a_large_range_shrinks_the_database(queue: Queue, chain: Chain) -> None:
+def _collect_all_but_the_last(queue: Queue, chain: Chain) -> Applied:
     body = bytes(range(256)) * 4  # 1 KiB
     applied = [chain.apply(A, 1000, body=body) for _ in range(20)]  # 20k messages, ~21 MB
     keep = applied[-1]
     mc = chain.apply(MC, 0, processed_to={A: applied[-2].max_message})
     commit(queue, mc, keep)
-    before = flushed_size(queue)
+    return keep
 
-    assert queue.run_gc() == 2
 
-    after = flushed_size(queue)
-    assert before > 20_000_000
-    assert after < before / 5, (before, after)
+def _only_the_last_is_left(queue: Queue, keep: Applied) -> None:
     assert iterate_all(queue, [A]) == keep.iterated()
     middle = keep.messages[500].key
     with queue.iterator(0, [QueueShardRange(A, middle, QueueKey.MAX)], BASE) as it:
         assert [m.message for m in it] == list(keep.messages[500:])
     assert queue.get_diffs_tail_len(A, QueueKey.MIN) == 1
     assert message_keys(queue, 0, A) == keys_of(keep)
+
+
+def test_compact_after_delete_gives_the_space_back_in_the_pass(db_path: Path) -> None:
+    with Queue.open(db_path, quiet_config(compact_after_delete=True)) as queue:
+        keep = _collect_all_but_the_last(queue, Chain(queue))
+        before = flushed_size(queue)
+
+        report = queue.run_gc_report()
+
+        after = flushed_size(queue)
+        assert report.executed == 2 and report.compaction_seconds > 0
+        assert before > 20_000_000
+        assert after < before / 5, (before, after)
+        _only_the_last_is_left(queue, keep)
+
+
+def test_by_default_the_pass_only_deletes_and_compaction_gives_the_space_back(
+    queue: Queue, chain: Chain
+) -> None:
+    """The default pass writes range tombstones and does not compact: the rows are gone
+    for every reader at once, the bytes stay until a compaction (RocksDB's own, or
+    ``Queue.compact``) rewrites the files that hold them."""
+    keep = _collect_all_but_the_last(queue, chain)
+    before = flushed_size(queue)
+
+    report = queue.run_gc_report()
+
+    assert report.executed == 2 and report.messages == 19_000
+    _only_the_last_is_left(queue, keep)
+    assert flushed_size(queue) > before / 2  # nothing rewritten yet
+    compacted = queue.compact()
+    assert compacted.bytes_after < before / 5, (before, compacted)
+    _only_the_last_is_left(queue, keep)
+
+
+def _level0_files(queue: Queue) -> int:
+    return queue._store.property_int(Table.MESSAGES, "rocksdb.num-files-at-level0")
+
+
+def test_background_compaction_keeps_level0_bounded_when_nothing_is_collected(
+    db_path: Path,
+) -> None:
+    """Nothing is collected (no commit), yet every memtable flush adds an L0 file that
+    each read must seek in: RocksDB's background compaction must merge them, or reads
+    slow down as the queue grows (the original turns it off for these tables)."""
+    config = quiet_config(write_buffer_size=1 << 20)
+    with Queue.open(db_path, config) as queue:
+        chain = Chain(queue)
+        body = bytes(200)
+        flushes = 0
+        most = 0
+        for _ in range(40):  # ~40 flushes of 1 MiB memtables
+            chain.apply(A, 4000, body=body)
+            queue._store.flush([Table.MESSAGES])
+            flushes += 1
+            most = max(most, _level0_files(queue))
+        deadline = time.monotonic() + 60
+        while _level0_files(queue) > 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flushes == 40
+        assert _level0_files(queue) <= 4, most
+        assert len(message_keys(queue, 0, A)) == 160_000
+
+
+def test_compaction_debt_compacts_once_enough_is_collected(db_path: Path) -> None:
+    """Below ``compaction_debt`` a pass only deletes; the pass that brings the messages
+    deleted since the last compaction to the debt compacts every range they cover (those
+    of the earlier passes too) and starts the debt again."""
+    body = bytes(range(256)) * 4  # 1 KiB
+    with Queue.open(db_path, quiet_config(compaction_debt=5_000)) as queue:
+        chain = Chain(queue)
+        applied = [chain.apply(A, 1000, body=body) for _ in range(10)]
+        keep = applied[-1]
+
+        def collect_through(i: int) -> GcReport:
+            mc = chain.apply(MC, 0, processed_to={A: applied[i].max_message})
+            commit(queue, mc, keep)
+            return queue.run_gc_report()
+
+        first = collect_through(2)  # 3,000 messages: below the debt
+        assert (first.messages, first.compaction_seconds) == (3_000, 0.0)
+        assert queue._gc.debt == 3_000
+        before = flushed_size(queue)
+
+        second = collect_through(5)  # 3,000 more: 6,000 >= 5,000
+        assert second.messages == 3_000 and second.compaction_seconds > 0
+        assert queue._gc.debt == 0
+        after = flushed_size(queue)
+        assert after < before * 0.55, (before, after)  # 6 of the 10 MB of messages gone
+
+        third = collect_through(6)
+        assert (third.messages, third.compaction_seconds, queue._gc.debt) == (1_000, 0.0, 1_000)
+        assert message_keys(queue, 0, A) == [k for a in applied[7:] for k in keys_of(a)]

@@ -138,7 +138,7 @@ def test_defaults() -> None:
     assert config.block_cache_size == 256 * MIB
     assert config.write_buffer_size == 64 * MIB
     assert config.max_background_jobs == 2
-    assert config.compact_after_delete is True
+    assert config.compact_after_delete is False
 
 
 def test_testing_profile() -> None:
@@ -243,7 +243,7 @@ def test_every_key(tmp_path: Path) -> None:
         'block_cache_size = "10MB"\n'
         "write_buffer_size = 4194304\n"
         "max_background_jobs = 8\n"
-        "compact_after_delete = false\n",
+        "compact_after_delete = true\n",
     )
     assert config == QueueConfig(
         gc_interval=90.0,
@@ -251,7 +251,7 @@ def test_every_key(tmp_path: Path) -> None:
         block_cache_size=10_000_000,
         write_buffer_size=4 * MIB,
         max_background_jobs=8,
-        compact_after_delete=False,
+        compact_after_delete=True,
     )
 
 
