@@ -266,9 +266,11 @@ class DiffStatistics:
         cls(shard, min_message, max_message, {})
         partition_for = diff.router.partition_for
         counts: dict[int, dict[Address, int]] = {}
-        if diff.router.is_empty:
+        by_dst = diff.router.destination_routes()
+        if by_dst is not None:  # count per destination in C, then place each in its partition
             if diff.messages:
-                counts[0] = dict(Counter(map(_dst_of, diff.messages)))
+                for dst, count in Counter(map(_dst_of, diff.messages)).items():
+                    counts.setdefault(by_dst.get(dst, 0), {})[dst] = count
         else:
             for _key, src, dst, _body in diff.messages:
                 bucket = counts.setdefault(partition_for(src, dst), {})

@@ -66,6 +66,12 @@ class PartitionRouter:
     def is_empty(self) -> bool:
         return not self._src and not self._dst
 
+    def destination_routes(self) -> Mapping[Address, int] | None:
+        """When no source is routed, a message's partition depends on its destination
+        alone: the destination routes (read-only; absent means partition 0). ``None``
+        when some source is routed."""
+        return None if self._src else self._dst
+
     @staticmethod
     def _group(mapping: Mapping[Address, int]) -> dict[int, frozenset[Address]]:
         grouped: dict[int, set[Address]] = {}

@@ -150,6 +150,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     if config.nodes > 1 and not result.disagreements:
         print(
             f"nodes: {config.nodes} agree (pointers, last committed block, "
+            f"{result.agreed_contents_messages:,} stored messages read back alike, "
             f"{result.agreed_exports} byte-identical top-block exports per node)",
             file=out,
         )

@@ -243,6 +243,7 @@ class SimResult:
     violations: list[Violation] = field(default_factory=list)
     disagreements: list[str] = field(default_factory=list)  # between nodes (--nodes)
     agreed_exports: int = 0
+    agreed_contents_messages: int = 0  # stored messages every node read back alike
     latencies: dict[str, list[float]] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
 
@@ -421,10 +422,13 @@ class Simulation:
         try:
             self._open()
             self._main_phase()
+            if self.followers:  # while the tails still hold messages, uncommitted ones too
+                self._agree_contents("before the drain")
             self._drain()
             self._final_check()
             if self.followers:
-                self._agree()
+                self._agree_contents("after the final GC")
+                self._agree("after the final GC")
         finally:
             self.result.seconds = time.perf_counter() - self._started
             self._update_gc_totals()
@@ -766,9 +770,54 @@ class Simulation:
         for node in self._nodes():
             self._final_check_node(node)
 
-    def _agree(self) -> None:
+    def _contents(self, queue: SimQueue) -> tuple[list[object], list[object]]:
+        """What a node's queue holds, as readers see it: every shard's tail length and
+        statistics, and every stored message (source, key, addresses, body) of both
+        partitions, in the iterator's order."""
+        everything = [QueueShardRange(s, QueueKey.MIN, QueueKey.MAX) for s in self.world.shards]
+        summary: list[object] = [
+            ("tail", s, queue.get_diffs_tail_len(s, QueueKey.MIN)) for s in self.world.shards
+        ]
+        messages: list[object] = []
+        for partition in PARTITIONS:
+            for r in everything:
+                stats = queue.load_diff_statistics(partition, r)
+                summary.append(("statistics", partition, r.shard, sorted(stats.items())))
+            for for_shard in (MC, ShardIdent.BASECHAIN):
+                with queue.iterator(partition, everything, for_shard) as it:
+                    messages.extend((partition, m.source, m.message) for m in it)
+        return summary, messages
+
+    def _agree_contents(self, stage: str) -> None:
+        """Every node's queue reads the same: tails, statistics and every message. Each
+        node's GC runs on its own clock, so first every node runs a pass: their requested
+        bounds are the same (the same commits), so after it they must hold the same."""
+        for node in self._nodes():
+            started = time.perf_counter()
+            node.run_gc()
+            self._timed("run_gc", started)
+            self._explicit_gc += 1
+        summary, messages = self._contents(self._q())
+        leader = summary + messages
+        self.result.agreed_contents_messages += len(messages)
+        for i, node in enumerate(self.followers, start=1):
+            theirs_summary, theirs_messages = self._contents(node)
+            theirs = theirs_summary + theirs_messages
+            if theirs != leader:
+                first = next(
+                    (n for n, (a, b) in enumerate(zip(leader, theirs, strict=False)) if a != b),
+                    min(len(leader), len(theirs)),
+                )
+                self.result.disagreements.append(
+                    f"node {i}: its queue reads differently from node 0's ({stage}), from "
+                    f"item {first} on"
+                )
+
+    def _agree(self, stage: str) -> None:
         """Every node holds the same queue: byte-identical exports of every shard's top
-        block, the same diff hash there, pointers and last committed block."""
+        block with its whole stored tail, pointers and last committed block. (Exports need
+        message BOCs, which the simulated bodies are not: they run once the tails hold no
+        messages, after the final GC; ``_agree_contents`` compares messages earlier.)"""
         leader = self._q()
         for i, node in enumerate(self.followers, start=1):
             checks = [
@@ -781,7 +830,9 @@ class Simulation:
             ]
             for what, mine, theirs in checks:
                 if mine != theirs:
-                    self.result.disagreements.append(f"node {i}: {what} differ from node 0's")
+                    self.result.disagreements.append(
+                        f"node {i}: {what} differ from node 0's ({stage})"
+                    )
         for shard in self.world.shards:
             seqno = self.current[shard].seqno
             if seqno == 0:
@@ -797,7 +848,7 @@ class Simulation:
                 if data != exports[0]:
                     self.result.disagreements.append(
                         f"node {i}: the export of {shard}:{seqno} (tail {tail}) differs from "
-                        "node 0's"
+                        f"node 0's ({stage})"
                     )
             self.result.agreed_exports += 1
 

@@ -87,6 +87,7 @@ def to_json(result: SimResult) -> dict[str, Any]:
         "nodes_agree": not result.disagreements,
         "node_disagreements": result.disagreements,
         "agreed_exports": result.agreed_exports,
+        "agreed_contents_messages": result.agreed_contents_messages,
         "rounds": result.rounds,
         "drain_rounds": result.drain_rounds,
         "blocks": result.blocks,

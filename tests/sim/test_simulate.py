@@ -3,13 +3,14 @@ that loses or repeats a message is caught and named."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from imq import IteratedMessage, Queue, QueueConfig, QueueShardRange, ShardIdent
+from imq import IteratedMessage, Message, Queue, QueueConfig, QueueShardRange, ShardIdent
 from imq.cli.main import main
 from imq.sim import SimConfig, SimQueue, Simulation, SimulationError
 from imq.sim.child import ChildQueue
@@ -130,6 +131,10 @@ def test_three_nodes_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert out.startswith("exactly-once: verified, ")
     assert "nodes: 3 agree" in out
     assert (tmp_path / "queue-node2").is_dir()
+    report = json.loads((tmp_path / "report.json").read_text())
+    # Read back alike before the drain, while the tails held messages; exports after GC.
+    assert report["agreed_contents_messages"] > 100
+    assert report["agreed_exports"] == 5  # the masterchain and four shards
 
 
 def test_a_node_that_diverges_is_reported(tmp_path: Path) -> None:
@@ -167,3 +172,40 @@ def test_a_node_that_diverges_is_reported(tmp_path: Path) -> None:
     result = Simulation(config, opener=opener).run()
     assert not result.verified
     assert "nodes disagree: node 1" in result.verdict()
+
+
+def test_a_node_that_stores_other_messages_is_reported_before_the_drain(tmp_path: Path) -> None:
+    """A follower that stores one byte more in the body of every diff's first message
+    holds another queue under the same keys, pointers and hashes: it is seen while the
+    tails still hold messages (the final exports, of empty tails, would agree)."""
+
+    class _AltersOne:
+        def __init__(self, queue: Queue) -> None:
+            self._queue = queue
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._queue, name)
+
+        def apply_diff(self, diff: Any, *args: Any) -> bool:
+            kept = [
+                Message(m.key, m.src, m.dst, m.body + b"!") if i == 0 else m
+                for i, m in enumerate(diff.messages)
+            ]
+            plain = type(diff)(
+                kept,
+                diff.processed_to,
+                diff.router,
+                None,
+                start_lt=diff.start_lt,
+                end_lt=diff.end_lt,
+            )
+            return bool(self._queue.apply_diff(plain, *args))
+
+    def opener(path: Path, config: QueueConfig) -> Any:
+        queue = Queue.open(path, config)
+        return _AltersOne(queue) if path.name == "queue-node1" else queue
+
+    config = SimConfig(directory=tmp_path, rounds=30, nodes=2, restart_rate=0, reset_rate=0)
+    result = Simulation(config, opener=opener).run()
+    assert not result.verified
+    assert any("(before the drain)" in d for d in result.disagreements), result.disagreements
