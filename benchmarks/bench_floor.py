@@ -4,6 +4,9 @@ same rows, merged iteration against raw cursors (merged with ``heapq.merge``, an
 Python's cyclic GC is off while timing (``gc.collect()`` before each timed run), on both
 sides. Runs alternate between variants so drift in machine load hits all alike; the
 table gives the median of ``--repeats`` runs and each ratio is taken within this run.
+Both tables also give the ratio of the calling thread's CPU time (user + system): both
+sides do all of a write's or a read's work in that thread, and on a machine shared with
+other processes it varies far less than the wall clock.
 
 Both sides open the database with imq's table options (the raw side through
 ``RawDb``), so the message table's 32 KiB data blocks serve both alike. The imq side
@@ -53,57 +56,51 @@ class Row:
     name: str
     messages: int
     seconds: list[float] = field(default_factory=list)
-    cpu_seconds: list[float] = field(default_factory=list)  # reads: the thread's CPU time
+    cpu: list[float] = field(default_factory=list)  # CPU time of the calling thread
 
     @property
     def rate(self) -> float:
         return self.messages / statistics.median(self.seconds)
 
     @property
+    def cpu_rate(self) -> float:
+        return self.messages / statistics.median(self.cpu)
+
+    def add(self, timing: tuple[float, float]) -> None:
+        self.seconds.append(timing[0])
+        self.cpu.append(timing[1])
+
+    @property
     def best(self) -> float:
         return self.messages / min(self.seconds)
 
-    @property
-    def cpu_rate(self) -> float:
-        return self.messages / statistics.median(self.cpu_seconds)
 
-
-def timed_nogc(run: Callable[[], Any]) -> tuple[float, Any]:
+def timed_nogc(run: Callable[[], Any]) -> tuple[tuple[float, float], Any]:
+    """``((wall seconds, CPU seconds of this thread), result)``. Both sides do all their
+    write work in the calling thread (RocksDB's flushes run in its own threads for both),
+    so the CPU time leaves out what other processes on the machine take from it."""
     gc.collect()
     gc.disable()
     try:
-        started = perf_counter()
+        started, cpu = perf_counter(), thread_time()
         result = run()
-        return perf_counter() - started, result
+        return (perf_counter() - started, thread_time() - cpu), result
     finally:
         gc.enable()
 
 
-def timed_read(run: Callable[[], int]) -> tuple[float, float, int]:
-    """Wall seconds, the calling thread's CPU seconds (user + system: RocksDB reads run
-    in this thread), and ``run()``'s result; cyclic GC off as in ``timed_nogc``."""
-    gc.collect()
-    gc.disable()
-    try:
-        cpu, started = thread_time(), perf_counter()
-        result = run()
-        return perf_counter() - started, thread_time() - cpu, result
-    finally:
-        gc.enable()
-
-
-def imq_write(path: Path, prepared: Sequence[Prepared]) -> float:
+def imq_write(path: Path, prepared: Sequence[Prepared]) -> tuple[float, float]:
     queue = Queue.open(path, CONFIG)
     try:
         apply = queue.apply_diff
-        seconds, written = timed_nogc(lambda: [apply(p.diff, p.block, p.hash) for p in prepared])
+        timing, written = timed_nogc(lambda: [apply(p.diff, p.block, p.hash) for p in prepared])
     finally:
         queue.close()
     assert all(written)
-    return seconds
+    return timing
 
 
-def raw_encoded_write(path: Path, prepared: Sequence[Prepared]) -> float:
+def raw_encoded_write(path: Path, prepared: Sequence[Prepared]) -> tuple[float, float]:
     """Raw write with the encoding inside the timing (rows built from the messages)."""
     db = RawDb(path, CONFIG)
 
@@ -119,19 +116,19 @@ def raw_encoded_write(path: Path, prepared: Sequence[Prepared]) -> float:
             db.db.write(batch)
 
     try:
-        seconds, _ = timed_nogc(run)
+        timing, _ = timed_nogc(run)
     finally:
         db.close()
-    return seconds
+    return timing
 
 
-def raw_pre_encoded_write(path: Path, prepared: Sequence[Prepared]) -> float:
+def raw_pre_encoded_write(path: Path, prepared: Sequence[Prepared]) -> tuple[float, float]:
     db = RawDb(path, CONFIG)
     try:
-        seconds, _ = timed_nogc(lambda: raw_write(db, prepared))
+        timing, _ = timed_nogc(lambda: raw_write(db, prepared))
     finally:
         db.close()
-    return seconds
+    return timing
 
 
 def imq_read(queue: Queue) -> int:
@@ -177,9 +174,9 @@ def run(args: Any, workdir: Path) -> str:
     for r in range(repeats):
         last = r == repeats - 1
         paths = {n: workdir / f"w-{n}-{r}" for n in ("imq", "enc", "raw")}
-        w_imq.seconds.append(imq_write(paths["imq"], prepared))
-        w_raw_enc.seconds.append(raw_encoded_write(paths["enc"], prepared))
-        w_raw.seconds.append(raw_pre_encoded_write(paths["raw"], prepared))
+        w_imq.add(imq_write(paths["imq"], prepared))
+        w_raw_enc.add(raw_encoded_write(paths["enc"], prepared))
+        w_raw.add(raw_pre_encoded_write(paths["raw"], prepared))
         for n, p in paths.items():
             if last and n in ("imq", "raw"):
                 keep[n] = p
@@ -202,10 +199,9 @@ def run(args: Any, workdir: Path) -> str:
             assert fn() == total  # warm-up
         for _ in range(repeats):
             for row, fn in reads:
-                seconds, cpu_seconds, count = timed_read(fn)
+                timing, count = timed_nogc(fn)
                 assert count == total
-                row.seconds.append(seconds)
-                row.cpu_seconds.append(cpu_seconds)
+                row.add(timing)
     finally:
         queue.close()
         raw.close()
@@ -217,6 +213,10 @@ def run(args: Any, workdir: Path) -> str:
             f"| {row.name} | {row.rate / 1e6:.3f} | {min(row.seconds):.3f}.."
             f"{max(row.seconds):.3f} | {ratio} | {ratio2} |"
         )
+
+    def cpu_line(row: Row, floor: Row) -> str:
+        ratio = f"{row.cpu_rate / floor.cpu_rate:.2f}x"
+        return line(row, floor).rsplit("|", 2)[0] + f"| {ratio} |"
 
     out = ["# imq floor benchmark: apply_diff and merged iteration against raw rocksdict", ""]
     if args.quick:
@@ -231,11 +231,15 @@ def run(args: Any, workdir: Path) -> str:
         "",
         "## Write",
         "",
-        "| variant | M msgs/s | seconds min..max | vs floor | |",
-        "|---|---:|---:|---:|---|",
-        line(w_imq, w_raw),
-        line(w_raw_enc, w_raw),
-        line(w_raw, w_raw),
+        "| variant | M msgs/s | seconds min..max | vs floor | vs floor, CPU time |",
+        "|---|---:|---:|---:|---:|",
+        cpu_line(w_imq, w_raw),
+        cpu_line(w_raw_enc, w_raw),
+        cpu_line(w_raw, w_raw),
+        "",
+        "CPU time: of the calling thread (user + system), which does every write's work on "
+        "both sides; it leaves out the time other processes take from a shared machine, "
+        "which the wall-clock ratio does not.",
         "",
         f"apply_diff vs raw write with encoding inside the timing: "
         f"**{w_imq.rate / w_raw_enc.rate:.2f}x**.",

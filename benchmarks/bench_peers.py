@@ -1,8 +1,12 @@
 """imq against what a Python developer would pick instead, on one simple queue workload.
 
-Systems: imq; raw rocksdict (the floor, imq's own table options); plain ``sqlite3`` (WAL,
-BLOB primary key, WITHOUT ROWID, ``executemany``, one transaction per batch);
-persist-queue's ``SQLiteAckQueue`` and its file ``Queue``; ``diskcache.Deque``.
+Systems: imq (the defaults: fsync per commit) and imq with ``sync_commits=False``; raw
+rocksdict (the floor, imq's own table options); plain ``sqlite3`` (WAL, BLOB primary key,
+WITHOUT ROWID, ``executemany``, one transaction per batch) with ``synchronous=NORMAL``
+and with ``synchronous=FULL``; persist-queue's ``SQLiteAckQueue`` and its file ``Queue``;
+``diskcache.Deque``. The append is also compared at equal durability, in two pairs: imq
+(fsync per commit) with sqlite3 FULL (fsync per transaction), and imq without fsync with
+sqlite3 NORMAL (no fsync per transaction).
 
 Workload, the same bytes for every system: ``N`` messages, each a 40-byte ordering key
 (lt u64 big-endian + 32-byte hash) and a 200-byte body, appended in batches; then
@@ -14,7 +18,9 @@ Workload, the same bytes for every system: ``N`` messages, each a 40-byte orderi
    then one GC pass);
 4. **reopen** and read the first remaining message (open time included).
 
-Slow peers run at a smaller ``N`` (said in the table); compare rates per message.
+Slow peers run at a smaller ``N`` (said in the table); compare rates per message. The
+systems at full ``N`` run ``--repeats`` times (default 3) in turn, round-robin, and the
+tables give the median.
 Python's cyclic GC is off while timing (after a ``gc.collect()``), for every system.
 The peers are in the ``bench`` extra (``pip install -e '.[bench]'``); a missing one is
 reported as skipped.
@@ -28,6 +34,7 @@ import os
 import random
 import shutil
 import sqlite3
+import statistics
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -62,6 +69,7 @@ SHARD = ShardIdent(0, 0x6000_0000_0000_0000)  # prefix 01 (length 2): accounts 0
 LT0 = 1_000_000
 MC_LT0 = 1 << 40
 CONFIG = QueueConfig(gc_enabled=False)  # production settings; GC only through run_gc()
+CONFIG_UNSYNCED = QueueConfig(gc_enabled=False, sync_commits=False)  # no fsync at all
 
 
 @dataclass(frozen=True)
@@ -94,12 +102,26 @@ class Result:
     system: str
     n: int
     durability: str
-    seconds: dict[str, float] = field(default_factory=dict)
+    label: str
+    runs: list[dict[str, float]] = field(default_factory=list)
     note: str = ""
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """The median of the runs, per step."""
+        return {step: statistics.median(r[step] for r in self.runs) for step in self.runs[0]}
 
     def rate(self, step: str) -> float:
         count = self.n // 2 if step == "delete" else self.n
         return count / self.seconds[step]
+
+    def rate_range(self, step: str) -> str:
+        """The slowest and the fastest run's rate (msgs/s), when there are several."""
+        if len(self.runs) < 2:
+            return ""
+        count = self.n // 2 if step == "delete" else self.n
+        rates = [count / r[step] for r in self.runs]
+        return f"{min(rates):,.0f}..{max(rates):,.0f}"
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -120,7 +142,9 @@ STEPS = ("append", "read", "delete", "reopen")
 # Systems: each returns {step: seconds}; every step checks its result.
 
 
-def run_imq(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[str, float]:
+def run_imq(
+    path: Path, items: list[tuple[bytes, bytes]], batch: int, config: QueueConfig = CONFIG
+) -> dict[str, float]:
     src = Address(0, (0x4 << 60).to_bytes(8, "big") + bytes(24))
     dst = Address(0, bytes(32))
     msgs = [Message(QueueKey(int.from_bytes(k[:8], "big"), k[8:]), src, dst, b) for k, b in items]
@@ -133,7 +157,7 @@ def run_imq(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[st
         stats = DiffStatistics(mc, QueueKey.min_for_lt(lt), QueueKey.max_for_lt(lt + 999), {})
         return QueueDiff((), {SHARD: processed} if processed else {}), stats
 
-    queue = Queue.open(path, CONFIG)
+    queue = Queue.open(path, config)
 
     def append() -> None:
         for i, chunk in enumerate(chunks, 1):
@@ -168,7 +192,7 @@ def run_imq(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[st
     queue.close()
 
     def reopen() -> tuple[Queue, Any]:
-        q = Queue.open(path, CONFIG)
+        q = Queue.open(path, config)
         with q.iterator(0, ranges, ShardIdent.BASECHAIN) as it:
             return q, next(it)
 
@@ -178,6 +202,10 @@ def run_imq(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[st
         assert sum(1 for _ in it) == len(msgs) - half
     queue.close()
     return out
+
+
+def run_imq_unsynced(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[str, float]:
+    return run_imq(path, items, batch, CONFIG_UNSYNCED)
 
 
 def run_raw(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[str, float]:
@@ -219,18 +247,20 @@ def run_raw(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[st
     return out
 
 
-def _sqlite_connect(path: Path) -> sqlite3.Connection:
+def _sqlite_connect(path: Path, synchronous: str) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=NORMAL")
+    conn.execute(f"PRAGMA synchronous={synchronous}")
     return conn
 
 
-def run_sqlite(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[str, float]:
+def run_sqlite(
+    path: Path, items: list[tuple[bytes, bytes]], batch: int, synchronous: str = "NORMAL"
+) -> dict[str, float]:
     out: dict[str, float] = {}
     path.mkdir(parents=True, exist_ok=True)
     file = path / "q.db"
-    conn = _sqlite_connect(file)
+    conn = _sqlite_connect(file, synchronous)
     conn.execute("CREATE TABLE q (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID")
 
     def append() -> None:
@@ -256,13 +286,17 @@ def run_sqlite(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict
     conn.close()
 
     def reopen() -> tuple[sqlite3.Connection, Any]:
-        c = _sqlite_connect(file)
+        c = _sqlite_connect(file, synchronous)
         return c, c.execute("SELECT k, v FROM q ORDER BY k LIMIT 1").fetchone()
 
     out["reopen"], (conn, first) = timed(reopen)
     assert first[0] == items[half][0]
     conn.close()
     return out
+
+
+def run_sqlite_full(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[str, float]:
+    return run_sqlite(path, items, batch, "FULL")
 
 
 def run_pq_ack(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[str, float]:
@@ -392,7 +426,11 @@ class System:
     slow: int  # 0: full N, 1: slow_n, 2: slowest_n
     run: Callable[[Path, list[tuple[bytes, bytes]], int], dict[str, float]]
     durability: str
+    label: str  # the durability in a few words, for the tables
 
+
+FSYNC_PER_BATCH = "fsync per batch"
+NO_FSYNC = "no fsync per batch"
 
 SYSTEMS = (
     System(
@@ -400,23 +438,52 @@ SYSTEMS = (
         None,
         0,
         run_imq,
-        "RocksDB WAL on; apply_diff without fsync, commit_diff with fsync (QueueConfig() "
-        "defaults, GC worker off)",
+        f"{FSYNC_PER_BATCH}: each diff reaches RocksDB's WAL with one write() (no fsync); "
+        "each commit_diff fsyncs the WAL (QueueConfig() defaults: sync_commits=True; GC "
+        "worker off), which makes the batch and every diff before it survive power loss or "
+        "an OS crash once the commit returns; a process crash loses nothing applied",
+        FSYNC_PER_BATCH,
+    ),
+    System(
+        "imq, sync_commits=False",
+        None,
+        0,
+        run_imq_unsynced,
+        f"{NO_FSYNC}: the same WAL writes, never an fsync (QueueConfig(sync_commits=False)): "
+        "a process crash loses nothing applied; an OS crash or power loss can lose the "
+        "batches the OS had not yet written back. The guarantee of sqlite3 WAL with "
+        "synchronous=NORMAL",
+        NO_FSYNC,
     ),
     System(
         "raw rocksdict (floor)",
         None,
         0,
         run_raw,
-        "WAL on, no fsync; imq's table options; delete = one delete_range",
+        f"{NO_FSYNC}: WAL on, no fsync (as imq with sync_commits=False); imq's table "
+        "options; delete = one delete_range",
+        NO_FSYNC,
     ),
     System(
         "sqlite3",
         None,
         0,
         run_sqlite,
-        "WAL, synchronous=NORMAL (fsync at checkpoints), WITHOUT ROWID, executemany, one "
+        f"{NO_FSYNC}: WAL, synchronous=NORMAL (each COMMIT writes the WAL without fsync; "
+        "fsync at checkpoints only): a process crash loses no committed transaction, an OS "
+        "crash or power loss can roll back recent ones; WITHOUT ROWID, executemany, one "
         "transaction per batch",
+        NO_FSYNC,
+    ),
+    System(
+        "sqlite3, synchronous=FULL",
+        None,
+        0,
+        run_sqlite_full,
+        f"{FSYNC_PER_BATCH}: WAL, synchronous=FULL (each COMMIT fsyncs the WAL): a "
+        "committed batch survives power loss or an OS crash, as imq's committed batches "
+        "do; otherwise as sqlite3",
+        FSYNC_PER_BATCH,
     ),
     System(
         "persist-queue SQLiteAckQueue",
@@ -425,6 +492,7 @@ SYSTEMS = (
         run_pq_ack,
         "SQLite defaults (rollback journal, synchronous=FULL); one commit per put, get "
         "and ack (the ack queue refuses auto_commit=False); pickled items",
+        "fsync per put",
     ),
     System(
         "persist-queue Queue (file)",
@@ -433,6 +501,7 @@ SYSTEMS = (
         run_pq_file,
         "flush per put, info file rewritten per put, fsync per chunk of 100 (defaults); "
         "pickled items",
+        "fsync per 100 puts",
     ),
     System(
         "diskcache.Deque",
@@ -440,7 +509,14 @@ SYSTEMS = (
         1,
         run_diskcache,
         "SQLite WAL, synchronous=NORMAL (diskcache defaults), extend() per batch; pickled items",
+        NO_FSYNC,
     ),
+)
+
+# The two comparisons at equal durability: (imq row, sqlite3 row, what both do).
+EQUAL_DURABILITY = (
+    ("imq", "sqlite3, synchronous=FULL", FSYNC_PER_BATCH),
+    ("imq, sync_commits=False", "sqlite3", NO_FSYNC),
 )
 
 
@@ -453,22 +529,31 @@ def _version(package: str) -> str | None:
 
 def run(args: argparse.Namespace, workdir: Path) -> tuple[str, list[Result]]:
     sizes = QUICK if args.quick else FULL
+    repeats = args.repeats or (1 if args.quick else 3)
     load_start = os.getloadavg()
     items = workload(sizes.n)
-    results: list[Result] = []
+    results: dict[str, Result] = {}
     skipped: list[str] = []
+    present = []
     for system in SYSTEMS:
         if system.package is not None and _version(system.package) is None:
             skipped.append(f"{system.name} ({system.package} not installed)")
             continue
         n = (sizes.n, sizes.slow_n, sizes.slowest_n)[system.slow]
-        path = workdir / system.name.split()[0].replace(".", "-")
-        path = workdir / f"{len(results)}-{path.name}"
-        print(f"{system.name}: {n:,} messages ...", file=sys.stderr)
-        seconds = system.run(path, items[:n], sizes.batch)
-        results.append(Result(system.name, n, system.durability, seconds))
+        results[system.name] = Result(system.name, n, system.durability, system.label)
+        present.append(system)
+    # The systems at full N run `repeats` times, round-robin, so that a change in the
+    # machine's load hits them alike; the slow peers run once.
+    order = [s for _ in range(repeats) for s in present if s.slow == 0]
+    order += [s for s in present if s.slow != 0]
+    for i, system in enumerate(order):
+        result = results[system.name]
+        path = workdir / f"{i}-{system.name.split()[0].replace('.', '-').rstrip(',')}"
+        print(f"{system.name}: {result.n:,} messages ...", file=sys.stderr)
+        result.runs.append(system.run(path, items[: result.n], sizes.batch))
         shutil.rmtree(path, ignore_errors=True)
-    return render(args, sizes, results, skipped, load_start), results
+    ordered = [results[s.name] for s in present]
+    return render(args, sizes, ordered, skipped, load_start, repeats=repeats), ordered
 
 
 def render(
@@ -477,8 +562,11 @@ def render(
     results: list[Result],
     skipped: list[str],
     load_start: tuple[float, ...],
+    *,
+    repeats: int,
 ) -> str:
     imq = results[0]
+    by_name = {r.system: r for r in results}
     out = ["# imq against other Python queues (bench_peers)", ""]
     if args.quick:
         out += ["**Quick smoke run: sizes are reduced; these numbers are not results.**", ""]
@@ -492,26 +580,60 @@ def render(
         "Steps in order: append all, read all in order, delete the consumed prefix "
         "(the first half), reopen and read the first remaining message (reopen with half "
         "the messages stored). Rates are messages/s (delete: messages deleted/s); reopen is "
-        "in milliseconds. Cyclic GC off while timing.",
+        f"in milliseconds. Cyclic GC off while timing. The systems at the full N ran "
+        f"{repeats} time{'s' if repeats != 1 else ''}, round-robin; each figure is the "
+        "median of those runs (append: slowest..fastest run in brackets). The queue "
+        "libraries ran once.",
         "",
         "| system | N | append msgs/s | read msgs/s | delete msgs/s | reopen + first ms |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in results:
+        spread = r.rate_range("append")
         out.append(
-            f"| {r.system} | {r.n:,} | {r.rate('append'):,.0f} | {r.rate('read'):,.0f} | "
+            f"| {r.system} | {r.n:,} | {r.rate('append'):,.0f}"
+            f"{f' ({spread})' if spread else ''} | {r.rate('read'):,.0f} | "
             f"{r.rate('delete'):,.0f} | {r.seconds['reopen'] * 1e3:.1f} |"
+        )
+    out += [
+        "",
+        "## Append at equal durability",
+        "",
+        "Each pair gives its committed batches the same guarantee (see *Durability of each "
+        "system*). Ratio: of the medians; per round: each round's imq run against the same "
+        "round's sqlite3 run, sorted.",
+        "",
+        "| durability | imq | imq append msgs/s | sqlite3 | sqlite3 append msgs/s | ratio "
+        "| ratio per round |",
+        "|---|---|---:|---|---:|---:|---:|",
+    ]
+    for mine, theirs, label in EQUAL_DURABILITY:
+        a, b = by_name.get(mine), by_name.get(theirs)
+        if a is None or b is None:
+            continue
+        # Round i of each ran minutes apart at most: a paired ratio per round is less
+        # sensitive to the machine's load drifting than the ratio of the medians.
+        paired = sorted(y["append"] / x["append"] for x, y in zip(a.runs, b.runs, strict=True))
+        per_round = ", ".join(f"{r:.2f}x" for r in paired)
+        out.append(
+            f"| {label} | {a.system} | {a.rate('append'):,.0f} | {b.system} | "
+            f"{b.rate('append'):,.0f} | **{a.rate('append') / b.rate('append'):.2f}x** | "
+            f"{per_round} |"
         )
     out += [
         "",
         "## imq's ratio to each (rate per message; reopen: their time ÷ imq's)",
         "",
-        "| system | append | read | delete | reopen |",
-        "|---|---:|---:|---:|---:|",
+        f"imq here is the default row ({FSYNC_PER_BATCH}); the rows marked "
+        f"*{NO_FSYNC}* give their batches a weaker guarantee, so their ratios are not at "
+        "equal durability (the table above is).",
+        "",
+        "| system | durability | append | read | delete | reopen |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for r in results[1:]:
         out.append(
-            f"| {r.system} | {imq.rate('append') / r.rate('append'):.2f}x | "
+            f"| {r.system} | {r.label} | {imq.rate('append') / r.rate('append'):.2f}x | "
             f"{imq.rate('read') / r.rate('read'):.2f}x | "
             f"{imq.rate('delete') / r.rate('delete'):.2f}x | "
             f"{r.seconds['reopen'] / imq.seconds['reopen']:.2f}x |"
@@ -526,15 +648,26 @@ def render(
 
 METHOD = """## Method
 
-- One process, systems in turn, each on a fresh directory under the temp dir; one run
-  per system (the full run takes minutes; repeat it to see the spread).
+- One process, systems in turn, each run on a fresh directory under the temp dir. The
+  systems at the full N run `--repeats` times (3 by default) round-robin, so that a
+  change in the machine's load hits each alike; every figure is the median of its runs,
+  and the append column gives the slowest and fastest run too. The queue libraries run
+  once (the full run takes minutes; repeat it to see their spread).
+- Durability: imq's default commits with fsync and sqlite3 NORMAL does not, so their
+  ratio is not at equal durability. Two pairs are: imq (fsync per commit, i.e. per
+  batch) with sqlite3 `synchronous=FULL` (fsync per transaction, i.e. per batch), and
+  imq with `sync_commits=False` with sqlite3 `synchronous=NORMAL` (neither fsyncs a
+  batch; both survive a process crash, not necessarily a power loss). The section
+  *Durability of each system* says what each row does.
 - The queue libraries (persist-queue, diskcache) run at the smaller N; their per-message
   rates are compared with imq's at the full N. A smaller N favours them (smaller files,
   warmer caches).
 - imq's messages carry source and destination addresses (66 more bytes per row) that
   the peers do not store; every other system stores the same key and body bytes.
 - imq append: per batch, `QueueDiff` construction, `apply_diff` of one source shard's
-  diff, `apply_diff` of an empty masterchain diff and `commit_diff` (fsync). Read: one
+  diff, `apply_diff` of an empty masterchain diff and `commit_diff` (fsync, or none with
+  `sync_commits=False`). The batches arrive in key order, as a collator's messages do, so
+  `QueueDiff` checks the order in one pass and sorts nothing. Read: one
   iterator over the source shard. Delete: an empty masterchain diff whose `processed_to`
   names the last message of the first half, its commit, and one `run_gc()` pass.
   Reopen: `Queue.open` (RocksDB open, cache warm-up, startup checks) + iterator + `next`.
@@ -574,7 +707,12 @@ def write_plot(results: list[Result], path: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv, "peers", "imq against other Python queues", "unused (one run)")
+    args = parse_args(
+        argv,
+        "peers",
+        "imq against other Python queues",
+        "runs of the systems at full N, round-robin (default 3; 1 with --quick)",
+    )
     quiet_logs()
     with temp_workdir(args, "peers") as work:
         text, results = run(args, work)

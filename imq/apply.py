@@ -8,12 +8,22 @@ written until the pending diff is.
 from __future__ import annotations
 
 from operator import itemgetter
+from typing import Any
 
+from imq import _native as native
 from imq.diff import DiffStatistics, QueueDiff
 from imq.errors import DiffBelowCommitPointerError, DiffConflictError, DiffSequenceError
 from imq.storage import TransactionProtocol as Transaction
 from imq.storage import ops
-from imq.types import Address, BlockIdShort, CommitPointer, DiffInfo, DiffZone, QueueKey
+from imq.types import (
+    Address,
+    BlockIdShort,
+    CommitPointer,
+    DiffInfo,
+    DiffZone,
+    QueueKey,
+    ShardIdent,
+)
 from imq.zones import max_in_zone
 
 __all__ = [
@@ -26,18 +36,25 @@ __all__ = [
 ]
 
 _source = itemgetter(1)
+_c_sources_in_shard: Any = None if native.speedups is None else native.speedups.sources_in_shard
 _workchain = itemgetter(0)
 _account = itemgetter(1)
 
 
 def check_sources(diff: QueueDiff, block: BlockIdShort) -> None:
     """Every message's source address lies inside the block's shard (the original
-    asserts it). C-level passes only: the accounts of a shard are one contiguous byte
-    range, so only the workchains, the smallest and the largest account are tested."""
+    asserts it). One C pass when ``imq._speedups`` is built; otherwise, or when that pass
+    finds a source outside, C-level passes of Python that name the address: the accounts
+    of a shard are one contiguous byte range, so only the workchains, the smallest and
+    the largest account are tested."""
     if not diff.messages:
         return
-    sources = list(map(_source, diff.messages))
     shard = block.shard
+    if _c_sources_in_shard is not None and _c_sources_in_shard(
+        diff.messages, shard.workchain, shard.prefix, shard.prefix_len
+    ):
+        return
+    sources = list(map(_source, diff.messages))
     workchains = set(map(_workchain, sources))
     accounts = list(map(_account, sources))
     wc = shard.workchain
@@ -128,18 +145,35 @@ def stage_diff(
     diff: QueueDiff,
     block: BlockIdShort,
     diff_hash: bytes,
-    stats: DiffStatistics,
+    stats: DiffStatistics | tuple[QueueKey, QueueKey],
 ) -> DiffInfo:
-    """Put every row of ``diff`` into ``txn``: messages, statistics, tail, diff info."""
+    """Put every row of ``diff`` into ``txn``: messages, statistics, tail, diff info.
+
+    ``stats`` is the caller's :class:`DiffStatistics`, used as given, or the diff's
+    ``(min_message, max_message)``: the statistics are then derived from the messages,
+    counted in the same pass that encodes their rows (``imq.storage.codec.encode_diff``), with
+    the counts, rows and bytes ``DiffStatistics.from_diff`` would give."""
     shard, seqno = block.shard, block.seqno
     router = diff.router
     partition_for = None if router.is_empty else router.partition_for
     per_partition: dict[int, int] = {}
-    ops.put_messages(txn, shard, diff.messages, partition_for, per_partition)
+    if isinstance(stats, DiffStatistics):
+        ops.put_messages(txn, shard, diff.messages, partition_for, per_partition)
+        min_message, max_message = stats.min_message, stats.max_message
+        shards_messages_count = stats.shards_messages_count
+        stat_values = ops.stat_values(stats.partitions)
+    else:
+        min_message, max_message = stats
+        encoded = ops.put_diff_messages(txn, shard, diff.messages, partition_for)
+        stat_values = {}
+        for partition, messages, value in encoded.partitions:
+            per_partition[partition] = messages
+            stat_values[partition] = value
+        shards_messages_count = {ShardIdent.full(wc): n for wc, n in encoded.workchains}
     info = DiffInfo(
-        min_message=stats.min_message,
-        max_message=stats.max_message,
-        shards_messages_count=stats.shards_messages_count,
+        min_message=min_message,
+        max_message=max_message,
+        shards_messages_count=shards_messages_count,
         hash=diff_hash,
         processed_to=dict(diff.processed_to),
         router_src=router.src_partitions(),
@@ -147,7 +181,7 @@ def stage_diff(
         seqno=seqno,
         prev_hash=diff.prev_hash,
     )
-    written = router.partitions() | stats.partitions.keys()
+    written = router.partitions() | stat_values.keys()
     partitions = {p: per_partition.get(p, 0) for p in written}
-    ops.put_diff(txn, shard, info, stats.partitions, partitions)
+    ops.put_diff_encoded(txn, shard, info, stat_values, partitions)
     return info

@@ -236,7 +236,10 @@ class Queue(QueueReads):
         diff_hash: bytes,
         statistics: DiffStatistics | None,
         check_sequence: DiffZone | None,
-    ) -> DiffStatistics | None:
+    ) -> DiffStatistics | tuple[QueueKey, QueueKey] | None:
+        """The statistics to store: the caller's, or the diff's bounds when they are to
+        be derived from its messages (counted while its rows are encoded), or ``None``
+        for an empty diff without a span (its bounds come from the store)."""
         check_type("diff", diff, QueueDiff)
         check_type("block", block, BlockIdShort)
         apply.check_sources(diff, block)
@@ -247,10 +250,8 @@ class Queue(QueueReads):
         if check_sequence is not None:
             check_type("check_sequence", check_sequence, DiffZone)
         if statistics is None:
-            bounds = diff.bounds
-            if bounds is None:
-                return None  # an empty diff without a span: bounds from the store (_prepare)
-            return DiffStatistics.from_diff(diff, block.shard, *bounds)
+            # None for an empty diff without a span: bounds from the store (_prepare)
+            return diff.bounds
         check_type("statistics", statistics, DiffStatistics)
         if statistics.shard != block.shard:
             raise ValueError(f"statistics are for shard {statistics.shard}, the block is {block}")
@@ -270,7 +271,7 @@ class Queue(QueueReads):
         diff: QueueDiff,
         block: BlockIdShort,
         diff_hash: bytes,
-        stats: DiffStatistics | None,
+        stats: DiffStatistics | tuple[QueueKey, QueueKey] | None,
         check_sequence: DiffZone | None,
     ) -> PendingDiff | None:
         guard = self._pending.hold_shard(self._rw, self._shard_locks, block.shard)
@@ -291,7 +292,7 @@ class Queue(QueueReads):
                 apply.check_above_pointer(pointer, block, diff)
                 if stats is None:
                     at = apply.resting_key(view, previous, block, pointer)
-                    stats = DiffStatistics.from_diff(diff, block.shard, at, at)
+                    stats = (at, at)
             txn = self._store.transaction()
             apply.stage_diff(txn, diff, block, diff_hash, stats)
         except BaseException:

@@ -10,6 +10,7 @@ hold every byte layout, so both backends store the same bytes by construction.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -88,7 +89,11 @@ class TransactionProtocol(Protocol):
 
     def put(self, table: Table, key: bytes, value: bytes) -> None: ...
 
-    def writer(self, table: Table) -> tuple[Callable[[bytes, bytes, Any], object], Any]: ...
+    def writer(
+        self, table: Table
+    ) -> AbstractContextManager[tuple[Callable[[bytes, bytes, Any], object], Any]]:
+        """``with txn.writer(table) as (put, target)``: ``put(key, value, target)`` adds a
+        row to ``table``, for hot loops; no other row may be staged inside the block."""
 
     def delete(self, table: Table, key: bytes) -> None: ...
 

@@ -11,22 +11,26 @@ signed numbers are stored offset-binary (value + 2**(bits-1)), so the masterchai
 (diff infos, the commit record, GC bounds) are msgpack positional arrays whose first
 element is a record version.
 
-Speed note: ``put_message_rows`` is the per-message write path: it packs with
-precompiled ``struct``s and puts in the same loop (see the function's docstring). When
-the optional C extension ``imq._speedups`` is built (and ``IMQ_PURE_PYTHON`` is unset),
+Speed note: ``encode_diff`` (apply with derived statistics) and ``put_message_rows``
+are the per-message write path: they pack with precompiled ``struct``s and put in the
+same loop, and ``encode_diff`` also counts the destinations there (see the functions'
+docstrings). When the optional C extension ``imq._speedups`` is built (and
+``IMQ_PURE_PYTHON`` is unset; ``imq._native`` loads it), ``encode_diff``,
 ``put_message_rows`` and ``stat_value`` run its byte-identical C forms.
 """
 
 from __future__ import annotations
 
-import os
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from operator import itemgetter
+from typing import Any, NamedTuple
 
 import msgpack
 
+from imq import _native as native
 from imq.errors import CorruptDataError
 from imq.storage.queue_state import CommitRecord, GcBounds
 from imq.types import (
@@ -69,6 +73,7 @@ __all__ = [
     "STAT_PREFIX_LEN",
     "TAIL_KEY_LEN",
     "Destinations",
+    "EncodedDiff",
     "address_bytes",
     "block_id_bytes",
     "commit_record_value",
@@ -92,6 +97,7 @@ __all__ = [
     "diff_info_key",
     "diff_info_shard_range",
     "diff_info_value",
+    "encode_diff",
     "gc_bounds_value",
     "import_marker_value",
     "key_bytes",
@@ -690,19 +696,10 @@ def decode_import_marker(
 # The compiled write path (optional)
 
 
-def _load_speedups() -> Any:
-    if os.environ.get("IMQ_PURE_PYTHON"):
-        return None
-    try:
-        from imq import _speedups  # noqa: PLC0415 -- optional, built only with a compiler
-    except ImportError:
-        return None
-    return _speedups
-
-
-_speedups = _load_speedups()
+_speedups = native.speedups
 _c_put_rows: Any = None if _speedups is None else _speedups.put_rows
 _c_stat_value: Any = None if _speedups is None else _speedups.stat_value
+_c_encode_diff: Any = None if _speedups is None else _speedups.encode_diff
 
 
 def put_message_rows(
@@ -734,3 +731,84 @@ def stat_value(counts: Destinations) -> bytes:
         value: bytes = _c_stat_value(counts)
         return value
     return _stat_value_py(counts)
+
+
+class EncodedDiff(NamedTuple):
+    """What :func:`encode_diff` derives from a diff's messages while it puts their rows."""
+
+    rows: int
+    partitions: list[tuple[int, int, bytes]]
+    """``(partition, messages, statistics value)`` per partition with messages, ascending;
+    the value is what :func:`stat_value` packs for the counts ``DiffStatistics.from_diff``
+    takes (destinations in first-seen order)."""
+    workchains: list[tuple[int, int]]
+    """``(destination workchain, messages)``, ascending (``shards_messages_count``)."""
+
+
+_dst_of = itemgetter(2)
+
+
+def _encode_diff_py(
+    put: Callable[[bytes, bytes, Any], object],
+    target: Any,
+    shard: ShardIdent,
+    messages: Sequence[Message],
+    partition_for: Callable[[Address, Address], int] | None,
+) -> EncodedDiff:
+    """The pure-Python :func:`encode_diff`."""
+    counts: dict[int, dict[Address, int]] = {}
+    if partition_for is None:
+        n = _put_message_rows_py(put, target, shard, messages, None)
+        if n:
+            counts[0] = dict(Counter(map(_dst_of, messages)))
+    else:
+        pack_key = _MESSAGE_KEY.pack
+        pack_header = _MESSAGE_HEADER.pack
+        shard_b = shard_bytes(shard)
+        prefixes: dict[int, bytes] = {}
+        n = 0
+        for key, src, dst, body in messages:
+            partition = partition_for(src, dst)
+            prefix = prefixes.get(partition) or prefixes.setdefault(
+                partition, _U16.pack(check_partition(partition)) + shard_b
+            )
+            put(
+                pack_key(prefix, key[0], key[1]),
+                pack_header(dst[0] + 128, dst[1], src[0] + 128, src[1]) + body,
+                target,
+            )
+            bucket = counts.get(partition)
+            if bucket is None:
+                bucket = counts[partition] = {}
+            bucket[dst] = bucket.get(dst, 0) + 1
+            n += 1
+    per_wc: dict[int, int] = {}
+    partitions = []
+    for partition in sorted(counts):
+        dests = counts[partition]
+        total = 0
+        for (workchain, _account), count in dests.items():
+            per_wc[workchain] = per_wc.get(workchain, 0) + count
+            total += count
+        partitions.append((partition, total, _stat_value_py(dests)))
+    return EncodedDiff(n, partitions, sorted(per_wc.items()))
+
+
+def encode_diff(
+    put: Callable[[bytes, bytes, Any], object],
+    target: Any,
+    shard: ShardIdent,
+    messages: Sequence[Message],
+    partition_for: Callable[[Address, Address], int] | None,
+) -> EncodedDiff:
+    """Put the message rows of a diff of source ``shard`` (as :func:`put_message_rows`)
+    and, in the same pass, count its messages per partition, per destination and per
+    destination workchain: the rows, statistics values and totals an apply writes when
+    it derives the diff's statistics. One C call when ``imq._speedups`` is built and
+    ``messages`` is a tuple or list; the bytes and counts are identical either way."""
+    if _c_encode_diff is not None and type(messages) in (tuple, list):
+        rows, partitions, workchains = _c_encode_diff(
+            put, target, shard_bytes(shard), messages, partition_for
+        )
+        return EncodedDiff(rows, partitions, workchains)
+    return _encode_diff_py(put, target, shard, messages, partition_for)

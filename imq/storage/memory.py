@@ -12,6 +12,7 @@ large queues: a snapshot costs time linear in the rows its cursors cover.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -117,8 +118,9 @@ class MemoryTransaction:
     def _put(self, key: bytes, value: bytes, table: Table) -> None:
         self.ops.append(("put", table, key, value))
 
-    def writer(self, table: Table) -> tuple[Callable[[bytes, bytes, Any], object], Any]:
-        return self._put, table
+    @contextlib.contextmanager
+    def writer(self, table: Table) -> Iterator[tuple[Callable[[bytes, bytes, Any], object], Any]]:
+        yield self._put, table
 
     def delete(self, table: Table, key: bytes) -> None:
         self.ops.append(("delete", table, key, b""))

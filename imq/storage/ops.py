@@ -3,10 +3,12 @@ named read per question it asks. Keys, values and cursors stay in here.
 
 Writes stage rows into a :class:`~imq.storage.rocks.Transaction`:
 :func:`put_messages` / :func:`put_raw_messages` (a diff's message rows),
-:func:`put_diff` (its statistics, tail and info rows), :func:`put_commit_state`
-(pointers, last committed block, commit record, GC bounds, and the queue state they
-publish), :func:`delete_diff_rows` and :func:`delete_partition_rows` (a delete span),
-:func:`mark_gc_executed`, and the import marker.
+:func:`put_diff_messages` (the message rows, counting the diff's statistics in the same
+pass), :func:`put_diff` / :func:`put_diff_encoded` (its statistics, tail and info rows),
+:func:`put_commit_state` (pointers, last committed block, commit record, GC bounds, and
+the queue state they publish), :func:`delete_diff_rows` and
+:func:`delete_partition_rows` (a delete span), :func:`mark_gc_executed`, and the import
+marker.
 
 Reads go through a :class:`View`: one consistent snapshot (D12) that answers point
 reads of diff records and the questions declared when it was opened. A question is a
@@ -62,10 +64,13 @@ __all__ = [
     "open_messages",
     "put_commit_state",
     "put_diff",
+    "put_diff_encoded",
+    "put_diff_messages",
     "put_import_marker",
     "put_messages",
     "put_raw_messages",
     "read_import_marker",
+    "stat_values",
     "view",
 ]
 
@@ -88,8 +93,8 @@ def put_messages(
 ) -> None:
     """The message rows of a diff of ``shard`` (``partition_for=None``: all in partition
     0); ``counts`` receives the messages per partition."""
-    put, target = txn.writer(Table.MESSAGES)
-    codec.put_message_rows(put, target, shard, messages, partition_for, counts=counts)
+    with txn.writer(Table.MESSAGES) as (put, target):
+        codec.put_message_rows(put, target, shard, messages, partition_for, counts=counts)
 
 
 def put_raw_messages(
@@ -102,10 +107,28 @@ def put_raw_messages(
 ) -> None:
     """The message rows of an imported diff, from plain fields (see
     :func:`imq.storage.codec.put_raw_message_rows`): the same bytes as :func:`put_messages`."""
-    put, target = txn.writer(Table.MESSAGES)
-    codec.put_raw_message_rows(
-        put, target, shard, partitions=partitions, headers=headers, roots=roots
-    )
+    with txn.writer(Table.MESSAGES) as (put, target):
+        codec.put_raw_message_rows(
+            put, target, shard, partitions=partitions, headers=headers, roots=roots
+        )
+
+
+def put_diff_messages(
+    txn: Transaction,
+    shard: ShardIdent,
+    messages: Sequence[Message],
+    partition_for: Callable[[Address, Address], int] | None,
+) -> codec.EncodedDiff:
+    """The message rows of a diff of ``shard`` (as :func:`put_messages`), counted in the
+    same pass per partition, destination and destination workchain: its derived
+    statistics, with each partition's statistics value already packed."""
+    with txn.writer(Table.MESSAGES) as (put, target):
+        return codec.encode_diff(put, target, shard, messages, partition_for)
+
+
+def stat_values(statistics: Mapping[int, codec.Destinations]) -> dict[int, bytes]:
+    """The statistics value of each partition (what :func:`put_diff` stores)."""
+    return {partition: codec.stat_value(counts) for partition, counts in statistics.items()}
 
 
 def put_diff(
@@ -118,13 +141,21 @@ def put_diff(
     """A diff's statistics rows (per partition, its messages per destination), its tail
     row and its info record. ``partitions`` maps every partition the diff wrote
     messages or statistics into to its messages there (deletes find its rows by it)."""
+    put_diff_encoded(txn, shard, info, stat_values(statistics), partitions)
+
+
+def put_diff_encoded(
+    txn: Transaction,
+    shard: ShardIdent,
+    info: DiffInfo,
+    stat_values: Mapping[int, bytes],
+    partitions: Mapping[int, int],
+) -> None:
+    """:func:`put_diff` with each partition's statistics value already packed
+    (:func:`stat_values`, or :func:`put_diff_messages`)."""
     seqno, max_message = info.seqno, info.max_message
-    for partition, counts in statistics.items():
-        txn.put(
-            Table.STATISTICS,
-            codec.stat_key(shard, partition, max_message, seqno),
-            codec.stat_value(counts),
-        )
+    for partition, value in stat_values.items():
+        txn.put(Table.STATISTICS, codec.stat_key(shard, partition, max_message, seqno), value)
     txn.put(Table.DIFF_TAIL, codec.tail_key(shard, max_message, seqno), b"")
     txn.put(
         Table.DIFF_INFO,

