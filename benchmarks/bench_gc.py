@@ -300,8 +300,7 @@ def disk_usage(path: Path, queue: Queue | None = None) -> Disk:
     per_table = {}
     if queue is not None:
         for t in Table:
-            rdict = queue._store._tables[t]
-            per_table[t.value] = int(rdict.property_int_value("rocksdb.live-sst-files-size"))
+            per_table[t.value] = queue._store.property_int(t, "rocksdb.live-sst-files-size")
     return Disk(
         sst=sum(n for f, n in size.items() if f.suffix == ".sst"),
         blob=sum(n for f, n in size.items() if f.suffix == ".blob"),
@@ -374,6 +373,23 @@ class SizeResult:
         return count_label(self.collected)
 
 
+def _gc_on_copy(
+    base: Path, work: Path, config: QueueConfig, *, measure_disk: bool
+) -> tuple[GcRun, Disk | None]:
+    """One timed GC pass on a fresh copy of ``base`` at ``work``; then, if asked, the
+    disk usage after a flush of every table."""
+    shutil.copytree(base, work)
+    queue = Queue.open(work, config)
+    try:
+        timing = _instrumented_gc(queue)
+        if not measure_disk:
+            return timing, None
+        queue._store.flush(list(Table))
+        return timing, disk_usage(work, queue)
+    finally:
+        queue.close()
+
+
 def bench_size(collected: int, workdir: Path, sizes: Sizes) -> SizeResult:
     """Build once, then each GC variant on fresh copies of the built database."""
     base = workdir / f"base-{collected}"
@@ -382,29 +398,16 @@ def bench_size(collected: int, workdir: Path, sizes: Sizes) -> SizeResult:
     tasks = gc_tasks(collected)
     for run in range(sizes.gc_repeats):
         work = workdir / f"imq-{collected}-{run}"
-        shutil.copytree(base, work)
-        queue = Queue.open(work, CONFIG)
-        try:
-            result.imq.append(_instrumented_gc(queue))
-            if run == 0:
-                queue._store.flush(list(Table))
-                result.disk = disk_usage(work, queue)
-        finally:
-            queue.close()
+        timing, disk = _gc_on_copy(base, work, CONFIG, measure_disk=run == 0)
+        result.imq.append(timing)
         if run == 0:
-            result.kept = work
+            result.disk, result.kept = disk, work
         else:
             shutil.rmtree(work)
         work = workdir / f"eager-{collected}-{run}"
-        shutil.copytree(base, work)
-        queue = Queue.open(work, EAGER)
-        try:
-            result.eager.append(_instrumented_gc(queue))
-            if run == 0:
-                queue._store.flush(list(Table))
-                result.eager_disk = disk_usage(work, queue)
-        finally:
-            queue.close()
+        timing, disk = _gc_on_copy(base, work, EAGER, measure_disk=run == 0)
+        result.eager.append(timing)
+        result.eager_disk = result.eager_disk or disk
         shutil.rmtree(work)
         for name, fn, out in (
             ("floor", raw_gc_floor, result.raw_floor),

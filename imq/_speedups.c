@@ -444,22 +444,35 @@ add_count(PyObject *counts, long partition, Py_ssize_t n)
 
 /* ---- the write path: message rows and statistics values ---------------------------- */
 
-/* An Address (workchain, account) into 33 bytes: workchain + 128, then the account. */
+/* The workchain and account of an Address-shaped tuple; -1 with an exception. */
 static int
-put_address(unsigned char *out, PyObject *addr)
+address_parts(PyObject *addr, int *wc, PyObject **account)
 {
     if (!PyTuple_Check(addr) || PyTuple_GET_SIZE(addr) != 2) {
         PyErr_SetString(PyExc_TypeError, "an address must be a (workchain, account) tuple");
         return -1;
     }
-    long wc = PyLong_AsLong(PyTuple_GET_ITEM(addr, 0));
-    if (wc == -1 && PyErr_Occurred())
+    long w = PyLong_AsLong(PyTuple_GET_ITEM(addr, 0));
+    if (w == -1 && PyErr_Occurred())
         return -1;
-    PyObject *account = PyTuple_GET_ITEM(addr, 1);
-    if (wc < -128 || wc > 127 || !PyBytes_Check(account) || PyBytes_GET_SIZE(account) != ACCOUNT_LEN) {
+    PyObject *acc = PyTuple_GET_ITEM(addr, 1);
+    if (w < -128 || w > 127 || !PyBytes_Check(acc) || PyBytes_GET_SIZE(acc) != ACCOUNT_LEN) {
         PyErr_SetString(PyExc_ValueError, "bad address (workchain or account length)");
         return -1;
     }
+    *wc = (int)w;
+    *account = acc;
+    return 0;
+}
+
+/* An Address (workchain, account) into 33 bytes: workchain + 128, then the account. */
+static int
+put_address(unsigned char *out, PyObject *addr)
+{
+    int wc;
+    PyObject *account;
+    if (address_parts(addr, &wc, &account) < 0)
+        return -1;
     out[0] = (unsigned char)(wc + 128);
     memcpy(out + 1, PyBytes_AS_STRING(account), ACCOUNT_LEN);
     return 0;
@@ -787,26 +800,6 @@ dests_find(DestTable *t, long partition, PyObject *addr, int wc, PyObject *accou
     return d;
 }
 
-/* The workchain and account of an Address-shaped tuple; -1 with an exception. */
-static int
-address_parts(PyObject *addr, int *wc, PyObject **account)
-{
-    if (!PyTuple_Check(addr) || PyTuple_GET_SIZE(addr) != 2) {
-        PyErr_SetString(PyExc_TypeError, "an address must be a (workchain, account) tuple");
-        return -1;
-    }
-    long w = PyLong_AsLong(PyTuple_GET_ITEM(addr, 0));
-    if (w == -1 && PyErr_Occurred())
-        return -1;
-    PyObject *acc = PyTuple_GET_ITEM(addr, 1);
-    if (w < -128 || w > 127 || !PyBytes_Check(acc) || PyBytes_GET_SIZE(acc) != ACCOUNT_LEN) {
-        PyErr_SetString(PyExc_ValueError, "bad address (workchain or account length)");
-        return -1;
-    }
-    *wc = (int)w;
-    *account = acc;
-    return 0;
-}
 
 static int
 cmp_long(const void *a, const void *b)

@@ -68,7 +68,11 @@ def register(commands: Any) -> None:
         help="node processes, each with its own queue: one collates each shard, the others "
         "apply its diffs; at the end all must agree (default 1: one in-process queue)",
     )
-    sim.add_argument("--record", type=Path, help="record every queue call to this JSON-lines log")
+    sim.add_argument(
+        "--record",
+        type=Path,
+        help="record every queue call to this JSON-lines log (with --nodes: node 0's queue)",
+    )
     sim.add_argument("--no-plot", action="store_true", help="do not draw report.png")
     sim.set_defaults(run=run)
 
@@ -118,9 +122,6 @@ class _Progress:
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    if args.record is not None and args.nodes > 1:
-        print("imq: --record logs one queue; it cannot be combined with --nodes", file=err)
-        return 2
     rounds = args.rounds if args.rounds is not None or args.duration is not None else DEFAULT_ROUNDS
     config = SimConfig(
         directory=args.dir,
@@ -192,8 +193,11 @@ def _build(
     base: Opener = _child if args.kill or args.nodes > 1 else default_opener
     opener = base
     if log is not None:
-
+        # A log replays one queue: with --nodes, node 0's (directory "queue", see
+        # Simulation.db_paths), which collates some shards and applies the others' diffs.
         def opener(path: Path, queue_config: QueueConfig) -> SimQueue:
+            if path.name != "queue":
+                return base(path, queue_config)
             return log.open(base, path, queue_config)
 
     crash = _kill if args.kill else None  # with --nodes alone, restarts close cleanly

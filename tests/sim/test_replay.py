@@ -141,3 +141,15 @@ def test_an_engine_bug_is_caught_by_replay(recorded: Path, monkeypatch: pytest.M
 @pytest.mark.parametrize("log", sorted(REPLAYS.glob("*.jsonl")), ids=lambda p: p.name)
 def test_kept_replays(log: Path) -> None:
     assert_replays(log)
+
+
+def test_simulate_with_nodes_records_node_0_and_the_log_replays(tmp_path: Path) -> None:
+    """With --nodes, --record logs node 0's queue: the shards it collates and the diffs
+    it applies for the others; that log replays against a fresh database and the model."""
+    log = tmp_path / "ops.jsonl"
+    args = ["simulate", "--dir", str(tmp_path / "run"), "--rounds", "20", "--nodes", "2"]
+    assert main([*args, "--seed", "5", "--no-plot", "--record", str(log)]) == 0
+    ops = [json.loads(line).get("op") for line in log.read_text().splitlines()[1:]]
+    assert {"prepare_diff", "write", "apply_diff", "commit_diff", "iterate"} <= set(ops)
+    report = assert_replays(log, tmp_path / "db")
+    assert report.steps == len(ops)

@@ -4,7 +4,7 @@ that loses or repeats a message is caught and named."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,75 +137,57 @@ def test_three_nodes_agree(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert report["agreed_exports"] == 5  # the masterchain and four shards
 
 
+class _BadFollower:
+    """Node 1's queue, applying every diff as ``messages(diff)`` and without its
+    ``prev_hash``; everything else goes to the real queue."""
+
+    def __init__(self, queue: Queue, messages: Callable[[Any], list[Message]]) -> None:
+        self._queue = queue
+        self._messages = messages
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._queue, name)
+
+    def apply_diff(self, diff: Any, *args: Any) -> bool:
+        plain = type(diff)(
+            self._messages(diff),
+            diff.processed_to,
+            diff.router,
+            None,
+            start_lt=diff.start_lt,
+            end_lt=diff.end_lt,
+        )
+        return bool(self._queue.apply_diff(plain, *args))
+
+
+def _run_with_a_bad_follower(tmp_path: Path, messages: Callable[[Any], list[Message]]) -> Any:
+    def opener(path: Path, config: QueueConfig) -> Any:
+        queue = Queue.open(path, config)
+        return _BadFollower(queue, messages) if path.name == "queue-node1" else queue
+
+    config = SimConfig(directory=tmp_path, rounds=30, nodes=2, restart_rate=0, reset_rate=0)
+    return Simulation(config, opener=opener).run()
+
+
 def test_a_node_that_diverges_is_reported(tmp_path: Path) -> None:
     """A follower that forgets every diff's prev_hash stores another hash chain: its
     top-block exports differ from node 0's."""
-
-    class _NoPrevHash:
-        def __init__(self, queue: Queue) -> None:
-            self._queue = queue
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._queue, name)
-
-        def apply_diff(self, diff: Any, *args: Any) -> bool:
-            from imq import QueueDiff
-
-            plain = QueueDiff(
-                diff.messages,
-                diff.processed_to,
-                diff.router,
-                None,
-                start_lt=diff.start_lt,
-                end_lt=diff.end_lt,
-            )
-            return bool(self._queue.apply_diff(plain, *args))
-
-    opened: list[Path] = []
-
-    def opener(path: Path, config: QueueConfig) -> Any:
-        opened.append(path)
-        queue = Queue.open(path, config)
-        return _NoPrevHash(queue) if path.name == "queue-node1" else queue
-
-    config = SimConfig(directory=tmp_path, rounds=30, nodes=2, restart_rate=0, reset_rate=0)
-    result = Simulation(config, opener=opener).run()
+    result = _run_with_a_bad_follower(tmp_path, lambda diff: list(diff.messages))
     assert not result.verified
     assert "nodes disagree: node 1" in result.verdict()
 
 
 def test_a_node_that_stores_other_messages_is_reported_before_the_drain(tmp_path: Path) -> None:
-    """A follower that stores one byte more in the body of every diff's first message
-    holds another queue under the same keys, pointers and hashes: it is seen while the
-    tails still hold messages (the final exports, of empty tails, would agree)."""
+    """A follower that also stores one byte more in the body of every diff's first
+    message holds another queue under the same keys and pointers: it is seen while the
+    tails still hold messages, not only by the exports after the final GC."""
 
-    class _AltersOne:
-        def __init__(self, queue: Queue) -> None:
-            self._queue = queue
+    def altered(diff: Any) -> list[Message]:
+        return [
+            Message(m.key, m.src, m.dst, m.body + b"!") if i == 0 else m
+            for i, m in enumerate(diff.messages)
+        ]
 
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self._queue, name)
-
-        def apply_diff(self, diff: Any, *args: Any) -> bool:
-            kept = [
-                Message(m.key, m.src, m.dst, m.body + b"!") if i == 0 else m
-                for i, m in enumerate(diff.messages)
-            ]
-            plain = type(diff)(
-                kept,
-                diff.processed_to,
-                diff.router,
-                None,
-                start_lt=diff.start_lt,
-                end_lt=diff.end_lt,
-            )
-            return bool(self._queue.apply_diff(plain, *args))
-
-    def opener(path: Path, config: QueueConfig) -> Any:
-        queue = Queue.open(path, config)
-        return _AltersOne(queue) if path.name == "queue-node1" else queue
-
-    config = SimConfig(directory=tmp_path, rounds=30, nodes=2, restart_rate=0, reset_rate=0)
-    result = Simulation(config, opener=opener).run()
+    result = _run_with_a_bad_follower(tmp_path, altered)
     assert not result.verified
     assert any("(before the drain)" in d for d in result.disagreements), result.disagreements
