@@ -28,6 +28,7 @@ import os
 import random
 import statistics
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,7 @@ from imq import (
     ShardIdent,
     TopBlock,
 )
+from imq.storage import Table
 
 SEED = 20_261_202
 SHARDS = tuple(ShardIdent(0, (2 * i + 1) << 61) for i in range(4))  # 0:2000.. 0:e000..
@@ -146,6 +148,27 @@ class Grower:
         return out
 
 
+_BUSY = (
+    "rocksdb.num-running-compactions",
+    "rocksdb.num-running-flushes",
+    "rocksdb.compaction-pending",
+)
+
+
+def settle(queue: Queue, limit: float = 300.0) -> float:
+    """Wait until RocksDB runs no flush or compaction and has none pending in any table
+    (the growth just wrote up to 10^7 messages; its compaction debt is paid in the
+    background); seconds waited. The latencies are then those of the stored size, not of
+    a compaction running beside them (``bench_endurance`` measures that case)."""
+    started = perf_counter()
+    store = queue._store
+    while perf_counter() - started < limit:
+        if not any(store.property_int(t, name) for t in Table for name in _BUSY):
+            break
+        time.sleep(0.05)
+    return perf_counter() - started
+
+
 def time_call(fn: Callable[[], Any]) -> tuple[int, Any]:
     started = perf_counter_ns()
     out = fn()
@@ -229,41 +252,43 @@ def measure(g: Grower, plan: Plan, rng: random.Random) -> Size:
     )
 
     # GC: each pass collects the oldest remaining diff of shard 0; the commit that moves
-    # its bound is not timed.
+    # its bound is not timed. Cyclic GC is collected once and off for the whole loop, as
+    # in ``record``: a full collection before each call walks this benchmark's own heap
+    # (which grows with the size) and leaves the CPU caches cold for the call after it.
     gc_samples = []
     victim = SHARDS[0]
-    for _ in range(plan.slow_calls):
-        if len(g.diffs[victim]) < 2:
-            break
-        _seqno, _lo, hi = g.diffs[victim].pop(0)
-        g.stored -= DIFF
-        g.processed[victim] = hi
-        mc = g.mc_block()
-        assert q.commit_diff(g.tops(mc))
-        gc.collect()
-        gc.disable()
-        try:
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(plan.slow_calls):
+            if len(g.diffs[victim]) < 2:
+                break
+            _seqno, _lo, hi = g.diffs[victim].pop(0)
+            g.stored -= DIFF
+            g.processed[victim] = hi
+            mc = g.mc_block()
+            assert q.commit_diff(g.tops(mc))
             ns, executed = time_call(q.run_gc)
-        finally:
-            gc.enable()
-        assert executed > 0
-        gc_samples.append(ns)
+            assert executed > 0
+            gc_samples.append(ns)
+    finally:
+        gc.enable()
     size.samples["GC pass (one diff)"] = gc_samples
 
     # clear: one uncommitted diff of shard 3 (applied untimed), then the clear.
     clear_samples = []
     s3 = SHARDS[3]
-    for _ in range(plan.slow_calls):
-        seqno, _diff = g.apply_next(s3)
-        gc.collect()
-        gc.disable()
-        try:
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(plan.slow_calls):
+            seqno, _diff = g.apply_next(s3)
             ns, _ = time_call(q.clear_uncommitted_state)
-        finally:
-            gc.enable()
-        assert q.get_diff_info(s3, seqno) is None
-        g.seqno[s3] = seqno - 1
-        clear_samples.append(ns)
+            assert q.get_diff_info(s3, seqno) is None
+            g.seqno[s3] = seqno - 1
+            clear_samples.append(ns)
+    finally:
+        gc.enable()
     size.samples["clear_uncommitted_state (one diff)"] = clear_samples
     return size
 
@@ -301,11 +326,17 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[str, list[Size], list[
             started = perf_counter()
             g.grow_to(10**e)
             built = perf_counter() - started
-            print(f"10^{e}: grown in {built:.1f} s; measuring ...", file=sys.stderr)
+            settled = settle(queue)
+            print(
+                f"10^{e}: grown in {built:.1f} s, compactions settled in {settled:.1f} s; "
+                "measuring ...",
+                file=sys.stderr,
+            )
             started = perf_counter()
             sizes.append(measure(g, plan, rng))
             build_notes.append(
-                f"10^{e}: grown in {built:.1f} s, measured in {perf_counter() - started:.1f} s, "
+                f"10^{e}: grown in {built:.1f} s, background compactions settled in "
+                f"{settled:.1f} s, measured in {perf_counter() - started:.1f} s, "
                 f"load {os.getloadavg()[0]:.2f}"
             )
     finally:
@@ -361,8 +392,14 @@ METHOD = """## Method
   numbers also carry what the earlier measurements left (committed pointers, a few
   collected diffs of shard 0). The GC rows collect real diffs: at 10^3 there are only
   a few per shard, so fewer passes run there.
+- After growing to each size the run waits until RocksDB has no flush or compaction
+  running or pending in any table (the bulk tables compact in the background; the wait
+  is in the notes), so each size is measured as stored, not beside the compaction of
+  what was just written (`bench_endurance` measures latencies with it running).
 - Calls run one at a time with `perf_counter_ns`; `gc.collect()` then `gc.disable()`
-  around each operation's calls.
+  around each operation's calls (once per operation, never before each call: a full
+  collection walks this benchmark's own heap, which grows with the size, and left the
+  next call's CPU caches cold: GC pass and clear read 3x slower at 10^7 that way).
 - Every result is checked (commit returns True, the diff info exists, the tail length
   is 3, the statistics of a diff sum to 100, the GC pass executed a deletion, the clear
   removed the diff).
