@@ -57,11 +57,15 @@ def table(result: SimResult) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [f"  {k:<{width}}  {v}" for k, v in rows]
     lines.append("")
-    lines.append(f"  {'queue operation':<24} {'calls':>8} {'p50 ms':>9} {'p99 ms':>9}")
+    lines.append(
+        f"  {'queue operation':<24} {'calls':>8} {'p50 ms':>9} {'p99 ms':>9} {'total s':>8}"
+    )
     for op in sorted(result.latencies):
         samples = result.latencies[op]
         p50, p99 = percentiles(samples)
-        lines.append(f"  {op:<24} {len(samples):>8,} {_ms(p50):>9} {_ms(p99):>9}")
+        lines.append(
+            f"  {op:<24} {len(samples):>8,} {_ms(p50):>9} {_ms(p99):>9} {sum(samples):>8.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -70,7 +74,12 @@ def to_json(result: SimResult) -> dict[str, Any]:
     ops = {}
     for op, samples in sorted(result.latencies.items()):
         p50, p99 = percentiles(samples)
-        ops[op] = {"calls": len(samples), "p50_seconds": p50, "p99_seconds": p99}
+        ops[op] = {
+            "calls": len(samples),
+            "p50_seconds": p50,
+            "p99_seconds": p99,
+            "total_seconds": sum(samples),
+        }
     return {
         "verdict": result.verdict(),
         "verified": result.verified,
