@@ -158,8 +158,9 @@ def union(ranges: list[tuple[Table, bytes, bytes]]) -> list[tuple[Table, bytes, 
 class GarbageCollector:
     """Runs GC passes; one at a time, from the worker or from ``Queue.run_gc``.
 
-    A pass writes every due deletion first, then (``compact``) compacts all deleted
-    ranges at once, then marks the bounds executed in one batch. Compacting after each
+    A pass writes every due deletion first, then, when compaction is due (``compact``,
+    or the debt reached ``compaction_debt``), compacts every range deleted since the last
+    compaction at once, then marks the bounds executed in one batch. Compacting after each
     shard's delete instead cost 4x more: each compaction rewrote the live rows of shards
     not yet deleted (``benchmarks/results/gc.md``).
     """
