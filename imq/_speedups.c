@@ -566,6 +566,26 @@ encode_message(PyObject *msg, const unsigned char *prefix, PyObject **key_out,
 }
 
 /*
+ * The messages of put_rows and encode_diff as a fast sequence (a new reference), after
+ * checking the 12 shard bytes, which it copies into prefix[2..] (prefix[0..2], the
+ * partition, starts at 0); NULL with an exception.
+ */
+static PyObject *
+rows_input(PyObject *shard_b, PyObject *messages, unsigned char prefix[QK_AT])
+{
+    if (PyBytes_GET_SIZE(shard_b) != QK_AT - 2) {
+        PyErr_SetString(PyExc_ValueError, "shard_bytes must be 12 bytes");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(messages, "messages must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    memcpy(prefix + 2, PyBytes_AS_STRING(shard_b), QK_AT - 2);
+    prefix[0] = prefix[1] = 0;
+    return seq;
+}
+
+/*
  * put_rows(put, target, shard_bytes, messages, partition_for, counts) -> rows
  *
  * The C form of imq.storage.codec.put_message_rows: encode each Message of `messages`
@@ -580,18 +600,12 @@ put_rows(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOO!OOO!:put_rows", &put, &target, &PyBytes_Type, &shard_b,
                           &messages, &partition_for, &PyDict_Type, &counts))
         return NULL;
-    if (PyBytes_GET_SIZE(shard_b) != QK_AT - 2) {
-        PyErr_SetString(PyExc_ValueError, "shard_bytes must be 12 bytes");
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(messages, "messages must be a sequence");
+    unsigned char prefix[QK_AT];
+    PyObject *seq = rows_input(shard_b, messages, prefix);
     if (seq == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    unsigned char prefix[QK_AT];
-    memcpy(prefix + 2, PyBytes_AS_STRING(shard_b), QK_AT - 2);
-    prefix[0] = prefix[1] = 0;
     long current = 0;
     Py_ssize_t in_current = 0; /* rows counted for `current` not yet added to counts */
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -827,20 +841,14 @@ encode_diff(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOO!OO:encode_diff", &put, &target, &PyBytes_Type, &shard_b,
                           &messages, &partition_for))
         return NULL;
-    if (PyBytes_GET_SIZE(shard_b) != QK_AT - 2) {
-        PyErr_SetString(PyExc_ValueError, "shard_bytes must be 12 bytes");
-        return NULL;
-    }
-    PyObject *seq = PySequence_Fast(messages, "messages must be a sequence");
+    unsigned char prefix[QK_AT];
+    PyObject *seq = rows_input(shard_b, messages, prefix);
     if (seq == NULL)
         return NULL;
     DestTable table = {NULL, 0, 0, NULL, 0};
     unsigned long long per_wc[256] = {0};
     PyObject *out = NULL, *parts = NULL, *wcs = NULL;
     long *seen = NULL;
-    unsigned char prefix[QK_AT];
-    memcpy(prefix + 2, PyBytes_AS_STRING(shard_b), QK_AT - 2);
-    prefix[0] = prefix[1] = 0;
     long current = 0;
     PyObject *last_dst = NULL; /* owned: the previous message's destination object */
     PyObject *spares[2] = {NULL, NULL}; /* owned: the row objects reused (row_bytes) */
