@@ -239,9 +239,11 @@ def raw_write(db: RawDb, prepared: Sequence[Prepared], with_stats: bool = False)
         write(batch)
 
 
-def raw_merged_read(db: RawDb) -> int:
-    """Read the 4 source-shard ranges of partition 0 merged by queue key; rows read."""
-    keep_alive = []  # RocksDB holds raw pointers into the bound bytes and their ReadOptions
+def raw_range_sources(db: RawDb) -> tuple[list[Any], list[Any]]:
+    """One raw ``items`` cursor over each source shard's partition-0 message range, and
+    what must stay alive while they are read (RocksDB holds raw pointers into the bound
+    bytes and their ReadOptions)."""
+    keep_alive = []
     sources = []
     for shard in SOURCE_SHARDS:
         lo, hi = codec.message_range(0, shard, QueueKey.MIN, QueueKey.MAX)
@@ -249,6 +251,12 @@ def raw_merged_read(db: RawDb) -> int:
         ro.set_iterate_upper_bound(hi)
         keep_alive.append((hi, ro))
         sources.append(db.cf[Table.MESSAGES].items(from_key=lo, read_opt=ro))
+    return sources, keep_alive
+
+
+def raw_merged_read(db: RawDb) -> int:
+    """Read the 4 source-shard ranges of partition 0 merged by queue key; rows read."""
+    sources, keep_alive = raw_range_sources(db)
     count = sum(1 for _ in heapq.merge(*sources, key=lambda kv: kv[0][14:]))
     del sources, keep_alive
     return count

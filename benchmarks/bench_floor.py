@@ -30,8 +30,6 @@ from pathlib import Path
 from time import perf_counter, thread_time
 from typing import Any
 
-from rocksdict import ReadOptions
-
 from benchmarks.bench_core import (
     CONFIG,
     SOURCE_SHARDS,
@@ -40,6 +38,7 @@ from benchmarks.bench_core import (
     machine_lines,
     prepare,
     raw_merged_read,
+    raw_range_sources,
     raw_write,
 )
 from benchmarks.common import RawDb, parse_args, quiet_logs, temp_workdir, write_report
@@ -144,14 +143,7 @@ def imq_read_pure(queue: Queue) -> int:
 
 def raw_cursors_alone(db: RawDb) -> int:
     """The second floor: the four ranges read one after another, no merge."""
-    keep_alive = []
-    sources = []
-    for shard in SOURCE_SHARDS:
-        lo, hi = codec.message_range(0, shard, QueueKey.MIN, QueueKey.MAX)
-        ro = ReadOptions()
-        ro.set_iterate_upper_bound(hi)
-        keep_alive.append((hi, ro))
-        sources.append(db.cf[Table.MESSAGES].items(from_key=lo, read_opt=ro))
+    sources, keep_alive = raw_range_sources(db)
     count = sum(1 for _ in chain.from_iterable(sources))
     del sources, keep_alive
     return count

@@ -22,6 +22,7 @@ sizes), and a PNG. A slope under 0.05 means "does not grow with the queue".
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import math
 import os
@@ -29,7 +30,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter, perf_counter_ns
@@ -169,6 +170,17 @@ def settle(queue: Queue, limit: float = 300.0) -> float:
     return perf_counter() - started
 
 
+@contextlib.contextmanager
+def cyclic_gc_off() -> Iterator[None]:
+    """Collect once, then keep Python's cyclic GC off for the block (on again after)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def time_call(fn: Callable[[], Any]) -> tuple[int, Any]:
     started = perf_counter_ns()
     out = fn()
@@ -188,17 +200,13 @@ def measure(g: Grower, plan: Plan, rng: random.Random) -> Size:
 
     def record(op: str, fn: Callable[[], Any], calls: int, warmup: int, check: Any = None) -> None:
         samples = []
-        gc.collect()
-        gc.disable()
-        try:
+        with cyclic_gc_off():
             for i in range(calls + warmup):
                 ns, out = time_call(fn)
                 if check is not None:
                     assert check(out), (op, out)
                 if i >= warmup:
                     samples.append(ns)
-        finally:
-            gc.enable()
         size.samples[op] = samples
 
     # commit_diff: the masterchain blocks are stored first (untimed).
@@ -257,9 +265,7 @@ def measure(g: Grower, plan: Plan, rng: random.Random) -> Size:
     # (which grows with the size) and leaves the CPU caches cold for the call after it.
     gc_samples = []
     victim = SHARDS[0]
-    gc.collect()
-    gc.disable()
-    try:
+    with cyclic_gc_off():
         for _ in range(plan.slow_calls):
             if len(g.diffs[victim]) < 2:
                 break
@@ -271,24 +277,18 @@ def measure(g: Grower, plan: Plan, rng: random.Random) -> Size:
             ns, executed = time_call(q.run_gc)
             assert executed > 0
             gc_samples.append(ns)
-    finally:
-        gc.enable()
     size.samples["GC pass (one diff)"] = gc_samples
 
     # clear: one uncommitted diff of shard 3 (applied untimed), then the clear.
     clear_samples = []
     s3 = SHARDS[3]
-    gc.collect()
-    gc.disable()
-    try:
+    with cyclic_gc_off():
         for _ in range(plan.slow_calls):
             seqno, _diff = g.apply_next(s3)
             ns, _ = time_call(q.clear_uncommitted_state)
             assert q.get_diff_info(s3, seqno) is None
             g.seqno[s3] = seqno - 1
             clear_samples.append(ns)
-    finally:
-        gc.enable()
     size.samples["clear_uncommitted_state (one diff)"] = clear_samples
     return size
 

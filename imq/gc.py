@@ -228,7 +228,7 @@ class GarbageCollector:
                     self._add_debt(deleted, ranges)
                     if self._compaction_due():
                         compact_started = perf_counter()
-                        self._store.compact(self._debt_list())
+                        self._store.compact(self._debt_ranges)
                         compaction = perf_counter() - compact_started
                         self._debt, self._debt_ranges = 0, []
                 self._mark_executed([d.task for d in deleted])
@@ -258,9 +258,6 @@ class GarbageCollector:
         if self._compact:
             return True
         return self._debt_limit > 0 and self._debt >= self._debt_limit
-
-    def _debt_list(self) -> list[tuple[Table, bytes, bytes]]:
-        return list(self._debt_ranges)
 
     def _delete(self, task: GcTask) -> tuple[_Deleted, list[tuple[Table, bytes, bytes]]]:
         """Write one (shard, bound) deletion; return it and the ranges to compact."""
