@@ -83,7 +83,7 @@ class Plan:
     warmup: int
 
 
-FULL = Plan((3, 4, 5, 6, 7), calls=40, slow_calls=5, warmup=3)
+FULL = Plan((3, 4, 5, 6, 7), calls=200, slow_calls=5, warmup=10)
 QUICK = Plan((3, 4), calls=5, slow_calls=2, warmup=1)
 
 
