@@ -43,8 +43,10 @@ class CursorProtocol(Protocol):
     consumer of ``rows`` calls ``finish(last_key)`` then, which raises if it did not
     (use ``items`` or ``rows``, not both)."""
 
-    items: Iterator[Any]
     rows: Iterator[Any]
+
+    @property
+    def items(self) -> Iterator[Any]: ...
 
     def __iter__(self) -> Iterator[Any]: ...
 

@@ -23,11 +23,10 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from itertools import chain, filterfalse
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 from rocksdict import (
     AccessType,
@@ -64,10 +63,12 @@ class Closable(Protocol):
     def close_for_queue(self) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Scan:
+class Scan(NamedTuple):
     """A bounded range read: ``[lo, hi)`` of ``table``; ``hi=None`` means to the table's end.
-    ``reverse`` reads the same range from its last key down (it needs ``hi``)."""
+    ``reverse`` reads the same range from its last key down (it needs ``hi``).
+
+    A named tuple, not a frozen dataclass: every iterator builds one per source shard,
+    and a tuple is built in a third of the time (0.35 against 1.0 us)."""
 
     table: Table
     lo: bytes
@@ -98,17 +99,12 @@ class _EndCheck:
     per scan end, nothing per row.
     """
 
-    __slots__ = ("_lo", "_path", "_raw", "_reverse", "_seen", "_table")
+    __slots__ = ("_lo", "_path", "_raw", "_reverse", "_table", "seen")
 
-    def __init__(
-        self,
-        raw: Any,
-        seen: deque[Any],
-        scan: Scan,
-        path: object,
-    ) -> None:
+    def __init__(self, raw: Any, scan: Scan, path: object) -> None:
         self._raw = raw
-        self._seen = seen
+        # The last row read, when the rows are iterated through ``Cursor.items``.
+        self.seen: deque[Any] | None = None
         self._table = scan.table
         self._lo = scan.lo
         self._reverse = scan.reverse
@@ -118,7 +114,7 @@ class _EndCheck:
         return self
 
     def __next__(self) -> NoReturn:
-        last = self._seen[0] if self._seen else None
+        last = self.seen[0] if self.seen else None
         self.finish(None if last is None else last if isinstance(last, bytes) else last[0])
         raise StopIteration
 
@@ -179,13 +175,13 @@ class Cursor:
         "__weakref__",
         "_end",
         "_hi",
+        "_items",
         "_lo",
         "_path",
         "_raw",
         "_reverse",
         "_ro",
         "_table",
-        "items",
         "rows",
     )
 
@@ -198,8 +194,8 @@ class Cursor:
         self._ro = ReadOptions()
         if scan.hi is not None:
             self._ro.set_iterate_upper_bound(scan.hi)
-        self.items: Iterator[Any] = iter(())
-        self.rows: Iterator[Any] = self.items
+        self._items: Iterator[Any] | None = iter(())
+        self.rows: Iterator[Any] = self._items
         self._end: _EndCheck | None = None
         self._raw: Any = None
         if scan.seekable:
@@ -216,16 +212,33 @@ class Cursor:
         else:
             rows = rdict.items(from_key=scan.lo, read_opt=self._ro)
         # Opened at the same instant as ``rows``: the same implicit snapshot.
-        check = rdict.iter(self._ro)
-        seen: deque[Any] = deque(maxlen=1)
-        end = _EndCheck(check, seen, scan, path)
-        # filterfalse(seen.append, rows) yields every row (append returns None) and keeps
-        # the last one in ``seen``, all in C: no Python frame per row.
-        self.items = chain(filterfalse(seen.append, rows), end)
-        self.rows = self.items
-        if not scan.reverse and not scan.keys_only:
+        end = _EndCheck(rdict.iter(self._ro), scan, path)
+        if scan.reverse or scan.keys_only:
+            self._items = self.rows = self._checked(rows, end)
+        else:
             self.rows = rows
             self._end = end
+            # ``items`` wraps the rows when first asked for: the merge iterator, which
+            # opens most cursors, pulls the bare rows and never needs it.
+            self._items = None
+
+    @staticmethod
+    def _checked(rows: Iterator[Any], end: _EndCheck) -> Iterator[Any]:
+        """``rows``, then ``end``'s check from the last row they yielded."""
+        seen: deque[Any] = deque(maxlen=1)
+        end.seen = seen
+        # filterfalse(seen.append, rows) yields every row (append returns None) and keeps
+        # the last one in ``seen``, all in C: no Python frame per row.
+        return chain(filterfalse(seen.append, rows), end)
+
+    @property
+    def items(self) -> Iterator[Any]:
+        """The rows, checked at their end (see the class docstring)."""
+        items = self._items
+        if items is None:
+            assert self._end is not None  # set with ``_items = None``
+            items = self._items = self._checked(self.rows, self._end)
+        return items
 
     def finish(self, last_key: bytes | None) -> None:
         """After ``rows`` ran out: raise if the scan ended before the range's end (a
@@ -265,7 +278,7 @@ class Cursor:
         return n
 
     def close(self) -> None:
-        self.items = self.rows = iter(())
+        self._items = self.rows = iter(())
         self._end = None
         self._raw = None
 
