@@ -1,7 +1,10 @@
 /*
- * imq._speedups: the iterator's per-message decode, compiled.
+ * imq._speedups: the merge iterator's k-way merge and per-message decode, and the
+ * write path's row encoding, compiled.
  *
- * decode_run(keys, values, shard) builds the same objects as the pure-Python
+ * merge_fill() merges the rows of several source shards in key order, one batch per call,
+ * as the pure-Python imq.iterator merge does; decode_run(keys, values, shard) builds the
+ * same objects as the pure-Python
  * imq.iterator._decode: IteratedMessage(shard, Message(QueueKey(lt, hash), src, dst, body))
  * from stored message rows (key: partition u16 | shard (12) | lt u64 BE | hash (32);
  * value: dst wc+128 | dst account (32) | src wc+128 | src account (32) | body).
@@ -107,7 +110,7 @@ make_key(const unsigned char *k)
  * The source and the destination of the previous row, reused when the next row names
  * the same account (consecutive messages often share one: a block's few senders, a
  * busy destination): an Address is immutable (a tuple subclass without instance dict),
- * so one object can serve both messages. One memo per fill_run call; a miss costs one
+ * so one object can serve both messages. One memo per merge_fill call; a miss costs one
  * 33-byte compare on top of building the Address. A process-wide cache of every address
  * was measured and dropped: with thousands of distinct accounts its slots and objects
  * are cold memory, and building a fresh Address from the allocator's warm free lists
@@ -240,85 +243,39 @@ decode_checked(PyObject *shard, PyObject *k, PyObject *v, AddrMemo *memo)
     return item;
 }
 
-/*
- * fill_run(source, head_key, head_value, bound, limit, wc_byte, prefix_len, want, shard)
- *   -> (batch, last_key, pending_key, pending_value, skipped, more)
- *
- * One run of the merge iterator: decode the head row, then pull (key, value) rows from
- * `source` while they stay below `bound` (a full message key in the same shard's key
- * space, or None), up to `limit` accepted rows. A row is accepted when its destination
- * workchain byte is `wc_byte` and (prefix_len == 0 or the top prefix_len bits of its
- * destination account equal `want`); other rows are skipped (counted). The first accepted
- * row past the bound or the limit comes back as pending; None when the source ended.
- * `last_key` is the key of the last row consumed (accepted or skipped). `more` is always
- * False here (the limit counts accepted rows, so a pending row is always found).
- * Errors: ValueError/TypeError with args (what, key) for a malformed row; a value shorter
- * than its header is one, whether its row is accepted or not.
- *
- * Each row is compared in place (its destination header and its key against the bound,
- * no slices); the batch list is allocated once at `limit` slots and trimmed at the end.
- */
-static PyObject *
-fill_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* Whether a message row's value names a destination in the iterator's shard. */
+static inline int
+accepts(const unsigned char *vb, Py_ssize_t vlen, long wc_byte, long prefix_len, int shift,
+        unsigned long long want)
 {
-    if (nargs != 9) {
-        PyErr_Format(PyExc_TypeError, "fill_run() takes 9 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    PyObject *source = args[0], *head_key = args[1], *head_value = args[2], *bound = args[3];
-    PyObject *shard = args[8];
-    Py_ssize_t limit = PyLong_AsSsize_t(args[4]);
-    if (limit == -1 && PyErr_Occurred())
-        return NULL;
-    long wc_byte = PyLong_AsLong(args[5]);
-    if (wc_byte == -1 && PyErr_Occurred())
-        return NULL;
-    long prefix_len = PyLong_AsLong(args[6]);
-    if (prefix_len == -1 && PyErr_Occurred())
-        return NULL;
-    unsigned long long want = PyLong_AsUnsignedLongLong(args[7]);
-    if (want == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    if (t_iterated == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "imq._speedups.init() was not called");
-        return NULL;
-    }
-    if (bound != Py_None && !PyBytes_Check(bound)) {
-        PyErr_SetString(PyExc_TypeError, "bound must be bytes or None");
-        return NULL;
-    }
-    if (prefix_len < 0 || prefix_len > 64) {
-        PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
-        return NULL;
-    }
-    if (limit < 1)
-        limit = 1;
+    if (vb[0] != wc_byte)
+        return 0;
+    return prefix_len == 0 || (be_prefix(vb + 1, vlen - 1) >> shift) == want;
+}
+
+/* -1, 0, 1 as the queue key (lt, hash) of message key `a` orders before, with, after `b`'s. */
+static inline int
+cmp_queue_keys(PyObject *a, PyObject *b)
+{
+    return memcmp(PyBytes_AS_STRING(a) + QK_AT, PyBytes_AS_STRING(b) + QK_AT, KEY_LEN - QK_AT);
+}
+
+/*
+ * Pull rows from `source` until one is accepted: *head is then that row (a new reference),
+ * or NULL when the rows ran out. Skipped rows are counted; *last_skip is the key of the
+ * last one (a new reference), or NULL if none was skipped. Returns 0, or -1 with an
+ * exception set (and both out-references cleared).
+ */
+static inline int
+refill(PyObject *source, long wc_byte, long prefix_len, int shift, unsigned long long want,
+       Py_ssize_t *skipped, PyObject **head, PyObject **last_skip)
+{
+    *head = *last_skip = NULL;
     iternextfunc next = Py_TYPE(source)->tp_iternext;
     if (next == NULL || next == &_PyObject_NextNotImplemented) {
-        PyErr_SetString(PyExc_TypeError, "source must be an iterator");
-        return NULL;
+        PyErr_SetString(PyExc_TypeError, "sources must be iterators");
+        return -1;
     }
-    int shift = (int)(64 - prefix_len);
-    const char *bound_b = bound == Py_None ? NULL : PyBytes_AS_STRING(bound);
-    Py_ssize_t bound_len = bound == Py_None ? 0 : PyBytes_GET_SIZE(bound);
-    PyObject *batch = PyList_New(limit);
-    if (batch == NULL)
-        return NULL;
-    Py_SET_SIZE(batch, 0); /* the filled prefix: what a failure must release */
-    PyObject **slots = ((PyListObject *)batch)->ob_item;
-    AddrMemo memo = {{{0}}, {NULL, NULL}};
-    PyObject *item = decode_checked(shard, head_key, head_value, &memo);
-    if (item == NULL) {
-        Py_DECREF(batch);
-        memo_clear(&memo);
-        return NULL;
-    }
-    slots[0] = item;
-    Py_SET_SIZE(batch, 1);
-    Py_ssize_t accepted = 1, skipped = 0;
-    PyObject *last = head_key; /* owned */
-    Py_INCREF(last);
-    PyObject *pending = NULL;
     for (;;) {
         PyObject *row = next(source);
         if (row == NULL) {
@@ -327,7 +284,7 @@ fill_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                     goto fail;
                 PyErr_Clear();
             }
-            break;
+            return 0;
         }
         if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 2 ||
             !PyBytes_Check(PyTuple_GET_ITEM(row, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(row, 1))) {
@@ -344,71 +301,251 @@ fill_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_DECREF(row);
             goto fail;
         }
-        int ok = vb[0] == wc_byte;
-        if (ok && prefix_len != 0)
-            ok = (be_prefix(vb + 1, vlen - 1) >> shift) == want;
-        if (!ok) {
-            skipped++;
+        if (!accepts(vb, vlen, wc_byte, prefix_len, shift, want)) {
+            (*skipped)++;
             Py_INCREF(k);
-            Py_SETREF(last, k);
+            Py_XSETREF(*last_skip, k);
             Py_DECREF(row);
             continue;
         }
-        if (accepted == limit) {
-            pending = row;
-            break;
-        }
-        if (bound_b != NULL) {
-            Py_ssize_t klen = PyBytes_GET_SIZE(k);
-            int c = memcmp(PyBytes_AS_STRING(k), bound_b, klen < bound_len ? klen : bound_len);
-            if (c > 0 || (c == 0 && klen >= bound_len)) {
-                pending = row;
-                break;
-            }
-        }
-        item = decode_checked(shard, k, v, &memo);
-        if (item == NULL) {
+        if (PyBytes_GET_SIZE(k) != KEY_LEN) { /* compared in place by the merge: check it */
+            row_error(PyExc_ValueError, "undecodable message row", k);
             Py_DECREF(row);
             goto fail;
         }
-        slots[accepted++] = item;
-        Py_SET_SIZE(batch, accepted);
-        Py_INCREF(k);
-        Py_SETREF(last, k);
-        Py_DECREF(row);
+        *head = row;
+        return 0;
     }
-    PyObject *out = PyTuple_New(6);
-    if (out == NULL) {
-        Py_XDECREF(pending);
-        goto fail;
-    }
-    PyObject *pk = Py_None, *pv = Py_None;
-    if (pending != NULL) {
-        pk = PyTuple_GET_ITEM(pending, 0);
-        pv = PyTuple_GET_ITEM(pending, 1);
-    }
-    PyObject *n_skipped = PyLong_FromSsize_t(skipped);
-    if (n_skipped == NULL) {
-        Py_XDECREF(pending);
-        Py_DECREF(out);
-        goto fail;
-    }
-    Py_INCREF(pk);
-    Py_INCREF(pv);
-    Py_INCREF(Py_False);
-    PyTuple_SET_ITEM(out, 0, batch);
-    PyTuple_SET_ITEM(out, 1, last);
-    PyTuple_SET_ITEM(out, 2, pk);
-    PyTuple_SET_ITEM(out, 3, pv);
-    PyTuple_SET_ITEM(out, 4, n_skipped);
-    PyTuple_SET_ITEM(out, 5, Py_False);
-    Py_XDECREF(pending);
-    memo_clear(&memo);
-    return out;
 fail:
-    Py_DECREF(batch);
-    Py_DECREF(last);
+    Py_CLEAR(*last_skip);
+    return -1;
+}
+
+/* Append source index `idx` to the list `ended`; 0, or -1 with an exception set. */
+static int
+append_index(PyObject *ended, Py_ssize_t idx)
+{
+    PyObject *i = PyLong_FromSsize_t(idx);
+    if (i == NULL)
+        return -1;
+    int rc = PyList_Append(ended, i);
+    Py_DECREF(i);
+    return rc;
+}
+
+/*
+ * merge_fill(sources, heads, lastkeys, need, limit, wc_byte, prefix_len, want, shards,
+ *            positions) -> (batch, final, records, ended, need_out, skipped)
+ *
+ * The merge iterator's k-way merge, one batch of up to `limit` messages per call. It
+ * follows SEMANTICS §11.2 as imq.testing.model.ModelIterator does: before each message,
+ * refill every source that has no pending row (recording the keys it skips), then take the
+ * pending row with the smallest queue key (the lower source index on a tie).
+ *
+ *   sources   rows of each source shard: iterators of (key, value) bytes pairs
+ *   heads     per source, its pending accepted row, or None (updated in place)
+ *   lastkeys  per source, the key of the last row read from it, skipped or taken, or None
+ *             (updated in place; a source's end check starts there)
+ *   need      the sources to refill first: every source at the start, then what the
+ *             previous call returned as need_out
+ *   shards    per source, its ShardIdent (the IteratedMessage's first field)
+ *   positions the consumer-visible position of each source (a key, or None): the refills
+ *             that precede this call's first message belong to the next() that asked for
+ *             it, so they are recorded here directly
+ *
+ *   batch     the messages, in order
+ *   final     the positions once the whole batch has been consumed
+ *   records   [(j, idx, key)]: just before message j (j >= 1) was taken, source idx's
+ *             position moved to the skipped row `key` (what current_position() replays
+ *             when the consumer stops inside the batch)
+ *   ended     the sources whose rows ran out during this call (their end check is the
+ *             caller's, before it hands out the batch)
+ *   need_out  the sources to refill first at the next call
+ *   skipped   rows skipped (not for this shard)
+ *
+ * An empty batch means that every source has run out. Each source takes at most one
+ * comparison per message against each other pending row, in place (no key slicing).
+ * Errors: ValueError/TypeError with args (what, key) for a malformed row.
+ */
+static PyObject *
+merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError, "merge_fill() takes 10 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *sources = args[0], *heads = args[1], *lastkeys = args[2], *need = args[3];
+    PyObject *shards = args[8], *positions = args[9];
+    if (!PyList_CheckExact(sources) || !PyList_CheckExact(heads) || !PyList_CheckExact(lastkeys) ||
+        !PyList_CheckExact(need) || !PyList_CheckExact(shards) || !PyList_CheckExact(positions)) {
+        PyErr_SetString(PyExc_TypeError, "merge_fill() takes lists");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(sources);
+    if (PyList_GET_SIZE(heads) != n || PyList_GET_SIZE(lastkeys) != n ||
+        PyList_GET_SIZE(shards) != n || PyList_GET_SIZE(positions) != n) {
+        PyErr_SetString(PyExc_ValueError, "merge_fill() lists differ in length");
+        return NULL;
+    }
+    Py_ssize_t limit = PyLong_AsSsize_t(args[4]);
+    if (limit == -1 && PyErr_Occurred())
+        return NULL;
+    long wc_byte = PyLong_AsLong(args[5]);
+    if (wc_byte == -1 && PyErr_Occurred())
+        return NULL;
+    long prefix_len = PyLong_AsLong(args[6]);
+    if (prefix_len == -1 && PyErr_Occurred())
+        return NULL;
+    unsigned long long want = PyLong_AsUnsignedLongLong(args[7]);
+    if (want == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (t_iterated == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "imq._speedups.init() was not called");
+        return NULL;
+    }
+    if (prefix_len < 0 || prefix_len > 64) {
+        PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
+        return NULL;
+    }
+    if (limit < 1)
+        limit = 1;
+    int shift = (int)(64 - prefix_len);
+
+    PyObject *batch = PyList_New(limit), *records = PyList_New(0), *ended = PyList_New(0);
+    PyObject *final = PyList_GetSlice(positions, 0, n), *need_out = NULL;
+    AddrMemo memo = {{{0}}, {NULL, NULL}};
+    Py_ssize_t skipped = 0, count = 0;
+    if (batch == NULL || records == NULL || ended == NULL || final == NULL)
+        goto fail;
+    Py_SET_SIZE(batch, 0); /* the filled prefix: what a failure must release */
+    PyObject **slots = ((PyListObject *)batch)->ob_item;
+    /* The refills that precede the first message: every source in `need`. */
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(need); r++) {
+        Py_ssize_t idx = PyLong_AsSsize_t(PyList_GET_ITEM(need, r));
+        if (idx == -1 && PyErr_Occurred())
+            goto fail;
+        if (idx < 0 || idx >= n) {
+            PyErr_SetString(PyExc_IndexError, "need names no source");
+            goto fail;
+        }
+        if (PyList_GET_ITEM(heads, idx) != Py_None)
+            continue;
+        PyObject *head, *last_skip;
+        if (refill(PyList_GET_ITEM(sources, idx), wc_byte, prefix_len, shift, want, &skipped,
+                   &head, &last_skip) < 0)
+            goto fail;
+        if (head != NULL)
+            PyList_SetItem(heads, idx, head); /* steals */
+        else if (append_index(ended, idx) < 0) {
+            Py_XDECREF(last_skip);
+            goto fail;
+        }
+        if (last_skip != NULL) {
+            Py_INCREF(last_skip);
+            PyList_SetItem(lastkeys, idx, last_skip);
+            Py_INCREF(last_skip);
+            PyList_SetItem(final, idx, last_skip);
+            PyList_SetItem(positions, idx, last_skip); /* steals */
+        }
+    }
+    for (;;) {
+        /* The pending row with the smallest queue key, and the runner-up: the first
+         * source's rows are taken without a new scan while they stay below it (a block's
+         * messages follow one another until another source's block interleaves). */
+        Py_ssize_t best = -1, second = -1;
+        PyObject *best_key = NULL, *second_key = NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *head = PyList_GET_ITEM(heads, i);
+            if (head == Py_None)
+                continue;
+            PyObject *k = PyTuple_GET_ITEM(head, 0);
+            if (best < 0 || cmp_queue_keys(k, best_key) < 0) {
+                second = best;
+                second_key = best_key;
+                best = i;
+                best_key = k;
+            } else if (second < 0 || cmp_queue_keys(k, second_key) < 0) {
+                second = i;
+                second_key = k;
+            }
+        }
+        if (best < 0) {
+            need_out = PyList_New(0);
+            goto done;
+        }
+        /* Stream `best`: its rows stay local until the streak ends (heads[second], and so
+         * second_key, is not touched meanwhile). */
+        PyObject *row = PyList_GET_ITEM(heads, best); /* owned from here */
+        Py_INCREF(row);
+        Py_INCREF(Py_None);
+        PyList_SetItem(heads, best, Py_None);
+        PyObject *shard = PyList_GET_ITEM(shards, best);
+        for (;;) {
+            PyObject *k = PyTuple_GET_ITEM(row, 0);
+            PyObject *item = decode_checked(shard, k, PyTuple_GET_ITEM(row, 1), &memo);
+            if (item == NULL) {
+                Py_DECREF(row);
+                goto fail;
+            }
+            slots[count++] = item;
+            Py_SET_SIZE(batch, count);
+            PyObject *head = NULL, *last_skip = NULL;
+            if (count < limit && refill(PyList_GET_ITEM(sources, best), wc_byte, prefix_len,
+                                        shift, want, &skipped, &head, &last_skip) < 0) {
+                Py_DECREF(row);
+                goto fail;
+            }
+            if (head != NULL && count < limit) {
+                int c = second < 0 ? -1 : cmp_queue_keys(PyTuple_GET_ITEM(head, 0), second_key);
+                if (c < 0 || (c == 0 && best < second)) {
+                    /* `best` gives the next message too: the skips before it are
+                     * overwritten by its key in the positions, so none is recorded. */
+                    Py_XDECREF(last_skip);
+                    Py_SETREF(row, head);
+                    continue;
+                }
+            }
+            /* The streak ends. Without a refill (the batch is full) the source is refilled
+             * first at the next call; otherwise its skips, if any, precede the batch's next
+             * message (or the end of every source). */
+            PyObject *last = last_skip != NULL ? last_skip : k;
+            Py_INCREF(last);
+            PyList_SetItem(lastkeys, best, last);
+            Py_INCREF(last);
+            PyList_SetItem(final, best, last);
+            if (last_skip != NULL) {
+                PyObject *rec = Py_BuildValue("(nnN)", count, best, last_skip);
+                if (rec == NULL || PyList_Append(records, rec) < 0) {
+                    Py_XDECREF(rec);
+                    Py_XDECREF(head);
+                    Py_DECREF(row);
+                    goto fail;
+                }
+                Py_DECREF(rec);
+            }
+            Py_DECREF(row);
+            if (count == limit) {
+                need_out = Py_BuildValue("[n]", best);
+                goto done;
+            }
+            if (head != NULL)
+                PyList_SetItem(heads, best, head); /* steals */
+            else if (append_index(ended, best) < 0)
+                goto fail;
+            break;
+        }
+    }
+done:
+    if (need_out == NULL)
+        goto fail;
     memo_clear(&memo);
+    return Py_BuildValue("(NNNNNn)", batch, final, records, ended, need_out, skipped);
+fail:
+    memo_clear(&memo);
+    Py_XDECREF(batch);
+    Py_XDECREF(records);
+    Py_XDECREF(ended);
+    Py_XDECREF(final);
     return NULL;
 }
 
@@ -1154,9 +1291,9 @@ static PyMethodDef methods[] = {
      "init(IteratedMessage, Message, QueueKey, Address): register the value types."},
     {"decode_run", decode_run, METH_VARARGS,
      "decode_run(keys, values, shard) -> list[IteratedMessage]"},
-    {"fill_run", (PyCFunction)(void (*)(void))fill_run, METH_FASTCALL,
-     "fill_run(source, head_key, head_value, bound, limit, wc_byte, prefix_len, want, shard)"
-     " -> (batch, last_key, pending_key, pending_value, skipped, more)"},
+    {"merge_fill", (PyCFunction)(void (*)(void))merge_fill, METH_FASTCALL,
+     "merge_fill(sources, heads, lastkeys, need, limit, wc_byte, prefix_len, want, shards,"
+     " positions) -> (batch, final, records, ended, need_out, skipped)"},
     {"put_rows", put_rows, METH_VARARGS,
      "put_rows(put, target, shard_bytes, messages, partition_for, counts) -> rows"},
     {"stat_value", stat_value, METH_O, "stat_value(counts: dict[Address, int]) -> bytes"},

@@ -6,17 +6,23 @@ equals key order, D1). A message whose destination is not in ``for_shard`` is sk
 by reading only its fixed destination header (D2); its key still counts as consumed
 for ``current_position()``, which records the last key taken from each shard.
 
-Speed note: ``_runs`` is the per-message hot path and trades some clarity for speed
-(``benchmarks/bench_core.py`` measures it against raw rocksdict):
+Speed note: the merge is the per-message hot path and trades some clarity for speed
+(``benchmarks/bench_floor.py`` measures it against raw rocksdict and ``heapq.merge``):
 
-- the iterator is an ``itertools.chain`` of *runs*, so ``next()`` runs in C and the
-  Python merge code runs once per run, not once per message;
-- a run is up to ``_RUN`` accepted rows of the heap's top shard that stay below every
-  other shard's pending key (the common case of blocks covering disjoint lt ranges;
-  the first run is ``_RUN_FIRST`` rows and each next one twice as long, so the first
-  message comes after a few rows' decode and a long scan pays the merge per 256 rows),
-  collected in one call (``_speedups.fill_run`` when built, else ``_py_fill_run``)
-  without touching the heap; the merge compares raw key bytes (no key function);
+- the iterator is an ``itertools.chain`` of *batches*, so ``next()`` runs in C and the
+  Python merge code runs once per batch, not once per message; the first batch is
+  ``_RUN_FIRST`` messages and each next one twice as long, up to ``_RUN``, so the first
+  message comes after a few rows' decode and a long scan pays the Python per 256;
+- compiled (``_merged``): one ``_speedups.merge_fill`` call merges every source into a
+  batch, in C: the smallest pending row by its queue key bytes in place (no slicing), and
+  while the same source's next row stays below the runner-up, its rows stream without a
+  new comparison. So sources whose blocks interleave (a live network's shards share an lt
+  range) cost what disjoint ones do; skips are recorded so that ``current_position()``
+  inside a batch is exact;
+- pure Python (``_runs``, also what ``pure_python()`` and ``IMQ_PURE_PYTHON=1`` select): a
+  *run* is up to ``_RUN`` accepted rows of the heap's top shard that stay below every
+  other shard's pending key, collected by ``_py_fill_run`` without touching the heap
+  (fast on disjoint blocks, one Python merge step per few rows on interleaved ones);
 - the destination test, key decoding and value-type construction happen in that call,
   at the message row's offsets from :mod:`imq.storage.codec`; decoded addresses are
   shared (a bounded cache per iterator in Python; in C, the previous row's, which a
@@ -99,7 +105,9 @@ class QueueIterator(chain[IteratedMessage]):
     _sources: list[Iterator[Any]]
     _finish: list[Callable[[bytes | None], None]]
     _closed_by_queue: bool
-    _run: tuple[int, list[IteratedMessage], Iterator[IteratedMessage]] | None
+    # The batch the consumer is inside: (source index, or -1 for a batch of the k-way
+    # merge; the batch; its list iterator; the merge's skip records, see current_position)
+    _run: tuple[int, list[IteratedMessage], Iterator[IteratedMessage], list[Any] | None] | None
     _producer: Generator[Iterator[IteratedMessage], None, None]
 
     def __new__(
@@ -110,7 +118,7 @@ class QueueIterator(chain[IteratedMessage]):
         on_done: Callable[[int, int], None] | None = None,
     ) -> QueueIterator:
         cell: list[QueueIterator] = []
-        producer = _runs(cell, _fill_run)
+        producer = _runs(cell) if _merge_fill is None else _merged(cell, _merge_fill)
         self = cast(QueueIterator, cls.from_iterable(producer))
         cell.append(self)
         self._snap = snap
@@ -142,10 +150,21 @@ class QueueIterator(chain[IteratedMessage]):
         """Last key consumed per source shard, skipped messages included."""
         positions: list[bytes | QueueKey | None] = list(self._positions)
         if self._run is not None:  # inside a decoded run: count what the consumer took
-            idx, batch, run = self._run
+            idx, batch, run, records = self._run
             taken = len(batch) - operator.length_hint(run)
-            if taken > 0:
-                positions[idx] = batch[taken - 1][1][0]
+            if records is None:  # one source's run
+                if taken > 0:
+                    positions[idx] = batch[taken - 1][1][0]
+            else:  # a merged batch: replay its first `taken` messages and their skips
+                index = {shard: i for i, shard in enumerate(self._shards)}
+                pending = iter(records)
+                record = next(pending, None)
+                for j in range(taken):
+                    while record is not None and record[0] <= j:
+                        positions[record[1]] = record[2]
+                        record = next(pending, None)
+                    message = batch[j]
+                    positions[index[message[0]]] = message[1][0]
         return {
             shard: raw if isinstance(raw, QueueKey) else codec.decode_key(raw[_QK:])
             for shard, raw in zip(self._shards, positions, strict=True)
@@ -206,9 +225,10 @@ class _ClosedQueueIterator(QueueIterator):
 
 
 def _runs(  # noqa: PLR0915 - one hot loop
-    cell: list[QueueIterator], fill_run: Callable[..., Any]
+    cell: list[QueueIterator],
 ) -> Generator[Iterator[IteratedMessage], None, None]:
-    """The merge: yields list iterators of decoded runs, which the chain hands out.
+    """The pure-Python merge: yields list iterators of decoded runs, which the chain hands
+    out.
 
     A run is one shard's accepted rows below every other shard's pending key (the common
     case when blocks cover disjoint lt ranges): while it lasts no heap is touched. The
@@ -216,8 +236,8 @@ def _runs(  # noqa: PLR0915 - one hot loop
     shard's key prefix), so no key is sliced per row.
     """
     self = cell.pop()
-    if fill_run is _py_fill_run:  # the pure-Python decode caches addresses per iterator
-        fill_run = partial(_py_fill_run, _cache=_AddressCache())
+    # The pure-Python decode caches addresses per iterator.
+    fill_run: Callable[..., Any] = partial(_py_fill_run, _cache=_AddressCache())
     for_shard = self._for_shard
     wc_byte = codec.workchain_byte(for_shard.workchain)
     if wc_byte is None:  # no std address lives in this workchain: skip everything
@@ -272,7 +292,7 @@ def _runs(  # noqa: PLR0915 - one hot loop
             if pk is None and not more:  # the rows ran out: raises unless at the range's end
                 finish[idx](last)
             run = iter(batch)
-            self._run = (idx, batch, run)
+            self._run = (idx, batch, run, None)
             yield run
             # The consumer asked for the next message: the run is consumed, and its
             # trailing skips count as consumed now (as the original records them).
@@ -287,6 +307,69 @@ def _runs(  # noqa: PLR0915 - one hot loop
                 heappop(heap)
             else:
                 heapreplace(heap, (pk[_QK:], idx, pk, pv))
+    finally:
+        self._run = None
+        if self._on_done is not None:
+            on_done, self._on_done = self._on_done, None
+            on_done(yielded, skipped)
+
+
+def _merged(
+    cell: list[QueueIterator], merge_fill: Callable[..., Any]
+) -> Generator[Iterator[IteratedMessage], None, None]:
+    """The compiled merge: yields list iterators of merged batches, which the chain hands
+    out. ``_speedups.merge_fill`` does the k-way merge of every source in C, one batch per
+    call, so interleaved sources (blocks of different shards over the same lt range, the
+    usual case on a live network) cost no Python per message, as disjoint ones do not."""
+    self = cell.pop()
+    for_shard = self._for_shard
+    wc_byte = codec.workchain_byte(for_shard.workchain)
+    if wc_byte is None:  # no std address lives in this workchain: skip everything
+        wc_byte = -1
+    prefix_len = for_shard.prefix_len
+    want = for_shard.prefix >> (64 - prefix_len) if prefix_len else 0
+    positions = self._positions
+    shards = self._shards
+    sources = self._sources
+    finish = self._finish
+    n = len(sources)
+    heads: list[tuple[bytes, bytes] | None] = [None] * n
+    lastkeys: list[bytes | None] = [None] * n
+    need = list(range(n))
+    yielded = skipped = 0
+    limit = min(_RUN_FIRST, _RUN)  # batches grow: the first message comes soon
+    try:
+        while True:
+            try:
+                batch, final, records, ended, need, n_skipped = merge_fill(
+                    sources,
+                    heads,
+                    lastkeys,
+                    need,
+                    limit,
+                    wc_byte,
+                    prefix_len,
+                    want,
+                    shards,
+                    positions,
+                )
+            except (ValueError, TypeError) as exc:
+                bad = exc.args[1] if len(exc.args) > 1 else b""
+                raise CorruptDataError("messages", bad, str(exc.args[0])) from None
+            skipped += n_skipped
+            for idx in ended:  # rows ran out: raises unless at the range's end
+                finish[idx](lastkeys[idx])
+            if not batch:
+                positions[:] = final
+                return
+            limit = min(2 * limit, _RUN)
+            run = iter(batch)
+            self._run = (-1, batch, run, records)
+            yield run
+            # The consumer asked for the next message: the batch is consumed.
+            self._run = None
+            yielded += len(batch)
+            positions[:] = final
     finally:
         self._run = None
         if self._on_done is not None:
@@ -350,7 +433,7 @@ def _decode(
         _corrupt(keys, values)
 
 
-def _py_fill_run(  # noqa: PLR0917 - the signature of _speedups.fill_run; one hot loop
+def _py_fill_run(  # noqa: PLR0917 - one hot loop
     source: Iterator[tuple[bytes, bytes]],
     head_key: bytes,
     head_value: bytes,
@@ -362,14 +445,19 @@ def _py_fill_run(  # noqa: PLR0917 - the signature of _speedups.fill_run; one ho
     shard: ShardIdent,
     _cache: dict[bytes, Address] | None = None,
 ) -> tuple[list[IteratedMessage], bytes, bytes | None, bytes | None, int, bool]:
-    """The pure-Python ``imq._speedups.fill_run``: same arguments, same results.
+    """One run of the pure-Python merge: decode the head row, then pull rows from
+    ``source`` while they stay below ``bound`` (a whole message key in this source's key
+    space, or None). A row is accepted when its destination workchain byte is ``wc_byte``
+    and (``prefix_len`` 0, or the top ``prefix_len`` bits of its destination account equal
+    ``want``); others are skipped (counted). Returns ``(batch, last_key, pending_key,
+    pending_value, skipped, more)``: the first accepted row at or past the bound is
+    pending; ``last_key`` is the key of the last row consumed.
 
     Reads at most ``limit - 1`` rows after the head (``islice``, so the loop does no count
-    of its own), so a run never holds more than ``limit`` messages, as in C (whose limit
-    counts accepted rows, the head included); when they run out without reaching the
-    bound, ``more`` says the source may hold more. An accepted row's length is checked by
-    the decode, a skipped row's here (a value shorter than its header is corrupt either
-    way, as in C).
+    of its own), so a run never holds more than ``limit`` messages; when they run out
+    without reaching the bound, ``more`` says the source may hold more. An accepted row's
+    length is checked by the decode, a skipped row's here (a value shorter than its header
+    is corrupt either way, as in C).
     """
     keys = [head_key]
     values = [head_value]
@@ -474,8 +562,8 @@ def _c_decode(
 _decode_run: Callable[..., list[IteratedMessage]] = (
     _decode if _speedups_module is None else _c_decode
 )
-_fill_run: Callable[..., Any] = (
-    _py_fill_run if _speedups_module is None else _speedups_module.fill_run
+_merge_fill: Callable[..., Any] | None = (
+    None if _speedups_module is None else _speedups_module.merge_fill
 )
 COMPILED = _speedups_module is not None
 """True when the compiled merge and decode are in use (reported by the benchmarks)."""
@@ -484,10 +572,10 @@ COMPILED = _speedups_module is not None
 @contextlib.contextmanager
 def pure_python() -> Iterator[None]:
     """Within this block, new iterators use the pure-Python path (benchmarks, tests)."""
-    global _decode_run, _fill_run
-    saved = _decode_run, _fill_run
-    _decode_run, _fill_run = _decode, _py_fill_run
+    global _decode_run, _merge_fill
+    saved = _decode_run, _merge_fill
+    _decode_run, _merge_fill = _decode, None
     try:
         yield
     finally:
-        _decode_run, _fill_run = saved
+        _decode_run, _merge_fill = saved

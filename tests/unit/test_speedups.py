@@ -92,60 +92,97 @@ def _rows(batch: list[Message], partition: int) -> list[tuple[bytes, bytes]]:
     return codec.message_rows(SHARD, sorted(batch), lambda _s, _d: partition)
 
 
+def _merge_all(
+    sources: list[list[tuple[bytes, bytes]]],
+    limit: int,
+    wc_byte: int = 128,
+    prefix: tuple[int, int] = (0, 0),
+    shards: list[ShardIdent] | None = None,
+) -> tuple[list[list[IteratedMessage]], list[object], list[bytes | None], list[int], int]:
+    """Drive ``merge_fill`` as the iterator does, to the end: (batches, final positions,
+    last keys, ended sources in order, rows skipped)."""
+    n = len(sources)
+    its = [iter(rows) for rows in sources]
+    heads: list[object] = [None] * n
+    lastkeys: list[bytes | None] = [None] * n
+    positions: list[object] = [None] * n
+    need = list(range(n))
+    batches, ended_all, skipped = [], [], 0
+    while True:
+        batch, final, _records, ended, need, n_skipped = iterator._speedups_module.merge_fill(
+            its, heads, lastkeys, need, limit, wc_byte, *prefix, shards or [SHARD] * n, positions
+        )
+        skipped += n_skipped
+        ended_all += ended
+        positions[:] = final
+        if not batch:
+            return batches, positions, lastkeys, ended_all, skipped
+        assert len(batch) <= limit
+        batches.append(batch)
+
+
+def _model_merge(
+    sources: list[list[tuple[bytes, bytes]]], wc_byte: int = 128, prefix: tuple[int, int] = (0, 0)
+) -> tuple[list[bytes], list[bytes | None], int]:
+    """SEMANTICS §11.2 on raw rows: the accepted keys in merged order, each source's last
+    key read, rows skipped."""
+    prefix_len, want = prefix
+    accepted: list[tuple[bytes, int]] = []
+    last: list[bytes | None] = [None] * len(sources)
+    skipped = 0
+    for idx, rows in enumerate(sources):
+        for k, v in rows:
+            top = int.from_bytes(v[1:9], "big") >> (64 - prefix_len) if prefix_len else 0
+            if v[0] == wc_byte and top == want:
+                accepted.append((k[codec.MESSAGE_PREFIX_LEN :], idx))
+            else:
+                skipped += 1
+            last[idx] = k
+    order = sorted(accepted)
+    keys = [codec.message_key(0, SHARD, codec.decode_key(qk)) for qk, _ in order]
+    return keys, last, skipped
+
+
+@settings(deadline=None)
 @given(
-    st.lists(messages, min_size=1, max_size=60, unique_by=lambda m: m.key),
-    st.integers(0, 3),
-    st.one_of(st.none(), st.integers(0, 2**64 - 1)),
-    st.integers(1, 70),
-    st.sampled_from([(0, 0), (1, 1), (2, 3), (64, 2**63), (0, 0)]),
+    st.lists(st.lists(messages, max_size=25, unique_by=lambda m: m.key), min_size=1, max_size=4),
+    st.integers(1, 9),
+    st.sampled_from([(0, 0), (1, 1), (2, 3), (64, 2**63)]),
     st.sampled_from([128, 127, 0, -1]),
 )
-def test_fill_run_compiled_equals_pure_python(  # noqa: PLR0917
-    batch: list[Message],
-    partition: int,
-    bound_lt: int | None,
-    limit: int,
-    prefix: tuple[int, int],
-    wc_byte: int,
+def test_merge_fill_merges_as_the_model(
+    per_source: list[list[Message]], limit: int, prefix: tuple[int, int], wc_byte: int
 ) -> None:
-    """The whole run step (filter, bound, limit, decode) agrees between C and Python."""
-    rows = _rows(batch, partition)
-    head_k, head_v = rows[0]
-    bound = (
-        None
-        if bound_lt is None
-        else codec.message_key(partition, SHARD, QueueKey.min_for_lt(bound_lt))
-    )
-    prefix_len, want = prefix
-    results = []
-    for fill in (iterator._speedups_module.fill_run, iterator._py_fill_run):
-        source = iter(rows[1:])
-        out = fill(source, head_k, head_v, bound, limit, wc_byte, prefix_len, want, SHARD)
-        batch_out, last, pk, pv, skipped, more = out
-        rest = list(source)
-        # "more" (Python: the row limit was hit) lets the caller read on; normalise by
-        # reading the rest as the merge would: the pending row and what follows it.
-        results.append((batch_out, last, pk, pv, skipped, more, rest))
-    (cb, cl, cpk, cpv, cs, cm, crest), (pb, pl, ppk, ppv, ps, pm, prest) = results
-    assert not cm
-    # Both decode the same messages in the same order; Python may stop early (its limit
-    # counts rows read, C's counts rows accepted) and then says so with ``more``.
-    assert cb[: len(pb)] == pb
-    if not pm:
-        assert (cb, cl, cpk, cpv, cs, crest) == (pb, pl, ppk, ppv, ps, prest)
-    for item in cb:
-        assert type(item) is IteratedMessage
-        assert type(item.message.key) is QueueKey
+    """Random sources (lts overlap freely): merge_fill yields the accepted rows of all of
+    them in queue-key order, in batches of at most ``limit``, skips and ends each source
+    once, and leaves every source's last key read for its end check."""
+    keys_seen = set()
+    sources = []
+    for batch in per_source:  # one queue key lives in one source only
+        fresh = [m for m in batch if m.key not in keys_seen]
+        keys_seen.update(m.key for m in fresh)
+        sources.append(_rows(fresh, 0))
+    batches, _final, lastkeys, ended, skipped = _merge_all(sources, limit, wc_byte, prefix)
+    got = [codec.message_key(0, SHARD, im.message.key) for b in batches for im in b]
+    want_keys, want_last, want_skipped = _model_merge(sources, wc_byte, prefix)
+    assert got == want_keys
+    assert lastkeys == want_last
+    assert skipped == want_skipped
+    assert sorted(ended) == list(range(len(sources)))
 
 
-def test_fill_run_reports_the_bad_row() -> None:
+def test_merge_fill_reports_the_bad_row() -> None:
     good = codec.message_rows(
         SHARD, [Message(QueueKey(1, b"\x01" * 32), *(Address(0, b"\x02" * 32),) * 2, b"")]
     )[0]
     bad_key = codec.message_key(0, SHARD, QueueKey(2, b"\x03" * 32))
-    for fill in (iterator._speedups_module.fill_run, iterator._py_fill_run):
-        with pytest.raises((ValueError, IndexError)):
-            fill(iter([(bad_key, b"")]), *good, None, 10, 128, 0, 0, SHARD)
+    with pytest.raises(ValueError) as info:
+        _merge_all([[good, (bad_key, b"")]], 10)
+    assert info.value.args == ("empty message value", bad_key)
+    short_key = bad_key[:-1]  # accepted, and compared in place: its length is checked
+    with pytest.raises(ValueError) as info:
+        _merge_all([[good], [(short_key, good[1])]], 10)
+    assert info.value.args == ("undecodable message row", short_key)
 
 
 @given(
@@ -204,7 +241,7 @@ def test_stat_value_compiled_equals_pure_python(counts: dict[Address, int]) -> N
         max_size=40,
     )
 )
-def test_fill_run_with_repeated_addresses(picks: list[tuple[int, int, bytes]]) -> None:
+def test_merge_fill_with_repeated_addresses(picks: list[tuple[int, int, bytes]]) -> None:
     """Consecutive rows that share a source or destination decode to equal messages in
     both paths (the C path reuses the previous row's Address object)."""
     pool = [Address(0, bytes([i]) * 32) for i in range(3)]
@@ -213,10 +250,9 @@ def test_fill_run_with_repeated_addresses(picks: list[tuple[int, int, bytes]]) -
         for i, (s, d, body) in enumerate(picks)
     ]
     rows = _rows(batch, 0)
-    outs = []
-    for fill in (iterator._speedups_module.fill_run, iterator._py_fill_run):
-        outs.append(fill(iter(rows[1:]), *rows[0], None, 100, 128, 0, 0, SHARD))
-    assert outs[0][0] == outs[1][0] == [IteratedMessage(SHARD, m) for m in batch]
+    (merged,), *_ = _merge_all([rows], 100)
+    py = iterator._py_fill_run(iter(rows[1:]), *rows[0], None, 100, 128, 0, 0, SHARD)
+    assert merged == py[0] == [IteratedMessage(SHARD, m) for m in batch]
 
 
 def test_decoded_addresses_are_shared_and_values_untracked() -> None:
@@ -226,19 +262,19 @@ def test_decoded_addresses_are_shared_and_values_untracked() -> None:
     src, dst = Address(0, b"\x05" * 32), Address(-1, b"\x06" * 32)
     batch = [Message(QueueKey(i + 1, bytes([i]) * 32), src, dst, b"x" * i) for i in range(5)]
     rows = _rows(batch, 0)
-    first = iterator._speedups_module.fill_run(iter(rows[1:]), *rows[0], None, 9, 127, 0, 0, SHARD)
-    again = iterator._speedups_module.fill_run(iter(rows[1:]), *rows[0], None, 9, 127, 0, 0, SHARD)
-    assert first[0] == again[0] == [IteratedMessage(SHARD, m) for m in batch]
-    assert len({id(im.message.src) for im in first[0]}) == 1
-    assert len({id(im.message.dst) for im in first[0]}) == 1
-    for im in first[0] + again[0]:
+    (first,), *_ = _merge_all([rows], 9, wc_byte=127)
+    (again,), *_ = _merge_all([rows], 9, wc_byte=127)
+    assert first == again == [IteratedMessage(SHARD, m) for m in batch]
+    assert len({id(im.message.src) for im in first}) == 1
+    assert len({id(im.message.dst) for im in first}) == 1
+    for im in first + again:
         assert not gc.is_tracked(im)
         assert not gc.is_tracked(im.message)
         assert not gc.is_tracked(im.message.key)
         assert not gc.is_tracked(im.message.src)
     del again
     gc.collect()  # the untracked values are freed by reference counting alone
-    assert first[0][0].message.src == src
+    assert first[0].message.src == src
 
 
 @pytest.mark.parametrize("length", [0, 1, 9, 65])
@@ -249,11 +285,16 @@ def test_a_short_value_is_corrupt_in_both_fills(length: int, for_this_shard: boo
     good = _rows([Message(QueueKey(1, b"\x01" * 32), *(Address(0, b"\x02" * 32),) * 2)], 0)[0]
     bad_key = codec.message_key(0, SHARD, QueueKey(2, b"\x03" * 32))
     bad_value = (b"\x80" if for_this_shard else b"\x7f") + b"\x00" * 80
-    for fill in (iterator._speedups_module.fill_run, iterator._py_fill_run):
+    bad = (bad_key, bad_value[:length])
+
+    def python() -> object:
+        return iterator._py_fill_run(iter([bad]), *good, None, 10, 128, 0, 0, SHARD)
+
+    for fill in (lambda: _merge_all([[good, bad]], 10), python):
         # ValueError(what, key) from the fill, or CorruptDataError from the Python decode:
         # the merge turns either into CorruptDataError naming the row.
         with pytest.raises((ValueError, CorruptDataError)) as info:
-            fill(iter([(bad_key, bad_value[:length])]), *good, None, 10, 128, 0, 0, SHARD)
+            fill()
         error = info.value
         assert (error.key if isinstance(error, CorruptDataError) else error.args[1]) == bad_key
 
