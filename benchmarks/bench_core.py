@@ -150,7 +150,13 @@ class DiffInput:
 
 class Workload:
     """Deterministic diffs: round-robin over the source shards, lt rising globally,
-    destinations from a pool across the basechain, sources inside the source shard."""
+    destinations from a pool across the basechain, sources inside the source shard.
+
+    By default each diff covers its own lt range (the shards' blocks are disjoint in lt).
+    With ``interleave``, each round of one diff per shard shares one lt range, message j of
+    the shard at index s at lt ``base + j * shards + s``: the shards' blocks interleave
+    message by message, as a live network's shards (each with its own lt clock near the
+    others') do."""
 
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
@@ -160,16 +166,22 @@ class Workload:
             for s in SOURCE_SHARDS
         }
 
-    def diffs(self, count: int, size: int) -> Iterator[DiffInput]:
+    def diffs(self, count: int, size: int, *, interleave: bool = False) -> Iterator[DiffInput]:
         rng, dst = self.rng, self.dst
         last_hash: dict[ShardIdent, bytes] = {}
         lt = LT_START
+        n = len(SOURCE_SHARDS)
         for i in range(count):
-            shard = SOURCE_SHARDS[i % len(SOURCE_SHARDS)]
+            shard = SOURCE_SHARDS[i % n]
             src = self.src[shard]
+            if interleave:  # the round's lt range, this shard's every n-th lt in it
+                lt = LT_START + (i // n) * size * n
+                lts = [lt + j * n + i % n for j in range(size)]
+            else:
+                lts = [lt + j for j in range(size)]
             messages = [
                 Message(
-                    QueueKey(lt + j, rng.randbytes(32)),
+                    QueueKey(lts[j], rng.randbytes(32)),
                     rng.choice(src),
                     rng.choice(dst),
                     rng.randbytes(BODY_SIZE),
@@ -196,9 +208,9 @@ class Prepared:
     stat_rows: list[tuple[bytes, bytes]]  # the statistics rows imq writes (informational row)
 
 
-def prepare(sizes: Sizes) -> tuple[list[Prepared], float]:
+def prepare(sizes: Sizes, *, interleave: bool = False) -> tuple[list[Prepared], float]:
     """The throughput diffs, and the seconds spent constructing their ``QueueDiff``s."""
-    inputs = list(Workload(SEED).diffs(sizes.diffs, sizes.diff_size))
+    inputs = list(Workload(SEED).diffs(sizes.diffs, sizes.diff_size, interleave=interleave))
     gc.collect()
     started = perf_counter()
     diffs = [d.build() for d in inputs]
