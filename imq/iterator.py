@@ -18,9 +18,10 @@ Speed note: ``_runs`` is the per-message hot path and trades some clarity for sp
   collected in one call (``_speedups.fill_run`` when built, else ``_py_fill_run``)
   without touching the heap; the merge compares raw key bytes (no key function);
 - the destination test, key decoding and value-type construction happen in that call,
-  at the message row's offsets from :mod:`imq.storage.codec`; decoded addresses are
-  shared (a bounded cache per iterator in Python; in C, the previous row's, which a
-  row naming the same account reuses: a process-wide cache was slower); C builds the value
+  at the message row's offsets from :mod:`imq.storage.codec`; decoded addresses may be
+  shared (in C, the previous row's, which a row naming the same account reuses: a
+  process-wide cache was slower; in Python, source addresses from a bounded cache per
+  iterator, destinations built afresh: see ``_decode``); C builds the value
   types without ``tp_alloc`` and outside the cyclic GC, Python in one ``map``/``zip``
   pipeline with no bytecode per message;
 - the merge pulls each cursor's bare rows (``Cursor.rows``) and runs the cursor's end
@@ -299,14 +300,16 @@ _RUN = 256  # accepted rows per run, at most (re-measure with benchmarks/bench_f
 _RUN_FIRST = 16  # the first run's limit; each next run's doubles, up to _RUN
 _unpack_key = codec.MESSAGE_KEY_LT_HASH.unpack
 _src_of = operator.itemgetter(slice(_ADDR, _HEADER))
-_dst_of = operator.itemgetter(slice(0, _ADDR))
+_dst_workchain_byte = operator.itemgetter(0)
+_dst_account = operator.itemgetter(slice(1, _ADDR))
+_workchain_of_byte = tuple(range(-128, 128)).__getitem__  # a stored workchain byte is wc + 128
 _body_of = operator.itemgetter(slice(_HEADER, None))
 
 
 class _AddressCache(dict[bytes, Address]):
-    """Decoded addresses by their 33 stored bytes; a miss decodes and keeps one (bounded:
-    the cache empties itself when full). Looked up through ``__getitem__`` from C
-    (``map``), so a hit runs no Python code."""
+    """Decoded source addresses by their 33 stored bytes; a miss decodes and keeps one
+    (bounded: the cache empties itself when full). Looked up through ``__getitem__`` from
+    C (``map``), so a hit runs no Python code."""
 
     __slots__ = ()
 
@@ -325,21 +328,32 @@ def _decode(
 
     One pipeline of ``map``/``zip`` over the run, so that no Python bytecode runs per
     message: the key's (lt, hash) by ``struct``, each value's fields by slicing
-    ``itemgetter``s, addresses from ``cache``, and each value type by ``tuple.__new__``
-    (``zip`` reuses its tuple once ``tuple.__new__`` has copied it).
+    ``itemgetter``s, and each value type by ``tuple.__new__`` (``zip`` reuses its tuple
+    once ``tuple.__new__`` has copied it). Source addresses come from ``cache``: a source
+    shard's few senders stay in the processor's caches. Destination addresses are built
+    afresh, as in C: they spread over the whole workchain, and a lookup in a cache of
+    thousands of them missed the processor's caches and cost more than building one.
     """
     if min(map(len, values)) < _HEADER:
         _corrupt(keys, values)
     if type(cache) is not _AddressCache:  # a plain dict (tests): decode through a wrapper
         cache = _AddressCache(cache)
-    get = cache.__getitem__
+    dst = map(
+        _tnew,
+        repeat(Address),
+        zip(
+            map(_workchain_of_byte, map(_dst_workchain_byte, values)),
+            map(_dst_account, values),
+            strict=True,
+        ),
+    )
     messages = map(
         _tnew,
         repeat(Message),
         zip(
             map(_tnew, repeat(QueueKey), map(_unpack_key, keys)),
-            map(get, map(_src_of, values)),
-            map(get, map(_dst_of, values)),
+            map(cache.__getitem__, map(_src_of, values)),
+            dst,
             map(_body_of, values),
             strict=True,
         ),
