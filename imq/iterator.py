@@ -314,6 +314,10 @@ class _AddressCache(dict[bytes, Address]):
     __slots__ = ()
 
     def __missing__(self, raw: bytes) -> Address:
+        # Only whole addresses are kept, so every slice of a value shorter than its
+        # header comes here: the decode needs no pass of its own over the lengths.
+        if len(raw) != _ADDR:
+            raise ValueError("message row too short")
         if len(self) >= _ADDRESS_CACHE_LIMIT:
             self.clear()
         found: Address = _tnew(Address, (raw[0] - 128, raw[1:]))
@@ -334,8 +338,6 @@ def _decode(
     afresh, as in C: they spread over the whole workchain, and a lookup in a cache of
     thousands of them missed the processor's caches and cost more than building one.
     """
-    if min(map(len, values)) < _HEADER:
-        _corrupt(keys, values)
     if type(cache) is not _AddressCache:  # a plain dict (tests): decode through a wrapper
         cache = _AddressCache(cache)
     dst = map(
@@ -360,7 +362,9 @@ def _decode(
     )
     try:
         return list(map(_tnew, repeat(IteratedMessage), zip(repeat(shard), messages)))
-    except struct.error:  # a key of the wrong length
+    # A key of the wrong length (struct), a value shorter than its header (the source
+    # address's lookup, or the destination's workchain byte of an empty value).
+    except (struct.error, ValueError, IndexError):
         _corrupt(keys, values)
 
 

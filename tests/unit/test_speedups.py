@@ -68,6 +68,8 @@ def test_compiled_equals_pure_python(batch: list[Message], partition: int) -> No
         (b"\x00" * 53, b"\x00" * 66),  # key one byte short
         (b"\x00" * 55, b"\x00" * 66),  # key one byte long
         (b"\x00" * 54, b"\x00" * 65),  # value shorter than its header
+        (b"\x00" * 54, b"\x80" * 20),  # shorter than the destination address
+        (b"\x00" * 54, b""),  # empty value
     ],
 )
 def test_bad_rows_raise_corrupt_data_in_both(key: bytes, value: bytes) -> None:
@@ -76,6 +78,12 @@ def test_bad_rows_raise_corrupt_data_in_both(key: bytes, value: bytes) -> None:
     for decode in (iterator._decode_run, iterator._decode):
         with pytest.raises(CorruptDataError, match="messages"):
             decode([good_key, key], [good_value, value], SHARD, {})
+    # The Python decode finds short values through its address cache (no length pass),
+    # also when the cache already holds every whole address of the run.
+    cache: dict[bytes, Address] = iterator._AddressCache()
+    iterator._decode([good_key], [good_value], SHARD, cache)
+    with pytest.raises(CorruptDataError, match="too short"):
+        iterator._decode([good_key, key], [good_value, value], SHARD, cache)
 
 
 def test_large_lt_and_extreme_workchains() -> None:
