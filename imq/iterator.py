@@ -326,7 +326,11 @@ class _AddressCache(dict[bytes, Address]):
 
 
 def _decode(
-    keys: Sequence[bytes], values: Sequence[bytes], shard: ShardIdent, cache: dict[bytes, Address]
+    keys: Sequence[bytes],
+    values: Sequence[bytes],
+    shard: ShardIdent,
+    cache: dict[bytes, Address],
+    dst_workchain: int | None = None,
 ) -> list[IteratedMessage]:
     """Build the messages of a run (the per-message hot path of the pure-Python decode).
 
@@ -337,18 +341,18 @@ def _decode(
     shard's few senders stay in the processor's caches. Destination addresses are built
     afresh, as in C: they spread over the whole workchain, and a lookup in a cache of
     thousands of them missed the processor's caches and cost more than building one.
+    ``dst_workchain``, when given, is every row's destination workchain (the fill run
+    accepts only rows of one workchain), so no row's workchain byte is read.
     """
     if type(cache) is not _AddressCache:  # a plain dict (tests): decode through a wrapper
         cache = _AddressCache(cache)
-    dst = map(
-        _tnew,
-        repeat(Address),
-        zip(
-            map(_workchain_of_byte, map(_dst_workchain_byte, values)),
-            map(_dst_account, values),
-            strict=True,
-        ),
+    workchains = (
+        map(_workchain_of_byte, map(_dst_workchain_byte, values))
+        if dst_workchain is None
+        else repeat(dst_workchain)
     )
+    # Not strict: ``repeat`` never ends; the accounts give the length.
+    dst = map(_tnew, repeat(Address), zip(workchains, map(_dst_account, values), strict=False))
     messages = map(
         _tnew,
         repeat(Message),
@@ -435,7 +439,11 @@ def _py_fill_run(  # noqa: PLR0917 - the signature of _speedups.fill_run; one ho
     # Keys rise within a source: the last row consumed is the later of the two.
     last = max(last, keys[-1])
     more = pk is None and len(keys) - 1 + skipped == limit - 1
-    batch = _decode(keys, values, shard, _AddressCache() if _cache is None else _cache)
+    # Every row after the head matched ``wc_byte``; so did the head, unless a caller gave
+    # another one (tests): then all destinations are in one workchain.
+    dst_workchain = wc_byte - 128 if head_value and head_value[0] == wc_byte else None
+    cache = _AddressCache() if _cache is None else _cache
+    batch = _decode(keys, values, shard, cache, dst_workchain)
     return batch, last, pk, pv, skipped, more
 
 

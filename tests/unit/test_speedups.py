@@ -146,6 +146,43 @@ def test_fill_run_compiled_equals_pure_python(  # noqa: PLR0917
         assert type(item.message.key) is QueueKey
 
 
+@pytest.mark.parametrize("prefix", [(0, 0), (2, 1)])
+@pytest.mark.parametrize("bound_lt", [None, 8])
+def test_fill_run_of_one_workchain_equals_compiled(
+    prefix: tuple[int, int], bound_lt: int | None
+) -> None:
+    """The merge's case: the head is accepted, so every decoded destination is in the
+    accepted workchain (the Python decode then reads no workchain byte); rows of another
+    workchain or prefix are skipped, and a bound may cut the run."""
+    accounts = [bytes([b]) * 32 for b in (0x00, 0x40, 0x80, 0x7F)]  # prefix 01: 0x40, 0x7F
+    batch = [
+        Message(
+            QueueKey(lt, bytes([lt]) * 32),
+            Address(0, accounts[(lt + 1) % 4]),
+            Address(0 if lt % 3 else -1, accounts[lt % 4]),
+            b"body %d" % lt,
+        )
+        for lt in range(1, 15)
+    ]
+    prefix_len, want = prefix
+    rows = _rows(batch, 0)
+    first = next(  # the merge's head: the first accepted row
+        i
+        for i, m in enumerate(batch)
+        if m.dst.workchain == 0 and (not prefix_len or m.dst.account[0] >> 6 == want)
+    )
+    head_k, head_v = rows[first]
+    bound = None if bound_lt is None else codec.message_key(0, SHARD, QueueKey.min_for_lt(bound_lt))
+    results = []
+    for fill in (iterator._speedups_module.fill_run, iterator._py_fill_run):
+        source = iter(rows[first + 1 :])
+        out = fill(source, head_k, head_v, bound, 64, 128, prefix_len, want, SHARD)
+        results.append((*out, list(source)))
+    assert results[0] == results[1]
+    assert results[1][4] > 0  # some rows were skipped
+    assert (results[1][2] is not None) == (bound_lt is not None)  # the bound cut the run
+
+
 def test_fill_run_reports_the_bad_row() -> None:
     good = codec.message_rows(
         SHARD, [Message(QueueKey(1, b"\x01" * 32), *(Address(0, b"\x02" * 32),) * 2, b"")]
