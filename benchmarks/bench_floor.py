@@ -13,7 +13,7 @@ Both sides open the database with imq's table options (the raw side through
 decodes every field of every message eagerly (key, source, destination, body), as a
 consumer gets them; nothing is decoded lazily. Repeated addresses may be shared
 ``Address`` objects (the compiled path reuses the previous row's, the pure-Python path
-keeps a bounded cache per iterator): equal values, built once.
+keeps its source addresses in a bounded cache per iterator): equal values, built once.
 """
 
 from __future__ import annotations
@@ -284,9 +284,9 @@ def run(args: Any, workdir: Path) -> str:
         "imq yields decoded `IteratedMessage` values; raw yields `(key, value)` byte pairs. "
         "Iterator creation is inside the timing on both sides. imq decodes every field of "
         "every message eagerly (key, source, destination, body), nothing lazily; repeated "
-        "addresses may be shared `Address` objects (C: the previous row's; Python: a "
-        "bounded cache per iterator). Both sides use imq's table options (32 KiB message "
-        "blocks).",
+        "addresses may be shared `Address` objects (C: the previous row's; Python: source "
+        "addresses from a bounded cache per iterator). Both sides use imq's table options "
+        "(32 KiB message blocks).",
     ]
     return "\n".join(out)
 

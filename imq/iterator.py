@@ -24,9 +24,10 @@ Speed note: the merge is the per-message hot path and trades some clarity for sp
   other shard's pending key, collected by ``_py_fill_run`` without touching the heap
   (fast on disjoint blocks, one Python merge step per few rows on interleaved ones);
 - the destination test, key decoding and value-type construction happen in that call,
-  at the message row's offsets from :mod:`imq.storage.codec`; decoded addresses are
-  shared (a bounded cache per iterator in Python; in C, the previous row's, which a
-  row naming the same account reuses: a process-wide cache was slower); C builds the value
+  at the message row's offsets from :mod:`imq.storage.codec`; decoded addresses may be
+  shared (in C, the previous row's, which a row naming the same account reuses: a
+  process-wide cache was slower; in Python, source addresses from a bounded cache per
+  iterator, destinations built afresh: see ``_decode``); C builds the value
   types without ``tp_alloc`` and outside the cyclic GC, Python in one ``map``/``zip``
   pipeline with no bytecode per message;
 - the merge pulls each cursor's bare rows (``Cursor.rows``) and runs the cursor's end
@@ -51,7 +52,7 @@ import struct
 from collections.abc import Callable, Generator, Iterator, Sequence
 from functools import partial
 from heapq import heapify, heappop, heapreplace
-from itertools import chain, islice, repeat
+from itertools import chain, islice, repeat, starmap
 from types import TracebackType
 from typing import Any, NoReturn, cast
 
@@ -382,18 +383,29 @@ _RUN = 256  # accepted rows per run, at most (re-measure with benchmarks/bench_f
 _RUN_FIRST = 16  # the first run's limit; each next run's doubles, up to _RUN
 _unpack_key = codec.MESSAGE_KEY_LT_HASH.unpack
 _src_of = operator.itemgetter(slice(_ADDR, _HEADER))
-_dst_of = operator.itemgetter(slice(0, _ADDR))
+_dst_workchain_byte = operator.itemgetter(0)
+_dst_account = operator.itemgetter(slice(1, _ADDR))
+_workchain_of_byte = tuple(range(-128, 128)).__getitem__  # a stored workchain byte is wc + 128
 _body_of = operator.itemgetter(slice(_HEADER, None))
+# ``_new_each(zip(repeat(cls), fields))`` makes each fields tuple a ``cls``. starmap passes
+# zip's (cls, fields) tuple on as the arguments of ``tuple.__new__``, where
+# ``map(tuple.__new__, repeat(cls), fields)`` builds an argument tuple per call (measured:
+# a few per cent of the pure-Python read).
+_new_each = partial(starmap, _tnew)
 
 
 class _AddressCache(dict[bytes, Address]):
-    """Decoded addresses by their 33 stored bytes; a miss decodes and keeps one (bounded:
-    the cache empties itself when full). Looked up through ``__getitem__`` from C
-    (``map``), so a hit runs no Python code."""
+    """Decoded source addresses by their 33 stored bytes; a miss decodes and keeps one
+    (bounded: the cache empties itself when full). Looked up through ``__getitem__`` from
+    C (``map``), so a hit runs no Python code."""
 
     __slots__ = ()
 
     def __missing__(self, raw: bytes) -> Address:
+        # Only whole addresses are kept, so every slice of a value shorter than its
+        # header comes here: the decode needs no pass of its own over the lengths.
+        if len(raw) != _ADDR:
+            raise ValueError("message row too short")
         if len(self) >= _ADDRESS_CACHE_LIMIT:
             self.clear()
         found: Address = _tnew(Address, (raw[0] - 128, raw[1:]))
@@ -402,34 +414,42 @@ class _AddressCache(dict[bytes, Address]):
 
 
 def _decode(
-    keys: Sequence[bytes], values: Sequence[bytes], shard: ShardIdent, cache: dict[bytes, Address]
+    keys: Sequence[bytes],
+    values: Sequence[bytes],
+    shard: ShardIdent,
+    cache: dict[bytes, Address],
+    dst_workchain: int | None = None,
 ) -> list[IteratedMessage]:
     """Build the messages of a run (the per-message hot path of the pure-Python decode).
 
-    One pipeline of ``map``/``zip`` over the run, so that no Python bytecode runs per
-    message: the key's (lt, hash) by ``struct``, each value's fields by slicing
-    ``itemgetter``s, addresses from ``cache``, and each value type by ``tuple.__new__``
-    (``zip`` reuses its tuple once ``tuple.__new__`` has copied it).
+    One pipeline of ``map``/``zip``/``starmap`` over the run, so that no Python bytecode
+    runs per message: the key's (lt, hash) by ``struct``, each value's fields by slicing
+    ``itemgetter``s, and each value type by ``tuple.__new__`` (``zip`` reuses its tuple
+    once ``tuple.__new__`` has copied it). Source addresses come from ``cache``: a source
+    shard's few senders stay in the processor's caches. Destination addresses are built
+    afresh, as in C: they spread over the whole workchain, and a lookup in a cache of
+    thousands of them missed the processor's caches and cost more than building one.
+    ``dst_workchain``, when given, is every row's destination workchain (the fill run
+    accepts only rows of one workchain), so no row's workchain byte is read.
     """
-    if min(map(len, values)) < _HEADER:
-        _corrupt(keys, values)
     if type(cache) is not _AddressCache:  # a plain dict (tests): decode through a wrapper
         cache = _AddressCache(cache)
-    get = cache.__getitem__
-    messages = map(
-        _tnew,
-        repeat(Message),
-        zip(
-            map(_tnew, repeat(QueueKey), map(_unpack_key, keys)),
-            map(get, map(_src_of, values)),
-            map(get, map(_dst_of, values)),
-            map(_body_of, values),
-            strict=True,
-        ),
+    workchains = (
+        map(_workchain_of_byte, map(_dst_workchain_byte, values))
+        if dst_workchain is None
+        else repeat(dst_workchain)
     )
+    # Not strict where ``repeat`` never ends.
+    dst = _new_each(zip(repeat(Address), zip(workchains, map(_dst_account, values), strict=False)))
+    qks = _new_each(zip(repeat(QueueKey), map(_unpack_key, keys)))
+    src = map(cache.__getitem__, map(_src_of, values))
+    fields = zip(qks, src, dst, map(_body_of, values), strict=True)
+    messages = _new_each(zip(repeat(Message), fields))
     try:
-        return list(map(_tnew, repeat(IteratedMessage), zip(repeat(shard), messages)))
-    except struct.error:  # a key of the wrong length
+        return list(_new_each(zip(repeat(IteratedMessage), zip(repeat(shard), messages))))
+    # A key of the wrong length (struct), a value shorter than its header (the source
+    # address's lookup, or the destination's workchain byte of an empty value).
+    except (struct.error, ValueError, IndexError):
         _corrupt(keys, values)
 
 
@@ -505,7 +525,11 @@ def _py_fill_run(  # noqa: PLR0917 - one hot loop
     # Keys rise within a source: the last row consumed is the later of the two.
     last = max(last, keys[-1])
     more = pk is None and len(keys) - 1 + skipped == limit - 1
-    batch = _decode(keys, values, shard, _AddressCache() if _cache is None else _cache)
+    # Every row after the head matched ``wc_byte``; so did the head, unless a caller gave
+    # another one (tests): then all destinations are in one workchain.
+    dst_workchain = wc_byte - 128 if head_value and head_value[0] == wc_byte else None
+    cache = _AddressCache() if _cache is None else _cache
+    batch = _decode(keys, values, shard, cache, dst_workchain)
     return batch, last, pk, pv, skipped, more
 
 

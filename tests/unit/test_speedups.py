@@ -68,6 +68,8 @@ def test_compiled_equals_pure_python(batch: list[Message], partition: int) -> No
         (b"\x00" * 53, b"\x00" * 66),  # key one byte short
         (b"\x00" * 55, b"\x00" * 66),  # key one byte long
         (b"\x00" * 54, b"\x00" * 65),  # value shorter than its header
+        (b"\x00" * 54, b"\x80" * 20),  # shorter than the destination address
+        (b"\x00" * 54, b""),  # empty value
     ],
 )
 def test_bad_rows_raise_corrupt_data_in_both(key: bytes, value: bytes) -> None:
@@ -76,6 +78,12 @@ def test_bad_rows_raise_corrupt_data_in_both(key: bytes, value: bytes) -> None:
     for decode in (iterator._decode_run, iterator._decode):
         with pytest.raises(CorruptDataError, match="messages"):
             decode([good_key, key], [good_value, value], SHARD, {})
+    # The Python decode finds short values through its address cache (no length pass),
+    # also when the cache already holds every whole address of the run.
+    cache: dict[bytes, Address] = iterator._AddressCache()
+    iterator._decode([good_key], [good_value], SHARD, cache)
+    with pytest.raises(CorruptDataError, match="too short"):
+        iterator._decode([good_key, key], [good_value, value], SHARD, cache)
 
 
 def test_large_lt_and_extreme_workchains() -> None:
@@ -169,6 +177,53 @@ def test_merge_fill_merges_as_the_model(
     assert lastkeys == want_last
     assert skipped == want_skipped
     assert sorted(ended) == list(range(len(sources)))
+
+
+@pytest.mark.parametrize("prefix", [(0, 0), (2, 1)])
+@pytest.mark.parametrize("bound_lt", [None, 8])
+def test_fill_run_of_one_workchain(prefix: tuple[int, int], bound_lt: int | None) -> None:
+    """The merge's case: the head is accepted, so every decoded destination is in the
+    accepted workchain (the Python decode then reads no workchain byte); rows of another
+    workchain or prefix are skipped, and a bound may cut the run."""
+    accounts = [bytes([b]) * 32 for b in (0x00, 0x40, 0x80, 0x7F)]  # prefix 01: 0x40, 0x7F
+    batch = [
+        Message(
+            QueueKey(lt, bytes([lt]) * 32),
+            Address(0, accounts[(lt + 1) % 4]),
+            Address(0 if lt % 3 else -1, accounts[lt % 4]),
+            b"body %d" % lt,
+        )
+        for lt in range(1, 15)
+    ]
+    prefix_len, want = prefix
+    rows = _rows(batch, 0)
+    first = next(  # the merge's head: the first accepted row
+        i
+        for i, m in enumerate(batch)
+        if m.dst.workchain == 0 and (not prefix_len or m.dst.account[0] >> 6 == want)
+    )
+    head_k, head_v = rows[first]
+    bound = None if bound_lt is None else codec.message_key(0, SHARD, QueueKey.min_for_lt(bound_lt))
+    source = iter(rows[first + 1 :])
+    out, last, pk, _pv, skipped, _more = iterator._py_fill_run(
+        source, head_k, head_v, bound, 64, 128, prefix_len, want, SHARD
+    )
+    accepted = [
+        m
+        for m in batch[first:]
+        if m.dst.workchain == 0 and (not prefix_len or m.dst.account[0] >> 6 == want)
+    ]
+    taken = [m for m in accepted if bound_lt is None or m.key.lt < bound_lt]
+    assert out == [IteratedMessage(SHARD, m) for m in taken]
+    assert skipped > 0  # some rows were skipped
+    assert (pk is not None) == (bound_lt is not None)  # the bound cut the run
+    if pk is not None:
+        assert pk == codec.message_key(0, SHARD, accepted[len(taken)].key)
+    else:
+        assert last == rows[-1][0]
+    # The compiled merge takes the same messages from the same rows.
+    (merged,), *_ = _merge_all([rows[first:]], 64, prefix=prefix)
+    assert merged == [IteratedMessage(SHARD, m) for m in accepted]
 
 
 def test_merge_fill_reports_the_bad_row() -> None:
