@@ -13,16 +13,16 @@ Speed note: the merge is the per-message hot path and trades some clarity for sp
   Python merge code runs once per batch, not once per message; the first batch is
   ``_RUN_FIRST`` messages and each next one twice as long, up to ``_RUN``, so the first
   message comes after a few rows' decode and a long scan pays the Python per 256;
-- compiled (``_merged``): one ``_speedups.merge_fill`` call merges every source into a
-  batch, in C: the smallest pending row by its queue key bytes in place (no slicing), and
-  while the same source's next row stays below the runner-up, its rows stream without a
-  new comparison. So sources whose blocks interleave (a live network's shards share an lt
-  range) cost what disjoint ones do; skips are recorded so that ``current_position()``
-  inside a batch is exact;
-- pure Python (``_runs``, also what ``pure_python()`` and ``IMQ_PURE_PYTHON=1`` select): a
-  *run* is up to ``_RUN`` accepted rows of the heap's top shard that stay below every
-  other shard's pending key, collected by ``_py_fill_run`` without touching the heap
-  (fast on disjoint blocks, one Python merge step per few rows on interleaved ones);
+- one ``merge_fill`` call fills a batch from every source: ``imq._speedups.merge_fill``
+  in C when built, else ``_py_merge_fill`` (``pure_python()`` and ``IMQ_PURE_PYTHON=1``
+  select it too), with one contract and identical results. It takes the pending row with
+  the smallest queue key (C: compared in place, no slicing; Python: a heap of sliced keys,
+  stepped by C's ``heapreplace``), then streams the same source's rows while they stay
+  below the runner-up without another comparison (Python: one ``for`` loop comparing
+  whole stored keys). So blocks of one shard cost one merge step per block, and shards
+  whose blocks interleave in lt (a live network's shards, whose lt clocks run side by
+  side) one step per message: in C as cheap as ``heapq.merge`` over raw rows. The skips
+  inside a batch are recorded, so ``current_position()`` there is exact;
 - the destination test, key decoding and value-type construction happen in that call,
   at the message row's offsets from :mod:`imq.storage.codec`; decoded addresses may be
   shared (in C, the previous row's, which a row naming the same account reuses: a
@@ -106,9 +106,9 @@ class QueueIterator(chain[IteratedMessage]):
     _sources: list[Iterator[Any]]
     _finish: list[Callable[[bytes | None], None]]
     _closed_by_queue: bool
-    # The batch the consumer is inside: (source index, or -1 for a batch of the k-way
-    # merge; the batch; its list iterator; the merge's skip records, see current_position)
-    _run: tuple[int, list[IteratedMessage], Iterator[IteratedMessage], list[Any] | None] | None
+    # The batch the consumer is inside: (the batch, its list iterator, the merge's skip
+    # records; see current_position)
+    _run: tuple[list[IteratedMessage], Iterator[IteratedMessage], list[Any]] | None
     _producer: Generator[Iterator[IteratedMessage], None, None]
 
     def __new__(
@@ -119,7 +119,10 @@ class QueueIterator(chain[IteratedMessage]):
         on_done: Callable[[int, int], None] | None = None,
     ) -> QueueIterator:
         cell: list[QueueIterator] = []
-        producer = _runs(cell) if _merge_fill is None else _merged(cell, _merge_fill)
+        merge_fill = _merge_fill
+        if merge_fill is None:  # the pure-Python merge caches source addresses per iterator
+            merge_fill = partial(_py_merge_fill, _cache=_AddressCache())
+        producer = _merged(cell, merge_fill)
         self = cast(QueueIterator, cls.from_iterable(producer))
         cell.append(self)
         self._snap = snap
@@ -150,22 +153,18 @@ class QueueIterator(chain[IteratedMessage]):
     def current_position(self) -> dict[ShardIdent, QueueKey]:
         """Last key consumed per source shard, skipped messages included."""
         positions: list[bytes | QueueKey | None] = list(self._positions)
-        if self._run is not None:  # inside a decoded run: count what the consumer took
-            idx, batch, run, records = self._run
+        if self._run is not None:  # inside a batch: replay what the consumer took of it
+            batch, run, records = self._run
             taken = len(batch) - operator.length_hint(run)
-            if records is None:  # one source's run
-                if taken > 0:
-                    positions[idx] = batch[taken - 1][1][0]
-            else:  # a merged batch: replay its first `taken` messages and their skips
-                index = {shard: i for i, shard in enumerate(self._shards)}
-                pending = iter(records)
-                record = next(pending, None)
-                for j in range(taken):
-                    while record is not None and record[0] <= j:
-                        positions[record[1]] = record[2]
-                        record = next(pending, None)
-                    message = batch[j]
-                    positions[index[message[0]]] = message[1][0]
+            index = {shard: i for i, shard in enumerate(self._shards)}
+            pending = iter(records)  # (j, source, key): a skip just before message j
+            record = next(pending, None)
+            for j in range(taken):
+                while record is not None and record[0] <= j:
+                    positions[record[1]] = record[2]
+                    record = next(pending, None)
+                message = batch[j]
+                positions[index[message[0]]] = message[1][0]
         return {
             shard: raw if isinstance(raw, QueueKey) else codec.decode_key(raw[_QK:])
             for shard, raw in zip(self._shards, positions, strict=True)
@@ -191,10 +190,10 @@ class QueueIterator(chain[IteratedMessage]):
         self._release(_Closed())
 
     def _stop_run(self) -> None:
-        # The chain holds the current run's list iterator: emptying the list ends it now.
+        # The chain holds the current batch's list iterator: emptying the list ends it now.
         run = self._run
         if run is not None:
-            run[1].clear()
+            run[0].clear()
 
     def _release(self, replacement: Iterator[Any]) -> None:
         # The merge reads ``self._sources[idx]`` afresh for every run, so swapping the
@@ -225,103 +224,14 @@ class _ClosedQueueIterator(QueueIterator):
 # -- the merge --------------------------------------------------------------------------------
 
 
-def _runs(  # noqa: PLR0915 - one hot loop
-    cell: list[QueueIterator],
-) -> Generator[Iterator[IteratedMessage], None, None]:
-    """The pure-Python merge: yields list iterators of decoded runs, which the chain hands
-    out.
-
-    A run is one shard's accepted rows below every other shard's pending key (the common
-    case when blocks cover disjoint lt ranges): while it lasts no heap is touched. The
-    bound is compared with whole stored keys (the other shard's queue key under this
-    shard's key prefix), so no key is sliced per row.
-    """
-    self = cell.pop()
-    # The pure-Python decode caches addresses per iterator.
-    fill_run: Callable[..., Any] = partial(_py_fill_run, _cache=_AddressCache())
-    for_shard = self._for_shard
-    wc_byte = codec.workchain_byte(for_shard.workchain)
-    if wc_byte is None:  # no std address lives in this workchain: skip everything
-        wc_byte = -1
-    prefix_len = for_shard.prefix_len
-    shift = 64 - prefix_len
-    want = for_shard.prefix >> shift if prefix_len else 0
-    from_bytes = int.from_bytes
-    positions = self._positions
-    shards = self._shards
-    sources = self._sources
-    finish = self._finish
-    yielded = skipped = 0
-    limit = min(_RUN_FIRST, _RUN)  # runs grow: the first message comes soon, later runs long
-    heap: list[tuple[bytes, int, bytes, bytes]] = []
-    prefixes: list[bytes] = []
-    k = b""
-
-    def first_accepted(idx: int) -> tuple[bytes, bytes] | None:
-        nonlocal skipped, k
-        for k, v in sources[idx]:
-            if len(v) < _HEADER:  # corrupt, whether for this shard or not
-                raise CorruptDataError("messages", k, _short_what(v))
-            if v[0] == wc_byte and (not prefix_len or from_bytes(v[1:9], "big") >> shift == want):
-                return k, v
-            positions[idx] = k
-            skipped += 1
-        finish[idx](positions[idx])  # the rows ran out: raises unless at the range's end
-        return None
-
-    try:
-        for idx in range(len(sources)):
-            found = first_accepted(idx)
-            prefixes.append(b"" if found is None else found[0][:_QK])
-            if found is not None:
-                heap.append((found[0][_QK:], idx, found[0], found[1]))
-        heapify(heap)
-        while heap:
-            _qk, idx, k, v = heap[0]
-            n = len(heap)
-            other = None if n == 1 else heap[1][0] if n == 2 else min(heap[1][0], heap[2][0])
-            bound = None if other is None else prefixes[idx] + other
-            try:
-                batch, last, pk, pv, n_skipped, more = fill_run(
-                    sources[idx], k, v, bound, limit, wc_byte, prefix_len, want, shards[idx]
-                )
-            except (ValueError, TypeError) as exc:
-                bad = exc.args[1] if len(exc.args) > 1 else k
-                raise CorruptDataError("messages", bad, str(exc.args[0])) from None
-            skipped += n_skipped
-            limit = min(2 * limit, _RUN)
-            if pk is None and not more:  # the rows ran out: raises unless at the range's end
-                finish[idx](last)
-            run = iter(batch)
-            self._run = (idx, batch, run, None)
-            yield run
-            # The consumer asked for the next message: the run is consumed, and its
-            # trailing skips count as consumed now (as the original records them).
-            self._run = None
-            yielded += len(batch)
-            positions[idx] = last
-            if pk is None and more:
-                found = first_accepted(idx)
-                if found is not None:
-                    pk, pv = found
-            if pk is None:
-                heappop(heap)
-            else:
-                heapreplace(heap, (pk[_QK:], idx, pk, pv))
-    finally:
-        self._run = None
-        if self._on_done is not None:
-            on_done, self._on_done = self._on_done, None
-            on_done(yielded, skipped)
-
-
 def _merged(
     cell: list[QueueIterator], merge_fill: Callable[..., Any]
 ) -> Generator[Iterator[IteratedMessage], None, None]:
-    """The compiled merge: yields list iterators of merged batches, which the chain hands
-    out. ``_speedups.merge_fill`` does the k-way merge of every source in C, one batch per
-    call, so interleaved sources (blocks of different shards over the same lt range, the
-    usual case on a live network) cost no Python per message, as disjoint ones do not."""
+    """The merge: yields list iterators of merged batches, which the chain hands out.
+
+    ``merge_fill`` (C, or its Python twin) fills each batch from every source; this
+    generator keeps the state between batches, runs each source's end check when its rows
+    run out, and applies a batch's positions once the consumer has taken all of it."""
     self = cell.pop()
     for_shard = self._for_shard
     wc_byte = codec.workchain_byte(for_shard.workchain)
@@ -365,7 +275,7 @@ def _merged(
                 return
             limit = min(2 * limit, _RUN)
             run = iter(batch)
-            self._run = (-1, batch, run, records)
+            self._run = (batch, run, records)
             yield run
             # The consumer asked for the next message: the batch is consumed.
             self._run = None
@@ -419,6 +329,8 @@ def _decode(
     shard: ShardIdent,
     cache: dict[bytes, Address],
     dst_workchain: int | None = None,
+    *,
+    row_shards: Sequence[ShardIdent] | None = None,
 ) -> list[IteratedMessage]:
     """Build the messages of a run (the per-message hot path of the pure-Python decode).
 
@@ -431,6 +343,8 @@ def _decode(
     thousands of them missed the processor's caches and cost more than building one.
     ``dst_workchain``, when given, is every row's destination workchain (the fill run
     accepts only rows of one workchain), so no row's workchain byte is read.
+    ``row_shards``, when given, is each row's source shard (a merged batch), else every
+    row's is ``shard``.
     """
     if type(cache) is not _AddressCache:  # a plain dict (tests): decode through a wrapper
         cache = _AddressCache(cache)
@@ -446,91 +360,128 @@ def _decode(
     fields = zip(qks, src, dst, map(_body_of, values), strict=True)
     messages = _new_each(zip(repeat(Message), fields))
     try:
-        return list(_new_each(zip(repeat(IteratedMessage), zip(repeat(shard), messages))))
+        owners = repeat(shard) if row_shards is None else row_shards
+        # Not strict where ``repeat`` never ends (the messages' own zip is).
+        return list(_new_each(zip(repeat(IteratedMessage), zip(owners, messages, strict=False))))
     # A key of the wrong length (struct), a value shorter than its header (the source
     # address's lookup, or the destination's workchain byte of an empty value).
     except (struct.error, ValueError, IndexError):
         _corrupt(keys, values)
 
 
-def _py_fill_run(  # noqa: PLR0917 - one hot loop
-    source: Iterator[tuple[bytes, bytes]],
-    head_key: bytes,
-    head_value: bytes,
-    bound: bytes | None,
+def _py_merge_fill(  # noqa: PLR0915, PLR0917 - one hot loop
+    sources: list[Iterator[tuple[bytes, bytes]]],
+    heads: list[tuple[bytes, bytes] | None],
+    lastkeys: list[bytes | None],
+    need: list[int],
     limit: int,
     wc_byte: int,
     prefix_len: int,
     want: int,
-    shard: ShardIdent,
+    shards: list[ShardIdent],
+    positions: list[Any],
     _cache: dict[bytes, Address] | None = None,
-) -> tuple[list[IteratedMessage], bytes, bytes | None, bytes | None, int, bool]:
-    """One run of the pure-Python merge: decode the head row, then pull rows from
-    ``source`` while they stay below ``bound`` (a whole message key in this source's key
-    space, or None). A row is accepted when its destination workchain byte is ``wc_byte``
-    and (``prefix_len`` 0, or the top ``prefix_len`` bits of its destination account equal
-    ``want``); others are skipped (counted). Returns ``(batch, last_key, pending_key,
-    pending_value, skipped, more)``: the first accepted row at or past the bound is
-    pending; ``last_key`` is the key of the last row consumed.
+) -> tuple[list[IteratedMessage], list[Any], list[Any], list[int], list[int], int]:
+    """The pure-Python ``imq._speedups.merge_fill``: same arguments, same results (see
+    ``merge_fill`` in ``imq/_speedups.c`` for the contract).
 
-    Reads at most ``limit - 1`` rows after the head (``islice``, so the loop does no count
-    of its own), so a run never holds more than ``limit`` messages; when they run out
-    without reaching the bound, ``more`` says the source may hold more. An accepted row's
-    length is checked by the decode, a skipped row's here (a value shorter than its header
-    is corrupt either way, as in C).
+    The pending rows sit in a heap of ``(queue key, source, key, value)``; the top
+    source's rows stream in one ``for`` loop while they stay below the runner-up (compared
+    as whole stored keys, the runner-up's queue key under the top source's key prefix, so
+    no key is sliced per row), as long blocks of one shard do; interleaved shards pay one
+    heap step per message, all in C (``heapreplace``).
     """
-    keys = [head_key]
-    values = [head_value]
-    append_k = keys.append
-    append_v = values.append
-    if bound is None:
-        bound = _NO_BOUND
-    last = head_key
+    shift = 64 - prefix_len
+    from_bytes = int.from_bytes
+    final = list(positions)
+    records: list[tuple[int, int, bytes]] = []
+    ended: list[int] = []
     skipped = 0
-    pk = pv = None
-    k = head_key
+    k = v = b""
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    append_k, append_v = keys.append, values.append
+    owners: list[tuple[ShardIdent, int]] = []  # (source shard, rows) per streak
+    need_out: list[int] = []
     try:
-        if prefix_len == 0:
-            for k, v in islice(source, limit - 1):
-                if v[0] == wc_byte:
-                    if k >= bound:
-                        pk, pv = k, v
+        for idx in need:  # the refills before the first message: recorded in positions
+            if heads[idx] is not None:
+                continue
+            last_skip = None
+            for k, v in sources[idx]:
+                if v[0] == wc_byte and (
+                    not prefix_len or from_bytes(v[1:9], "big") >> shift == want
+                ):
+                    heads[idx] = (k, v)
+                    break
+                if len(v) < _HEADER:  # corrupt, whether for this shard or not
+                    _short_row((k,), (v,))
+                last_skip = k
+                skipped += 1
+            else:
+                ended.append(idx)
+            if last_skip is not None:
+                lastkeys[idx] = final[idx] = positions[idx] = last_skip
+        heap = [(h[0][_QK:], i, h[0], h[1]) for i, h in enumerate(heads) if h is not None]
+        heapify(heap)
+        while heap:
+            _qk, idx, k, v = heap[0]
+            heads[idx] = None
+            n = len(heap)
+            # The runner-up, as a whole key of this source: rows below it stream on.
+            runner = None if n == 1 else heap[1] if n == 2 else min(heap[1], heap[2])
+            bound = _NO_BOUND if runner is None else k[:_QK] + runner[0]
+            beats_tie = runner is not None and idx < runner[1]
+            start = len(keys)
+            append_k(k)
+            append_v(v)
+            last_skip = None
+            # The streak: this source's rows while they stay below the runner-up, at most
+            # as many as the batch has room for (so no row count per row).
+            quota = limit - start - 1
+            stopped = True  # by the quota: the source is neither pending nor ended
+            if quota:
+                skipped_before = skipped
+                for k, v in islice(sources[idx], quota):
+                    if v[0] != wc_byte or (
+                        prefix_len and from_bytes(v[1:9], "big") >> shift != want
+                    ):
+                        if len(v) < _HEADER:  # corrupt, whether for this shard or not
+                            _short_row((k,), (v,))
+                        last_skip = k
+                        skipped += 1
+                    elif k < bound or (k == bound and beats_tie):
+                        append_k(k)  # the streak goes on: skips before it are overwritten
+                        append_v(v)
+                        last_skip = None
+                    else:
+                        heapreplace(heap, (k[_QK:], idx, k, v))
+                        heads[idx] = (k, v)
+                        stopped = False
                         break
-                    append_k(k)
-                    append_v(v)
                 else:
-                    if len(v) < _HEADER:
-                        _short_row((k,), (v,))
-                    skipped += 1
-                    last = k
-        else:
-            shift = 64 - prefix_len
-            from_bytes = int.from_bytes
-            for k, v in islice(source, limit - 1):
-                if v[0] == wc_byte and from_bytes(v[1:9], "big") >> shift == want:
-                    if k >= bound:
-                        pk, pv = k, v
-                        break
-                    append_k(k)
-                    append_v(v)
-                else:
-                    if len(v) < _HEADER:
-                        _short_row((k,), (v,))
-                    skipped += 1
-                    last = k
-    except IndexError:  # v[0] of an empty value (a 3.11 try is free)
+                    if len(keys) - start - 1 + skipped - skipped_before < quota:
+                        heappop(heap)
+                        ended.append(idx)
+                        stopped = False
+            owners.append((shards[idx], len(keys) - start))
+            last = keys[-1] if last_skip is None else last_skip
+            lastkeys[idx] = final[idx] = last
+            if last_skip is not None:
+                records.append((len(keys), idx, last_skip))
+            if stopped:  # the source is refilled first at the next call
+                heappop(heap)
+                need_out = [idx]
+                break
+    except IndexError:  # v[0] of an empty value
         raise ValueError("empty message value", k) from None
-    if pv is not None and len(pv) < _HEADER:  # the pending row: not decoded here
-        _short_row((pk or b"",), (pv,))
-    # Keys rise within a source: the last row consumed is the later of the two.
-    last = max(last, keys[-1])
-    more = pk is None and len(keys) - 1 + skipped == limit - 1
-    # Every row after the head matched ``wc_byte``; so did the head, unless a caller gave
-    # another one (tests): then all destinations are in one workchain.
-    dst_workchain = wc_byte - 128 if head_value and head_value[0] == wc_byte else None
+    if not keys:
+        return [], final, records, ended, need_out, skipped
     cache = _AddressCache() if _cache is None else _cache
-    batch = _decode(keys, values, shard, cache, dst_workchain)
-    return batch, last, pk, pv, skipped, more
+    row_shards = list(chain.from_iterable(starmap(repeat, owners)))
+    # Every accepted row names a destination in the workchain of `wc_byte`.
+    batch = _decode(keys, values, row_shards[0], cache, wc_byte - 128, row_shards=row_shards)
+    return batch, final, records, ended, need_out, skipped
 
 
 def _short_row(keys: Sequence[bytes], values: Sequence[bytes]) -> NoReturn:

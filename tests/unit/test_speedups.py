@@ -6,6 +6,8 @@ import contextlib
 import gc
 import shutil
 import struct
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -100,15 +102,25 @@ def _rows(batch: list[Message], partition: int) -> list[tuple[bytes, bytes]]:
     return codec.message_rows(SHARD, sorted(batch), lambda _s, _d: partition)
 
 
+def _c_merge_fill(*args: object) -> Any:
+    return iterator._speedups_module.merge_fill(*args)
+
+
+# The two implementations of one contract: C, and the pure-Python twin.
+FILLS = [pytest.param(_c_merge_fill, id="C"), pytest.param(iterator._py_merge_fill, id="Python")]
+
+
 def _merge_all(
     sources: list[list[tuple[bytes, bytes]]],
     limit: int,
     wc_byte: int = 128,
     prefix: tuple[int, int] = (0, 0),
+    *,
     shards: list[ShardIdent] | None = None,
+    fill: Callable[..., Any] = _c_merge_fill,
 ) -> tuple[list[list[IteratedMessage]], list[object], list[bytes | None], list[int], int]:
-    """Drive ``merge_fill`` as the iterator does, to the end: (batches, final positions,
-    last keys, ended sources in order, rows skipped)."""
+    """Drive ``merge_fill`` (or ``fill``) as the iterator does, to the end: (batches,
+    final positions, last keys, ended sources in order, rows skipped)."""
     n = len(sources)
     its = [iter(rows) for rows in sources]
     heads: list[object] = [None] * n
@@ -117,7 +129,7 @@ def _merge_all(
     need = list(range(n))
     batches, ended_all, skipped = [], [], 0
     while True:
-        batch, final, _records, ended, need, n_skipped = iterator._speedups_module.merge_fill(
+        batch, final, _records, ended, need, n_skipped = fill(
             its, heads, lastkeys, need, limit, wc_byte, *prefix, shards or [SHARD] * n, positions
         )
         skipped += n_skipped
@@ -161,30 +173,40 @@ def _model_merge(
 def test_merge_fill_merges_as_the_model(
     per_source: list[list[Message]], limit: int, prefix: tuple[int, int], wc_byte: int
 ) -> None:
-    """Random sources (lts overlap freely): merge_fill yields the accepted rows of all of
-    them in queue-key order, in batches of at most ``limit``, skips and ends each source
-    once, and leaves every source's last key read for its end check."""
+    """Random sources (lts overlap freely): both merge_fills yield the accepted rows of
+    all of them in queue-key order, in batches of at most ``limit``, skip and end each
+    source once, leave every source's last key read for its end check, and agree on the
+    decoded messages and the final positions."""
     keys_seen = set()
     sources = []
     for batch in per_source:  # one queue key lives in one source only
         fresh = [m for m in batch if m.key not in keys_seen]
         keys_seen.update(m.key for m in fresh)
         sources.append(_rows(fresh, 0))
-    batches, _final, lastkeys, ended, skipped = _merge_all(sources, limit, wc_byte, prefix)
-    got = [codec.message_key(0, SHARD, im.message.key) for b in batches for im in b]
     want_keys, want_last, want_skipped = _model_merge(sources, wc_byte, prefix)
-    assert got == want_keys
-    assert lastkeys == want_last
-    assert skipped == want_skipped
-    assert sorted(ended) == list(range(len(sources)))
+    outs = []
+    for fill in (_c_merge_fill, iterator._py_merge_fill):
+        batches, final, lastkeys, ended, skipped = _merge_all(
+            sources, limit, wc_byte, prefix, fill=fill
+        )
+        got = [codec.message_key(0, SHARD, im.message.key) for b in batches for im in b]
+        assert got == want_keys
+        assert lastkeys == want_last
+        assert skipped == want_skipped
+        assert sorted(ended) == list(range(len(sources)))
+        outs.append(([im for b in batches for im in b], final))
+    assert outs[0] == outs[1]
 
 
+@pytest.mark.parametrize("fill", FILLS)
 @pytest.mark.parametrize("prefix", [(0, 0), (2, 1)])
-@pytest.mark.parametrize("bound_lt", [None, 8])
-def test_fill_run_of_one_workchain(prefix: tuple[int, int], bound_lt: int | None) -> None:
-    """The merge's case: the head is accepted, so every decoded destination is in the
-    accepted workchain (the Python decode then reads no workchain byte); rows of another
-    workchain or prefix are skipped, and a bound may cut the run."""
+@pytest.mark.parametrize("cut", [False, True])
+def test_merge_fill_of_one_workchain(
+    fill: Callable[..., Any], prefix: tuple[int, int], cut: bool
+) -> None:
+    """Every decoded destination is in the accepted workchain (the Python decode then
+    reads no workchain byte); rows of another workchain or prefix are skipped; a second
+    source's row (``cut``) interrupts the first source's streak."""
     accounts = [bytes([b]) * 32 for b in (0x00, 0x40, 0x80, 0x7F)]  # prefix 01: 0x40, 0x7F
     batch = [
         Message(
@@ -196,48 +218,49 @@ def test_fill_run_of_one_workchain(prefix: tuple[int, int], bound_lt: int | None
         for lt in range(1, 15)
     ]
     prefix_len, want = prefix
-    rows = _rows(batch, 0)
-    first = next(  # the merge's head: the first accepted row
-        i
-        for i, m in enumerate(batch)
-        if m.dst.workchain == 0 and (not prefix_len or m.dst.account[0] >> 6 == want)
-    )
-    head_k, head_v = rows[first]
-    bound = None if bound_lt is None else codec.message_key(0, SHARD, QueueKey.min_for_lt(bound_lt))
-    source = iter(rows[first + 1 :])
-    out, last, pk, _pv, skipped, _more = iterator._py_fill_run(
-        source, head_k, head_v, bound, 64, 128, prefix_len, want, SHARD
+    other = ShardIdent(0, 0xC000_0000_0000_0000)
+    interrupt = Message(QueueKey(8, b"\xee" * 32), *(Address(0, accounts[1]),) * 2, b"cut")
+    sources = [_rows(batch, 0)]
+    if cut:
+        sources.append(codec.message_rows(other, [interrupt], lambda _s, _d: 0))
+    batches, _final, lastkeys, _ended, skipped = _merge_all(
+        sources, 64, prefix=prefix, shards=[SHARD, other][: len(sources)], fill=fill
     )
     accepted = [
-        m
-        for m in batch[first:]
+        IteratedMessage(SHARD, m)
+        for m in batch
         if m.dst.workchain == 0 and (not prefix_len or m.dst.account[0] >> 6 == want)
     ]
-    taken = [m for m in accepted if bound_lt is None or m.key.lt < bound_lt]
-    assert out == [IteratedMessage(SHARD, m) for m in taken]
+    if cut:
+        accepted.append(IteratedMessage(other, interrupt))
+        accepted.sort(key=lambda im: im.message.key)
+    assert [im for b in batches for im in b] == accepted
     assert skipped > 0  # some rows were skipped
-    assert (pk is not None) == (bound_lt is not None)  # the bound cut the run
-    if pk is not None:
-        assert pk == codec.message_key(0, SHARD, accepted[len(taken)].key)
-    else:
-        assert last == rows[-1][0]
-    # The compiled merge takes the same messages from the same rows.
-    (merged,), *_ = _merge_all([rows[first:]], 64, prefix=prefix)
-    assert merged == [IteratedMessage(SHARD, m) for m in accepted]
+    assert lastkeys[0] == sources[0][-1][0]
 
 
-def test_merge_fill_reports_the_bad_row() -> None:
+def _bad_key(run: Callable[[], object]) -> bytes:
+    """The key a merge_fill names for a bad row: ValueError(what, key) from either fill,
+    or CorruptDataError from the Python decode (the iterator turns both into the same
+    CorruptDataError)."""
+    with pytest.raises((ValueError, CorruptDataError)) as info:
+        run()
+    error = info.value
+    return error.key if isinstance(error, CorruptDataError) else error.args[1]
+
+
+@pytest.mark.parametrize("fill", FILLS)
+def test_merge_fill_reports_the_bad_row(fill: Callable[..., Any]) -> None:
     good = codec.message_rows(
         SHARD, [Message(QueueKey(1, b"\x01" * 32), *(Address(0, b"\x02" * 32),) * 2, b"")]
     )[0]
     bad_key = codec.message_key(0, SHARD, QueueKey(2, b"\x03" * 32))
-    with pytest.raises(ValueError) as info:
-        _merge_all([[good, (bad_key, b"")]], 10)
-    assert info.value.args == ("empty message value", bad_key)
-    short_key = bad_key[:-1]  # accepted, and compared in place: its length is checked
-    with pytest.raises(ValueError) as info:
-        _merge_all([[good], [(short_key, good[1])]], 10)
-    assert info.value.args == ("undecodable message row", short_key)
+    assert _bad_key(lambda: _merge_all([[good, (bad_key, b"")]], 10, fill=fill)) == bad_key
+    short_key = bad_key[:-1]  # an accepted row's key one byte short
+    assert _bad_key(lambda: _merge_all([[good], [(short_key, good[1])]], 10, fill=fill)) in (
+        short_key,
+        good[0],  # the Python decode names the batch's first row when it cannot tell
+    )
 
 
 @given(
@@ -306,8 +329,8 @@ def test_merge_fill_with_repeated_addresses(picks: list[tuple[int, int, bytes]])
     ]
     rows = _rows(batch, 0)
     (merged,), *_ = _merge_all([rows], 100)
-    py = iterator._py_fill_run(iter(rows[1:]), *rows[0], None, 100, 128, 0, 0, SHARD)
-    assert merged == py[0] == [IteratedMessage(SHARD, m) for m in batch]
+    (py,), *_ = _merge_all([rows], 100, fill=iterator._py_merge_fill)
+    assert merged == py == [IteratedMessage(SHARD, m) for m in batch]
 
 
 def test_decoded_addresses_are_shared_and_values_untracked() -> None:
@@ -341,17 +364,8 @@ def test_a_short_value_is_corrupt_in_both_fills(length: int, for_this_shard: boo
     bad_key = codec.message_key(0, SHARD, QueueKey(2, b"\x03" * 32))
     bad_value = (b"\x80" if for_this_shard else b"\x7f") + b"\x00" * 80
     bad = (bad_key, bad_value[:length])
-
-    def python() -> object:
-        return iterator._py_fill_run(iter([bad]), *good, None, 10, 128, 0, 0, SHARD)
-
-    for fill in (lambda: _merge_all([[good, bad]], 10), python):
-        # ValueError(what, key) from the fill, or CorruptDataError from the Python decode:
-        # the merge turns either into CorruptDataError naming the row.
-        with pytest.raises((ValueError, CorruptDataError)) as info:
-            fill()
-        error = info.value
-        assert (error.key if isinstance(error, CorruptDataError) else error.args[1]) == bad_key
+    for fill in (_c_merge_fill, iterator._py_merge_fill):
+        assert _bad_key(lambda fill=fill: _merge_all([[good, bad]], 10, fill=fill)) == bad_key
 
 
 # -- the whole iterator: compiled and pure-Python paths agree ----------------------------------
