@@ -94,8 +94,8 @@ class QueueIterator(chain[IteratedMessage]):
     """Messages of one partition from several source shards, merged by key.
 
     A Python iterator of :class:`IteratedMessage` (``iter(it) is it``); also a context
-    manager. It is an ``itertools.chain`` of decoded runs, so ``next()`` runs in C: the
-    Python merge code runs once per run, not once per message.
+    manager. It is an ``itertools.chain`` of decoded batches, so ``next()`` runs in C: the
+    Python merge code runs once per batch, not once per message.
     """
 
     _snap: Snapshot
@@ -174,7 +174,7 @@ class QueueIterator(chain[IteratedMessage]):
     def close(self) -> None:
         """Release the cursors; the iterator is then exhausted."""
         self._stop_run()
-        # ValueError: another thread is producing a run right now; dropping the sources
+        # ValueError: another thread is producing a batch right now; dropping the sources
         # below still ends it at its next pull.
         with contextlib.suppress(ValueError):
             self._producer.close()
@@ -196,7 +196,7 @@ class QueueIterator(chain[IteratedMessage]):
             run[0].clear()
 
     def _release(self, replacement: Iterator[Any]) -> None:
-        # The merge reads ``self._sources[idx]`` afresh for every run, so swapping the
+        # The merge reads ``self._sources[idx]`` afresh for every batch, so swapping the
         # entries drops the RocksDB iterators and decides what its next pull does.
         for idx in range(len(self._sources)):
             self._sources[idx] = replacement
@@ -289,8 +289,8 @@ def _merged(
 
 
 _NO_BOUND = b"\xff" * (_KEY_LEN + 1)  # above every message key
-_RUN = 256  # accepted rows per run, at most (re-measure with benchmarks/bench_floor.py)
-_RUN_FIRST = 16  # the first run's limit; each next run's doubles, up to _RUN
+_RUN = 256  # messages per batch, at most (re-measure with benchmarks/bench_floor.py)
+_RUN_FIRST = 16  # the first batch's limit; each next batch's doubles, up to _RUN
 _unpack_key = codec.MESSAGE_KEY_LT_HASH.unpack
 _src_of = operator.itemgetter(slice(_ADDR, _HEADER))
 _dst_workchain_byte = operator.itemgetter(0)
@@ -332,16 +332,16 @@ def _decode(
     *,
     row_shards: Sequence[ShardIdent] | None = None,
 ) -> list[IteratedMessage]:
-    """Build the messages of a run (the per-message hot path of the pure-Python decode).
+    """Build the messages of a batch (the per-message hot path of the pure-Python decode).
 
-    One pipeline of ``map``/``zip``/``starmap`` over the run, so that no Python bytecode
+    One pipeline of ``map``/``zip``/``starmap`` over the batch, so that no Python bytecode
     runs per message: the key's (lt, hash) by ``struct``, each value's fields by slicing
     ``itemgetter``s, and each value type by ``tuple.__new__`` (``zip`` reuses its tuple
     once ``tuple.__new__`` has copied it). Source addresses come from ``cache``: a source
     shard's few senders stay in the processor's caches. Destination addresses are built
     afresh, as in C: they spread over the whole workchain, and a lookup in a cache of
     thousands of them missed the processor's caches and cost more than building one.
-    ``dst_workchain``, when given, is every row's destination workchain (the fill run
+    ``dst_workchain``, when given, is every row's destination workchain (the merge
     accepts only rows of one workchain), so no row's workchain byte is read.
     ``row_shards``, when given, is each row's source shard (a merged batch), else every
     row's is ``shard``.
@@ -382,8 +382,11 @@ def _py_merge_fill(  # noqa: PLR0915, PLR0917 - one hot loop
     positions: list[Any],
     _cache: dict[bytes, Address] | None = None,
 ) -> tuple[list[IteratedMessage], list[Any], list[Any], list[int], list[int], int]:
-    """The pure-Python ``imq._speedups.merge_fill``: same arguments, same results (see
-    ``merge_fill`` in ``imq/_speedups.c`` for the contract).
+    """The pure-Python ``imq._speedups.merge_fill``: same arguments, same contract (see
+    ``merge_fill`` in ``imq/_speedups.c``), the same messages and positions. A batch may
+    end sooner than C's: a streak reads at most as many rows as the batch has room for,
+    and when they run out the source is refilled first at the next call (its skips
+    recorded just past the batch's last message, which ``_merged`` applies then).
 
     The pending rows sit in a heap of ``(queue key, source, key, value)``; the top
     source's rows stream in one ``for`` loop while they stay below the runner-up (compared
@@ -526,7 +529,7 @@ _speedups_module = _compiled()
 def _c_decode(
     keys: list[bytes], values: list[bytes], shard: ShardIdent, _cache: dict[bytes, Address]
 ) -> list[IteratedMessage]:
-    """The C decode of a run; it returns exactly what :func:`_decode` returns."""
+    """The C decode of a batch; it returns exactly what :func:`_decode` returns."""
     try:
         result: list[IteratedMessage] = _speedups_module.decode_run(keys, values, shard)
     except (ValueError, TypeError):
