@@ -367,6 +367,16 @@ append_index(PyObject *ended, Py_ssize_t idx)
  * comparison per message against each other pending row, in place (no key slicing).
  * Errors: ValueError/TypeError with args (what, key) for a malformed row.
  */
+/* After a refill of source `idx`: its new pending row (stolen) goes to heads[idx], or,
+ * with none (`head` NULL: its rows ran out), `idx` is appended to `ended`. */
+static int
+place_head(PyObject *heads, PyObject *ended, Py_ssize_t idx, PyObject *head)
+{
+    if (head != NULL)
+        return PyList_SetItem(heads, idx, head); /* steals */
+    return append_index(ended, idx);
+}
+
 static PyObject *
 merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -434,9 +444,7 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (refill(PyList_GET_ITEM(sources, idx), wc_byte, prefix_len, shift, want, &skipped,
                    &head, &last_skip) < 0)
             goto fail;
-        if (head != NULL)
-            PyList_SetItem(heads, idx, head); /* steals */
-        else if (append_index(ended, idx) < 0) {
+        if (place_head(heads, ended, idx, head) < 0) {
             Py_XDECREF(last_skip);
             goto fail;
         }
@@ -528,9 +536,7 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 need_out = Py_BuildValue("[n]", best);
                 goto done;
             }
-            if (head != NULL)
-                PyList_SetItem(heads, best, head); /* steals */
-            else if (append_index(ended, best) < 0)
+            if (place_head(heads, ended, best, head) < 0)
                 goto fail;
             break;
         }

@@ -49,7 +49,7 @@ import contextlib
 import operator
 import os
 import struct
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from functools import partial
 from heapq import heapify, heappop, heapreplace
 from itertools import chain, islice, repeat, starmap
@@ -326,11 +326,9 @@ class _AddressCache(dict[bytes, Address]):
 def _decode(
     keys: Sequence[bytes],
     values: Sequence[bytes],
-    shard: ShardIdent,
+    owners: Iterable[ShardIdent],
     cache: dict[bytes, Address],
     dst_workchain: int | None = None,
-    *,
-    row_shards: Sequence[ShardIdent] | None = None,
 ) -> list[IteratedMessage]:
     """Build the messages of a batch (the per-message hot path of the pure-Python decode).
 
@@ -343,8 +341,7 @@ def _decode(
     thousands of them missed the processor's caches and cost more than building one.
     ``dst_workchain``, when given, is every row's destination workchain (the merge
     accepts only rows of one workchain), so no row's workchain byte is read.
-    ``row_shards``, when given, is each row's source shard (a merged batch), else every
-    row's is ``shard``.
+    ``owners`` is each row's source shard (``repeat(shard)`` when one shard owns them all).
     """
     if type(cache) is not _AddressCache:  # a plain dict (tests): decode through a wrapper
         cache = _AddressCache(cache)
@@ -360,8 +357,7 @@ def _decode(
     fields = zip(qks, src, dst, map(_body_of, values), strict=True)
     messages = _new_each(zip(repeat(Message), fields))
     try:
-        owners = repeat(shard) if row_shards is None else row_shards
-        # Not strict where ``repeat`` never ends (the messages' own zip is).
+        # Not strict: ``owners`` may be a ``repeat`` (the messages' own zip is strict).
         return list(_new_each(zip(repeat(IteratedMessage), zip(owners, messages, strict=False))))
     # A key of the wrong length (struct), a value shorter than its header (the source
     # address's lookup, or the destination's workchain byte of an empty value).
@@ -483,7 +479,7 @@ def _py_merge_fill(  # noqa: PLR0915, PLR0917 - one hot loop
     cache = _AddressCache() if _cache is None else _cache
     row_shards = list(chain.from_iterable(starmap(repeat, owners)))
     # Every accepted row names a destination in the workchain of `wc_byte`.
-    batch = _decode(keys, values, row_shards[0], cache, wc_byte - 128, row_shards=row_shards)
+    batch = _decode(keys, values, row_shards, cache, wc_byte - 128)
     return batch, final, records, ended, need_out, skipped
 
 
@@ -508,9 +504,6 @@ def _corrupt(keys: Sequence[bytes], values: Sequence[bytes]) -> NoReturn:
     raise CorruptDataError("messages", keys[0], "undecodable message rows")
 
 
-_decode_py = _decode
-
-
 def _compiled() -> Any:
     """``imq._speedups`` when it was built (and not disabled with ``IMQ_PURE_PYTHON=1``)."""
     if os.environ.get("IMQ_PURE_PYTHON"):
@@ -526,10 +519,9 @@ def _compiled() -> Any:
 _speedups_module = _compiled()
 
 
-def _c_decode(
-    keys: list[bytes], values: list[bytes], shard: ShardIdent, _cache: dict[bytes, Address]
-) -> list[IteratedMessage]:
-    """The C decode of a batch; it returns exactly what :func:`_decode` returns."""
+def _c_decode(keys: list[bytes], values: list[bytes], shard: ShardIdent) -> list[IteratedMessage]:
+    """The C per-row decode that ``merge_fill`` runs, over rows that all belong to ``shard``:
+    it returns exactly what :func:`_decode` returns (tests compare the two directly)."""
     try:
         result: list[IteratedMessage] = _speedups_module.decode_run(keys, values, shard)
     except (ValueError, TypeError):
@@ -537,9 +529,6 @@ def _c_decode(
     return result
 
 
-_decode_run: Callable[..., list[IteratedMessage]] = (
-    _decode if _speedups_module is None else _c_decode
-)
 _merge_fill: Callable[..., Any] | None = (
     None if _speedups_module is None else _speedups_module.merge_fill
 )
@@ -550,10 +539,9 @@ COMPILED = _speedups_module is not None
 @contextlib.contextmanager
 def pure_python() -> Iterator[None]:
     """Within this block, new iterators use the pure-Python path (benchmarks, tests)."""
-    global _decode_run, _merge_fill
-    saved = _decode_run, _merge_fill
-    _decode_run, _merge_fill = _decode, None
+    global _merge_fill  # noqa: PLW0603 - the switch tests and benchmarks flip
+    saved, _merge_fill = _merge_fill, None
     try:
         yield
     finally:
-        _decode_run, _merge_fill = saved
+        _merge_fill = saved

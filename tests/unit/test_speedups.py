@@ -7,6 +7,7 @@ import gc
 import shutil
 import struct
 from collections.abc import Callable
+from itertools import repeat
 from typing import Any
 
 import pytest
@@ -54,8 +55,8 @@ def test_the_compiled_decode_is_in_use() -> None:
 def test_compiled_equals_pure_python(batch: list[Message], partition: int) -> None:
     rows = codec.message_rows(SHARD, batch, lambda _s, _d: partition)
     keys, values = [k for k, _ in rows], [v for _, v in rows]
-    compiled = iterator._decode_run(keys, values, SHARD, {})
-    pure = iterator._decode(keys, values, SHARD, {})
+    compiled = iterator._c_decode(keys, values, SHARD)
+    pure = iterator._decode(keys, values, repeat(SHARD), {})
     assert compiled == pure == [IteratedMessage(SHARD, m) for m in batch]
     for c in compiled:
         assert type(c) is IteratedMessage
@@ -77,21 +78,22 @@ def test_compiled_equals_pure_python(batch: list[Message], partition: int) -> No
 def test_bad_rows_raise_corrupt_data_in_both(key: bytes, value: bytes) -> None:
     good_key = codec.message_key(0, SHARD, QueueKey(1, b"\x01" * 32))
     good_value = b"\x80" * 66
-    for decode in (iterator._decode_run, iterator._decode):
-        with pytest.raises(CorruptDataError, match="messages"):
-            decode([good_key, key], [good_value, value], SHARD, {})
+    with pytest.raises(CorruptDataError, match="messages"):
+        iterator._c_decode([good_key, key], [good_value, value], SHARD)
+    with pytest.raises(CorruptDataError, match="messages"):
+        iterator._decode([good_key, key], [good_value, value], repeat(SHARD), {})
     # The Python decode finds short values through its address cache (no length pass),
     # also when the cache already holds every whole address of the run.
     cache: dict[bytes, Address] = iterator._AddressCache()
-    iterator._decode([good_key], [good_value], SHARD, cache)
+    iterator._decode([good_key], [good_value], repeat(SHARD), cache)
     with pytest.raises(CorruptDataError, match="too short"):
-        iterator._decode([good_key, key], [good_value, value], SHARD, cache)
+        iterator._decode([good_key, key], [good_value, value], repeat(SHARD), cache)
 
 
 def test_large_lt_and_extreme_workchains() -> None:
     key = codec.message_key(7, SHARD, QueueKey(2**64 - 1, b"\xff" * 32))
     value = struct.pack(">B32sB32s", 0, b"\x01" * 32, 255, b"\x02" * 32) + b"body"
-    (item,) = iterator._decode_run([key], [value], SHARD, {})
+    (item,) = iterator._c_decode([key], [value], SHARD)
     assert item.message.key == QueueKey(2**64 - 1, b"\xff" * 32)
     assert item.message.dst == Address(-128, b"\x01" * 32)
     assert item.message.src == Address(127, b"\x02" * 32)
