@@ -100,7 +100,9 @@ class QueueIterator(chain[IteratedMessage]):
 
     _snap: Snapshot
     _shards: list[ShardIdent]
-    _positions: list[bytes | None]
+    # Per source, the last stored key consumed before the current batch (a decoded key
+    # once a close kept what the consumer took of a batch: see _stop_run)
+    _positions: list[bytes | QueueKey | None]
     _for_shard: ShardIdent
     _on_done: Callable[[int, int], None] | None
     _sources: list[Iterator[Any]]
@@ -151,7 +153,17 @@ class QueueIterator(chain[IteratedMessage]):
     # -- public -------------------------------------------------------------------------------
 
     def current_position(self) -> dict[ShardIdent, QueueKey]:
-        """Last key consumed per source shard, skipped messages included."""
+        """Last key consumed per source shard, skipped messages included; what was consumed
+        stays consumed once the iterator or its queue is closed."""
+        return {
+            shard: raw if isinstance(raw, QueueKey) else codec.decode_key(raw[_QK:])
+            for shard, raw in zip(self._shards, self._consumed(), strict=True)
+            if raw is not None
+        }
+
+    def _consumed(self) -> list[bytes | QueueKey | None]:
+        """Per source, the last key consumed (a stored key or a decoded one): the positions
+        before the batch the consumer is inside, plus what it took of that batch."""
         positions: list[bytes | QueueKey | None] = list(self._positions)
         if self._run is not None:  # inside a batch: replay what the consumer took of it
             batch, run, records = self._run
@@ -165,11 +177,7 @@ class QueueIterator(chain[IteratedMessage]):
                     record = next(pending, None)
                 message = batch[j]
                 positions[index[message[0]]] = message[1][0]
-        return {
-            shard: raw if isinstance(raw, QueueKey) else codec.decode_key(raw[_QK:])
-            for shard, raw in zip(self._shards, positions, strict=True)
-            if raw is not None
-        }
+        return positions
 
     def close(self) -> None:
         """Release the cursors; the iterator is then exhausted."""
@@ -191,8 +199,12 @@ class QueueIterator(chain[IteratedMessage]):
 
     def _stop_run(self) -> None:
         # The chain holds the current batch's list iterator: emptying the list ends it now.
+        # What the consumer took of the batch is kept first: current_position() counts the
+        # taken part of a batch from the batch's length, which emptying it sets to zero.
         run = self._run
         if run is not None:
+            self._positions[:] = self._consumed()
+            self._run = None
             run[0].clear()
 
     def _release(self, replacement: Iterator[Any]) -> None:

@@ -183,8 +183,10 @@ class RecordingIterator:
         self._log.record("iterate", self._args, result, step=self._step)
 
     def close(self) -> None:
-        self._finish(exhausted=False)
+        # The position once closed (a replay reads it there too): what the iterator
+        # consumed stays consumed, whether it or its queue was closed first.
         self._inner.close()
+        self._finish(exhausted=False)
 
     def __enter__(self) -> RecordingIterator:
         return self

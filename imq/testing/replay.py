@@ -285,7 +285,7 @@ class _Replayer:
         recorded = self._line.get("result") or {}
         want = None if recorded.get("exhausted", True) else len(recorded.get("messages", []))
 
-        def run(it: Any) -> dict[str, Any]:
+        def run(it: Any, close: Callable[[], None]) -> dict[str, Any]:
             seen = []
             exhausted = False
             for _ in range(limit):
@@ -294,17 +294,19 @@ class _Replayer:
                 except StopIteration:
                     exhausted = True
                     break
+            close()  # the log holds the position once closed: what was consumed stays so
             position = {str(s): c.enc_key(k) for s, k in sorted(it.current_position().items())}
             return {"messages": seen, "exhausted": exhausted, "position": position}
 
         limit = 1 << 62 if want is None else want
         real_it = self.q().iterator(partition, ranges, for_shard)
         try:
-            real = _outcome(lambda: run(real_it), lambda v: v)
+            real = _outcome(lambda: run(real_it, real_it.close), lambda v: v)
         finally:
             real_it.close()
         model = _outcome(
-            lambda: run(self.model.iterator(partition, ranges, for_shard)), lambda v: v
+            lambda: run(self.model.iterator(partition, ranges, for_shard), lambda: None),
+            lambda v: v,
         )
         return real, model
 

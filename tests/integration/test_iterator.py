@@ -240,6 +240,51 @@ def test_current_position_follows_consumed_and_skipped_keys(queue: Queue) -> Non
     it.close()
 
 
+@pytest.mark.parametrize("pure", [False, True], ids=["default", "pure-python"])
+@pytest.mark.parametrize("closer", ["iterator", "queue"])
+def test_current_position_survives_a_close_inside_a_batch(
+    db_path: Path, closer: str, pure: bool
+) -> None:
+    """What was consumed stays consumed once the iterator or its queue closes, even in the
+    middle of a decoded batch (skips inside it included). Closing emptied the batch, so
+    the position fell back to where the batch began (here: only b1, skipped before the
+    first message). The replay of the queue state machine's op log caught it
+    (``tests/replays/machine-close-midway.jsonl``)."""
+    from contextlib import nullcontext
+
+    from imq import iterator as iterator_module
+
+    a, b = Q0, Q1
+    me, other = address_in(Q3, 1), address_in(Q0, 2)
+
+    def m(lt: int, src: ShardIdent, dst: Address) -> Message:
+        return message(key(lt), address_in(src), dst)
+
+    a1, a2, a3 = m(20, a, me), m(30, a, other), m(60, a, me)
+    b1, b2 = m(10, b, other), m(40, b, me)
+    queue = open_queue(db_path)
+    try:
+        for shard, msgs in ((a, [a1, a2, a3]), (b, [b1, b2])):
+            assert queue.apply_diff(make_diff(msgs), block(shard, 1), diff_hash(shard))
+        with iterator_module.pure_python() if pure else nullcontext():
+            it = queue.iterator(0, [full_range(a), full_range(b)], Q3)
+        assert [next(it), next(it)] == [IteratedMessage(a, a1), IteratedMessage(b, b2)]
+        taken = {a: a2.key, b: b2.key}  # a2 skipped on the way to a3, the next pending
+        assert it.current_position() == taken
+        if closer == "iterator":
+            it.close()
+            assert list(it) == []
+        else:
+            queue.close()
+            with pytest.raises(QueueClosedError):
+                next(it)
+        assert it.current_position() == taken
+        it.close()
+        assert it.current_position() == taken
+    finally:
+        queue.close()
+
+
 def test_current_position_when_everything_is_skipped(queue: Queue) -> None:
     everything = populate(queue)
     last = {s: [im.message.key for im in everything if im.source == s][-1] for s in SOURCES}
