@@ -952,6 +952,43 @@ def test_commit_without_masterchain_diff_then_same_block_is_skipped() -> None:
     replay(steps)
 
 
+def _left_diff(*messages: MessageSpec) -> DiffSpec:
+    """The next diff of shard "left", holding ``messages`` and nothing else."""
+    return DiffSpec(
+        shard="left",
+        seqno_mode="next",
+        seqno_pick=0,
+        hash_mode="fresh",
+        check_sequence=None,
+        messages=messages,
+        router_src=(),
+        router_dst=(),
+        processed_to=(),
+        bounds_mode="default",
+        prev_hash=None,
+    )
+
+
+def _iterate_left(
+    m: QueueMachine,
+    stop_after: int,
+    clear_midway: tuple[list[int], list[str]] | None = None,
+    *,
+    close_midway: bool = False,
+) -> None:
+    """The machine's iterate step over all of shard "left"'s partition 0, for "left"."""
+    m.iterate(
+        partition=0,
+        ranges=[("left", ("min", 0), ("max", 0))],
+        for_shard="left",
+        stop_after=stop_after,
+        duplicate=False,
+        clear_midway=clear_midway,
+        gc_midway=False,
+        close_midway=close_midway,
+    )
+
+
 def test_iterator_keeps_its_snapshot_across_a_clear() -> None:
     """An iterator created before a clear still yields what it saw, skipped keys count
     in current_position, and the clear shows only to later reads."""
@@ -959,30 +996,8 @@ def test_iterator_keeps_its_snapshot_across_a_clear() -> None:
     def steps(m: QueueMachine) -> None:
         to_left = MessageSpec(src=0, dst=0, lt_mode="next", step=0, body=b"l")
         to_right = MessageSpec(src=0, dst=7, lt_mode="next", step=0, body=b"r")
-        spec = DiffSpec(
-            shard="left",
-            seqno_mode="next",
-            seqno_pick=0,
-            hash_mode="fresh",
-            check_sequence=None,
-            messages=(to_left, to_right, to_left, to_right),
-            router_src=(),
-            router_dst=(),
-            processed_to=(),
-            bounds_mode="default",
-            prev_hash=None,
-        )
-        m.apply_diff(spec)
-        m.iterate(
-            partition=0,
-            ranges=[("left", ("min", 0), ("max", 0))],
-            for_shard="left",
-            stop_after=1,
-            duplicate=False,
-            clear_midway=([0], ["left"]),
-            gc_midway=False,
-            close_midway=False,
-        )
+        m.apply_diff(_left_diff(to_left, to_right, to_left, to_right))
+        _iterate_left(m, stop_after=1, clear_midway=([0], ["left"]))
         assert m.model.diffs == {}
 
     replay(steps)
@@ -1001,30 +1016,9 @@ def test_an_iterator_keeps_its_position_when_its_queue_closes(tmp_path: Path) ->
         m.open_with_zerostate(0)
         to_left = MessageSpec(src=0, dst=0, lt_mode="next", step=0, body=b"l")
         to_right = MessageSpec(src=0, dst=7, lt_mode="next", step=0, body=b"r")
-        spec = DiffSpec(
-            shard="left",
-            seqno_mode="next",
-            seqno_pick=0,
-            hash_mode="fresh",
-            check_sequence=None,
-            messages=(to_left, to_right, to_left, to_left),
-            router_src=(),
-            router_dst=(),
-            processed_to=(),
-            bounds_mode="default",
-            prev_hash=None,
-        )
-        m.apply_diff(spec)
-        m.iterate(
-            partition=0,
-            ranges=[("left", ("min", 0), ("max", 0))],
-            for_shard="left",
-            stop_after=2,  # the second message comes after a skipped one
-            duplicate=False,
-            clear_midway=None,
-            gc_midway=False,
-            close_midway=True,
-        )
+        m.apply_diff(_left_diff(to_left, to_right, to_left, to_left))
+        # the second message comes after a skipped one
+        _iterate_left(m, stop_after=2, close_midway=True)
 
     replay(steps)
     log = tmp_path / "machine.jsonl"
