@@ -333,6 +333,16 @@ append_index(PyObject *ended, Py_ssize_t idx)
     return rc;
 }
 
+/* After a refill of source `idx`: its new pending row (stolen) goes to heads[idx], or,
+ * with none (`head` NULL: its rows ran out), `idx` is appended to `ended`. */
+static int
+place_head(PyObject *heads, PyObject *ended, Py_ssize_t idx, PyObject *head)
+{
+    if (head != NULL)
+        return PyList_SetItem(heads, idx, head); /* steals */
+    return append_index(ended, idx);
+}
+
 /*
  * merge_fill(sources, heads, lastkeys, need, limit, wc_byte, prefix_len, want, shards,
  *            positions) -> (batch, final, records, ended, need_out, skipped)
@@ -367,16 +377,6 @@ append_index(PyObject *ended, Py_ssize_t idx)
  * comparison per message against each other pending row, in place (no key slicing).
  * Errors: ValueError/TypeError with args (what, key) for a malformed row.
  */
-/* After a refill of source `idx`: its new pending row (stolen) goes to heads[idx], or,
- * with none (`head` NULL: its rows ran out), `idx` is appended to `ended`. */
-static int
-place_head(PyObject *heads, PyObject *ended, Py_ssize_t idx, PyObject *head)
-{
-    if (head != NULL)
-        return PyList_SetItem(heads, idx, head); /* steals */
-    return append_index(ended, idx);
-}
-
 static PyObject *
 merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
