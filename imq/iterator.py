@@ -489,7 +489,7 @@ def _py_merge_fill(  # noqa: PLR0915, PLR0917 - one hot loop
     if not keys:
         return [], final, records, ended, need_out, skipped
     cache = _AddressCache() if _cache is None else _cache
-    row_shards = list(chain.from_iterable(starmap(repeat, owners)))
+    row_shards = chain.from_iterable(starmap(repeat, owners))
     # Every accepted row names a destination in the workchain of `wc_byte`.
     batch = _decode(keys, values, row_shards, cache, wc_byte - 128)
     return batch, final, records, ended, need_out, skipped

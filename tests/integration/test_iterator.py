@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 import pytest
@@ -32,12 +33,18 @@ from imq import (
     QueueShardRange,
     ShardIdent,
 )
+from imq import iterator as iterator_module
 from imq.storage import Table
 
 SOURCES = quarter_shards()  # 0:2000…, 0:6000…, 0:a000…, 0:e000…
 Q0, Q1, Q2, Q3 = SOURCES
 DESTINATIONS = [*SOURCES, MC]
 ROUNDS = 6
+
+
+def _merge_path(pure: bool) -> AbstractContextManager[None]:
+    """The pure-Python merge within the block when ``pure``, else the default one."""
+    return iterator_module.pure_python() if pure else nullcontext()
 
 
 def populate(queue: Queue) -> list[IteratedMessage]:
@@ -250,10 +257,6 @@ def test_current_position_survives_a_close_inside_a_batch(
     the position fell back to where the batch began (here: only b1, skipped before the
     first message). The replay of the queue state machine's op log caught it
     (``tests/replays/machine-close-midway.jsonl``)."""
-    from contextlib import nullcontext
-
-    from imq import iterator as iterator_module
-
     a, b = Q0, Q1
     me, other = address_in(Q3, 1), address_in(Q0, 2)
 
@@ -266,7 +269,7 @@ def test_current_position_survives_a_close_inside_a_batch(
     try:
         for shard, msgs in ((a, [a1, a2, a3]), (b, [b1, b2])):
             assert queue.apply_diff(make_diff(msgs), block(shard, 1), diff_hash(shard))
-        with iterator_module.pure_python() if pure else nullcontext():
+        with _merge_path(pure):
             it = queue.iterator(0, [full_range(a), full_range(b)], Q3)
         assert [next(it), next(it)] == [IteratedMessage(a, a1), IteratedMessage(b, b2)]
         taken = {a: a2.key, b: b2.key}  # a2 skipped on the way to a3, the next pending
@@ -424,10 +427,6 @@ def test_large_bodies_round_trip(db_path: Path) -> None:
 def test_true_iterator_and_long_runs_in_both_paths(queue: Queue, pure: bool) -> None:
     """``iter(it) is it``; runs longer than one decode batch, with skips, split across
     several runs, give the same merge in the compiled and the pure-Python path."""
-    from contextlib import nullcontext
-
-    from imq import iterator as iterator_module
-
     everything = []
     lt = 1000
     for seqno in (1, 2):
@@ -440,7 +439,7 @@ def test_true_iterator_and_long_runs_in_both_paths(queue: Queue, pure: bool) -> 
             assert queue.apply_diff(make_diff(msgs), block(src, seqno), diff_hash((src, seqno)))
             everything += [IteratedMessage(src, m) for m in msgs]
     everything.sort(key=lambda im: im.message.key)
-    with iterator_module.pure_python() if pure else nullcontext():
+    with _merge_path(pure):
         for for_shard in (BASE, Q1, MC):
             it = queue.iterator(0, [full_range(s) for s in SOURCES], for_shard)
             assert iter(it) is it
