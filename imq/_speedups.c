@@ -17,6 +17,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
+#include <structmember.h>
 
 /* The message row layout, as imq.storage.codec defines it (tests/unit/test_message_row_layout.py
  * pins each value to codec's). */
@@ -1276,6 +1278,281 @@ take_type(PyObject *obj, PyTypeObject **slot)
     return 0;
 }
 
+/*
+ * The cache of fresh rows (imq.storage.cache) keeps, beside each segment's rows, their
+ * *routes*: each value's first ROUTE_LEN bytes (the destination's workchain + 128, then
+ * the top 8 bytes of its account), packed in one buffer, so that picking a reader's rows
+ * reads 9 contiguous bytes a row instead of a tuple and two bytes objects.
+ */
+#define ROUTE_LEN 9
+
+/* routes(rows, start) -> bytes: the routes of rows[start:] (a list of message rows). */
+static PyObject *
+routes(PyObject *self, PyObject *args)
+{
+    PyObject *rows;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!n:routes", &PyList_Type, &rows, &start))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    if (start < 0 || start > n) {
+        PyErr_SetString(PyExc_ValueError, "start out of range");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (n - start) * ROUTE_LEN);
+    if (out == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = start; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(row, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(row, 1)) ||
+            PyBytes_GET_SIZE(PyTuple_GET_ITEM(row, 0)) != KEY_LEN ||
+            PyBytes_GET_SIZE(PyTuple_GET_ITEM(row, 1)) < HEADER_LEN) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_ValueError, "a cached row must be a message row");
+            return NULL;
+        }
+        memcpy(o, PyBytes_AS_STRING(PyTuple_GET_ITEM(row, 1)), ROUTE_LEN);
+        o += ROUTE_LEN;
+    }
+    return out;
+}
+
+/*
+ * filter_rows(rows, routes, start, stop, wc_byte, prefix_len, want) -> (kept, dropped)
+ *
+ * The rows of rows[start:stop] that the merge iterator can tell apart, for a reader whose
+ * destination test is (wc_byte, prefix_len, want) (merge_fill's): every accepted row, and
+ * of each run of rejected rows only the last one. The merge consumes a run of rejected
+ * rows whole, in one refill, and only its last key is ever visible (the source's
+ * position), so merging `kept` gives the same messages and the same positions as merging
+ * every row. `dropped` counts the rows left out.
+ */
+static PyObject *
+filter_rows(PyObject *self, PyObject *args)
+{
+    PyObject *rows;
+    Py_buffer buf;
+    Py_ssize_t start, stop;
+    long wc_byte, prefix_len;
+    unsigned long long want;
+    if (!PyArg_ParseTuple(args, "O!y*nnllK:filter_rows", &PyList_Type, &rows, &buf, &start,
+                          &stop, &wc_byte, &prefix_len, &want))
+        return NULL;
+    PyObject *out = NULL;
+    if (start < 0 || stop < start || stop > PyList_GET_SIZE(rows) ||
+        buf.len < stop * ROUTE_LEN) {
+        PyErr_SetString(PyExc_ValueError, "start/stop out of range of the rows or routes");
+        goto done;
+    }
+    if (prefix_len < 0 || prefix_len > 64) {
+        PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
+        goto done;
+    }
+    int shift = (int)(64 - prefix_len);
+    const unsigned char *r = (const unsigned char *)buf.buf;
+    out = PyList_New(0);
+    if (out == NULL)
+        goto done;
+    Py_ssize_t pending = -1, dropped = 0;
+    for (Py_ssize_t i = start; i < stop; i++) {
+        const unsigned char *route = r + i * ROUTE_LEN;
+        if (accepts(route, ROUTE_LEN, wc_byte, prefix_len, shift, want)) {
+            if ((pending >= 0 && PyList_Append(out, PyList_GET_ITEM(rows, pending)) < 0) ||
+                PyList_Append(out, PyList_GET_ITEM(rows, i)) < 0) {
+                Py_CLEAR(out);
+                goto done;
+            }
+            pending = -1;
+        } else {
+            if (pending >= 0)
+                dropped++;
+            pending = i;
+        }
+    }
+    if (pending >= 0 && PyList_Append(out, PyList_GET_ITEM(rows, pending)) < 0) {
+        Py_CLEAR(out);
+        goto done;
+    }
+    {
+        PyObject *pair = Py_BuildValue("(Nn)", out, dropped);
+        out = pair;
+    }
+done:
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+/*
+ * Tee(put, segments, prefix_len): a put(key, value, target) for the write path's hot
+ * loops (put_rows, encode_diff, the pure-Python encoders) that calls put(key, value,
+ * target) and then keeps the row: (key, value) is appended to segments[key[:prefix_len]],
+ * a list created on first use. The rows of one segment keep their order. The RocksDB
+ * store hands one to a batch that writes message rows, so that once the batch is
+ * written its rows can join the store's cache of fresh messages (imq.storage.cache).
+ * The previous row's segment is remembered, so a run of rows of one segment costs a
+ * prefix comparison, a tuple and an append a row, no slicing or dict lookup. A row whose
+ * key is not above the last one of its list sets `unordered` (the cache then sorts).
+ */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *put;
+    PyObject *segments;     /* dict: prefix bytes -> list of (key, value) */
+    PyObject *last;         /* the previous row's list, or NULL */
+    Py_ssize_t prefix_len;
+    int unordered;          /* a row came at or below the last row of its list */
+    char last_prefix[64];
+} Tee;
+
+static PyObject *
+tee_vectorcall(PyObject *self_obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Tee *self = (Tee *)self_obj;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 3 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "Tee takes (key, value, target)");
+        return NULL;
+    }
+    PyObject *key = args[0], *value = args[1];
+    if (!PyBytes_Check(key) || !PyBytes_Check(value) ||
+        PyBytes_GET_SIZE(key) < self->prefix_len) {
+        PyErr_SetString(PyExc_TypeError, "Tee keeps rows of bytes keys at least prefix_len long");
+        return NULL;
+    }
+    PyObject *r = PyObject_Vectorcall(self->put, args, 3, NULL);
+    if (r == NULL)
+        return NULL;
+    Py_DECREF(r);
+    const char *kb = PyBytes_AS_STRING(key);
+    if (self->last == NULL || memcmp(kb, self->last_prefix, (size_t)self->prefix_len) != 0) {
+        PyObject *prefix = PyBytes_FromStringAndSize(kb, self->prefix_len);
+        if (prefix == NULL)
+            return NULL;
+        PyObject *rows = PyDict_GetItemWithError(self->segments, prefix); /* borrowed */
+        if (rows == NULL) {
+            if (PyErr_Occurred() || (rows = PyList_New(0)) == NULL) {
+                Py_DECREF(prefix);
+                return NULL;
+            }
+            int failed = PyDict_SetItem(self->segments, prefix, rows);
+            Py_DECREF(rows); /* the dict holds it */
+            if (failed < 0) {
+                Py_DECREF(prefix);
+                return NULL;
+            }
+        }
+        Py_DECREF(prefix);
+        if (!PyList_Check(rows)) {
+            PyErr_SetString(PyExc_TypeError, "Tee's segments must map prefixes to lists");
+            return NULL;
+        }
+        Py_INCREF(rows);
+        Py_XSETREF(self->last, rows);
+        memcpy(self->last_prefix, kb, (size_t)self->prefix_len);
+    }
+    Py_ssize_t n = PyList_GET_SIZE(self->last);
+    if (n > 0 && !self->unordered) {
+        PyObject *prev = PyList_GET_ITEM(self->last, n - 1);
+        PyObject *pk = PyTuple_Check(prev) && PyTuple_GET_SIZE(prev) == 2
+                           ? PyTuple_GET_ITEM(prev, 0) : NULL;
+        if (pk == NULL || !PyBytes_Check(pk)) {
+            self->unordered = 1;
+        } else {
+            Py_ssize_t a = PyBytes_GET_SIZE(pk), b = PyBytes_GET_SIZE(key);
+            int c = memcmp(PyBytes_AS_STRING(pk), kb, (size_t)(a < b ? a : b));
+            if (c > 0 || (c == 0 && a >= b))
+                self->unordered = 1;
+        }
+    }
+    PyObject *row = PyTuple_Pack(2, key, value);
+    if (row == NULL)
+        return NULL;
+    /* Two bytes objects can be part of no cycle: keep the long-lived row out of the
+     * cyclic GC, as the GC itself would decide at its next pass over it. */
+    PyObject_GC_UnTrack(row);
+    int failed = PyList_Append(self->last, row);
+    Py_DECREF(row);
+    if (failed < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tee_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *put, *segments;
+    Py_ssize_t prefix_len;
+    static char *kwlist[] = {"put", "segments", "prefix_len", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!n:Tee", kwlist, &put, &PyDict_Type,
+                                     &segments, &prefix_len))
+        return NULL;
+    if (prefix_len < 1 || prefix_len > 64) {
+        PyErr_SetString(PyExc_ValueError, "prefix_len must be 1 to 64");
+        return NULL;
+    }
+    Tee *self = (Tee *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->vectorcall = tee_vectorcall;
+    Py_INCREF(put);
+    self->put = put;
+    Py_INCREF(segments);
+    self->segments = segments;
+    self->last = NULL;
+    self->prefix_len = prefix_len;
+    self->unordered = 0;
+    return (PyObject *)self;
+}
+
+static int
+tee_traverse(Tee *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->put);
+    Py_VISIT(self->segments);
+    Py_VISIT(self->last);
+    return 0;
+}
+
+static int
+tee_clear(Tee *self)
+{
+    Py_CLEAR(self->put);
+    Py_CLEAR(self->segments);
+    Py_CLEAR(self->last);
+    return 0;
+}
+
+static void
+tee_dealloc(Tee *self)
+{
+    PyObject_GC_UnTrack(self);
+    tee_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef tee_members[] = {
+    {"unordered", T_INT, offsetof(Tee, unordered), READONLY,
+     "1 once a row came at or below the previous row of its segment's list"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject TeeType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "imq._speedups.Tee",
+    .tp_basicsize = sizeof(Tee),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Tee(put, segments, prefix_len): put(key, value, target), keeping each row "
+              "in segments[key[:prefix_len]].",
+    .tp_new = tee_new,
+    .tp_members = tee_members,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Tee, vectorcall),
+    .tp_traverse = (traverseproc)tee_traverse,
+    .tp_clear = (inquiry)tee_clear,
+    .tp_dealloc = (destructor)tee_dealloc,
+};
+
 static PyObject *
 init(PyObject *self, PyObject *args)
 {
@@ -1308,6 +1585,9 @@ static PyMethodDef methods[] = {
      " -> (rows, [(partition, messages, stat_value)], [(workchain, messages)])"},
     {"sources_in_shard", sources_in_shard, METH_VARARGS,
      "sources_in_shard(messages, workchain, prefix, prefix_len) -> bool"},
+    {"routes", routes, METH_VARARGS, "routes(rows, start) -> bytes"},
+    {"filter_rows", filter_rows, METH_VARARGS,
+     "filter_rows(rows, routes, start, stop, wc_byte, prefix_len, want) -> (kept, dropped)"},
     {"strictly_ascending", strictly_ascending, METH_VARARGS,
      "strictly_ascending(messages, message_type) -> bool"},
     {NULL, NULL, 0, NULL},
@@ -1321,5 +1601,16 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    return PyModule_Create(&module);
+    if (PyType_Ready(&TeeType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&TeeType);
+    if (PyModule_AddObject(m, "Tee", (PyObject *)&TeeType) < 0) {
+        Py_DECREF(&TeeType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

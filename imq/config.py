@@ -197,6 +197,7 @@ _RULES: dict[str, _Rule] = {
     "compact_after_delete": (_as_is, _check_bool),
     "compaction_debt": (_as_is, _check_int_between(0, 1 << 62)),
     "check_statistics": (_as_is, _check_bool),
+    "message_cache_size": (_size_from_toml, _check_int_between(0, 1 << 40)),
 }
 
 
@@ -222,6 +223,10 @@ class QueueConfig:
     - ``check_statistics``: debug mode: ``apply_diff``/``prepare_diff`` recount the
       messages and refuse ``statistics`` that differ in any count (about 6% of an apply,
       so off by default: statistics are then used as given).
+    - ``message_cache_size``: bytes of freshly written message rows kept in memory, so
+      that reads of recent diffs (what collators read) skip RocksDB (0: none; see
+      ``imq.storage.cache``). Rows leave it when GC or a clear deletes them, or, past
+      the budget, oldest first.
 
     Constructing with a wrong type raises ``TypeError``, with a bad value ``ValueError``.
     """
@@ -235,6 +240,7 @@ class QueueConfig:
     compact_after_delete: bool = False
     compaction_debt: int = 1_000_000
     check_statistics: bool = False
+    message_cache_size: int = 64 * _MIB
 
     def __post_init__(self) -> None:
         for name, (_, check) in _RULES.items():

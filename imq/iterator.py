@@ -68,7 +68,7 @@ from imq.types import (
     ShardIdent,
 )
 
-__all__ = ["QueueIterator", "pure_python"]
+__all__ = ["QueueIterator", "destination_test", "pure_python"]
 
 # The message row's layout is codec's (see its "message row" comment): offsets only here.
 _QK = codec.MESSAGE_PREFIX_LEN  # where the queue key starts in a message key
@@ -236,6 +236,17 @@ class _ClosedQueueIterator(QueueIterator):
 # -- the merge --------------------------------------------------------------------------------
 
 
+def destination_test(for_shard: ShardIdent) -> tuple[int, int, int]:
+    """``(workchain byte, prefix length, prefix)``: a stored row is for ``for_shard`` when
+    its destination's workchain byte is the first and the top ``prefix length`` bits of
+    its account are the prefix (byte -1: no std address lives in this workchain, so
+    every row is skipped)."""
+    wc_byte = codec.workchain_byte(for_shard.workchain)
+    prefix_len = for_shard.prefix_len
+    want = for_shard.prefix >> (64 - prefix_len) if prefix_len else 0
+    return (-1 if wc_byte is None else wc_byte), prefix_len, want
+
+
 def _merged(
     cell: list[QueueIterator], merge_fill: Callable[..., Any]
 ) -> Generator[Iterator[IteratedMessage], None, None]:
@@ -245,12 +256,7 @@ def _merged(
     generator keeps the state between batches, runs each source's end check when its rows
     run out, and applies a batch's positions once the consumer has taken all of it."""
     self = cell.pop()
-    for_shard = self._for_shard
-    wc_byte = codec.workchain_byte(for_shard.workchain)
-    if wc_byte is None:  # no std address lives in this workchain: skip everything
-        wc_byte = -1
-    prefix_len = for_shard.prefix_len
-    want = for_shard.prefix >> (64 - prefix_len) if prefix_len else 0
+    wc_byte, prefix_len, want = destination_test(self._for_shard)
     positions = self._positions
     shards = self._shards
     sources = self._sources
@@ -259,7 +265,9 @@ def _merged(
     heads: list[tuple[bytes, bytes] | None] = [None] * n
     lastkeys: list[bytes | None] = [None] * n
     need = list(range(n))
-    yielded = skipped = 0
+    yielded = 0
+    # Rows a cached scan left out (runs of other shards' rows, see imq.storage.cache).
+    skipped = sum(c.dropped for c in self._snap.cursors)
     limit = min(_RUN_FIRST, _RUN)  # batches grow: the first message comes soon
     try:
         while True:

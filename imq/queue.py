@@ -61,6 +61,7 @@ def store_options(config: QueueConfig) -> StoreOptions:
         block_cache_size=config.block_cache_size,
         write_buffer_size=config.write_buffer_size,
         max_background_jobs=config.max_background_jobs,
+        message_cache_size=config.message_cache_size,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from imq import reads
 from imq.errors import QueueClosedError
-from imq.iterator import QueueIterator
+from imq.iterator import QueueIterator, destination_test
 from imq.observability import Metrics
 from imq.reads import check_type
 from imq.storage import StoreProtocol as Store
@@ -57,7 +57,7 @@ class QueueReads:
         ranges = list(ranges)
         with self.metrics.time("iterator_create"):
             reads.check_ranges(ranges)
-            snap = ops.open_messages(self._store, partition, ranges)
+            snap = ops.open_messages(self._store, partition, ranges, destination_test(for_shard))
             it = QueueIterator(snap, ranges, for_shard, self._iterator_done)
             self._store.register(it)
         return it

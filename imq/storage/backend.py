@@ -41,9 +41,11 @@ class CursorProtocol(Protocol):
     iterator, for a consumer that pulls rows in bulk. ``rows`` yields the same rows
     without checking, when they run out, that the scan reached the range's end; a
     consumer of ``rows`` calls ``finish(last_key)`` then, which raises if it did not
-    (use ``items`` or ``rows``, not both)."""
+    (use ``items`` or ``rows``, not both). ``dropped``: rows a scan with a ``reader``
+    left out of ``rows`` because the merge would skip them unseen (a cached scan's)."""
 
     rows: Iterator[Any]
+    dropped: int
 
     @property
     def items(self) -> Iterator[Any]: ...
@@ -92,10 +94,12 @@ class TransactionProtocol(Protocol):
     def put(self, table: Table, key: bytes, value: bytes) -> None: ...
 
     def writer(
-        self, table: Table
+        self, table: Table, *, cached: bool = True
     ) -> AbstractContextManager[tuple[Callable[[bytes, bytes, Any], object], Any]]:
         """``with txn.writer(table) as (put, target)``: ``put(key, value, target)`` adds a
-        row to ``table``, for hot loops; no other row may be staged inside the block."""
+        row to ``table``, for hot loops; no other row may be staged inside the block.
+        ``cached=False``: a bulk write whose message rows a store's cache of fresh rows
+        should not take (it forgets what it holds instead)."""
 
     def delete(self, table: Table, key: bytes) -> None: ...
 

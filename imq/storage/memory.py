@@ -35,6 +35,8 @@ _Op = tuple[str, Table, bytes, bytes]  # ("put" | "delete" | "delete_range", tab
 class MemoryCursor:
     """The rows of one scan, copied when its snapshot was opened."""
 
+    dropped = 0  # a memory store leaves no row out
+
     __slots__ = ("_keys", "items", "rows")
 
     def __init__(self, rows: list[Any], keys: list[bytes] | None = None) -> None:
@@ -119,7 +121,9 @@ class MemoryTransaction:
         self.ops.append(("put", table, key, value))
 
     @contextlib.contextmanager
-    def writer(self, table: Table) -> Iterator[tuple[Callable[[bytes, bytes, Any], object], Any]]:
+    def writer(
+        self, table: Table, *, cached: bool = True
+    ) -> Iterator[tuple[Callable[[bytes, bytes, Any], object], Any]]:
         yield self._put, table
 
     def delete(self, table: Table, key: bytes) -> None:

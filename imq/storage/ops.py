@@ -106,8 +106,9 @@ def put_raw_messages(
     roots: Iterable[tuple[bytes, bytes, int, bytes]],
 ) -> None:
     """The message rows of an imported diff, from plain fields (see
-    :func:`imq.storage.codec.put_raw_message_rows`): the same bytes as :func:`put_messages`."""
-    with txn.writer(Table.MESSAGES) as (put, target):
+    :func:`imq.storage.codec.put_raw_message_rows`): the same bytes as :func:`put_messages`.
+    A bulk write: a store's cache of fresh rows does not take them."""
+    with txn.writer(Table.MESSAGES, cached=False) as (put, target):
         codec.put_raw_message_rows(
             put, target, shard, partitions=partitions, headers=headers, roots=roots
         )
@@ -441,13 +442,19 @@ class MessageCounter(Read[RowCounter]):
         return RowCounter(cursor)
 
 
-def open_messages(store: Store, partition: int, ranges: Sequence[QueueShardRange]) -> Snapshot:
+def open_messages(
+    store: Store,
+    partition: int,
+    ranges: Sequence[QueueShardRange],
+    reader: tuple[int, int, int] | None = None,
+) -> Snapshot:
     """A snapshot whose cursors are the messages of ``partition`` in each of ``ranges``,
-    one per range and in order: the sources :class:`imq.iterator.QueueIterator` merges."""
+    one per range and in order: the sources :class:`imq.iterator.QueueIterator` merges
+    (``reader``: its destination test, see :class:`Scan`)."""
     scans = []
     for r in ranges:
         lo, hi = codec.message_range(partition, r.shard, r.from_key, r.to_key)
-        scans.append(Scan(Table.MESSAGES, lo, max(lo, hi)))
+        scans.append(Scan(Table.MESSAGES, lo, max(lo, hi), reader=reader))
     return store.snapshot(scans=scans)
 
 

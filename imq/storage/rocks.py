@@ -51,10 +51,20 @@ from imq.errors import (
 )
 from imq.storage import codec
 from imq.storage.backend import TransactionProtocol
+from imq.storage.cache import MessageCache, Tee
 from imq.storage.queue_state import QueueState, StateUpdate
 from imq.storage.tables import TABLES, StoreOptions, Table, table_options
 
-__all__ = ["Closable", "Cursor", "Scan", "Snapshot", "Store", "Transaction", "open_rdict"]
+__all__ = [
+    "CachedCursor",
+    "Closable",
+    "Cursor",
+    "Scan",
+    "Snapshot",
+    "Store",
+    "Transaction",
+    "open_rdict",
+]
 
 LOCK_FILE = "imq.lock"
 
@@ -76,6 +86,10 @@ class Scan(NamedTuple):
     keys_only: bool = False
     reverse: bool = False
     seekable: bool = False  # a raw iterator for Cursor.count over many sub-ranges
+    # The messages table only: the merge iterator's destination test (see
+    # imq.iterator.destination_test). A scan served by the cache of fresh rows then
+    # leaves out the rows the merge would skip without a trace (imq.storage.cache).
+    reader: tuple[int, int, int] | None = None
 
 
 def _read_error(path: object, table: Table, key: bytes, exc: BaseException) -> ImqError:
@@ -170,6 +184,8 @@ class Cursor:
     the two, never both. For scans other than forward rows, ``rows`` is ``items`` and
     ``finish`` does nothing (``items`` checks the end itself).
     """
+
+    dropped = 0  # rows left out of ``rows`` (a cached scan's; never a RocksDB cursor's)
 
     __slots__ = (
         "__weakref__",
@@ -283,6 +299,32 @@ class Cursor:
         self._raw = None
 
 
+class CachedCursor:
+    """A scan of the messages table answered by the store's cache of fresh rows
+    (:mod:`imq.storage.cache`): the rows as RocksDB would yield them, copied when the
+    snapshot was opened, less ``dropped`` rows the scan's reader would skip unseen.
+    Nothing can end it early, so ``finish`` has nothing to check."""
+
+    __slots__ = ("__weakref__", "dropped", "items", "rows")
+
+    def __init__(self, rows: list[tuple[bytes, bytes]], dropped: int = 0) -> None:
+        self.items: Iterator[Any] = iter(rows)
+        self.rows: Iterator[Any] = self.items
+        self.dropped = dropped
+
+    def finish(self, last_key: bytes | None) -> None:
+        """Nothing to check: the rows were in memory."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.items
+
+    def count(self, lo: bytes, hi: bytes) -> int:
+        raise ValueError("count needs a seekable cursor")
+
+    def close(self) -> None:
+        self.items = self.rows = iter(())
+
+
 class Snapshot:
     """A consistent read view: point reads on the tables named at creation, the cursors
     declared at creation, and the queue state as it was at that instant."""
@@ -293,7 +335,7 @@ class Snapshot:
         self,
         store: Store,
         points: dict[Table, Any],
-        cursors: list[Cursor],
+        cursors: list[Cursor | CachedCursor],
         state: QueueState,
     ) -> None:
         self._store = store
@@ -337,16 +379,33 @@ class Snapshot:
 class Transaction:
     """One atomic ``WriteBatch`` across tables, plus the queue-state changes it publishes.
 
-    Single use: :meth:`Store.write` consumes it.
+    Single use: :meth:`Store.write` consumes it. The message rows put through
+    :meth:`writer` are kept (``kept``, per segment) for the store's cache of fresh rows;
+    a batch that changes the messages table in a way the cache cannot follow (rows put
+    with ``cached=False``, a point delete, rows put and deleted in one batch) sets
+    ``cache_blind`` and the store's cache forgets every segment once it is written.
     """
 
-    __slots__ = ("_handles", "batch", "deleted_ranges", "state_updates")
+    __slots__ = (
+        "_handles",
+        "_tees",
+        "batch",
+        "cache_blind",
+        "deleted_messages",
+        "deleted_ranges",
+        "kept",
+        "state_updates",
+    )
 
     def __init__(self, handles: Mapping[Table, Any]) -> None:
         self._handles = handles
         self.batch = WriteBatch(raw_mode=True)
         self.state_updates: list[StateUpdate] = []
         self.deleted_ranges: list[tuple[Table, bytes, bytes]] = []
+        self.kept: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        self.deleted_messages: list[tuple[bytes, bytes]] = []
+        self.cache_blind = False
+        self._tees: list[Any] = []
 
     def _handle(self, table: Table) -> Any:
         try:
@@ -357,10 +416,12 @@ class Transaction:
             ) from None
 
     def put(self, table: Table, key: bytes, value: bytes) -> None:
+        if table is Table.MESSAGES:
+            self.cache_blind = True
         self.batch.put(key, value, self._handle(table))
 
     def writer(
-        self, table: Table
+        self, table: Table, *, cached: bool = True
     ) -> contextlib.AbstractContextManager[tuple[Callable[[bytes, bytes, Any], object], Any]]:
         """``with txn.writer(table) as (put, target)``: ``put(key, value, target)`` adds a
         row to ``table`` in this batch, for hot loops.
@@ -369,20 +430,39 @@ class Transaction:
         is ``None``: a put without a column-family handle costs rocksdict about a quarter
         less (64 against 90 ns a row, measured). Every other put of the batch names its
         table. The default is reset on leaving: a batch that holds a column family keeps
-        RocksDB open (and its lock held) for as long as the batch lives."""
-        return self._default_family(self._handle(table))
+        RocksDB open (and its lock held) for as long as the batch lives.
+
+        Message rows are kept for the store's cache (a :class:`~imq._speedups.Tee`
+        around the put); ``cached=False`` (a bulk import) writes them without keeping
+        them, and the cache forgets every segment after the write instead."""
+        put: Callable[[bytes, bytes, Any], object] = self.batch.put
+        if table is Table.MESSAGES:
+            if cached:
+                tee = Tee(put, self.kept, codec.MESSAGE_PREFIX_LEN)
+                self._tees.append(tee)
+                put = tee
+            else:
+                self.cache_blind = True
+        return self._default_family(self._handle(table), put)
+
+    @property
+    def kept_in_order(self) -> bool:
+        """Whether each list of ``kept`` is strictly ascending (as a diff's rows are)."""
+        return not any(tee.unordered for tee in self._tees)
 
     @contextlib.contextmanager
     def _default_family(
-        self, handle: Any
+        self, handle: Any, put: Callable[[bytes, bytes, Any], object]
     ) -> Iterator[tuple[Callable[[bytes, bytes, Any], object], Any]]:
         self.batch.set_default_column_family(handle)
         try:
-            yield self.batch.put, None
+            yield put, None
         finally:
             self.batch.set_default_column_family(None)
 
     def delete(self, table: Table, key: bytes) -> None:
+        if table is Table.MESSAGES:
+            self.cache_blind = True
         self.batch.delete(key, self._handle(table))
 
     def compact_after(self, table: Table, lo: bytes, hi: bytes) -> None:
@@ -395,6 +475,10 @@ class Transaction:
         if lo < hi:
             self.batch.delete_range(lo, hi, self._handle(table))
             self.deleted_ranges.append((table, lo, hi))
+            if table is Table.MESSAGES:
+                if self.kept:  # the cache replays deletes before puts: not this order
+                    self.cache_blind = True
+                self.deleted_messages.append((lo, hi))
 
     def publish(self, update: StateUpdate) -> None:
         """Apply ``update`` to the queue state once (and only if) the batch is written,
@@ -481,6 +565,9 @@ class Store:
         self._dead: StorageError | None = None
         self._sync = WriteOptions()
         self._sync.sync = True
+        self.cache = MessageCache(
+            0 if read_only else self.options.message_cache_size, codec.MESSAGE_PREFIX_LEN
+        )
         try:
             self._check_schema()
         except BaseException:
@@ -582,6 +669,7 @@ class Store:
             if self._closed:
                 return None
             self._closed = True
+            self.cache.forget()
             try:
                 for resource in list(self._resources):
                     try:
@@ -628,10 +716,25 @@ class Store:
 
     def snapshot(self, points: Iterable[Table] = (), scans: Sequence[Scan] = ()) -> Snapshot:
         """Open a consistent view: point reads on ``points``, one cursor per scan."""
+        cache = self.cache
         with self._gate:
             self._check_open()
             snaps = {t: self._tables[t].snapshot() for t in points}
-            cursors = [Cursor(self._tables[s.table], s, self.path) for s in scans]
+            cursors: list[Cursor | CachedCursor] = []
+            for s in scans:
+                rows = None
+                if (
+                    s.table is Table.MESSAGES
+                    and cache.enabled
+                    and s.hi is not None
+                    and not (s.reverse or s.keys_only or s.seekable)
+                ):
+                    rows = cache.scan(s.lo, s.hi, s.reader)
+                cursors.append(
+                    Cursor(self._tables[s.table], s, self.path)
+                    if rows is None
+                    else CachedCursor(*rows)
+                )
             state = self._state
         return Snapshot(self, snaps, cursors, state)
 
@@ -675,11 +778,38 @@ class Store:
             try:
                 self._db.write(txn.batch, self._sync) if sync else self._db.write(txn.batch)
             except Exception as exc:  # rocksdict raises a bare Exception("IO error: ...")
+                self.cache.forget()  # whatever the batch did, the cache must not vouch
                 raise self._failed("write", exc) from exc
+            if txn.cache_blind:
+                self.cache.forget()
+            elif txn.kept or txn.deleted_messages:
+                self.cache.after_write(
+                    txn.kept, txn.deleted_messages, self._segment_top, in_order=txn.kept_in_order
+                )
             state = self._state
             for update in txn.state_updates:
                 state = update(state)
             self._state = state
+
+    def _segment_top(self, prefix: bytes) -> bytes | None:
+        """The greatest stored key of the messages table starting with ``prefix``: the
+        prefix itself when there is none; ``None`` when RocksDB cannot tell (a damaged
+        block). One reverse seek; called under the gate, after a write."""
+        end = codec.prefix_end(prefix)
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(end)
+        raw = self._tables[Table.MESSAGES].iter(ro)
+        try:
+            raw.seek_for_prev(end)
+            if raw.valid():
+                key: bytes = raw.key()
+                return key if key >= prefix else prefix
+            raw.status()
+        except Exception:  # a read error: leave the segment to RocksDB
+            return None
+        finally:
+            del raw
+        return prefix
 
     def set_state(self, state: QueueState) -> None:
         """Replace the queue state without a write (when loading it at open)."""

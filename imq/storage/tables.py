@@ -91,6 +91,7 @@ class StoreOptions:
     max_background_jobs: int = 2
     min_blob_size: int = 32 << 10
     max_total_wal_size: int = 256 << 20
+    message_cache_size: int = 64 << 20  # fresh message rows kept in memory (0: none)
 
 
 def table_options(spec: TableSpec, cache: Cache, opts: StoreOptions) -> Options:

@@ -893,6 +893,29 @@ class QueueMachine(RuleBasedStateMachine):
                         stored[(partition, source, message.key)] = message
         assert stored == self.model.messages
 
+    @invariant()
+    def fresh_messages(self) -> None:
+        """Reads of the newest rows of each source (what collators read, and what the
+        cache of fresh rows serves): from each source's newest stored key, and its third
+        newest, and from just past its commit pointer."""
+        for depth in (1, 3, 0):
+            ranges = []
+            for shard in SHARDS.values():
+                keys = sorted({k for (_, s, k) in self.model.messages if s == shard})
+                if depth:
+                    start = keys[-depth] if len(keys) >= depth else QueueKey.MIN
+                else:
+                    start = self._bound(shard, "pointer_next", 0)
+                ranges.append(QueueShardRange(shard, start, QueueKey.MAX))
+            for partition in PARTITIONS:
+                for target in (ShardIdent.BASECHAIN, FOR_SHARDS["w127"]):
+                    with self.raw.iterator(partition, ranges, target) as it:
+                        got = list(it)
+                        position = it.current_position()
+                    want_it = self.model.iterator(partition, ranges, target)
+                    assert got == list(want_it), (depth, partition, target)
+                    assert position == want_it.current_position(), (depth, partition, target)
+
 
 REPLAY_DIR = Path(os.environ.get("IMQ_REPLAY_DIR", "var/replays"))
 
@@ -916,6 +939,36 @@ class _PlainMachine(QueueMachine):
     """Unrecorded: for the test that drives one machine from several threads."""
 
     RECORD = False
+
+
+class _TinyCacheMachine(QueueMachine):
+    """The machine with a cache of fresh rows of a few rows only: nearly every write
+    evicts, so scans straddle its floor, hit it and miss it by turns."""
+
+    RECORD = False
+
+    def _open_queue(self) -> Queue:
+        config = replace(CONFIG, message_cache_size=2048)
+        return Queue.open(self.path, config, zerostate_seqno=self.zerostate_seqno)
+
+
+class _NoCacheMachine(QueueMachine):
+    """The machine with the cache of fresh rows off: every scan reads RocksDB."""
+
+    RECORD = False
+
+    def _open_queue(self) -> Queue:
+        config = replace(CONFIG, message_cache_size=0)
+        return Queue.open(self.path, config, zerostate_seqno=self.zerostate_seqno)
+
+
+@pytest.mark.parametrize("machine", [_TinyCacheMachine, _NoCacheMachine], ids=["tiny", "off"])
+def test_queue_machine_whatever_the_message_cache(machine: type[QueueMachine]) -> None:
+    """The default machine runs with the default cache (64 MiB: every fresh row fits);
+    these run it with a cache that evicts at every write, and with none."""
+    run_state_machine_as_test(
+        machine, settings=settings(max_examples=30, suppress_health_check=list(HealthCheck))
+    )
 
 
 # ---------------------------------------------------------------------------------------------

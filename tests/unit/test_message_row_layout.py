@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from imq import iterator
-from imq.storage import codec
+from imq.storage import cache, codec
 from imq.types import Address, Message, QueueKey, ShardIdent
 
 C_SOURCE = Path(iterator.__file__).with_name("_speedups.c")
@@ -21,6 +21,7 @@ PINNED = {
     "ACCOUNT_LEN": codec.ACCOUNT_LEN,
     "HEADER_LEN": codec.MESSAGE_VALUE_HEADER_LEN,
     "STAT_ENTRY_LEN": codec.STAT_ENTRY_LEN,
+    "ROUTE_LEN": cache.ROUTE_LEN,
 }
 
 
@@ -31,6 +32,13 @@ def _c_defines() -> dict[str, int]:
 
 def test_every_c_layout_define_equals_codec() -> None:
     assert _c_defines() == PINNED
+
+
+def test_a_route_is_the_destination_header_the_merge_tests() -> None:
+    # the workchain byte and the top 8 account bytes: all merge_fill's test reads
+    assert cache.ROUTE_LEN == 1 + 8
+    assert codec.MESSAGE_DST_AT == 0
+    assert cache.ROUTE_LEN <= codec.MESSAGE_SRC_AT
 
 
 def test_the_iterator_reads_at_codec_offsets() -> None:

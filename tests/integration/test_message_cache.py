@@ -1,0 +1,260 @@
+"""The cache of fresh message rows on real RocksDB: reads of recent diffs come from it,
+and give what RocksDB gives, through writes, commits, GC, clears, evictions, failed and
+blind writes, reopens and concurrent snapshots."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import Chain, address_in, quarter_shards, quiet_config
+
+from imq import PartitionRouter, Queue, QueueKey, QueueShardRange, ShardIdent
+from imq.errors import StorageError
+from imq.storage import Table, codec, ops
+from imq.storage.rocks import CachedCursor, Cursor
+
+SHARDS = quarter_shards()
+MC = ShardIdent.MASTERCHAIN
+
+
+def _read(
+    queue: Queue,
+    ranges: list[QueueShardRange],
+    for_shard: ShardIdent,
+    partition: int,
+    stop: int | None = None,
+) -> tuple[list[Any], list[Any]]:
+    """Messages, and the position after each, of one iterator (``stop``: close after that
+    many messages)."""
+    out, positions = [], []
+    with queue.iterator(partition, ranges, for_shard) as it:
+        for i, m in enumerate(it):
+            out.append(m)
+            positions.append(it.current_position())
+            if stop is not None and i + 1 >= stop:
+                break
+        positions.append(it.current_position())
+    return out, positions
+
+
+def _cursors(queue: Queue, partition: int, ranges: list[QueueShardRange]) -> list[type]:
+    snap = ops.open_messages(queue._store, partition, ranges)  # type: ignore[attr-defined]
+    try:
+        return [type(c) for c in snap.cursors]
+    finally:
+        snap.close()
+
+
+def _random_run(path_on: Path, path_off: Path, seed: int, steps: int) -> None:
+    """The same random workload on two queues, one with the cache (large or tiny) and
+    one without: applies (some routed to partition 1), commits, clears, GC passes driven
+    by processed_to, reopens; every read must agree, positions included."""
+    rng = random.Random(seed)
+    cached = quiet_config(message_cache_size=rng.choice([4096, 64 << 20]))
+    plain = quiet_config(message_cache_size=0)
+    queues = [Queue.open(path_on, cached), Queue.open(path_off, plain)]
+    chain = Chain(queues[0])  # builds the diffs; both queues get the same calls
+    applied: list[Any] = []  # stored diffs
+    committed: list[Any] = []
+    readers = [*SHARDS, MC]
+    try:
+        for step in range(steps):
+            action = rng.random()
+            if action < 0.55:
+                shard = rng.choice(SHARDS)
+                dsts = [
+                    address_in(rng.choice(readers), rng.randrange(6))
+                    for _ in range(rng.randrange(8))
+                ]
+                router = (
+                    PartitionRouter(dst={1: [dsts[0]]}) if dsts and rng.random() < 0.5 else None
+                )
+                done = [a for a in applied if a.messages and a.shard != shard]
+                processed = {}
+                if done and rng.random() < 0.5:
+                    other = rng.choice(done)
+                    processed[other.shard] = other.messages[-1].key
+                built = chain.build(shard, dsts, router=router, processed_to=processed)
+                for q in queues:
+                    q.apply_diff(built.diff, built.block, built.hash)
+                applied.append(built)
+            elif action < 0.7:
+                mc = chain.build(MC, [address_in(rng.choice(SHARDS), 1)])
+                for q in queues:
+                    q.apply_diff(mc.diff, mc.block, mc.hash)
+                applied.append(mc)
+                tops = {a.shard: a for a in applied}
+                blocks = [a.top(mc.seqno) for a in tops.values()]
+                for q in queues:
+                    q.commit_diff(blocks)
+                committed = list(applied)
+            elif action < 0.8:
+                for q in queues:
+                    q.clear_uncommitted_state()
+                applied = list(committed)
+            elif action < 0.9:
+                assert queues[0].run_gc() == queues[1].run_gc()
+                applied = [a for a in applied if queues[1].is_diff_exists(a.block)]
+                committed = [a for a in committed if queues[1].is_diff_exists(a.block)]
+            else:
+                for q in queues:
+                    q.close()
+                queues = [Queue.open(path_on, cached), Queue.open(path_off, plain)]
+            for reader in rng.sample(readers, 2):
+                starts = [QueueKey.MIN, *(a.messages[0].key for a in applied[-6:] if a.messages)]
+                ranges = [QueueShardRange(s, rng.choice(starts), QueueKey.MAX) for s in SHARDS]
+                partition = rng.randrange(2)
+                stop = rng.choice([None, 1, 3])
+                assert _read(queues[0], ranges, reader, partition, stop) == _read(
+                    queues[1], ranges, reader, partition, stop
+                ), f"seed {seed}, step {step}: the cached read differs"
+    finally:
+        for q in queues:
+            q.close()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reads_with_and_without_the_cache_agree(tmp_path: Path, seed: int) -> None:
+    _random_run(tmp_path / "on", tmp_path / "off", seed, steps=60)
+
+
+def test_fresh_diffs_are_read_from_the_cache_and_older_ones_from_rocksdb(tmp_path: Path) -> None:
+    queue = Queue.open(tmp_path / "db", quiet_config())
+    chain = Chain(queue)
+    try:
+        shard = SHARDS[0]
+        first = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(3)])
+        second = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(3)])
+        # the first write made the segment known (its floor: the first diff's last key)
+        old = [QueueShardRange(shard, first.messages[0].key, QueueKey.MAX)]
+        new = [QueueShardRange(shard, second.messages[0].key, QueueKey.MAX)]
+        assert _cursors(queue, 0, old) == [Cursor]
+        assert _cursors(queue, 0, new) == [CachedCursor]
+        got = [m.message for m in queue.iterator(0, new, SHARDS[1])]
+        assert got == list(second.messages)
+        queue.close()
+        queue = Queue.open(tmp_path / "db", quiet_config())
+        # after a reopen every row is RocksDB's until a write makes the segment known
+        assert _cursors(queue, 0, new) == [Cursor]
+        assert [m.message for m in queue.iterator(0, new, SHARDS[1])] == list(second.messages)
+    finally:
+        queue.close()
+
+
+def test_an_iterator_keeps_its_snapshot_while_gc_and_clear_change_the_cache(
+    tmp_path: Path,
+) -> None:
+    queue = Queue.open(tmp_path / "db", quiet_config())
+    chain = Chain(queue)
+    try:
+        shard = SHARDS[0]
+        chain.apply(shard, 2)
+        a = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(4)])
+        b = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(4)])
+        ranges = [QueueShardRange(shard, a.messages[0].key, QueueKey.MAX)]
+        assert _cursors(queue, 0, ranges) == [CachedCursor]
+        it = queue.iterator(0, ranges, SHARDS[1])
+        mc = chain.apply(MC, 1)
+        queue.commit_diff([mc.top(), a.top(mc.seqno)])
+        queue.clear_uncommitted_state()  # deletes b
+        assert [m.message for m in queue.iterator(0, ranges, SHARDS[1])] == list(a.messages)
+        c = chain.apply(shard, [address_in(SHARDS[1], 9)])
+        got = [m.message for m in it]
+        assert got == [*a.messages, *b.messages]  # as when the iterator was opened
+        assert [m.message for m in queue.iterator(0, ranges, SHARDS[1])] == [
+            *a.messages,
+            *c.messages,
+        ]
+    finally:
+        queue.close()
+
+
+def test_a_blind_write_of_message_rows_makes_the_cache_forget(tmp_path: Path) -> None:
+    queue = Queue.open(tmp_path / "db", quiet_config())
+    chain = Chain(queue)
+    store = queue._store  # type: ignore[attr-defined]
+    try:
+        for _ in range(2):
+            chain.apply(SHARDS[0], 3)
+        assert store.cache.segments()
+        txn = store.transaction()
+        with txn.writer(Table.MESSAGES, cached=False) as (put, target):
+            [(k, v)] = codec.message_rows(SHARDS[0], [chain.build(SHARDS[0], 1).messages[0]])
+            put(k, v, target)
+        store.write(txn)
+        assert store.cache.segments() == {}
+        txn = store.transaction()
+        txn.put(Table.MESSAGES, k, v)
+        assert txn.cache_blind
+    finally:
+        queue.close()
+
+
+def test_puts_then_deletes_in_one_batch_make_the_cache_forget(tmp_path: Path) -> None:
+    queue = Queue.open(tmp_path / "db", quiet_config())
+    store = queue._store  # type: ignore[attr-defined]
+    chain = Chain(queue)
+    try:
+        for _ in range(2):
+            chain.apply(SHARDS[0], 3)
+        txn = store.transaction()
+        with txn.writer(Table.MESSAGES) as (put, target):
+            [(k, v)] = codec.message_rows(SHARDS[0], [chain.build(SHARDS[0], 1).messages[0]])
+            put(k, v, target)
+        assert not txn.cache_blind
+        txn.delete_range(Table.MESSAGES, k, codec.prefix_end(k))
+        assert txn.cache_blind  # the cache replays deletes first: not this batch's order
+    finally:
+        queue.close()
+
+
+def test_a_failed_write_makes_the_cache_forget(tmp_path: Path) -> None:
+    queue = Queue.open(tmp_path / "db", quiet_config())
+    store = queue._store  # type: ignore[attr-defined]
+    chain = Chain(queue)
+    try:
+        for _ in range(2):
+            chain.apply(SHARDS[0], 3)
+        assert store.cache.segments()
+
+        class Failing:
+            def __init__(self, db: Any) -> None:
+                self.db = db
+
+            def write(self, *_: Any) -> None:
+                raise OSError("IO error: No space left on device")
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.db, name)
+
+        real = store._db
+        store._db = Failing(real)
+        try:
+            with pytest.raises(StorageError):
+                chain.apply(SHARDS[0], 3)
+        finally:
+            store._db = real
+        assert store.cache.segments() == {}
+    finally:
+        queue.close()
+
+
+def test_every_reader_gets_its_own_rows_from_one_cached_segment(tmp_path: Path) -> None:
+    queue = Queue.open(tmp_path / "db", quiet_config())
+    chain = Chain(queue)
+    try:
+        src = SHARDS[0]
+        chain.apply(src, 1)
+        dsts = [address_in(SHARDS[i % 4], i) for i in range(40)]
+        d = chain.apply(src, dsts)
+        ranges = [QueueShardRange(src, d.messages[0].key, QueueKey.MAX)]
+        assert _cursors(queue, 0, ranges) == [CachedCursor]
+        for reader in SHARDS:
+            got, positions = _read(queue, ranges, reader, 0)
+            assert [m.message for m in got] == [m for m in d.messages if reader.contains(m.dst)]
+            assert positions[-1] == {src: d.messages[-1].key}  # skipped rows included
+    finally:
+        queue.close()

@@ -1,0 +1,329 @@
+"""The cache of fresh message rows (``imq.storage.cache``) against a model of the stored
+rows: whatever it serves is exactly what RocksDB holds in the range, whatever the
+sequence of writes, deletes and evictions; its C helpers equal their Python forms; and a
+filtered scan merges to the same messages and positions as the whole range."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from imq import iterator
+from imq.storage import cache as cache_mod
+from imq.storage import codec
+from imq.storage.cache import MessageCache, Tee
+from imq.storage.rocks import CachedCursor
+from imq.types import Address, Message, QueueKey, QueueShardRange, ShardIdent
+
+P = codec.MESSAGE_PREFIX_LEN
+SHARDS = [ShardIdent(0, 0x4000_0000_0000_0000), ShardIdent(0, 0xC000_0000_0000_0000)]
+Row = tuple[bytes, bytes]
+
+
+def row(partition: int, shard: ShardIdent, lt: int, dst_top: int = 0, wc: int = 0) -> Row:
+    """A real message row: key (partition, shard, lt, hash), destination account whose
+    first byte is ``dst_top``."""
+    dst = Address(wc, bytes([dst_top]) + bytes(31))
+    src = Address(0, b"\x01" * 32)
+    message = Message(QueueKey(lt, lt.to_bytes(32, "big")), src, dst, b"body")
+    [r] = codec.message_rows(shard, [message], (lambda _s, _d: partition) if partition else None)
+    return r
+
+
+def prefix(partition: int, shard: ShardIdent) -> bytes:
+    return codec.message_prefix(partition, shard)
+
+
+class Stored:
+    """The model: what RocksDB would hold, and ``top`` as the store computes it."""
+
+    def __init__(self) -> None:
+        self.rows: dict[bytes, bytes] = {}
+
+    def put(self, rows: list[Row]) -> None:
+        self.rows.update(rows)
+
+    def delete(self, lo: bytes, hi: bytes) -> None:
+        for key in [k for k in self.rows if lo <= k < hi]:
+            del self.rows[key]
+
+    def top(self, pre: bytes) -> bytes:
+        keys = [k for k in self.rows if k.startswith(pre)]
+        return max(keys) if keys else pre
+
+    def scan(self, lo: bytes, hi: bytes) -> list[Row]:
+        return sorted((k, v) for k, v in self.rows.items() if lo <= k < hi)
+
+
+def write(cache: MessageCache, stored: Stored, rows: list[Row], deleted: Any = ()) -> None:
+    """One batch, as Store.write hands it over: deletes, then rows per segment."""
+    for lo, hi in deleted:
+        stored.delete(lo, hi)
+    stored.put(rows)
+    kept: dict[bytes, list[Row]] = {}
+    tee = Tee(lambda *_: None, kept, P)
+    for k, v in rows:
+        tee(k, v, None)
+    cache.after_write(kept, list(deleted), stored.top, in_order=not tee.unordered)
+
+
+def test_a_segment_is_known_from_its_first_write_and_caches_the_next() -> None:
+    cache, stored = MessageCache(1 << 20, P), Stored()
+    s = SHARDS[0]
+    lo, hi = codec.message_range(0, s, QueueKey.MIN, QueueKey.MAX)
+    assert cache.scan(lo, hi) is None  # unknown segment: RocksDB
+    first = [row(0, s, lt) for lt in (10, 11)]
+    write(cache, stored, first)
+    # Known now, its floor the greatest stored key: rows written before are never claimed.
+    assert cache.segments()[prefix(0, s)] == (first[-1][0], [])
+    assert cache.scan(lo, hi) is None  # the range starts at or below the floor
+    second = [row(0, s, lt) for lt in (12, 13)]
+    write(cache, stored, second)
+    above = codec.message_key(0, s, QueueKey(12, bytes(32)))
+    assert cache.scan(above, hi) == (second, 0)
+    assert cache.scan(above, codec.message_key(0, s, QueueKey(13, bytes(32)))) == (second[:1], 0)
+
+
+def test_a_scan_leaving_its_segment_goes_to_rocksdb() -> None:
+    cache, stored = MessageCache(1 << 20, P), Stored()
+    s = SHARDS[0]
+    write(cache, stored, [row(0, s, 1)])
+    write(cache, stored, [row(0, s, 2)])
+    lo = codec.message_key(0, s, QueueKey(2, bytes(32)))
+    assert cache.scan(lo, codec.prefix_end(prefix(0, s))) == ([row(0, s, 2)], 0)
+    assert cache.scan(lo, codec.prefix_end(prefix(0, s)) + b"\x00") is None
+    assert cache.scan(lo, codec.message_key(1, s, QueueKey.MIN)) is None
+
+
+def test_an_unreadable_top_leaves_the_segment_unknown() -> None:
+    cache = MessageCache(1 << 20, P)
+    r = row(0, SHARDS[0], 1)
+    cache.after_write({r[0][:P]: [r]}, [], lambda _p: None)
+    assert cache.segments() == {}
+
+
+def test_a_row_that_is_not_a_message_row_makes_the_cache_forget() -> None:
+    cache, stored = MessageCache(1 << 20, P), Stored()
+    s = SHARDS[0]
+    write(cache, stored, [row(0, s, 1)])
+    write(cache, stored, [row(0, s, 2)])
+    bad = (codec.message_key(0, s, QueueKey(3, bytes(32))), b"short")
+    cache.after_write({bad[0][:P]: [bad]}, [], Stored().top)
+    assert cache.segments() == {}
+    assert cache.nbytes == 0
+
+
+def test_a_disabled_cache_keeps_nothing() -> None:
+    cache, stored = MessageCache(0, P), Stored()
+    for lt in range(3):
+        write(cache, stored, [row(0, SHARDS[0], lt)])
+    assert not cache.enabled
+    assert cache.segments() == {}
+
+
+def test_eviction_raises_the_floor_oldest_first() -> None:
+    one = len(row(0, SHARDS[0], 1)[0]) + len(row(0, SHARDS[0], 1)[1])
+    per_row = one + cache_mod.ROW_OVERHEAD + cache_mod.ROUTE_LEN
+    cache, stored = MessageCache(10 * per_row, P), Stored()
+    s = SHARDS[0]
+    write(cache, stored, [row(0, s, 0)])
+    write(cache, stored, [row(0, s, lt) for lt in range(1, 12)])  # 11 rows > 10
+    floor, rows = cache.segments()[prefix(0, s)]
+    assert cache.nbytes <= 10 * per_row * 3 // 4
+    assert rows  # the newer half stays
+    assert rows == [r for r in stored.scan(floor, codec.prefix_end(prefix(0, s))) if r[0] > floor]
+
+
+def test_cached_rows_are_outside_the_cyclic_gc() -> None:
+    if cache_mod.speedups is None:
+        pytest.skip("the C Tee is not built")
+    kept: dict[bytes, list[Row]] = {}
+    r = row(0, SHARDS[0], 1)
+    Tee(lambda *_: None, kept, P)(r[0], r[1], None)
+    [[stored]] = kept.values()
+    assert not gc.is_tracked(stored)
+
+
+@pytest.mark.parametrize("tee", [cache_mod._PyTee, Tee], ids=["python", "default"])
+def test_tee_puts_every_row_and_keeps_it_per_segment(tee: Any) -> None:
+    put: list[tuple[bytes, bytes, object]] = []
+    kept: dict[bytes, list[Row]] = {}
+    t = tee(lambda k, v, target: put.append((k, v, target)), kept, P)
+    a, b = row(0, SHARDS[0], 2), row(1, SHARDS[0], 1)
+    for r in (a, b, row(0, SHARDS[0], 3)):
+        t(r[0], r[1], "cf")
+    assert [p[2] for p in put] == ["cf"] * 3
+    assert kept == {prefix(0, SHARDS[0]): [a, row(0, SHARDS[0], 3)], prefix(1, SHARDS[0]): [b]}
+    assert not t.unordered
+    t(a[0], a[1], None)  # a key again: not above its list's last row
+    assert t.unordered
+
+
+# -- the invariant, under random sequences -----------------------------------------------------
+
+LTS = st.integers(0, 30)
+op = st.one_of(
+    st.tuples(st.just("put"), st.integers(0, 1), st.integers(0, 1), st.lists(LTS, max_size=8)),
+    st.tuples(st.just("delete"), st.integers(0, 1), st.integers(0, 1), st.tuples(LTS, LTS)),
+)
+STEP = 10  # each op's lts start this much above the previous op's: mostly appends
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(op, max_size=30),
+    budget_rows=st.integers(1, 40),
+    scans=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1), LTS, LTS), max_size=12),
+    reader_top=st.integers(0, 3),
+)
+def test_a_cached_scan_is_exactly_the_stored_range(
+    ops: list[Any], budget_rows: int, scans: list[Any], reader_top: int
+) -> None:
+    """Puts (in order, out of order, again), range deletes and evictions in any order:
+    every scan the cache answers equals the stored rows of its range, and its filtered
+    form is the filter of those rows."""
+    per_row = 300
+    cache, stored = MessageCache(budget_rows * per_row, P), Stored()
+    for i, (kind, partition, shard_i, arg) in enumerate(ops):
+        shard, base = SHARDS[shard_i], i * STEP
+        if kind == "put":
+            rows = [row(partition, shard, base + lt + 90, dst_top=lt % 4 * 64) for lt in arg]
+            write(cache, stored, rows)
+        else:
+            a, b = sorted(arg)
+            lo = codec.message_key(partition, shard, QueueKey(base + a + 90 - STEP, bytes(32)))
+            hi = codec.message_key(partition, shard, QueueKey(base + b + 90, bytes(32)))
+            if lo < hi:
+                write(cache, stored, [], [(lo, hi)])
+    reader = (128, 2, reader_top)  # workchain 0, accounts whose top 2 bits are reader_top
+    end = len(ops) * STEP + 90
+    for partition, shard_i, a, b in scans:
+        shard = SHARDS[shard_i]
+        lo = codec.message_key(partition, shard, QueueKey(end - 3 * a, bytes(32)))
+        hi = codec.message_key(partition, shard, QueueKey(end - 3 * a + 3 * b, bytes(32)))
+        got = cache.scan(lo, hi)
+        if got is not None:
+            assert got == (stored.scan(lo, hi), 0)
+            filtered = cache.scan(lo, hi, reader)
+            assert filtered is not None
+            assert filtered == cache_mod._filter_rows_py(
+                got[0], cache_mod._routes_py(got[0], 0), 0, len(got[0]), *reader
+            )
+    for pre, (floor, rows) in cache.segments().items():  # the invariant itself
+        assert rows == [r for r in stored.scan(pre, codec.prefix_end(pre)) if r[0] > floor]
+
+
+# -- filter_rows: C against Python, and what the merge makes of a filtered scan ----------------
+
+ROWS = st.lists(st.tuples(st.integers(0, 255), st.sampled_from([0, -1])), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    dsts=ROWS,
+    bounds=st.tuples(st.integers(0, 40), st.integers(0, 40)),
+    reader=st.tuples(st.sampled_from([128, 127, -1]), st.integers(0, 8), st.integers(0, 255)),
+)
+def test_filter_rows_in_c_equals_python(
+    dsts: list[tuple[int, int]], bounds: tuple[int, int], reader: tuple[int, int, int]
+) -> None:
+    if cache_mod.speedups is None:
+        pytest.skip("the C helpers are not built")
+    rows = [row(0, SHARDS[0], i, top, wc) for i, (top, wc) in enumerate(dsts)]
+    start, stop = sorted(b % (len(rows) + 1) for b in bounds)
+    wc_byte, plen, want = reader[0], reader[1], reader[2] >> (8 - reader[1])
+    routes = cache_mod._routes_py(rows, 0)
+    assert cache_mod.speedups.routes(rows, 0) == routes
+    assert cache_mod.speedups.routes(rows, start) == routes[start * cache_mod.ROUTE_LEN :]
+    assert cache_mod.speedups.filter_rows(
+        rows, bytearray(routes), start, stop, wc_byte, plen, want
+    ) == cache_mod._filter_rows_py(rows, routes, start, stop, wc_byte, plen, want)
+
+
+def test_routes_refuses_what_is_not_a_message_row() -> None:
+    with pytest.raises(ValueError, match="message row"):
+        cache_mod._routes([(b"k", b"v")], 0)
+    with pytest.raises(ValueError, match="message row"):
+        cache_mod._routes_py([(b"k", b"v")], 0)
+
+
+class _Snap:
+    def __init__(self, cursors: list[CachedCursor]) -> None:
+        self.cursors = cursors
+        self.state = None
+
+    def close(self) -> None:
+        for c in self.cursors:
+            c.close()
+
+
+def _walk(it: iterator.QueueIterator) -> Iterator[tuple[Any, dict[ShardIdent, QueueKey]]]:
+    for message in it:
+        yield message, it.current_position()
+    yield None, it.current_position()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sources=st.lists(
+        st.lists(st.tuples(st.integers(1, 60), st.integers(0, 3)), max_size=15),
+        min_size=1,
+        max_size=3,
+    ),
+    stop_after=st.integers(0, 20),
+)
+def test_a_filtered_scan_merges_to_the_same_messages_and_positions(
+    sources: list[list[tuple[int, int]]], stop_after: int
+) -> None:
+    """Leaving out all but the last row of each run of rows the reader skips changes
+    nothing a consumer sees: messages, positions after each one, positions at the end,
+    and the skipped count (what merge_fill skips plus what the scan dropped)."""
+    shards = [ShardIdent(0, (2 * i + 1) << 61) for i in range(len(sources))]
+    for_shard = ShardIdent(0, 0x4000_0000_0000_0000)  # accounts whose top 2 bits are 01
+    reader = iterator.destination_test(for_shard)
+    full: list[list[Row]] = []
+    for shard, spec in zip(shards, sources, strict=True):
+        lts = sorted({lt * 4 + shards.index(shard) for lt, _ in spec})
+        tops = [top for _, top in spec]
+        full.append([row(0, shard, lt, dst_top=t * 64) for lt, t in zip(lts, tops, strict=False)])
+    ranges = [QueueShardRange(s, QueueKey.MIN, QueueKey.MAX) for s in shards]
+
+    def run(filtered: bool) -> tuple[list[Any], list[int], bool]:
+        cursors = []
+        for rows in full:
+            if filtered:
+                kept, dropped = cache_mod._filter_rows(
+                    rows, cache_mod._routes(rows, 0), 0, len(rows), *reader
+                )
+                cursors.append(CachedCursor(kept, dropped))
+            else:
+                cursors.append(CachedCursor(list(rows)))
+        done: list[int] = []
+        it = iterator.QueueIterator(
+            _Snap(cursors), ranges, for_shard, lambda _y, skipped: done.append(skipped)
+        )
+        seen = []
+        finished = True
+        for i, step in enumerate(_walk(it)):
+            seen.append(step)
+            if i == stop_after and step[0] is not None:
+                it.close()  # a consumer that stops early keeps what it took
+                seen.append((None, it.current_position()))
+                finished = False
+                break
+        it.close()
+        return seen, done, finished
+
+    for pure in (False, True):
+        with iterator.pure_python() if pure else nullcontext():
+            whole, skipped_whole, finished = run(False)
+            part, skipped_part, _ = run(True)
+        assert part == whole
+        if finished:  # the whole skipped count is known once the merge ran to its end
+            assert skipped_part == skipped_whole
