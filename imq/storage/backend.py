@@ -135,6 +135,14 @@ class StoreProtocol(Protocol):
         self, points: Iterable[Table] = (), scans: Sequence[Scan] = ()
     ) -> SnapshotProtocol: ...
 
+    def message_snapshot(
+        self, bounds: Sequence[tuple[bytes, bytes]], reader: tuple[int, int, int] | None
+    ) -> SnapshotProtocol:
+        """``snapshot`` with one forward scan of the messages table per ``[lo, hi)`` of
+        ``bounds`` (each inside one segment), for the merge iterator whose destination
+        test is ``reader`` (see :class:`Scan`)."""
+        ...
+
     def transaction(self) -> TransactionProtocol: ...
 
     def write(self, txn: TransactionProtocol, *, sync: bool = False) -> None: ...

@@ -20,9 +20,10 @@ under the store's write gate, right after RocksDB took it:
 - a write whose message rows were not kept (an import, a point delete): the cache
   forgets every segment.
 
-A segment becomes known when a write touches it: the floor is then its greatest stored
-key, found by one reverse seek after that write, so the rows the segment had before
-(written before the queue opened, or before the cache forgot it) are never claimed.
+A segment becomes known when a write or a read first touches it: its floor is then its
+greatest stored key, found by one reverse seek just before that write (or at that read),
+so the rows the segment had before (written before the queue opened, or before the cache
+forgot it) are never claimed, and the rows of that first write are cached.
 When the cache holds more than its budget, it raises the floor of its largest segment
 past the older half of that segment's rows. A scan is served from the cache only when
 it lies inside one known segment, above its floor; any other scan goes to RocksDB. So
@@ -96,11 +97,12 @@ Tee: Any = _PyTee if speedups is None else speedups.Tee
 
 
 class _Segment:
-    __slots__ = ("floor", "nbytes", "routes", "rows")
+    __slots__ = ("floor", "keys", "nbytes", "routes", "rows")
 
     def __init__(self, floor: bytes) -> None:
         self.floor = floor  # rows stored above this key are exactly ``rows``
         self.rows: list[Row] = []
+        self.keys: list[bytes] = []  # the rows' keys, for bisection
         self.routes = bytearray()  # ROUTE_LEN bytes a row, in step with ``rows``
         self.nbytes = 0
 
@@ -197,6 +199,27 @@ class MessageCache:
         """Each known segment's floor and a copy of its rows (for tests and inspection)."""
         return {p: (s.floor, list(s.rows)) for p, s in self._segments.items()}
 
+    def check(self) -> None:
+        """Raise ``AssertionError`` unless the bookkeeping holds (for tests): keys and
+        routes in step with the rows, rows strictly ascending above the floor, sizes
+        summed exactly."""
+        total = 0
+        for segment in self._segments.values():
+            rows = segment.rows
+            if segment.keys != [r[0] for r in rows]:
+                raise AssertionError("keys out of step with the rows")
+            if bytes(segment.routes) != _routes_py(rows, 0):
+                raise AssertionError("routes out of step with the rows")
+            if any(a >= b for a, b in zip(segment.keys, segment.keys[1:], strict=False)):
+                raise AssertionError("rows not strictly ascending")
+            if rows and rows[0][0] <= segment.floor:
+                raise AssertionError("a row at or below the floor")
+            if segment.nbytes != _size(rows):
+                raise AssertionError("segment size miscounted")
+            total += segment.nbytes
+        if total != self._nbytes:
+            raise AssertionError("cache size miscounted")
+
     # -- the write path ------------------------------------------------------------------------
 
     def forget(self) -> None:
@@ -204,37 +227,43 @@ class MessageCache:
         self._segments.clear()
         self._nbytes = 0
 
+    def unknown(self, prefixes: Iterable[bytes]) -> list[bytes]:
+        """Those of ``prefixes`` whose segment the cache does not know (none when off)."""
+        if not self.enabled:
+            return []
+        return [p for p in prefixes if p not in self._segments]
+
+    def establish(self, prefix: bytes, top: bytes | None) -> None:
+        """Start watching a segment whose greatest stored key is ``top`` (the prefix
+        itself when it holds none): no row above it is stored, so none is cached. With
+        ``top=None`` (RocksDB could not tell) the segment stays unknown."""
+        if self.enabled and top is not None and prefix not in self._segments:
+            self._segments[prefix] = _Segment(top)
+
     def after_write(
         self,
         kept: Mapping[bytes, list[Row]],
         deleted: Iterable[tuple[bytes, bytes]],
-        top: Callable[[bytes], bytes | None],
         *,
         in_order: bool = True,
     ) -> None:
         """Take one written batch: its deleted ranges of the messages table, then the rows
         it put, per segment, in the order put (each list strictly ascending when
-        ``in_order``). ``top(prefix)`` is the greatest key stored in a segment now (the
-        prefix itself when it holds none), or ``None`` when it cannot be read: the
-        segment then stays unknown. A row that is not a message row makes the cache
-        forget everything (it never serves what it cannot route)."""
+        ``in_order``). Rows of a segment the cache does not know are not kept (the store
+        establishes the segments a batch writes before writing it). A row that is not a
+        message row makes the cache forget everything (it never serves what it cannot
+        route)."""
         if not self.enabled:
             return
         try:
             for lo, hi in deleted:
                 self._delete_range(lo, hi)
             for prefix, put in kept.items():
-                if not put:
+                segment = self._segments.get(prefix)
+                if segment is None or not put:
                     continue
                 # Out of order: sort, and the last put of a key wins, as in the batch.
-                rows = put if in_order else sorted(dict(put).items())
-                segment = self._segments.get(prefix)
-                if segment is None:
-                    floor = top(prefix)
-                    if floor is not None:
-                        self._segments[prefix] = _Segment(floor)
-                    continue  # every row just written lies at or below the new floor
-                self._add(segment, rows)
+                self._add(segment, put if in_order else sorted(dict(put).items()))
         except ValueError:
             self.forget()
             return
@@ -251,6 +280,7 @@ class MessageCache:
         if not cached or rows[0][0] > cached[-1][0]:
             routes = _routes(rows, 0)  # checks every row before anything changes
             cached.extend(rows)  # the usual case: a shard's next diff
+            segment.keys.extend(map(_key, rows))
             segment.routes += routes
             added = _size(rows)
         else:  # keys at or below the newest cached one: merge, a key put again replaces
@@ -260,6 +290,7 @@ class MessageCache:
             routes = _routes(rebuilt, 0)
             before = segment.nbytes
             cached[:] = rebuilt
+            segment.keys[:] = map(_key, rebuilt)
             segment.routes[:] = routes
             segment.nbytes = _size(rebuilt)
             added = segment.nbytes - before
@@ -273,11 +304,13 @@ class MessageCache:
             rows = segment.rows
             if not rows or rows[-1][0] < lo or rows[0][0] >= hi:
                 continue
-            i = bisect_left(rows, (lo,))
-            j = bisect_left(rows, (hi,))
+            keys = segment.keys
+            i = bisect_left(keys, lo)
+            j = bisect_left(keys, hi)
             if i < j:
                 gone = _size(rows[i:j])
                 del rows[i:j]
+                del keys[i:j]
                 del segment.routes[i * ROUTE_LEN : j * ROUTE_LEN]
                 segment.nbytes -= gone
                 self._nbytes -= gone
@@ -295,6 +328,7 @@ class MessageCache:
             gone = _size(rows[:cut])
             segment.floor = rows[cut - 1][0]
             del rows[:cut]
+            del segment.keys[:cut]
             del segment.routes[: cut * ROUTE_LEN]
             segment.nbytes -= gone
             self._nbytes -= gone
@@ -323,12 +357,11 @@ class MessageCache:
             return None
         self.hits += 1
         rows = segment.rows
-        if not rows or hi <= rows[0][0] or lo > rows[-1][0]:
+        keys = segment.keys
+        if not keys or hi <= keys[0] or lo > keys[-1]:
             return [], 0
-        # (key,) sorts just before the row (key, value): a bisection by tuple comparison,
-        # with no key function called per probe.
-        i = bisect_left(rows, (lo,))
-        j = bisect_left(rows, (hi,))
+        i = bisect_left(keys, lo)
+        j = bisect_left(keys, hi)
         if reader is None:
             return rows[i:j], 0
         return _filter_rows(rows, segment.routes, i, j, *reader)

@@ -234,6 +234,7 @@ def _inclusive_end(prefix: bytes, key: QueueKey) -> bytes:
 # messages
 
 
+@lru_cache(maxsize=4096)
 def message_prefix(partition: int, shard: ShardIdent) -> bytes:
     return _U16.pack(partition) + shard_bytes(shard)
 
@@ -247,7 +248,11 @@ def message_range(
 ) -> tuple[bytes, bytes]:
     """``[from_key, to_key)`` of one (partition, source shard)."""
     prefix = message_prefix(partition, shard)
-    return prefix + key_bytes(from_key), prefix + key_bytes(to_key)
+    # key_bytes inlined: every iterator builds one range per source shard
+    return (
+        prefix + from_key[0].to_bytes(8, "big") + from_key[1],
+        prefix + to_key[0].to_bytes(8, "big") + to_key[1],
+    )
 
 
 def message_delete_range(

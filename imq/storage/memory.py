@@ -212,6 +212,11 @@ class MemoryStore:
         rows = self._tables[scan.table]
         return MemoryCursor([(k, rows[k]) for k in selected])
 
+    def message_snapshot(
+        self, bounds: Sequence[tuple[bytes, bytes]], reader: tuple[int, int, int] | None
+    ) -> MemorySnapshot:
+        return self.snapshot(scans=[Scan(Table.MESSAGES, lo, hi) for lo, hi in bounds])
+
     def snapshot(self, points: Iterable[Table] = (), scans: Sequence[Scan] = ()) -> MemorySnapshot:
         with self._gate:
             self._check_open()

@@ -450,12 +450,13 @@ def open_messages(
 ) -> Snapshot:
     """A snapshot whose cursors are the messages of ``partition`` in each of ``ranges``,
     one per range and in order: the sources :class:`imq.iterator.QueueIterator` merges
-    (``reader``: its destination test, see :class:`Scan`)."""
-    scans = []
+    (``reader``: its destination test, see :meth:`Store.message_snapshot`)."""
+    bounds = []
+    message_range = codec.message_range
     for r in ranges:
-        lo, hi = codec.message_range(partition, r.shard, r.from_key, r.to_key)
-        scans.append(Scan(Table.MESSAGES, lo, max(lo, hi), reader=reader))
-    return store.snapshot(scans=scans)
+        lo, hi = message_range(partition, r.shard, r.from_key, r.to_key)
+        bounds.append((lo, hi if hi > lo else lo))
+    return store.message_snapshot(bounds, reader)
 
 
 # ---------------------------------------------------------------------------------------------

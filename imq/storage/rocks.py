@@ -67,6 +67,7 @@ __all__ = [
 ]
 
 LOCK_FILE = "imq.lock"
+_SEGMENT = codec.MESSAGE_PREFIX_LEN  # a message key's (partition, source shard) prefix
 
 
 class Closable(Protocol):
@@ -86,10 +87,6 @@ class Scan(NamedTuple):
     keys_only: bool = False
     reverse: bool = False
     seekable: bool = False  # a raw iterator for Cursor.count over many sub-ranges
-    # The messages table only: the merge iterator's destination test (see
-    # imq.iterator.destination_test). A scan served by the cache of fresh rows then
-    # leaves out the rows the merge would skip without a trace (imq.storage.cache).
-    reader: tuple[int, int, int] | None = None
 
 
 def _read_error(path: object, table: Table, key: bytes, exc: BaseException) -> ImqError:
@@ -715,28 +712,66 @@ class Store:
     # -- reads --------------------------------------------------------------------------------
 
     def snapshot(self, points: Iterable[Table] = (), scans: Sequence[Scan] = ()) -> Snapshot:
-        """Open a consistent view: point reads on ``points``, one cursor per scan."""
-        cache = self.cache
+        """Open a consistent view: point reads on ``points``, one cursor per scan. A
+        forward scan of the messages table inside one segment is served by the cache
+        of fresh rows when it can be (:mod:`imq.storage.cache`)."""
         with self._gate:
             self._check_open()
             snaps = {t: self._tables[t].snapshot() for t in points}
             cursors: list[Cursor | CachedCursor] = []
             for s in scans:
-                rows = None
+                cached = None
                 if (
                     s.table is Table.MESSAGES
-                    and cache.enabled
                     and s.hi is not None
                     and not (s.reverse or s.keys_only or s.seekable)
                 ):
-                    rows = cache.scan(s.lo, s.hi, s.reader)
+                    cached = self._cached(s.lo, s.hi, None)
                 cursors.append(
-                    Cursor(self._tables[s.table], s, self.path)
-                    if rows is None
-                    else CachedCursor(*rows)
+                    Cursor(self._tables[s.table], s, self.path) if cached is None else cached
                 )
             state = self._state
         return Snapshot(self, snaps, cursors, state)
+
+    def message_snapshot(
+        self, bounds: Sequence[tuple[bytes, bytes]], reader: tuple[int, int, int] | None
+    ) -> Snapshot:
+        """:meth:`snapshot` of the merge iterator's scans: one forward scan of the
+        messages table per ``[lo, hi)``; the cache of fresh rows serves every one it can,
+        leaving out the rows a reader with destination test ``reader``
+        (:func:`imq.iterator.destination_test`) would skip unseen."""
+        with self._gate:
+            self._check_open()
+            messages = self._tables[Table.MESSAGES]
+            cursors: list[Cursor | CachedCursor] = []
+            for lo, hi in bounds:
+                cached = self._cached(lo, hi, reader)
+                cursors.append(
+                    Cursor(messages, Scan(Table.MESSAGES, lo, hi), self.path)
+                    if cached is None
+                    else cached
+                )
+            state = self._state
+        return Snapshot(self, {}, cursors, state)
+
+    def _cached(
+        self, lo: bytes, hi: bytes, reader: tuple[int, int, int] | None
+    ) -> CachedCursor | None:
+        """The cache's answer to ``[lo, hi)`` of the messages table, or ``None``. A
+        segment seen for the first time is watched from now on. Under the gate."""
+        cache = self.cache
+        if not cache.enabled:
+            return None
+        rows = cache.scan(lo, hi, reader)
+        if rows is None:
+            prefix = lo[:_SEGMENT]
+            if not cache.unknown((prefix,)):
+                return None
+            cache.establish(prefix, self._segment_top(prefix))
+            rows = cache.scan(lo, hi, reader)
+            if rows is None:
+                return None
+        return CachedCursor(*rows)
 
     @property
     def state(self) -> QueueState:
@@ -775,17 +810,21 @@ class Store:
             raise TypeError(f"a RocksDB store writes Transaction, not {type(txn).__name__}")
         with self._gate:
             self._check_open()
+            cache = self.cache
+            if txn.kept and not txn.cache_blind:
+                # Segments this batch writes first: their floor is what is stored before
+                # it, so the batch's own rows are cached.
+                for prefix in cache.unknown(txn.kept):
+                    cache.establish(prefix, self._segment_top(prefix))
             try:
                 self._db.write(txn.batch, self._sync) if sync else self._db.write(txn.batch)
             except Exception as exc:  # rocksdict raises a bare Exception("IO error: ...")
-                self.cache.forget()  # whatever the batch did, the cache must not vouch
+                cache.forget()  # whatever the batch did, the cache must not vouch for it
                 raise self._failed("write", exc) from exc
             if txn.cache_blind:
-                self.cache.forget()
+                cache.forget()
             elif txn.kept or txn.deleted_messages:
-                self.cache.after_write(
-                    txn.kept, txn.deleted_messages, self._segment_top, in_order=txn.kept_in_order
-                )
+                cache.after_write(txn.kept, txn.deleted_messages, in_order=txn.kept_in_order)
             state = self._state
             for update in txn.state_updates:
                 state = update(state)
@@ -794,7 +833,7 @@ class Store:
     def _segment_top(self, prefix: bytes) -> bytes | None:
         """The greatest stored key of the messages table starting with ``prefix``: the
         prefix itself when there is none; ``None`` when RocksDB cannot tell (a damaged
-        block). One reverse seek; called under the gate, after a write."""
+        block). One reverse seek; called under the gate."""
         end = codec.prefix_end(prefix)
         ro = ReadOptions()
         ro.set_iterate_upper_bound(end)

@@ -127,19 +127,24 @@ def test_fresh_diffs_are_read_from_the_cache_and_older_ones_from_rocksdb(tmp_pat
     try:
         shard = SHARDS[0]
         first = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(3)])
-        second = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(3)])
-        # the first write made the segment known (its floor: the first diff's last key)
-        old = [QueueShardRange(shard, first.messages[0].key, QueueKey.MAX)]
-        new = [QueueShardRange(shard, second.messages[0].key, QueueKey.MAX)]
-        assert _cursors(queue, 0, old) == [Cursor]
-        assert _cursors(queue, 0, new) == [CachedCursor]
-        got = [m.message for m in queue.iterator(0, new, SHARDS[1])]
-        assert got == list(second.messages)
+        whole = [QueueShardRange(shard, QueueKey.MIN, QueueKey.MAX)]
+        assert _cursors(queue, 0, whole) == [CachedCursor]  # every row written since open
         queue.close()
         queue = Queue.open(tmp_path / "db", quiet_config())
-        # after a reopen every row is RocksDB's until a write makes the segment known
-        assert _cursors(queue, 0, new) == [Cursor]
+        chain.queue = queue
+        # After a reopen the stored rows are RocksDB's; the first read (or write) of the
+        # segment starts watching it above them.
+        assert _cursors(queue, 0, whole) == [Cursor]
+        second = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(3)])
+        new = [QueueShardRange(shard, second.messages[0].key, QueueKey.MAX)]
+        assert _cursors(queue, 0, whole) == [Cursor]
+        assert _cursors(queue, 0, new) == [CachedCursor]
+        got = [m.message for m in queue.iterator(0, whole, SHARDS[1])]
+        assert got == [*first.messages, *second.messages]
         assert [m.message for m in queue.iterator(0, new, SHARDS[1])] == list(second.messages)
+        # a segment never written reads as empty from the cache once seen
+        empty = [QueueShardRange(SHARDS[2], QueueKey.MIN, QueueKey.MAX)]
+        assert _cursors(queue, 1, empty) == [CachedCursor]
     finally:
         queue.close()
 
@@ -151,7 +156,6 @@ def test_an_iterator_keeps_its_snapshot_while_gc_and_clear_change_the_cache(
     chain = Chain(queue)
     try:
         shard = SHARDS[0]
-        chain.apply(shard, 2)
         a = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(4)])
         b = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(4)])
         ranges = [QueueShardRange(shard, a.messages[0].key, QueueKey.MAX)]
@@ -177,8 +181,7 @@ def test_a_blind_write_of_message_rows_makes_the_cache_forget(tmp_path: Path) ->
     chain = Chain(queue)
     store = queue._store  # type: ignore[attr-defined]
     try:
-        for _ in range(2):
-            chain.apply(SHARDS[0], 3)
+        chain.apply(SHARDS[0], 3)
         assert store.cache.segments()
         txn = store.transaction()
         with txn.writer(Table.MESSAGES, cached=False) as (put, target):
@@ -247,7 +250,6 @@ def test_every_reader_gets_its_own_rows_from_one_cached_segment(tmp_path: Path) 
     chain = Chain(queue)
     try:
         src = SHARDS[0]
-        chain.apply(src, 1)
         dsts = [address_in(SHARDS[i % 4], i) for i in range(40)]
         d = chain.apply(src, dsts)
         ranges = [QueueShardRange(src, d.messages[0].key, QueueKey.MAX)]

@@ -62,32 +62,45 @@ class Stored:
 
 
 def write(cache: MessageCache, stored: Stored, rows: list[Row], deleted: Any = ()) -> None:
-    """One batch, as Store.write hands it over: deletes, then rows per segment."""
-    for lo, hi in deleted:
-        stored.delete(lo, hi)
-    stored.put(rows)
+    """One batch, as Store.write hands it over: the segments it writes are established
+    first (their floor: what is stored before it), then its deletes and rows are taken."""
     kept: dict[bytes, list[Row]] = {}
     tee = Tee(lambda *_: None, kept, P)
     for k, v in rows:
         tee(k, v, None)
-    cache.after_write(kept, list(deleted), stored.top, in_order=not tee.unordered)
+    for pre in cache.unknown(kept):
+        cache.establish(pre, stored.top(pre))
+    for lo, hi in deleted:
+        stored.delete(lo, hi)
+    stored.put(rows)
+    cache.after_write(kept, list(deleted), in_order=not tee.unordered)
 
 
-def test_a_segment_is_known_from_its_first_write_and_caches_the_next() -> None:
+def test_a_segment_is_known_from_its_first_write_and_caches_it() -> None:
     cache, stored = MessageCache(1 << 20, P), Stored()
     s = SHARDS[0]
     lo, hi = codec.message_range(0, s, QueueKey.MIN, QueueKey.MAX)
+    before = [row(0, s, lt) for lt in (8, 9)]
+    stored.put(before)  # written before the cache watched (before the queue opened)
     assert cache.scan(lo, hi) is None  # unknown segment: RocksDB
     first = [row(0, s, lt) for lt in (10, 11)]
     write(cache, stored, first)
-    # Known now, its floor the greatest stored key: rows written before are never claimed.
-    assert cache.segments()[prefix(0, s)] == (first[-1][0], [])
+    # Known now, its floor the greatest key stored before: older rows are never claimed.
+    assert cache.segments()[prefix(0, s)] == (before[-1][0], first)
     assert cache.scan(lo, hi) is None  # the range starts at or below the floor
-    second = [row(0, s, lt) for lt in (12, 13)]
-    write(cache, stored, second)
-    above = codec.message_key(0, s, QueueKey(12, bytes(32)))
-    assert cache.scan(above, hi) == (second, 0)
-    assert cache.scan(above, codec.message_key(0, s, QueueKey(13, bytes(32)))) == (second[:1], 0)
+    above = codec.message_key(0, s, QueueKey(10, bytes(32)))
+    assert cache.scan(above, hi) == (first, 0)
+    assert cache.scan(above, codec.message_key(0, s, QueueKey(11, bytes(32)))) == (first[:1], 0)
+
+
+def test_a_segment_first_seen_by_a_read_is_empty_above_its_top() -> None:
+    cache, stored = MessageCache(1 << 20, P), Stored()
+    s = SHARDS[0]
+    cache.establish(prefix(1, s), stored.top(prefix(1, s)))  # what a read does
+    lo, hi = codec.message_range(1, s, QueueKey.MIN, QueueKey.MAX)
+    assert cache.scan(lo, hi) == ([], 0)  # an empty segment: every range is served
+    cache.establish(prefix(0, s), None)  # RocksDB could not tell
+    assert cache.unknown([prefix(0, s), prefix(1, s)]) == [prefix(0, s)]
 
 
 def test_a_scan_leaving_its_segment_goes_to_rocksdb() -> None:
@@ -101,20 +114,12 @@ def test_a_scan_leaving_its_segment_goes_to_rocksdb() -> None:
     assert cache.scan(lo, codec.message_key(1, s, QueueKey.MIN)) is None
 
 
-def test_an_unreadable_top_leaves_the_segment_unknown() -> None:
-    cache = MessageCache(1 << 20, P)
-    r = row(0, SHARDS[0], 1)
-    cache.after_write({r[0][:P]: [r]}, [], lambda _p: None)
-    assert cache.segments() == {}
-
-
 def test_a_row_that_is_not_a_message_row_makes_the_cache_forget() -> None:
     cache, stored = MessageCache(1 << 20, P), Stored()
     s = SHARDS[0]
     write(cache, stored, [row(0, s, 1)])
-    write(cache, stored, [row(0, s, 2)])
     bad = (codec.message_key(0, s, QueueKey(3, bytes(32))), b"short")
-    cache.after_write({bad[0][:P]: [bad]}, [], Stored().top)
+    cache.after_write({bad[0][:P]: [bad]}, [])
     assert cache.segments() == {}
     assert cache.nbytes == 0
 
@@ -132,8 +137,7 @@ def test_eviction_raises_the_floor_oldest_first() -> None:
     per_row = one + cache_mod.ROW_OVERHEAD + cache_mod.ROUTE_LEN
     cache, stored = MessageCache(10 * per_row, P), Stored()
     s = SHARDS[0]
-    write(cache, stored, [row(0, s, 0)])
-    write(cache, stored, [row(0, s, lt) for lt in range(1, 12)])  # 11 rows > 10
+    write(cache, stored, [row(0, s, lt) for lt in range(11)])  # 11 rows > 10
     floor, rows = cache.segments()[prefix(0, s)]
     assert cache.nbytes <= 10 * per_row * 3 // 4
     assert rows  # the newer half stays
@@ -217,6 +221,7 @@ def test_a_cached_scan_is_exactly_the_stored_range(
             )
     for pre, (floor, rows) in cache.segments().items():  # the invariant itself
         assert rows == [r for r in stored.scan(pre, codec.prefix_end(pre)) if r[0] > floor]
+    cache.check()
 
 
 # -- filter_rows: C against Python, and what the merge makes of a filtered scan ----------------
