@@ -1286,7 +1286,8 @@ take_type(PyObject *obj, PyTypeObject **slot)
  */
 #define ROUTE_LEN 9
 
-/* routes(rows, start) -> bytes: the routes of rows[start:] (a list of message rows). */
+/* routes(rows, start) -> (bytes, value_bytes): the routes of rows[start:] (a list of
+ * message rows), and the sum of those rows' value lengths (the cache's accounting). */
 static PyObject *
 routes(PyObject *self, PyObject *args)
 {
@@ -1303,6 +1304,7 @@ routes(PyObject *self, PyObject *args)
     if (out == NULL)
         return NULL;
     unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    Py_ssize_t value_bytes = 0;
     for (Py_ssize_t i = start; i < n; i++) {
         PyObject *row = PyList_GET_ITEM(rows, i);
         if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 2 ||
@@ -1315,8 +1317,9 @@ routes(PyObject *self, PyObject *args)
         }
         memcpy(o, PyBytes_AS_STRING(PyTuple_GET_ITEM(row, 1)), ROUTE_LEN);
         o += ROUTE_LEN;
+        value_bytes += PyBytes_GET_SIZE(PyTuple_GET_ITEM(row, 1));
     }
-    return out;
+    return Py_BuildValue("(Nn)", out, value_bytes);
 }
 
 /*
@@ -1585,7 +1588,7 @@ static PyMethodDef methods[] = {
      " -> (rows, [(partition, messages, stat_value)], [(workchain, messages)])"},
     {"sources_in_shard", sources_in_shard, METH_VARARGS,
      "sources_in_shard(messages, workchain, prefix, prefix_len) -> bool"},
-    {"routes", routes, METH_VARARGS, "routes(rows, start) -> bytes"},
+    {"routes", routes, METH_VARARGS, "routes(rows, start) -> (bytes, value_bytes)"},
     {"filter_rows", filter_rows, METH_VARARGS,
      "filter_rows(rows, routes, start, stop, wc_byte, prefix_len, want) -> (kept, dropped)"},
     {"strictly_ascending", strictly_ascending, METH_VARARGS,

@@ -58,6 +58,9 @@ class QueueReads:
         with self.metrics.time("iterator_create"):
             reads.check_ranges(ranges)
             snap = ops.open_messages(self._store, partition, ranges, destination_test(for_shard))
+            cached = sum(c.cached for c in snap.cursors)
+            self.metrics.inc("iterator_ranges_from_cache", cached)
+            self.metrics.inc("iterator_ranges_from_rocksdb", len(ranges) - cached)
             it = QueueIterator(snap, ranges, for_shard, self._iterator_done)
             self._store.register(it)
         return it

@@ -46,6 +46,7 @@ class CursorProtocol(Protocol):
 
     rows: Iterator[Any]
     dropped: int
+    cached: bool  # served by a store's cache of fresh rows, not read from disk
 
     @property
     def items(self) -> Iterator[Any]: ...

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import operator
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from imq._native import speedups
@@ -107,23 +107,28 @@ class _Segment:
         self.nbytes = 0
 
 
-def _size(rows: Iterable[Row]) -> int:
-    rows = list(rows)
-    return (
-        sum(map(len, map(_key, rows)))
-        + sum(map(len, map(_value, rows)))
-        + ((ROW_OVERHEAD + ROUTE_LEN) * len(rows))
-    )
+def _size(rows: Sequence[Row]) -> int:
+    """What ``rows`` cost by the cache's accounting (their keys are message keys, of
+    one length: :func:`_routes` checked them)."""
+    return len(rows) * (_KEY_LEN + ROW_OVERHEAD + ROUTE_LEN) + sum(map(len, map(_value, rows)))
 
 
-def _routes_py(rows: list[Row], start: int) -> bytes:
-    """The pure-Python :func:`imq._speedups.routes`."""
+def _routes_py(rows: list[Row], start: int) -> tuple[bytes, int]:
+    """The pure-Python :func:`imq._speedups.routes`: the routes of ``rows[start:]`` and
+    the sum of their values' lengths."""
     out = bytearray()
+    value_bytes = 0
     for key, value in rows[start:]:
         if len(key) != _KEY_LEN or len(value) < _HEADER_LEN:
             raise ValueError("a cached row must be a message row")
         out += value[:ROUTE_LEN]
-    return bytes(out)
+        value_bytes += len(value)
+    return bytes(out), value_bytes
+
+
+def _sized(n: int, value_bytes: int) -> int:
+    """What ``n`` rows whose values hold ``value_bytes`` cost by the cache's accounting."""
+    return n * (_KEY_LEN + ROW_OVERHEAD + ROUTE_LEN) + value_bytes
 
 
 def _filter_rows_py(  # noqa: PLR0917 -- the C function's positional signature
@@ -161,7 +166,9 @@ def _filter_rows_py(  # noqa: PLR0917 -- the C function's positional signature
     return kept, dropped
 
 
-_routes: Callable[[list[Row], int], bytes] = _routes_py if speedups is None else speedups.routes
+_routes: Callable[[list[Row], int], tuple[bytes, int]] = (
+    _routes_py if speedups is None else speedups.routes
+)
 _filter_rows: Callable[..., tuple[list[Row], int]] = (
     _filter_rows_py if speedups is None else speedups.filter_rows
 )
@@ -208,7 +215,7 @@ class MessageCache:
             rows = segment.rows
             if segment.keys != [r[0] for r in rows]:
                 raise AssertionError("keys out of step with the rows")
-            if bytes(segment.routes) != _routes_py(rows, 0):
+            if bytes(segment.routes) != _routes_py(rows, 0)[0]:
                 raise AssertionError("routes out of step with the rows")
             if any(a >= b for a, b in zip(segment.keys, segment.keys[1:], strict=False)):
                 raise AssertionError("rows not strictly ascending")
@@ -278,16 +285,16 @@ class MessageCache:
             if not rows:
                 return
         if not cached or rows[0][0] > cached[-1][0]:
-            routes = _routes(rows, 0)  # checks every row before anything changes
+            routes, value_bytes = _routes(rows, 0)  # checks every row before any change
             cached.extend(rows)  # the usual case: a shard's next diff
             segment.keys.extend(map(_key, rows))
             segment.routes += routes
-            added = _size(rows)
+            added = _sized(len(rows), value_bytes)
         else:  # keys at or below the newest cached one: merge, a key put again replaces
             merged = dict(cached)
             merged.update(rows)
             rebuilt = sorted(merged.items())
-            routes = _routes(rebuilt, 0)
+            routes, _ = _routes(rebuilt, 0)
             before = segment.nbytes
             cached[:] = rebuilt
             segment.keys[:] = map(_key, rebuilt)

@@ -183,6 +183,7 @@ class Cursor:
     """
 
     dropped = 0  # rows left out of ``rows`` (a cached scan's; never a RocksDB cursor's)
+    cached = False  # served by the cache of fresh rows (CachedCursor)
 
     __slots__ = (
         "__weakref__",
@@ -303,6 +304,7 @@ class CachedCursor:
     Nothing can end it early, so ``finish`` has nothing to check."""
 
     __slots__ = ("__weakref__", "dropped", "items", "rows")
+    cached = True
 
     def __init__(self, rows: list[tuple[bytes, bytes]], dropped: int = 0) -> None:
         self.items: Iterator[Any] = iter(rows)
@@ -385,6 +387,7 @@ class Transaction:
 
     __slots__ = (
         "_handles",
+        "_keep",
         "_tees",
         "batch",
         "cache_blind",
@@ -394,8 +397,9 @@ class Transaction:
         "state_updates",
     )
 
-    def __init__(self, handles: Mapping[Table, Any]) -> None:
+    def __init__(self, handles: Mapping[Table, Any], *, keep_messages: bool = True) -> None:
         self._handles = handles
+        self._keep = keep_messages  # False: the store has no cache to give the rows to
         self.batch = WriteBatch(raw_mode=True)
         self.state_updates: list[StateUpdate] = []
         self.deleted_ranges: list[tuple[Table, bytes, bytes]] = []
@@ -433,7 +437,7 @@ class Transaction:
         around the put); ``cached=False`` (a bulk import) writes them without keeping
         them, and the cache forgets every segment after the write instead."""
         put: Callable[[bytes, bytes, Any], object] = self.batch.put
-        if table is Table.MESSAGES:
+        if table is Table.MESSAGES and self._keep:
             if cached:
                 tee = Tee(put, self.kept, codec.MESSAGE_PREFIX_LEN)
                 self._tees.append(tee)
@@ -802,7 +806,7 @@ class Store:
         self._check_open()
         if self.read_only:
             raise ImqError(f"queue database {self.path} is open read-only")
-        return Transaction(self._handles)
+        return Transaction(self._handles, keep_messages=self.cache.enabled)
 
     def write(self, txn: TransactionProtocol, *, sync: bool = False) -> None:
         """Write ``txn`` atomically and publish its queue-state updates."""

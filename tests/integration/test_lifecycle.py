@@ -355,11 +355,20 @@ CORRUPT_MESSAGES = {
     ("row_key", "value"), list(CORRUPT_MESSAGES.values()), ids=list(CORRUPT_MESSAGES)
 )
 def test_corrupt_message_row_raises_corrupt_data_error(
-    queue: Queue, row_key: bytes, value: bytes
+    db_path: Path, row_key: bytes, value: bytes
 ) -> None:
-    Chain(queue).apply(S, [address_in(BASE, i) for i in range(3)])
-    queue._store._tables[Table.MESSAGES].put(row_key, value)
-    with queue.iterator(0, [full_range(S)], BASE) as it, pytest.raises(CorruptDataError) as err:
+    with open_queue(db_path) as queue:
+        Chain(queue).apply(S, [address_in(BASE, i) for i in range(3)])
+        # A damaged row on disk, written behind the store's back: the queue that wrote
+        # the diff still serves it from its cache of fresh rows (the bytes it wrote);
+        # a queue opened on the directory reads RocksDB and finds the damage.
+        queue._store._tables[Table.MESSAGES].put(row_key, value)
+        assert len(list(queue.iterator(0, [full_range(S)], BASE))) == 3
+    with (
+        open_queue(db_path) as queue,
+        queue.iterator(0, [full_range(S)], BASE) as it,
+        pytest.raises(CorruptDataError) as err,
+    ):
         list(it)
     assert err.value.table == "messages"
     assert err.value.key == row_key, "the error should name the corrupt row's key"

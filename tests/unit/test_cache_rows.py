@@ -217,7 +217,7 @@ def test_a_cached_scan_is_exactly_the_stored_range(
             filtered = cache.scan(lo, hi, reader)
             assert filtered is not None
             assert filtered == cache_mod._filter_rows_py(
-                got[0], cache_mod._routes_py(got[0], 0), 0, len(got[0]), *reader
+                got[0], cache_mod._routes_py(got[0], 0)[0], 0, len(got[0]), *reader
             )
     for pre, (floor, rows) in cache.segments().items():  # the invariant itself
         assert rows == [r for r in stored.scan(pre, codec.prefix_end(pre)) if r[0] > floor]
@@ -243,9 +243,11 @@ def test_filter_rows_in_c_equals_python(
     rows = [row(0, SHARDS[0], i, top, wc) for i, (top, wc) in enumerate(dsts)]
     start, stop = sorted(b % (len(rows) + 1) for b in bounds)
     wc_byte, plen, want = reader[0], reader[1], reader[2] >> (8 - reader[1])
-    routes = cache_mod._routes_py(rows, 0)
-    assert cache_mod.speedups.routes(rows, 0) == routes
-    assert cache_mod.speedups.routes(rows, start) == routes[start * cache_mod.ROUTE_LEN :]
+    routes, value_bytes = cache_mod._routes_py(rows, 0)
+    assert value_bytes == sum(len(v) for _, v in rows)
+    assert cache_mod.speedups.routes(rows, 0) == (routes, value_bytes)
+    assert cache_mod.speedups.routes(rows, start) == cache_mod._routes_py(rows, start)
+    assert cache_mod.speedups.routes(rows, start)[0] == routes[start * cache_mod.ROUTE_LEN :]
     assert cache_mod.speedups.filter_rows(
         rows, bytearray(routes), start, stop, wc_byte, plen, want
     ) == cache_mod._filter_rows_py(rows, routes, start, stop, wc_byte, plen, want)
@@ -304,7 +306,7 @@ def test_a_filtered_scan_merges_to_the_same_messages_and_positions(
         for rows in full:
             if filtered:
                 kept, dropped = cache_mod._filter_rows(
-                    rows, cache_mod._routes(rows, 0), 0, len(rows), *reader
+                    rows, cache_mod._routes(rows, 0)[0], 0, len(rows), *reader
                 )
                 cursors.append(CachedCursor(kept, dropped))
             else:
