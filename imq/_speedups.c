@@ -18,6 +18,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <structmember.h>
 
 /* The message row layout, as imq.storage.codec defines it (tests/unit/test_message_row_layout.py
@@ -1279,135 +1280,313 @@ take_type(PyObject *obj, PyTypeObject **slot)
 }
 
 /*
- * The cache of fresh rows (imq.storage.cache) keeps, beside each segment's rows, their
- * *routes*: each value's first ROUTE_LEN bytes (the destination's workchain + 128, then
- * the top 8 bytes of its account), packed in one buffer, so that picking a reader's rows
- * reads 9 contiguous bytes a row instead of a tuple and two bytes objects.
+ * The cache of fresh rows (imq.storage.cache) stores each segment's rows in *chunks*: a
+ * `data` buffer holding the rows back to back (each its key, KEY_LEN bytes, then its
+ * value) and an `offs` buffer of native uint32s, where each row starts in data,
+ * ascending. A row's value runs to the next row's start (the last one's to the end of
+ * data). Its *route* is the first ROUTE_LEN bytes of its value: the destination's
+ * workchain byte and the top 8 bytes of its account, all the merge's test reads. One
+ * chunk holds what one batch wrote to one segment: a memcpy a row to keep, no objects;
+ * a read builds (key, value) pairs only for the rows it returns.
  */
 #define ROUTE_LEN 9
 
-/* routes(rows, start) -> (bytes, value_bytes): the routes of rows[start:] (a list of
- * message rows), and the sum of those rows' value lengths (the cache's accounting). */
-static PyObject *
-routes(PyObject *self, PyObject *args)
+typedef struct {
+    Py_buffer data, offs;
+    const unsigned char *d;
+    const uint32_t *o;
+    Py_ssize_t n;
+} Chunk;
+
+static void
+chunk_release(Chunk *c)
 {
-    PyObject *rows;
-    Py_ssize_t start;
-    if (!PyArg_ParseTuple(args, "O!n:routes", &PyList_Type, &rows, &start))
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(rows);
-    if (start < 0 || start > n) {
-        PyErr_SetString(PyExc_ValueError, "start out of range");
-        return NULL;
+    if (c->d != NULL) {
+        PyBuffer_Release(&c->data);
+        PyBuffer_Release(&c->offs);
+        c->d = NULL;
     }
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (n - start) * ROUTE_LEN);
-    if (out == NULL)
-        return NULL;
-    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
-    Py_ssize_t value_bytes = 0;
-    for (Py_ssize_t i = start; i < n; i++) {
-        PyObject *row = PyList_GET_ITEM(rows, i);
-        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 2 ||
-            !PyBytes_Check(PyTuple_GET_ITEM(row, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(row, 1)) ||
-            PyBytes_GET_SIZE(PyTuple_GET_ITEM(row, 0)) != KEY_LEN ||
-            PyBytes_GET_SIZE(PyTuple_GET_ITEM(row, 1)) < HEADER_LEN) {
-            Py_DECREF(out);
-            PyErr_SetString(PyExc_ValueError, "a cached row must be a message row");
-            return NULL;
-        }
-        memcpy(o, PyBytes_AS_STRING(PyTuple_GET_ITEM(row, 1)), ROUTE_LEN);
-        o += ROUTE_LEN;
-        value_bytes += PyBytes_GET_SIZE(PyTuple_GET_ITEM(row, 1));
+}
+
+/* Views of a chunk's buffers (released with chunk_release); 0, or -1 with an exception. */
+static int
+chunk_open(PyObject *data, PyObject *offs, Chunk *c)
+{
+    c->d = NULL;
+    if (PyObject_GetBuffer(data, &c->data, PyBUF_SIMPLE) < 0)
+        return -1;
+    if (PyObject_GetBuffer(offs, &c->offs, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&c->data);
+        return -1;
     }
-    return Py_BuildValue("(Nn)", out, value_bytes);
+    c->d = (const unsigned char *)c->data.buf;
+    c->o = (const uint32_t *)c->offs.buf;
+    c->n = c->offs.len / (Py_ssize_t)sizeof(uint32_t);
+    if (c->offs.len % (Py_ssize_t)sizeof(uint32_t) != 0) {
+        chunk_release(c);
+        PyErr_SetString(PyExc_ValueError, "a chunk's offsets must be uint32s");
+        return -1;
+    }
+    return 0;
+}
+
+static inline Py_ssize_t
+row_end(const Chunk *c, Py_ssize_t i)
+{
+    return i + 1 < c->n ? (Py_ssize_t)c->o[i + 1] : c->data.len;
+}
+
+/* -1, 0, 1 as row i's key orders before, with, after `key` (bytes order). */
+static inline int
+cmp_row_key(const Chunk *c, Py_ssize_t i, const unsigned char *key, Py_ssize_t klen)
+{
+    Py_ssize_t m = klen < KEY_LEN ? klen : KEY_LEN;
+    int r = memcmp(c->d + c->o[i], key, (size_t)m);
+    if (r != 0)
+        return r < 0 ? -1 : 1;
+    return (KEY_LEN > klen) - (KEY_LEN < klen);
 }
 
 /*
- * filter_rows(rows, routes, start, stop, wc_byte, prefix_len, want) -> (kept, dropped)
+ * chunk_check(data, offs) -> (rows, value_bytes, ascending)
  *
- * The rows of rows[start:stop] that the merge iterator can tell apart, for a reader whose
- * destination test is (wc_byte, prefix_len, want) (merge_fill's): every accepted row, and
- * of each run of rejected rows only the last one. The merge consumes a run of rejected
- * rows whole, in one refill, and only its last key is ever visible (the source's
- * position), so merging `kept` gives the same messages and the same positions as merging
- * every row. `dropped` counts the rows left out.
+ * Checks a chunk before the cache takes it: the offsets ascend inside data from 0, each
+ * row holds a key and a value with a whole message header. ValueError otherwise.
+ * `ascending`: whether the keys strictly ascend (the cache sorts the chunk when not).
  */
 static PyObject *
-filter_rows(PyObject *self, PyObject *args)
+chunk_check(PyObject *self, PyObject *args)
 {
-    PyObject *rows;
-    Py_buffer buf;
-    Py_ssize_t start, stop;
-    long wc_byte, prefix_len;
-    unsigned long long want;
-    if (!PyArg_ParseTuple(args, "O!y*nnllK:filter_rows", &PyList_Type, &rows, &buf, &start,
-                          &stop, &wc_byte, &prefix_len, &want))
+    PyObject *data, *offs;
+    if (!PyArg_ParseTuple(args, "OO:chunk_check", &data, &offs))
         return NULL;
-    PyObject *out = NULL;
-    if (start < 0 || stop < start || stop > PyList_GET_SIZE(rows) ||
-        buf.len < stop * ROUTE_LEN) {
-        PyErr_SetString(PyExc_ValueError, "start/stop out of range of the rows or routes");
-        goto done;
+    Chunk c;
+    if (chunk_open(data, offs, &c) < 0)
+        return NULL;
+    int ascending = 1;
+    Py_ssize_t value_bytes = 0;
+    if (c.n == 0 ? c.data.len != 0 : c.o[0] != 0)
+        goto bad;
+    for (Py_ssize_t i = 0; i < c.n; i++) {
+        Py_ssize_t start = c.o[i], end = row_end(&c, i);
+        if (end > c.data.len || end - start < KEY_LEN + HEADER_LEN)
+            goto bad;
+        value_bytes += end - start - KEY_LEN;
+        if (i > 0 && ascending && memcmp(c.d + c.o[i - 1], c.d + start, KEY_LEN) >= 0)
+            ascending = 0;
+    }
+    chunk_release(&c);
+    return Py_BuildValue("(nnO)", c.n, value_bytes, ascending ? Py_True : Py_False);
+bad:
+    chunk_release(&c);
+    PyErr_SetString(PyExc_ValueError, "a cached chunk must hold message rows");
+    return NULL;
+}
+
+/* chunk_bisect(data, offs, key) -> the first row whose key is >= key (bisect_left). */
+static PyObject *
+chunk_bisect(PyObject *self, PyObject *args)
+{
+    PyObject *data, *offs;
+    Py_buffer key;
+    if (!PyArg_ParseTuple(args, "OOy*:chunk_bisect", &data, &offs, &key))
+        return NULL;
+    Chunk c;
+    if (chunk_open(data, offs, &c) < 0) {
+        PyBuffer_Release(&key);
+        return NULL;
+    }
+    Py_ssize_t lo = 0, hi = c.n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (cmp_row_key(&c, mid, (const unsigned char *)key.buf, key.len) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    chunk_release(&c);
+    PyBuffer_Release(&key);
+    return PyLong_FromSsize_t(lo);
+}
+
+/* The (key, value) pair of row i, a new reference. */
+static PyObject *
+chunk_row(const Chunk *c, Py_ssize_t i)
+{
+    Py_ssize_t start = c->o[i], end = row_end(c, i);
+    PyObject *k = PyBytes_FromStringAndSize((const char *)c->d + start, KEY_LEN);
+    if (k == NULL)
+        return NULL;
+    PyObject *v = PyBytes_FromStringAndSize((const char *)c->d + start + KEY_LEN,
+                                            end - start - KEY_LEN);
+    if (v == NULL) {
+        Py_DECREF(k);
+        return NULL;
+    }
+    PyObject *row = PyTuple_New(2);
+    if (row == NULL) {
+        Py_DECREF(k);
+        Py_DECREF(v);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(row, 0, k);
+    PyTuple_SET_ITEM(row, 1, v);
+    return row;
+}
+
+/* Append row i of c to out; 0, or -1 with an exception. */
+static int
+append_row(PyObject *out, const Chunk *c, Py_ssize_t i)
+{
+    PyObject *row = chunk_row(c, i);
+    if (row == NULL)
+        return -1;
+    int rc = PyList_Append(out, row);
+    Py_DECREF(row);
+    return rc;
+}
+
+/*
+ * chunk_rows(parts) -> [(key, value), ...]
+ * chunk_filter(parts, wc_byte, prefix_len, want) -> (rows, dropped)
+ *
+ * `parts`: a list of (data, offs, start, stop), rows start..stop of consecutive chunks in
+ * key order. chunk_rows builds every row. chunk_filter builds the rows the merge iterator
+ * can tell apart, for a reader whose destination test is (wc_byte, prefix_len, want)
+ * (merge_fill's): every accepted row, and of each run of rejected rows only the last one.
+ * The merge consumes a run of rejected rows whole, in one refill, and only its last key
+ * is ever visible (the source's position), so merging these rows gives the same messages
+ * and the same positions as merging every row. `dropped` counts the rows left out.
+ */
+static PyObject *
+chunks_walk(PyObject *parts, int filter, long wc_byte, long prefix_len, unsigned long long want)
+{
+    if (!PyList_Check(parts)) {
+        PyErr_SetString(PyExc_TypeError, "parts must be a list");
+        return NULL;
     }
     if (prefix_len < 0 || prefix_len > 64) {
         PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
-        goto done;
+        return NULL;
     }
     int shift = (int)(64 - prefix_len);
-    const unsigned char *r = (const unsigned char *)buf.buf;
-    out = PyList_New(0);
+    PyObject *out = PyList_New(0);
     if (out == NULL)
-        goto done;
-    Py_ssize_t pending = -1, dropped = 0;
-    for (Py_ssize_t i = start; i < stop; i++) {
-        const unsigned char *route = r + i * ROUTE_LEN;
-        if (accepts(route, ROUTE_LEN, wc_byte, prefix_len, shift, want)) {
-            if ((pending >= 0 && PyList_Append(out, PyList_GET_ITEM(rows, pending)) < 0) ||
-                PyList_Append(out, PyList_GET_ITEM(rows, i)) < 0) {
-                Py_CLEAR(out);
-                goto done;
+        return NULL;
+    Py_ssize_t dropped = 0;
+    /* the pending rejected row: its chunk's index in parts and its row, or none */
+    Py_ssize_t np = PyList_GET_SIZE(parts), pending_part = -1, pending_row = -1;
+    Chunk *chunks = PyMem_Calloc((size_t)(np ? np : 1), sizeof(Chunk));
+    if (chunks == NULL) {
+        Py_DECREF(out);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t opened = 0;
+    for (Py_ssize_t p = 0; p < np; p++) {
+        PyObject *part = PyList_GET_ITEM(parts, p);
+        PyObject *data, *offs;
+        Py_ssize_t start, stop;
+        if (!PyTuple_Check(part) || !PyArg_ParseTuple(part, "OOnn", &data, &offs, &start, &stop))
+            goto fail_type;
+        if (chunk_open(data, offs, &chunks[p]) < 0)
+            goto fail;
+        opened = p + 1;
+        Chunk *c = &chunks[p];
+        if (start < 0 || stop < start || stop > c->n) {
+            PyErr_SetString(PyExc_ValueError, "start/stop out of the chunk's rows");
+            goto fail;
+        }
+        for (Py_ssize_t i = start; i < stop; i++) {
+            if (!filter) {
+                if (append_row(out, c, i) < 0)
+                    goto fail;
+                continue;
             }
-            pending = -1;
-        } else {
-            if (pending >= 0)
-                dropped++;
-            pending = i;
+            const unsigned char *route = c->d + c->o[i] + KEY_LEN;
+            if (accepts(route, ROUTE_LEN, wc_byte, prefix_len, shift, want)) {
+                if (pending_part >= 0 &&
+                    append_row(out, &chunks[pending_part], pending_row) < 0)
+                    goto fail;
+                pending_part = -1;
+                if (append_row(out, c, i) < 0)
+                    goto fail;
+            } else {
+                if (pending_part >= 0)
+                    dropped++;
+                pending_part = p;
+                pending_row = i;
+            }
         }
     }
-    if (pending >= 0 && PyList_Append(out, PyList_GET_ITEM(rows, pending)) < 0) {
-        Py_CLEAR(out);
-        goto done;
-    }
-    {
-        PyObject *pair = Py_BuildValue("(Nn)", out, dropped);
-        out = pair;
-    }
-done:
-    PyBuffer_Release(&buf);
-    return out;
+    if (pending_part >= 0 && append_row(out, &chunks[pending_part], pending_row) < 0)
+        goto fail;
+    for (Py_ssize_t p = 0; p < opened; p++)
+        chunk_release(&chunks[p]);
+    PyMem_Free(chunks);
+    if (!filter)
+        return out;
+    return Py_BuildValue("(Nn)", out, dropped);
+fail_type:
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "a part is (data, offs, start, stop)");
+fail:
+    for (Py_ssize_t p = 0; p < opened; p++)
+        chunk_release(&chunks[p]);
+    PyMem_Free(chunks);
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyObject *
+chunk_rows(PyObject *self, PyObject *parts)
+{
+    return chunks_walk(parts, 0, 0, 0, 0);
+}
+
+static PyObject *
+chunk_filter(PyObject *self, PyObject *args)
+{
+    PyObject *parts;
+    long wc_byte, prefix_len;
+    unsigned long long want;
+    if (!PyArg_ParseTuple(args, "OllK:chunk_filter", &parts, &wc_byte, &prefix_len, &want))
+        return NULL;
+    return chunks_walk(parts, 1, wc_byte, prefix_len, want);
 }
 
 /*
  * Tee(put, segments, prefix_len): a put(key, value, target) for the write path's hot
  * loops (put_rows, encode_diff, the pure-Python encoders) that calls put(key, value,
- * target) and then keeps the row: (key, value) is appended to segments[key[:prefix_len]],
- * a list created on first use. The rows of one segment keep their order. The RocksDB
- * store hands one to a batch that writes message rows, so that once the batch is
- * written its rows can join the store's cache of fresh messages (imq.storage.cache).
- * The previous row's segment is remembered, so a run of rows of one segment costs a
- * prefix comparison, a tuple and an append a row, no slicing or dict lookup. A row whose
- * key is not above the last one of its list sets `unordered` (the cache then sorts).
+ * target) and then keeps the row in the chunk of its segment: segments[key[:prefix_len]]
+ * is a [data, offs] pair of bytearrays (created on first use) that the row's bytes and
+ * its offset are appended to (a memcpy; no objects). The RocksDB store hands one to a
+ * batch that writes message rows, so that once the batch is written its rows can join
+ * the store's cache of fresh rows. The previous row's segment is remembered, so a run of
+ * rows of one segment costs a prefix comparison and two appends. `unordered` turns 1
+ * when a row's key is not above the previous row of its chunk; `invalid` when a row is
+ * not a message row (the store then forgets its cache instead of keeping the batch).
  */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *put;
-    PyObject *segments;     /* dict: prefix bytes -> list of (key, value) */
-    PyObject *last;         /* the previous row's list, or NULL */
+    PyObject *segments;     /* dict: prefix bytes -> [data, offs] */
+    PyObject *data, *offs;  /* the previous row's chunk, or NULL */
     Py_ssize_t prefix_len;
-    int unordered;          /* a row came at or below the last row of its list */
+    int unordered, invalid;
     char last_prefix[64];
 } Tee;
+
+/* Append n bytes to a bytearray (which over-allocates as it grows); 0 or -1. */
+static inline int
+bytearray_add(PyObject *ba, const void *src, Py_ssize_t n)
+{
+    Py_ssize_t old = PyByteArray_GET_SIZE(ba);
+    if (PyByteArray_Resize(ba, old + n) < 0)
+        return -1;
+    memcpy(PyByteArray_AS_STRING(ba) + old, src, (size_t)n);
+    return 0;
+}
 
 static PyObject *
 tee_vectorcall(PyObject *self_obj, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -1419,65 +1598,77 @@ tee_vectorcall(PyObject *self_obj, PyObject *const *args, size_t nargsf, PyObjec
         return NULL;
     }
     PyObject *key = args[0], *value = args[1];
-    if (!PyBytes_Check(key) || !PyBytes_Check(value) ||
-        PyBytes_GET_SIZE(key) < self->prefix_len) {
-        PyErr_SetString(PyExc_TypeError, "Tee keeps rows of bytes keys at least prefix_len long");
-        return NULL;
-    }
     PyObject *r = PyObject_Vectorcall(self->put, args, 3, NULL);
     if (r == NULL)
         return NULL;
     Py_DECREF(r);
+    if (self->invalid)
+        Py_RETURN_NONE;
+    if (!PyBytes_Check(key) || !PyBytes_Check(value) || PyBytes_GET_SIZE(key) != KEY_LEN ||
+        PyBytes_GET_SIZE(value) < HEADER_LEN || self->prefix_len > KEY_LEN) {
+        self->invalid = 1; /* not a message row: the cache must not keep this batch */
+        Py_RETURN_NONE;
+    }
     const char *kb = PyBytes_AS_STRING(key);
-    if (self->last == NULL || memcmp(kb, self->last_prefix, (size_t)self->prefix_len) != 0) {
+    if (self->data == NULL || memcmp(kb, self->last_prefix, (size_t)self->prefix_len) != 0) {
         PyObject *prefix = PyBytes_FromStringAndSize(kb, self->prefix_len);
         if (prefix == NULL)
             return NULL;
-        PyObject *rows = PyDict_GetItemWithError(self->segments, prefix); /* borrowed */
-        if (rows == NULL) {
-            if (PyErr_Occurred() || (rows = PyList_New(0)) == NULL) {
+        PyObject *pair = PyDict_GetItemWithError(self->segments, prefix); /* borrowed */
+        if (pair == NULL) {
+            if (PyErr_Occurred()) {
                 Py_DECREF(prefix);
                 return NULL;
             }
-            int failed = PyDict_SetItem(self->segments, prefix, rows);
-            Py_DECREF(rows); /* the dict holds it */
+            PyObject *d = PyByteArray_FromStringAndSize(NULL, 0);
+            PyObject *o = d == NULL ? NULL : PyByteArray_FromStringAndSize(NULL, 0);
+            pair = o == NULL ? NULL : PyList_New(2);
+            if (pair == NULL) {
+                Py_XDECREF(d);
+                Py_XDECREF(o);
+                Py_DECREF(prefix);
+                return NULL;
+            }
+            PyList_SET_ITEM(pair, 0, d);
+            PyList_SET_ITEM(pair, 1, o);
+            int failed = PyDict_SetItem(self->segments, prefix, pair);
+            Py_DECREF(pair); /* the dict holds it */
             if (failed < 0) {
                 Py_DECREF(prefix);
                 return NULL;
             }
         }
         Py_DECREF(prefix);
-        if (!PyList_Check(rows)) {
-            PyErr_SetString(PyExc_TypeError, "Tee's segments must map prefixes to lists");
+        if (!PyList_Check(pair) || PyList_GET_SIZE(pair) != 2 ||
+            !PyByteArray_Check(PyList_GET_ITEM(pair, 0)) ||
+            !PyByteArray_Check(PyList_GET_ITEM(pair, 1))) {
+            PyErr_SetString(PyExc_TypeError, "Tee's segments must map prefixes to [data, offs]");
             return NULL;
         }
-        Py_INCREF(rows);
-        Py_XSETREF(self->last, rows);
+        Py_INCREF(PyList_GET_ITEM(pair, 0));
+        Py_XSETREF(self->data, PyList_GET_ITEM(pair, 0));
+        Py_INCREF(PyList_GET_ITEM(pair, 1));
+        Py_XSETREF(self->offs, PyList_GET_ITEM(pair, 1));
         memcpy(self->last_prefix, kb, (size_t)self->prefix_len);
     }
-    Py_ssize_t n = PyList_GET_SIZE(self->last);
-    if (n > 0 && !self->unordered) {
-        PyObject *prev = PyList_GET_ITEM(self->last, n - 1);
-        PyObject *pk = PyTuple_Check(prev) && PyTuple_GET_SIZE(prev) == 2
-                           ? PyTuple_GET_ITEM(prev, 0) : NULL;
-        if (pk == NULL || !PyBytes_Check(pk)) {
-            self->unordered = 1;
-        } else {
-            Py_ssize_t a = PyBytes_GET_SIZE(pk), b = PyBytes_GET_SIZE(key);
-            int c = memcmp(PyBytes_AS_STRING(pk), kb, (size_t)(a < b ? a : b));
-            if (c > 0 || (c == 0 && a >= b))
-                self->unordered = 1;
-        }
+    Py_ssize_t at = PyByteArray_GET_SIZE(self->data);
+    Py_ssize_t nrows = PyByteArray_GET_SIZE(self->offs) / (Py_ssize_t)sizeof(uint32_t);
+    Py_ssize_t vlen = PyBytes_GET_SIZE(value);
+    if (at + KEY_LEN + vlen > (Py_ssize_t)UINT32_MAX) {
+        self->invalid = 1; /* a chunk over 4 GiB: not kept */
+        Py_RETURN_NONE;
     }
-    PyObject *row = PyTuple_Pack(2, key, value);
-    if (row == NULL)
-        return NULL;
-    /* Two bytes objects can be part of no cycle: keep the long-lived row out of the
-     * cyclic GC, as the GC itself would decide at its next pass over it. */
-    PyObject_GC_UnTrack(row);
-    int failed = PyList_Append(self->last, row);
-    Py_DECREF(row);
-    if (failed < 0)
+    if (nrows > 0 && !self->unordered) {
+        uint32_t prev;
+        memcpy(&prev, PyByteArray_AS_STRING(self->offs) + (nrows - 1) * sizeof(uint32_t),
+               sizeof(uint32_t));
+        if (memcmp(PyByteArray_AS_STRING(self->data) + prev, kb, KEY_LEN) >= 0)
+            self->unordered = 1;
+    }
+    uint32_t off = (uint32_t)at;
+    if (bytearray_add(self->offs, &off, sizeof(off)) < 0 ||
+        bytearray_add(self->data, kb, KEY_LEN) < 0 ||
+        bytearray_add(self->data, PyBytes_AS_STRING(value), vlen) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -1503,9 +1694,9 @@ tee_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->put = put;
     Py_INCREF(segments);
     self->segments = segments;
-    self->last = NULL;
+    self->data = self->offs = NULL;
     self->prefix_len = prefix_len;
-    self->unordered = 0;
+    self->unordered = self->invalid = 0;
     return (PyObject *)self;
 }
 
@@ -1514,7 +1705,8 @@ tee_traverse(Tee *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->put);
     Py_VISIT(self->segments);
-    Py_VISIT(self->last);
+    Py_VISIT(self->data);
+    Py_VISIT(self->offs);
     return 0;
 }
 
@@ -1523,7 +1715,8 @@ tee_clear(Tee *self)
 {
     Py_CLEAR(self->put);
     Py_CLEAR(self->segments);
-    Py_CLEAR(self->last);
+    Py_CLEAR(self->data);
+    Py_CLEAR(self->offs);
     return 0;
 }
 
@@ -1537,7 +1730,9 @@ tee_dealloc(Tee *self)
 
 static PyMemberDef tee_members[] = {
     {"unordered", T_INT, offsetof(Tee, unordered), READONLY,
-     "1 once a row came at or below the previous row of its segment's list"},
+     "1 once a row came at or below the previous row of its chunk"},
+    {"invalid", T_INT, offsetof(Tee, invalid), READONLY,
+     "1 once a row was not a message row (nothing of the batch may be cached)"},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -1546,7 +1741,7 @@ static PyTypeObject TeeType = {
     .tp_basicsize = sizeof(Tee),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "Tee(put, segments, prefix_len): put(key, value, target), keeping each row "
-              "in segments[key[:prefix_len]].",
+              "in the [data, offs] chunk of segments[key[:prefix_len]].",
     .tp_new = tee_new,
     .tp_members = tee_members,
     .tp_call = PyVectorcall_Call,
@@ -1588,9 +1783,12 @@ static PyMethodDef methods[] = {
      " -> (rows, [(partition, messages, stat_value)], [(workchain, messages)])"},
     {"sources_in_shard", sources_in_shard, METH_VARARGS,
      "sources_in_shard(messages, workchain, prefix, prefix_len) -> bool"},
-    {"routes", routes, METH_VARARGS, "routes(rows, start) -> (bytes, value_bytes)"},
-    {"filter_rows", filter_rows, METH_VARARGS,
-     "filter_rows(rows, routes, start, stop, wc_byte, prefix_len, want) -> (kept, dropped)"},
+    {"chunk_check", chunk_check, METH_VARARGS,
+     "chunk_check(data, offs) -> (rows, value_bytes, ascending)"},
+    {"chunk_bisect", chunk_bisect, METH_VARARGS, "chunk_bisect(data, offs, key) -> int"},
+    {"chunk_rows", chunk_rows, METH_O, "chunk_rows(parts) -> [(key, value)]"},
+    {"chunk_filter", chunk_filter, METH_VARARGS,
+     "chunk_filter(parts, wc_byte, prefix_len, want) -> (rows, dropped)"},
     {"strictly_ascending", strictly_ascending, METH_VARARGS,
      "strictly_ascending(messages, message_type) -> bool"},
     {NULL, NULL, 0, NULL},

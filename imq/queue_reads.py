@@ -58,9 +58,6 @@ class QueueReads:
         with self.metrics.time("iterator_create"):
             reads.check_ranges(ranges)
             snap = ops.open_messages(self._store, partition, ranges, destination_test(for_shard))
-            cached = sum(c.cached for c in snap.cursors)
-            self.metrics.inc("iterator_ranges_from_cache", cached)
-            self.metrics.inc("iterator_ranges_from_rocksdb", len(ranges) - cached)
             it = QueueIterator(snap, ranges, for_shard, self._iterator_done)
             self._store.register(it)
         return it
@@ -128,6 +125,15 @@ class QueueReads:
         shard is the lowest key any entry gives it."""
         self._check_open()
         return {top: dict(entries) for top, entries in self._store.state.commit_record.items()}
+
+    def message_cache_stats(self) -> dict[str, int]:
+        """The cache of fresh message rows (``message_cache_size``): its budget and bytes,
+        the segments, chunks and rows it holds, and the iterator ranges it served
+        (``hits``) or left to RocksDB (``misses``) since the queue opened. Empty for a
+        queue without one (``message_cache_size=0``: all zeros; the in-memory store:
+        empty)."""
+        self._check_open()
+        return self._store.message_cache_stats()
 
     def summary(self) -> dict[str, Any]:
         """What the queue holds, for operators: pointers, the last committed block, GC

@@ -51,8 +51,6 @@ COUNTERS: Final[tuple[str, ...]] = (
     "messages_written",
     "messages_iterated",
     "messages_skipped_by_iterator",
-    "iterator_ranges_from_cache",
-    "iterator_ranges_from_rocksdb",
     "commits",
     "commits_skipped",
     "uncommitted_cleared",

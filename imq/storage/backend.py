@@ -136,6 +136,11 @@ class StoreProtocol(Protocol):
         self, points: Iterable[Table] = (), scans: Sequence[Scan] = ()
     ) -> SnapshotProtocol: ...
 
+    def message_cache_stats(self) -> dict[str, int]:
+        """What the store's cache of fresh message rows holds and served (empty when the
+        store has none)."""
+        ...
+
     def message_snapshot(
         self, bounds: Sequence[tuple[bytes, bytes]], reader: tuple[int, int, int] | None
     ) -> SnapshotProtocol:

@@ -5,53 +5,58 @@ such read opens one cursor per source shard (a seek into every memtable and youn
 file) and pulls every row of the range through rocksdict, most of them messages for
 other shards. This cache keeps, per *segment* (one partition of one source shard: the
 14-byte prefix of a message key), the rows a segment gained since the cache started
-watching it, exactly as they are stored, so such a read becomes two bisections and a
-list slice.
+watching it, exactly as they are stored, so such a read becomes a few bisections and
+one pass over packed bytes.
 
-**The invariant.** For a segment the cache knows, it holds a *floor* key and a sorted
-list of rows, and the rows of the segment stored in RocksDB with a key above the floor
-are exactly those rows, byte for byte. Every change to the messages table passes here,
-under the store's write gate, right after RocksDB took it:
+**Chunks.** What one batch wrote to one segment is one *chunk*: ``data``, the rows back
+to back (key, then value), and ``offs``, where each row starts (native uint32s). The
+batch's :class:`Tee` fills it as the rows are put (a memcpy a row, no Python objects),
+and a read builds ``(key, value)`` pairs only for the rows it returns
+(:func:`imq._speedups.chunk_filter`). A segment's chunks are disjoint and ascending.
 
-- rows put (kept by the batch's :class:`~imq._speedups.Tee`): those above the floor join
-  the list (a key stored again replaces its row); those at or below it are not cached,
-  and need not be;
-- a range deleted: its rows leave the list;
-- a write whose message rows were not kept (an import, a point delete): the cache
-  forgets every segment.
+**The invariant.** For a segment the cache knows, it holds a *floor* key and chunks, and
+the rows of the segment stored in RocksDB with a key above the floor are exactly the
+chunks' rows, byte for byte. Every change to the messages table passes here, under the
+store's write gate, right after RocksDB took it:
+
+- rows put: those above the floor join the segment (a key stored again replaces its
+  row); those at or below it are not cached, and need not be;
+- a range deleted: its rows leave the segment;
+- a write whose message rows were not kept (an import, a point delete), or a row that
+  is not a message row: the cache forgets every segment.
 
 A segment becomes known when a write or a read first touches it: its floor is then its
 greatest stored key, found by one reverse seek just before that write (or at that read),
 so the rows the segment had before (written before the queue opened, or before the cache
-forgot it) are never claimed, and the rows of that first write are cached.
-When the cache holds more than its budget, it raises the floor of its largest segment
-past the older half of that segment's rows. A scan is served from the cache only when
-it lies inside one known segment, above its floor; any other scan goes to RocksDB. So
-the cache never answers for a row it does not hold, and a damaged table is still read
-(and reported) by RocksDB for every row written before the cache started watching.
+forgot it) are never claimed, and the rows of that first write are cached. When the
+cache holds more than its budget, it drops the oldest chunks of its largest segment and
+raises that segment's floor past them. A scan is served from the cache only when it lies
+inside one known segment, above its floor; any other scan goes to RocksDB. So the cache
+never answers for a row it does not hold, and a damaged table is still read (and
+reported) by RocksDB for every row written before the cache started watching.
 
-Snapshots: :meth:`MessageCache.scan` copies the slice it returns under the same gate
-as the write path, so a reader sees the cache as it was when its snapshot was opened,
-whatever is written, collected or cleared afterwards.
+Snapshots: :meth:`MessageCache.scan` builds the rows it returns under the same gate as
+the write path (chunks are never changed once stored: a delete replaces them), so a
+reader sees the cache as it was when its snapshot was opened, whatever is written,
+collected or cleared afterwards.
 """
 
 from __future__ import annotations
 
-import operator
-from bisect import bisect_left, bisect_right
+import sys
+from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from imq._native import speedups
 from imq.storage import codec
 
-__all__ = ["ROUTE_LEN", "ROW_OVERHEAD", "MessageCache", "Reader", "Tee"]
+__all__ = ["CHUNK_OVERHEAD", "ROUTE_LEN", "MessageCache", "Reader", "Tee"]
 
 Row = tuple[bytes, bytes]
-
-ROW_OVERHEAD = 160
-"""Bytes a cached row costs beyond its key and value: two bytes objects' headers (33
-each), the row tuple (56) and its slot in the list (8), rounded up."""
+Buffer = bytes | bytearray
+Part = tuple[Buffer, Buffer, int, int]  # (data, offs, start row, stop row) of one chunk
 
 Reader = tuple[int, int, int]
 """A merge iterator's destination test: (workchain byte, prefix length, prefix)."""
@@ -60,118 +65,220 @@ ROUTE_LEN = 9
 """A cached row's route: its value's first bytes, the destination's workchain + 128 and
 the top 8 bytes of its account (what the merge's destination test reads)."""
 
+CHUNK_OVERHEAD = 256
+"""Bytes a chunk costs beyond its two buffers (the objects that hold it), rounded up."""
+
 _KEY_LEN = codec.MESSAGE_KEY_LEN
 _HEADER_LEN = codec.MESSAGE_VALUE_HEADER_LEN
-_key = operator.itemgetter(0)
-_value = operator.itemgetter(1)
+_OFF = "I"  # a row's offset in its chunk: a native uint32
+if array(_OFF).itemsize != 4:  # pragma: no cover -- every platform CPython builds on
+    raise ImportError("imq.storage.cache needs 4-byte unsigned ints")
+
+
+# -- the chunk primitives, in Python (the C forms are in imq/_speedups.c) ----------------------
+
+
+def _offsets(offs: Buffer) -> memoryview[int]:
+    return memoryview(offs).cast("I")  # _OFF
+
+
+def _chunk_check_py(data: Buffer, offs: Buffer) -> tuple[int, int, bool]:
+    """The pure-Python :func:`imq._speedups.chunk_check`: (rows, value bytes, whether
+    the keys strictly ascend); ``ValueError`` unless every row is a message row."""
+    if len(offs) % 4:
+        raise ValueError("a chunk's offsets must be uint32s")
+    o = _offsets(offs)
+    n = len(o)
+    if (o[0] != 0) if n else len(data):
+        raise ValueError("a cached chunk must hold message rows")
+    ascending = True
+    value_bytes = 0
+    for i in range(n):
+        start, end = o[i], o[i + 1] if i + 1 < n else len(data)
+        if end > len(data) or end - start < _KEY_LEN + _HEADER_LEN:
+            raise ValueError("a cached chunk must hold message rows")
+        value_bytes += end - start - _KEY_LEN
+        if (
+            i
+            and ascending
+            and data[o[i - 1] : o[i - 1] + _KEY_LEN] >= data[start : start + _KEY_LEN]
+        ):
+            ascending = False
+    return n, value_bytes, ascending
+
+
+def _chunk_bisect_py(data: Buffer, offs: Buffer, key: bytes) -> int:
+    """The pure-Python :func:`imq._speedups.chunk_bisect`: the first row whose key is
+    ``>= key``."""
+    o = _offsets(offs)
+    lo, hi = 0, len(o)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if bytes(data[o[mid] : o[mid] + _KEY_LEN]) < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _rows_of(data: Buffer, offs: Buffer, start: int, stop: int) -> Iterable[tuple[int, Row]]:
+    o = _offsets(offs)
+    n = len(o)
+    for i in range(start, stop):
+        at, end = o[i], o[i + 1] if i + 1 < n else len(data)
+        yield i, (bytes(data[at : at + _KEY_LEN]), bytes(data[at + _KEY_LEN : end]))
+
+
+def _chunk_rows_py(parts: list[Part]) -> list[Row]:
+    """The pure-Python :func:`imq._speedups.chunk_rows`: every row of ``parts``."""
+    return [row for d, o, start, stop in parts for _, row in _rows_of(d, o, start, stop)]
+
+
+def _chunk_filter_py(
+    parts: list[Part], wc_byte: int, prefix_len: int, want: int
+) -> tuple[list[Row], int]:
+    """The pure-Python :func:`imq._speedups.chunk_filter`: every row of ``parts`` the
+    reader accepts and, of each run of rows it rejects, only the last one."""
+    kept: list[Row] = []
+    pending: Row | None = None
+    dropped = 0
+    shift = 64 - prefix_len
+    for d, o, start, stop in parts:
+        for _, row in _rows_of(d, o, start, stop):
+            value = row[1]
+            accepted = value[0] == wc_byte and (
+                prefix_len == 0 or int.from_bytes(value[1:ROUTE_LEN], "big") >> shift == want
+            )
+            if accepted:
+                if pending is not None:
+                    kept.append(pending)
+                    pending = None
+                kept.append(row)
+            else:
+                if pending is not None:
+                    dropped += 1
+                pending = row
+    if pending is not None:
+        kept.append(pending)
+    return kept, dropped
 
 
 class _PyTee:
     """The pure-Python form of :class:`imq._speedups.Tee` (same contract): calls
-    ``put(key, value, target)``, then appends ``(key, value)`` to
+    ``put(key, value, target)``, then appends the row to the ``[data, offs]`` chunk of
     ``segments[key[:prefix_len]]``; ``unordered`` turns true once a row is not above the
-    last row of its list."""
+    previous row of its chunk, ``invalid`` once a row is not a message row."""
 
-    __slots__ = ("_prefix_len", "_put", "_segments", "unordered")
+    __slots__ = ("_prefix_len", "_put", "_segments", "invalid", "unordered")
 
     def __init__(
         self,
         put: Callable[[bytes, bytes, Any], object],
-        segments: dict[bytes, list[Row]],
+        segments: dict[bytes, list[bytearray]],
         prefix_len: int,
     ) -> None:
         self._put = put
         self._segments = segments
         self._prefix_len = prefix_len
         self.unordered = False
+        self.invalid = False
 
     def __call__(self, key: bytes, value: bytes, target: Any) -> None:
         self._put(key, value, target)
-        rows = self._segments.setdefault(key[: self._prefix_len], [])
-        if rows and rows[-1][0] >= key:
-            self.unordered = True
-        rows.append((key, value))
+        if self.invalid:
+            return
+        if len(key) != _KEY_LEN or len(value) < _HEADER_LEN:
+            self.invalid = True
+            return
+        data, offs = self._segments.setdefault(key[: self._prefix_len], [bytearray(), bytearray()])
+        if offs:
+            last = int.from_bytes(offs[-4:], sys.byteorder)
+            if data[last : last + _KEY_LEN] >= key:
+                self.unordered = True
+        offs += len(data).to_bytes(4, sys.byteorder)
+        data += key
+        data += value
 
 
-Tee: Any = _PyTee if speedups is None else speedups.Tee
+def _pack(rows: Sequence[Row]) -> tuple[bytes, bytes]:
+    """A chunk of ``rows`` (message rows, in order)."""
+    offs = array(_OFF)
+    data = bytearray()
+    for key, value in rows:
+        offs.append(len(data))
+        data += key
+        data += value
+    return bytes(data), offs.tobytes()
+
+
+_C = speedups
+Tee: Any = _PyTee if _C is None else _C.Tee
+_chunk_check: Callable[[Buffer, Buffer], tuple[int, int, bool]] = (
+    _chunk_check_py if _C is None else _C.chunk_check
+)
+_chunk_bisect: Callable[[Buffer, Buffer, bytes], int] = (
+    _chunk_bisect_py if _C is None else _C.chunk_bisect
+)
+_chunk_rows: Callable[[list[Part]], list[Row]] = _chunk_rows_py if _C is None else _C.chunk_rows
+_chunk_filter: Callable[..., tuple[list[Row], int]] = (
+    _chunk_filter_py if _C is None else _C.chunk_filter
+)
+
+
+class _Chunk:
+    """One batch's rows of one segment; never changed once made."""
+
+    __slots__ = ("data", "first", "last", "n", "nbytes", "offs")
+
+    def __init__(self, data: Buffer, offs: Buffer, n: int) -> None:
+        self.data = data
+        self.offs = offs
+        self.n = n
+        self.first = bytes(data[:_KEY_LEN])
+        last = int.from_bytes(offs[-4:], sys.byteorder)
+        self.last = bytes(data[last : last + _KEY_LEN])
+        self.nbytes = len(data) + len(offs) + CHUNK_OVERHEAD
+
+    @classmethod
+    def of(cls, rows: Sequence[Row]) -> _Chunk:
+        data, offs = _pack(rows)
+        return cls(data, offs, len(rows))
+
+    def rows(self, start: int = 0, stop: int | None = None) -> list[Row]:
+        return _chunk_rows([(self.data, self.offs, start, self.n if stop is None else stop)])
+
+    def bisect(self, key: bytes) -> int:
+        """The first row whose key is ``>= key``."""
+        return _chunk_bisect(self.data, self.offs, key)
 
 
 class _Segment:
-    __slots__ = ("floor", "keys", "nbytes", "routes", "rows")
+    __slots__ = ("chunks", "firsts", "floor", "lasts", "nbytes")
 
     def __init__(self, floor: bytes) -> None:
-        self.floor = floor  # rows stored above this key are exactly ``rows``
-        self.rows: list[Row] = []
-        self.keys: list[bytes] = []  # the rows' keys, for bisection
-        self.routes = bytearray()  # ROUTE_LEN bytes a row, in step with ``rows``
+        self.floor = floor  # rows stored above this key are exactly the chunks' rows
+        self.chunks: list[_Chunk] = []  # disjoint, ascending
+        self.firsts: list[bytes] = []  # each chunk's first and last key, for bisection
+        self.lasts: list[bytes] = []
         self.nbytes = 0
 
+    def set_chunks(self, chunks: list[_Chunk]) -> int:
+        """Replace the chunks; the change in bytes."""
+        before = self.nbytes
+        self.chunks = chunks
+        self.firsts = [c.first for c in chunks]
+        self.lasts = [c.last for c in chunks]
+        self.nbytes = sum(c.nbytes for c in chunks)
+        return self.nbytes - before
 
-def _size(rows: Sequence[Row]) -> int:
-    """What ``rows`` cost by the cache's accounting (their keys are message keys, of
-    one length: :func:`_routes` checked them)."""
-    return len(rows) * (_KEY_LEN + ROW_OVERHEAD + ROUTE_LEN) + sum(map(len, map(_value, rows)))
-
-
-def _routes_py(rows: list[Row], start: int) -> tuple[bytes, int]:
-    """The pure-Python :func:`imq._speedups.routes`: the routes of ``rows[start:]`` and
-    the sum of their values' lengths."""
-    out = bytearray()
-    value_bytes = 0
-    for key, value in rows[start:]:
-        if len(key) != _KEY_LEN or len(value) < _HEADER_LEN:
-            raise ValueError("a cached row must be a message row")
-        out += value[:ROUTE_LEN]
-        value_bytes += len(value)
-    return bytes(out), value_bytes
+    def rows(self) -> list[Row]:
+        return [row for c in self.chunks for row in c.rows()]
 
 
-def _sized(n: int, value_bytes: int) -> int:
-    """What ``n`` rows whose values hold ``value_bytes`` cost by the cache's accounting."""
-    return n * (_KEY_LEN + ROW_OVERHEAD + ROUTE_LEN) + value_bytes
-
-
-def _filter_rows_py(  # noqa: PLR0917 -- the C function's positional signature
-    rows: list[Row],
-    routes: bytes | bytearray,
-    start: int,
-    stop: int,
-    wc_byte: int,
-    prefix_len: int,
-    want: int,
-) -> tuple[list[Row], int]:
-    """The pure-Python :func:`imq._speedups.filter_rows`: every row of ``rows[start:stop]``
-    the reader accepts, and of each run of rows it rejects only the last one."""
-    kept: list[Row] = []
-    pending = -1
-    dropped = 0
-    shift = 64 - prefix_len
-    for i in range(start, stop):
-        at = i * ROUTE_LEN
-        accepted = routes[at] == wc_byte and (
-            prefix_len == 0
-            or int.from_bytes(routes[at + 1 : at + ROUTE_LEN], "big") >> shift == want
-        )
-        if accepted:
-            if pending >= 0:
-                kept.append(rows[pending])
-                pending = -1
-            kept.append(rows[i])
-        else:
-            if pending >= 0:
-                dropped += 1
-            pending = i
-    if pending >= 0:
-        kept.append(rows[pending])
-    return kept, dropped
-
-
-_routes: Callable[[list[Row], int], tuple[bytes, int]] = (
-    _routes_py if speedups is None else speedups.routes
-)
-_filter_rows: Callable[..., tuple[list[Row], int]] = (
-    _filter_rows_py if speedups is None else speedups.filter_rows
-)
+# Largest (fresh) string below which no 54-byte message key of a segment lies: the floor
+# itself is a key or a prefix, and every message key above it is >= floor + b"\0".
+def _above(floor: bytes) -> bytes:
+    return floor + b"\x00"
 
 
 class MessageCache:
@@ -187,7 +294,7 @@ class MessageCache:
         self._prefix_len = prefix_len
         self._segments: dict[bytes, _Segment] = {}
         self._nbytes = 0
-        self.hits = 0
+        self.hits = 0  # scans served, and scans left to RocksDB (the store counts them)
         self.misses = 0
 
     @property
@@ -196,32 +303,53 @@ class MessageCache:
 
     @property
     def nbytes(self) -> int:
-        """What the cached rows cost, by :data:`ROW_OVERHEAD`'s accounting."""
+        """What the cached chunks take: their buffers plus :data:`CHUNK_OVERHEAD` each."""
         return self._nbytes
 
     def __len__(self) -> int:
-        return sum(len(s.rows) for s in self._segments.values())
+        return sum(c.n for s in self._segments.values() for c in s.chunks)
+
+    def stats(self) -> dict[str, int]:
+        """What the cache holds and how it served: its budget and bytes, segments,
+        chunks and rows, and the scans it answered (``hits``) or left to RocksDB
+        (``misses``; counted by the store)."""
+        chunks = [c for s in self._segments.values() for c in s.chunks]
+        return {
+            "budget": self._budget,
+            "bytes": self._nbytes,
+            "segments": len(self._segments),
+            "chunks": len(chunks),
+            "rows": sum(c.n for c in chunks),
+            "hits": self.hits,
+            "misses": self.misses,
+        }
 
     def segments(self) -> dict[bytes, tuple[bytes, list[Row]]]:
-        """Each known segment's floor and a copy of its rows (for tests and inspection)."""
-        return {p: (s.floor, list(s.rows)) for p, s in self._segments.items()}
+        """Each known segment's floor and its rows (for tests and inspection)."""
+        return {p: (s.floor, s.rows()) for p, s in self._segments.items()}
 
     def check(self) -> None:
-        """Raise ``AssertionError`` unless the bookkeeping holds (for tests): keys and
-        routes in step with the rows, rows strictly ascending above the floor, sizes
-        summed exactly."""
+        """Raise ``AssertionError`` unless the bookkeeping holds (for tests): chunks
+        disjoint and ascending above the floor, each strictly ascending, their first and
+        last keys and sizes as recorded."""
         total = 0
         for segment in self._segments.values():
-            rows = segment.rows
-            if segment.keys != [r[0] for r in rows]:
-                raise AssertionError("keys out of step with the rows")
-            if bytes(segment.routes) != _routes_py(rows, 0)[0]:
-                raise AssertionError("routes out of step with the rows")
-            if any(a >= b for a, b in zip(segment.keys, segment.keys[1:], strict=False)):
-                raise AssertionError("rows not strictly ascending")
-            if rows and rows[0][0] <= segment.floor:
-                raise AssertionError("a row at or below the floor")
-            if segment.nbytes != _size(rows):
+            previous = segment.floor
+            for chunk in segment.chunks:
+                n, _, ascending = _chunk_check_py(chunk.data, chunk.offs)
+                if n != chunk.n or not n or not ascending:
+                    raise AssertionError("a chunk is empty, miscounted or out of order")
+                rows = chunk.rows()
+                if (rows[0][0], rows[-1][0]) != (chunk.first, chunk.last):
+                    raise AssertionError("a chunk's first or last key is wrong")
+                if chunk.first <= previous:
+                    raise AssertionError("chunks overlap, or a row lies at or below the floor")
+                previous = chunk.last
+            if segment.firsts != [c.first for c in segment.chunks] or segment.lasts != [
+                c.last for c in segment.chunks
+            ]:
+                raise AssertionError("the bisection keys are out of step with the chunks")
+            if segment.nbytes != sum(c.nbytes for c in segment.chunks):
                 raise AssertionError("segment size miscounted")
             total += segment.nbytes
         if total != self._nbytes:
@@ -249,96 +377,88 @@ class MessageCache:
 
     def after_write(
         self,
-        kept: Mapping[bytes, list[Row]],
+        kept: Mapping[bytes, Sequence[Buffer]],
         deleted: Iterable[tuple[bytes, bytes]],
         *,
         in_order: bool = True,
     ) -> None:
         """Take one written batch: its deleted ranges of the messages table, then the rows
-        it put, per segment, in the order put (each list strictly ascending when
-        ``in_order``). Rows of a segment the cache does not know are not kept (the store
-        establishes the segments a batch writes before writing it). A row that is not a
-        message row makes the cache forget everything (it never serves what it cannot
-        route)."""
+        it put, a ``[data, offs]`` chunk per segment (what :class:`Tee` builds), each
+        strictly ascending when ``in_order``. Rows of a segment the cache does not know
+        are not kept (the store establishes the segments a batch writes before writing
+        it). A row that is not a message row makes the cache forget everything (it
+        never serves what it cannot route)."""
         if not self.enabled:
             return
         try:
             for lo, hi in deleted:
                 self._delete_range(lo, hi)
-            for prefix, put in kept.items():
+            for prefix, (data, offs) in kept.items():
                 segment = self._segments.get(prefix)
-                if segment is None or not put:
+                if segment is None or not offs:
                     continue
-                # Out of order: sort, and the last put of a key wins, as in the batch.
-                self._add(segment, put if in_order else sorted(dict(put).items()))
+                n, _, ascending = _chunk_check(data, offs)  # before anything changes
+                chunk = _Chunk(data, offs, n)
+                if not (in_order and ascending):  # sort; the last put of a key wins
+                    chunk = _Chunk.of(sorted(dict(chunk.rows()).items()))
+                self._add(segment, chunk)
         except ValueError:
             self.forget()
             return
         if self._nbytes > self._budget:
             self._evict()
 
-    def _add(self, segment: _Segment, rows: list[Row]) -> None:
-        cached = segment.rows
-        floor = segment.floor
-        if rows[0][0] <= floor:
-            rows = rows[bisect_right(rows, floor, key=_key) :]
-            if not rows:
+    def _add(self, segment: _Segment, chunk: _Chunk) -> None:
+        if chunk.first <= segment.floor:  # rows at or below the floor are not cached
+            keep = chunk.bisect(_above(segment.floor))
+            if keep == chunk.n:
                 return
-        if not cached or rows[0][0] > cached[-1][0]:
-            routes, value_bytes = _routes(rows, 0)  # checks every row before any change
-            cached.extend(rows)  # the usual case: a shard's next diff
-            segment.keys.extend(map(_key, rows))
-            segment.routes += routes
-            added = _sized(len(rows), value_bytes)
-        else:  # keys at or below the newest cached one: merge, a key put again replaces
-            merged = dict(cached)
-            merged.update(rows)
-            rebuilt = sorted(merged.items())
-            routes, _ = _routes(rebuilt, 0)
-            before = segment.nbytes
-            cached[:] = rebuilt
-            segment.keys[:] = map(_key, rebuilt)
-            segment.routes[:] = routes
-            segment.nbytes = _size(rebuilt)
-            added = segment.nbytes - before
-            self._nbytes += added
+            chunk = _Chunk.of(chunk.rows(keep))
+        chunks = segment.chunks
+        if not chunks or chunk.first > chunks[-1].last:  # the usual case: the next diff
+            chunks.append(chunk)
+            segment.firsts.append(chunk.first)
+            segment.lasts.append(chunk.last)
+            segment.nbytes += chunk.nbytes
+            self._nbytes += chunk.nbytes
             return
-        segment.nbytes += added
-        self._nbytes += added
+        # Keys at or below the newest cached one: merge, a key put again replaces its row.
+        merged = dict(segment.rows())
+        merged.update(chunk.rows())
+        self._nbytes += segment.set_chunks([_Chunk.of(sorted(merged.items()))])
 
     def _delete_range(self, lo: bytes, hi: bytes) -> None:
         for segment in self._segments.values():
-            rows = segment.rows
-            if not rows or rows[-1][0] < lo or rows[0][0] >= hi:
+            chunks = segment.chunks
+            k = bisect_left(segment.lasts, lo)  # the first chunk not wholly below lo
+            if k == len(chunks) or chunks[k].first >= hi:
                 continue
-            keys = segment.keys
-            i = bisect_left(keys, lo)
-            j = bisect_left(keys, hi)
-            if i < j:
-                gone = _size(rows[i:j])
-                del rows[i:j]
-                del keys[i:j]
-                del segment.routes[i * ROUTE_LEN : j * ROUTE_LEN]
-                segment.nbytes -= gone
-                self._nbytes -= gone
+            kept = chunks[:k]
+            for chunk in chunks[k:]:
+                if chunk.first >= hi:
+                    kept.append(chunk)
+                    continue
+                i = chunk.bisect(lo) if chunk.first < lo else 0
+                j = chunk.bisect(hi) if chunk.last >= hi else chunk.n
+                if i == 0 and j == chunk.n:
+                    continue  # wholly inside: gone
+                if i >= j:
+                    kept.append(chunk)  # nothing of it inside
+                    continue
+                kept.append(_Chunk.of(chunk.rows(0, i) + chunk.rows(j)))
+            self._nbytes += segment.set_chunks(kept)
 
     def _evict(self) -> None:
-        """Raise floors until the rows fit in three quarters of the budget: each step
-        drops the older half of the largest segment's rows."""
+        """Drop the oldest chunks of the largest segment, raising its floor past them,
+        until the chunks fit in three quarters of the budget."""
         target = self._budget * 3 // 4
         while self._nbytes > target:
             segment = max(self._segments.values(), key=lambda s: s.nbytes)
-            rows = segment.rows
-            if not rows:  # pragma: no cover -- the sizes are kept exactly
+            if not segment.chunks:  # pragma: no cover -- the sizes are kept exactly
                 break
-            cut = max(1, len(rows) // 2)
-            gone = _size(rows[:cut])
-            segment.floor = rows[cut - 1][0]
-            del rows[:cut]
-            del segment.keys[:cut]
-            del segment.routes[: cut * ROUTE_LEN]
-            segment.nbytes -= gone
-            self._nbytes -= gone
+            oldest = segment.chunks[0]
+            segment.floor = oldest.last
+            self._nbytes += segment.set_chunks(segment.chunks[1:])
 
     # -- the read path -------------------------------------------------------------------------
 
@@ -352,7 +472,7 @@ class MessageCache:
         With ``reader`` (the merge iterator's destination test: workchain byte, prefix
         length, prefix), only the rows the merge can tell apart are returned: every row
         the reader accepts and of each run of rows it rejects the last one (see
-        :func:`imq._speedups.filter_rows`)."""
+        :func:`imq._speedups.chunk_filter`)."""
         prefix = lo[: self._prefix_len]
         segment = self._segments.get(prefix)
         if (
@@ -360,18 +480,20 @@ class MessageCache:
             or lo <= segment.floor
             or (hi[: self._prefix_len] != prefix and hi != _prefix_end(prefix))
         ):
-            self.misses += 1
             return None
-        self.hits += 1
-        rows = segment.rows
-        keys = segment.keys
-        if not keys or hi <= keys[0] or lo > keys[-1]:
+        chunks = segment.chunks
+        k0 = bisect_left(segment.lasts, lo)  # the first chunk not wholly below lo
+        k1 = bisect_left(segment.firsts, hi)  # the first chunk wholly at or above hi
+        if k0 >= k1:
             return [], 0
-        i = bisect_left(keys, lo)
-        j = bisect_left(keys, hi)
+        parts: list[Part] = []
+        for chunk in chunks[k0:k1]:
+            i = chunk.bisect(lo) if chunk.first < lo else 0
+            j = chunk.bisect(hi) if chunk.last >= hi else chunk.n
+            parts.append((chunk.data, chunk.offs, i, j))
         if reader is None:
-            return rows[i:j], 0
-        return _filter_rows(rows, segment.routes, i, j, *reader)
+            return _chunk_rows(parts), 0
+        return _chunk_filter(parts, *reader)
 
 
 def _prefix_end(prefix: bytes) -> bytes:

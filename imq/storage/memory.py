@@ -213,6 +213,9 @@ class MemoryStore:
         rows = self._tables[scan.table]
         return MemoryCursor([(k, rows[k]) for k in selected])
 
+    def message_cache_stats(self) -> dict[str, int]:
+        return {}  # no cache of fresh rows: the rows are in memory already
+
     def message_snapshot(
         self, bounds: Sequence[tuple[bytes, bytes]], reader: tuple[int, int, int] | None
     ) -> MemorySnapshot:

@@ -403,7 +403,7 @@ class Transaction:
         self.batch = WriteBatch(raw_mode=True)
         self.state_updates: list[StateUpdate] = []
         self.deleted_ranges: list[tuple[Table, bytes, bytes]] = []
-        self.kept: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        self.kept: dict[bytes, list[bytearray]] = {}  # per segment, a [data, offs] chunk
         self.deleted_messages: list[tuple[bytes, bytes]] = []
         self.cache_blind = False
         self._tees: list[Any] = []
@@ -434,8 +434,9 @@ class Transaction:
         RocksDB open (and its lock held) for as long as the batch lives.
 
         Message rows are kept for the store's cache (a :class:`~imq._speedups.Tee`
-        around the put); ``cached=False`` (a bulk import) writes them without keeping
-        them, and the cache forgets every segment after the write instead."""
+        around the put copies each row into its segment's chunk); ``cached=False`` (a
+        bulk import) writes them without keeping them, and the cache forgets every
+        segment after the write instead."""
         put: Callable[[bytes, bytes, Any], object] = self.batch.put
         if table is Table.MESSAGES and self._keep:
             if cached:
@@ -448,8 +449,14 @@ class Transaction:
 
     @property
     def kept_in_order(self) -> bool:
-        """Whether each list of ``kept`` is strictly ascending (as a diff's rows are)."""
+        """Whether each chunk of ``kept`` is strictly ascending (as a diff's rows are)."""
         return not any(tee.unordered for tee in self._tees)
+
+    @property
+    def kept_all(self) -> bool:
+        """Whether every message row put through :meth:`writer` was kept (a row that is
+        not a message row is not: the cache must then forget, as for a blind write)."""
+        return not any(tee.invalid for tee in self._tees)
 
     @contextlib.contextmanager
     def _default_family(
@@ -769,13 +776,19 @@ class Store:
         rows = cache.scan(lo, hi, reader)
         if rows is None:
             prefix = lo[:_SEGMENT]
-            if not cache.unknown((prefix,)):
-                return None
-            cache.establish(prefix, self._segment_top(prefix))
-            rows = cache.scan(lo, hi, reader)
+            if cache.unknown((prefix,)):
+                cache.establish(prefix, self._segment_top(prefix))
+                rows = cache.scan(lo, hi, reader)
             if rows is None:
+                cache.misses += 1
                 return None
+        cache.hits += 1
         return CachedCursor(*rows)
+
+    def message_cache_stats(self) -> dict[str, int]:
+        """The cache of fresh rows: see :meth:`imq.storage.cache.MessageCache.stats`."""
+        with self._gate:
+            return self.cache.stats()
 
     @property
     def state(self) -> QueueState:
@@ -825,7 +838,7 @@ class Store:
             except Exception as exc:  # rocksdict raises a bare Exception("IO error: ...")
                 cache.forget()  # whatever the batch did, the cache must not vouch for it
                 raise self._failed("write", exc) from exc
-            if txn.cache_blind:
+            if txn.cache_blind or not txn.kept_all:
                 cache.forget()
             elif txn.kept or txn.deleted_messages:
                 cache.after_write(txn.kept, txn.deleted_messages, in_order=txn.kept_in_order)

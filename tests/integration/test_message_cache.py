@@ -145,12 +145,13 @@ def test_fresh_diffs_are_read_from_the_cache_and_older_ones_from_rocksdb(tmp_pat
         # a segment never written reads as empty from the cache once seen
         empty = [QueueShardRange(SHARDS[2], QueueKey.MIN, QueueKey.MAX)]
         assert _cursors(queue, 1, empty) == [CachedCursor]
-        before = queue.metrics.counter("iterator_ranges_from_cache")
-        rocks = queue.metrics.counter("iterator_ranges_from_rocksdb")
+        before = queue.message_cache_stats()
         queue.iterator(0, [*new, *empty], SHARDS[1]).close()
         queue.iterator(0, whole, SHARDS[1]).close()
-        assert queue.metrics.counter("iterator_ranges_from_cache") == before + 2
-        assert queue.metrics.counter("iterator_ranges_from_rocksdb") == rocks + 1
+        after = queue.message_cache_stats()
+        assert (after["hits"], after["misses"]) == (before["hits"] + 2, before["misses"] + 1)
+        assert after["rows"] == len(second.messages)  # the rows written since the reopen
+        assert after["segments"] == 3  # partition 0 of shards 0 and 2, partition 1 of shard 2
     finally:
         queue.close()
 

@@ -5,7 +5,7 @@ filtered scan merges to the same messages and positions as the whole range."""
 
 from __future__ import annotations
 
-import gc
+import itertools
 from collections.abc import Iterator
 from contextlib import nullcontext
 from typing import Any
@@ -64,7 +64,7 @@ class Stored:
 def write(cache: MessageCache, stored: Stored, rows: list[Row], deleted: Any = ()) -> None:
     """One batch, as Store.write hands it over: the segments it writes are established
     first (their floor: what is stored before it), then its deletes and rows are taken."""
-    kept: dict[bytes, list[Row]] = {}
+    kept: dict[bytes, list[bytearray]] = {}
     tee = Tee(lambda *_: None, kept, P)
     for k, v in rows:
         tee(k, v, None)
@@ -118,10 +118,20 @@ def test_a_row_that_is_not_a_message_row_makes_the_cache_forget() -> None:
     cache, stored = MessageCache(1 << 20, P), Stored()
     s = SHARDS[0]
     write(cache, stored, [row(0, s, 1)])
-    bad = (codec.message_key(0, s, QueueKey(3, bytes(32))), b"short")
-    cache.after_write({bad[0][:P]: [bad]}, [])
+    key = codec.message_key(0, s, QueueKey(3, bytes(32)))
+    data, offs = cache_mod._pack([(key, b"short")])
+    cache.after_write({key[:P]: [data, offs]}, [])
     assert cache.segments() == {}
     assert cache.nbytes == 0
+
+
+@pytest.mark.parametrize("tee", [cache_mod._PyTee, Tee], ids=["python", "default"])
+def test_a_tee_marks_a_batch_with_a_row_that_is_not_a_message_row(tee: Any) -> None:
+    kept: dict[bytes, list[bytearray]] = {}
+    t = tee(lambda *_: None, kept, P)
+    t(b"k" * codec.MESSAGE_KEY_LEN, b"short", None)
+    assert t.invalid
+    assert kept == {}
 
 
 def test_a_disabled_cache_keeps_nothing() -> None:
@@ -132,40 +142,36 @@ def test_a_disabled_cache_keeps_nothing() -> None:
     assert cache.segments() == {}
 
 
-def test_eviction_raises_the_floor_oldest_first() -> None:
-    one = len(row(0, SHARDS[0], 1)[0]) + len(row(0, SHARDS[0], 1)[1])
-    per_row = one + cache_mod.ROW_OVERHEAD + cache_mod.ROUTE_LEN
-    cache, stored = MessageCache(10 * per_row, P), Stored()
-    s = SHARDS[0]
-    write(cache, stored, [row(0, s, lt) for lt in range(11)])  # 11 rows > 10
-    floor, rows = cache.segments()[prefix(0, s)]
-    assert cache.nbytes <= 10 * per_row * 3 // 4
-    assert rows  # the newer half stays
-    assert rows == [r for r in stored.scan(floor, codec.prefix_end(prefix(0, s))) if r[0] > floor]
-
-
-def test_cached_rows_are_outside_the_cyclic_gc() -> None:
-    if cache_mod.speedups is None:
-        pytest.skip("the C Tee is not built")
-    kept: dict[bytes, list[Row]] = {}
+def test_eviction_drops_the_oldest_chunks_and_raises_the_floor() -> None:
     r = row(0, SHARDS[0], 1)
-    Tee(lambda *_: None, kept, P)(r[0], r[1], None)
-    [[stored]] = kept.values()
-    assert not gc.is_tracked(stored)
+    per_chunk = len(r[0]) + len(r[1]) + 4 + cache_mod.CHUNK_OVERHEAD
+    cache, stored = MessageCache(4 * per_chunk, P), Stored()
+    s = SHARDS[0]
+    for lt in range(10):  # ten batches of one row: ten chunks
+        write(cache, stored, [row(0, s, lt)])
+        cache.check()
+    floor, rows = cache.segments()[prefix(0, s)]
+    assert cache.nbytes <= 4 * per_chunk
+    assert 0 < len(rows) < 10  # the newer chunks stay
+    assert rows == [r for r in stored.scan(floor, codec.prefix_end(prefix(0, s))) if r[0] > floor]
+    assert floor == row(0, s, 9 - len(rows))[0]
 
 
 @pytest.mark.parametrize("tee", [cache_mod._PyTee, Tee], ids=["python", "default"])
-def test_tee_puts_every_row_and_keeps_it_per_segment(tee: Any) -> None:
+def test_tee_puts_every_row_and_keeps_it_in_its_segments_chunk(tee: Any) -> None:
     put: list[tuple[bytes, bytes, object]] = []
-    kept: dict[bytes, list[Row]] = {}
+    kept: dict[bytes, list[bytearray]] = {}
     t = tee(lambda k, v, target: put.append((k, v, target)), kept, P)
-    a, b = row(0, SHARDS[0], 2), row(1, SHARDS[0], 1)
-    for r in (a, b, row(0, SHARDS[0], 3)):
+    a, b, c = row(0, SHARDS[0], 2), row(1, SHARDS[0], 1), row(0, SHARDS[0], 3)
+    for r in (a, b, c):
         t(r[0], r[1], "cf")
     assert [p[2] for p in put] == ["cf"] * 3
-    assert kept == {prefix(0, SHARDS[0]): [a, row(0, SHARDS[0], 3)], prefix(1, SHARDS[0]): [b]}
-    assert not t.unordered
-    t(a[0], a[1], None)  # a key again: not above its list's last row
+    assert set(kept) == {prefix(0, SHARDS[0]), prefix(1, SHARDS[0])}
+    assert cache_mod._chunk_rows_py([(*kept[prefix(0, SHARDS[0])], 0, 2)]) == [a, c]
+    assert cache_mod._chunk_rows_py([(*kept[prefix(1, SHARDS[0])], 0, 1)]) == [b]
+    assert [bytes(x) for x in kept[prefix(0, SHARDS[0])]] == list(cache_mod._pack([a, c]))
+    assert not t.unordered and not t.invalid
+    t(a[0], a[1], None)  # a key again: not above its chunk's last row
     assert t.unordered
 
 
@@ -216,15 +222,14 @@ def test_a_cached_scan_is_exactly_the_stored_range(
             assert got == (stored.scan(lo, hi), 0)
             filtered = cache.scan(lo, hi, reader)
             assert filtered is not None
-            assert filtered == cache_mod._filter_rows_py(
-                got[0], cache_mod._routes_py(got[0], 0)[0], 0, len(got[0]), *reader
-            )
+            chunk = cache_mod._pack(got[0])
+            assert filtered == cache_mod._chunk_filter_py([(*chunk, 0, len(got[0]))], *reader)
     for pre, (floor, rows) in cache.segments().items():  # the invariant itself
         assert rows == [r for r in stored.scan(pre, codec.prefix_end(pre)) if r[0] > floor]
     cache.check()
 
 
-# -- filter_rows: C against Python, and what the merge makes of a filtered scan ----------------
+# -- the chunk functions: C against Python, and what the merge makes of a filtered scan --------
 
 ROWS = st.lists(st.tuples(st.integers(0, 255), st.sampled_from([0, -1])), max_size=40)
 
@@ -232,32 +237,57 @@ ROWS = st.lists(st.tuples(st.integers(0, 255), st.sampled_from([0, -1])), max_si
 @settings(max_examples=200, deadline=None)
 @given(
     dsts=ROWS,
+    cuts=st.lists(st.integers(0, 40), max_size=3),
     bounds=st.tuples(st.integers(0, 40), st.integers(0, 40)),
     reader=st.tuples(st.sampled_from([128, 127, -1]), st.integers(0, 8), st.integers(0, 255)),
+    probe=st.integers(0, 45),
 )
-def test_filter_rows_in_c_equals_python(
-    dsts: list[tuple[int, int]], bounds: tuple[int, int], reader: tuple[int, int, int]
+def test_the_chunk_functions_in_c_equal_python(
+    dsts: list[tuple[int, int]],
+    cuts: list[int],
+    bounds: tuple[int, int],
+    reader: tuple[int, int, int],
+    probe: int,
 ) -> None:
-    if cache_mod.speedups is None:
+    """Rows split into chunks at ``cuts``; parts of them filtered, built, bisected and
+    checked by both forms."""
+    c = cache_mod.speedups
+    if c is None:
         pytest.skip("the C helpers are not built")
-    rows = [row(0, SHARDS[0], i, top, wc) for i, (top, wc) in enumerate(dsts)]
-    start, stop = sorted(b % (len(rows) + 1) for b in bounds)
+    rows = [row(0, SHARDS[0], 2 * i + 1, top, wc) for i, (top, wc) in enumerate(dsts)]
+    edges = sorted({0, len(rows), *(x % (len(rows) + 1) for x in cuts)})
+    chunks = [cache_mod._pack(rows[a:b]) for a, b in itertools.pairwise(edges)]
+    sizes = [b - a for a, b in itertools.pairwise(edges)]
     wc_byte, plen, want = reader[0], reader[1], reader[2] >> (8 - reader[1])
-    routes, value_bytes = cache_mod._routes_py(rows, 0)
-    assert value_bytes == sum(len(v) for _, v in rows)
-    assert cache_mod.speedups.routes(rows, 0) == (routes, value_bytes)
-    assert cache_mod.speedups.routes(rows, start) == cache_mod._routes_py(rows, start)
-    assert cache_mod.speedups.routes(rows, start)[0] == routes[start * cache_mod.ROUTE_LEN :]
-    assert cache_mod.speedups.filter_rows(
-        rows, bytearray(routes), start, stop, wc_byte, plen, want
-    ) == cache_mod._filter_rows_py(rows, routes, start, stop, wc_byte, plen, want)
+    parts: list[Any] = []
+    for (data, offs), n in zip(chunks, sizes, strict=True):
+        start, stop = sorted(x % (n + 1) for x in bounds)
+        parts.append((bytearray(data), offs, start, stop))
+        assert c.chunk_check(data, offs) == cache_mod._chunk_check_py(data, offs)
+        key = codec.message_key(0, SHARDS[0], QueueKey(probe, bytes(32)))
+        assert c.chunk_bisect(data, offs, key) == cache_mod._chunk_bisect_py(data, offs, key)
+    assert c.chunk_rows(parts) == cache_mod._chunk_rows_py(parts)
+    assert c.chunk_filter(parts, wc_byte, plen, want) == cache_mod._chunk_filter_py(
+        parts, wc_byte, plen, want
+    )
 
 
-def test_routes_refuses_what_is_not_a_message_row() -> None:
-    with pytest.raises(ValueError, match="message row"):
-        cache_mod._routes([(b"k", b"v")], 0)
-    with pytest.raises(ValueError, match="message row"):
-        cache_mod._routes_py([(b"k", b"v")], 0)
+@pytest.mark.parametrize("check", ["python", "c"])
+def test_chunk_check_refuses_what_is_not_a_chunk_of_message_rows(check: str) -> None:
+    fn = cache_mod._chunk_check_py if check == "python" else cache_mod._chunk_check
+    good = cache_mod._pack([row(0, SHARDS[0], 1), row(0, SHARDS[0], 2)])
+    assert fn(*good)[0] == 2
+    assert fn(*good)[2] is True
+    assert fn(*cache_mod._pack([row(0, SHARDS[0], 2), row(0, SHARDS[0], 1)]))[2] is False
+    bad = [
+        cache_mod._pack([(b"k" * codec.MESSAGE_KEY_LEN, b"short")]),  # no whole header
+        (good[0], good[1][:-1]),  # offsets not uint32s
+        (good[0][:-5] + b"", good[1][::-1]),  # offsets out of order
+        (b"x", b""),  # bytes without rows
+    ]
+    for data, offs in bad:
+        with pytest.raises(ValueError, match="chunk"):
+            fn(data, offs)
 
 
 class _Snap:
@@ -305,8 +335,8 @@ def test_a_filtered_scan_merges_to_the_same_messages_and_positions(
         cursors = []
         for rows in full:
             if filtered:
-                kept, dropped = cache_mod._filter_rows(
-                    rows, cache_mod._routes(rows, 0)[0], 0, len(rows), *reader
+                kept, dropped = cache_mod._chunk_filter(
+                    [(*cache_mod._pack(rows), 0, len(rows))], *reader
                 )
                 cursors.append(CachedCursor(kept, dropped))
             else:
