@@ -1434,125 +1434,175 @@ chunk_row(const Chunk *c, Py_ssize_t i)
     return row;
 }
 
-/* Append row i of c to out; 0, or -1 with an exception. */
-static int
-append_row(PyObject *out, const Chunk *c, Py_ssize_t i)
-{
-    PyObject *row = chunk_row(c, i);
-    if (row == NULL)
-        return -1;
-    int rc = PyList_Append(out, row);
-    Py_DECREF(row);
-    return rc;
-}
-
 /*
- * chunk_rows(parts) -> [(key, value), ...]
- * chunk_filter(parts, wc_byte, prefix_len, want) -> (rows, dropped)
+ * ChunkRows(parts, reader) -> an iterator of (key, value) rows
  *
  * `parts`: a list of (data, offs, start, stop), rows start..stop of consecutive chunks in
- * key order. chunk_rows builds every row. chunk_filter builds the rows the merge iterator
- * can tell apart, for a reader whose destination test is (wc_byte, prefix_len, want)
- * (merge_fill's): every accepted row, and of each run of rejected rows only the last one.
- * The merge consumes a run of rejected rows whole, in one refill, and only its last key
- * is ever visible (the source's position), so merging these rows gives the same messages
- * and the same positions as merging every row. `dropped` counts the rows left out.
+ * key order. With reader None, every row. With reader (wc_byte, prefix_len, want), the
+ * merge iterator's destination test (merge_fill's), the rows the merge can tell apart:
+ * every accepted row, and of each run of rejected rows only the last one. The merge
+ * consumes a run of rejected rows whole, in one refill, and only its last key is ever
+ * visible (the source's position), so merging these rows gives the same messages and the
+ * same positions as merging every row. `dropped` counts the rows left out so far.
+ *
+ * Lazy: each row is built when the merge asks for it and freed once decoded, so a long
+ * scan reuses the same few objects' memory, as a RocksDB cursor's rows do. The chunks are
+ * never changed once the cache holds them; the iterator keeps them alive.
  */
-static PyObject *
-chunks_walk(PyObject *parts, int filter, long wc_byte, long prefix_len, unsigned long long want)
+typedef struct {
+    PyObject_HEAD
+    PyObject *parts;        /* the list, kept alive */
+    Chunk *chunks;          /* one view per part */
+    Py_ssize_t *starts, *stops;
+    Py_ssize_t nparts, part, row;
+    int filter, shift;
+    long wc_byte, prefix_len;
+    unsigned long long want;
+    Py_ssize_t pending_part, pending_row; /* the last rejected row not yet returned */
+    Py_ssize_t dropped;
+} ChunkRows;
+
+static void
+chunkrows_free_views(ChunkRows *self)
 {
-    if (!PyList_Check(parts)) {
-        PyErr_SetString(PyExc_TypeError, "parts must be a list");
-        return NULL;
+    if (self->chunks != NULL) {
+        for (Py_ssize_t p = 0; p < self->nparts; p++)
+            chunk_release(&self->chunks[p]);
+        PyMem_Free(self->chunks);
+        self->chunks = NULL;
     }
-    if (prefix_len < 0 || prefix_len > 64) {
-        PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
+    PyMem_Free(self->starts);
+    PyMem_Free(self->stops);
+    self->starts = self->stops = NULL;
+    self->nparts = 0;
+}
+
+static void
+chunkrows_dealloc(ChunkRows *self)
+{
+    chunkrows_free_views(self);
+    Py_XDECREF(self->parts);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+chunkrows_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *parts, *reader = Py_None;
+    static char *kwlist[] = {"parts", "reader", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!|O:ChunkRows", kwlist, &PyList_Type, &parts,
+                                     &reader))
         return NULL;
-    }
-    int shift = (int)(64 - prefix_len);
-    PyObject *out = PyList_New(0);
-    if (out == NULL)
+    ChunkRows *self = (ChunkRows *)type->tp_alloc(type, 0);
+    if (self == NULL)
         return NULL;
-    Py_ssize_t dropped = 0;
-    /* the pending rejected row: its chunk's index in parts and its row, or none */
-    Py_ssize_t np = PyList_GET_SIZE(parts), pending_part = -1, pending_row = -1;
-    Chunk *chunks = PyMem_Calloc((size_t)(np ? np : 1), sizeof(Chunk));
-    if (chunks == NULL) {
-        Py_DECREF(out);
-        return PyErr_NoMemory();
+    self->pending_part = -1;
+    if (reader != Py_None) {
+        if (!PyArg_ParseTuple(reader, "llK", &self->wc_byte, &self->prefix_len, &self->want))
+            goto fail;
+        if (self->prefix_len < 0 || self->prefix_len > 64) {
+            PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
+            goto fail;
+        }
+        self->filter = 1;
+        self->shift = (int)(64 - self->prefix_len);
     }
-    Py_ssize_t opened = 0;
-    for (Py_ssize_t p = 0; p < np; p++) {
+    Py_ssize_t n = PyList_GET_SIZE(parts);
+    Py_INCREF(parts);
+    self->parts = parts;
+    self->chunks = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Chunk));
+    self->starts = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
+    self->stops = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
+    if (self->chunks == NULL || self->starts == NULL || self->stops == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t p = 0; p < n; p++) {
         PyObject *part = PyList_GET_ITEM(parts, p);
         PyObject *data, *offs;
         Py_ssize_t start, stop;
-        if (!PyTuple_Check(part) || !PyArg_ParseTuple(part, "OOnn", &data, &offs, &start, &stop))
-            goto fail_type;
-        if (chunk_open(data, offs, &chunks[p]) < 0)
+        if (!PyTuple_Check(part)) {
+            PyErr_SetString(PyExc_TypeError, "a part is (data, offs, start, stop)");
             goto fail;
-        opened = p + 1;
-        Chunk *c = &chunks[p];
-        if (start < 0 || stop < start || stop > c->n) {
+        }
+        if (!PyArg_ParseTuple(part, "OOnn", &data, &offs, &start, &stop))
+            goto fail;
+        if (chunk_open(data, offs, &self->chunks[p]) < 0)
+            goto fail;
+        self->nparts = p + 1;
+        if (start < 0 || stop < start || stop > self->chunks[p].n) {
             PyErr_SetString(PyExc_ValueError, "start/stop out of the chunk's rows");
             goto fail;
         }
-        for (Py_ssize_t i = start; i < stop; i++) {
-            if (!filter) {
-                if (append_row(out, c, i) < 0)
-                    goto fail;
-                continue;
-            }
-            const unsigned char *route = c->d + c->o[i] + KEY_LEN;
-            if (accepts(route, ROUTE_LEN, wc_byte, prefix_len, shift, want)) {
-                if (pending_part >= 0 &&
-                    append_row(out, &chunks[pending_part], pending_row) < 0)
-                    goto fail;
-                pending_part = -1;
-                if (append_row(out, c, i) < 0)
-                    goto fail;
-            } else {
-                if (pending_part >= 0)
-                    dropped++;
-                pending_part = p;
-                pending_row = i;
-            }
-        }
+        self->starts[p] = start;
+        self->stops[p] = stop;
     }
-    if (pending_part >= 0 && append_row(out, &chunks[pending_part], pending_row) < 0)
-        goto fail;
-    for (Py_ssize_t p = 0; p < opened; p++)
-        chunk_release(&chunks[p]);
-    PyMem_Free(chunks);
-    if (!filter)
-        return out;
-    return Py_BuildValue("(Nn)", out, dropped);
-fail_type:
-    if (!PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "a part is (data, offs, start, stop)");
+    self->nparts = n;
+    self->part = 0;
+    self->row = n ? self->starts[0] : 0;
+    return (PyObject *)self;
 fail:
-    for (Py_ssize_t p = 0; p < opened; p++)
-        chunk_release(&chunks[p]);
-    PyMem_Free(chunks);
-    Py_DECREF(out);
+    Py_DECREF(self);
     return NULL;
 }
 
 static PyObject *
-chunk_rows(PyObject *self, PyObject *parts)
+chunkrows_next(ChunkRows *self)
 {
-    return chunks_walk(parts, 0, 0, 0, 0);
+    while (self->part < self->nparts) {
+        Py_ssize_t p = self->part;
+        const Chunk *c = &self->chunks[p];
+        if (self->row >= self->stops[p]) {
+            self->part++;
+            if (self->part < self->nparts)
+                self->row = self->starts[self->part];
+            continue;
+        }
+        Py_ssize_t i = self->row++;
+        if (!self->filter)
+            return chunk_row(c, i);
+        const unsigned char *route = c->d + c->o[i] + KEY_LEN;
+        if (accepts(route, ROUTE_LEN, self->wc_byte, self->prefix_len, self->shift, self->want)) {
+            if (self->pending_part >= 0) { /* the run's last row first, then this one */
+                PyObject *row = chunk_row(&self->chunks[self->pending_part], self->pending_row);
+                self->pending_part = -1;
+                self->row = i; /* come back to row i */
+                return row;
+            }
+            return chunk_row(c, i);
+        }
+        if (self->pending_part >= 0)
+            self->dropped++;
+        self->pending_part = p;
+        self->pending_row = i;
+    }
+    if (self->pending_part >= 0) { /* the trailing run's last row */
+        const Chunk *c = &self->chunks[self->pending_part];
+        Py_ssize_t i = self->pending_row;
+        self->pending_part = -1;
+        return chunk_row(c, i);
+    }
+    return NULL;
 }
 
-static PyObject *
-chunk_filter(PyObject *self, PyObject *args)
-{
-    PyObject *parts;
-    long wc_byte, prefix_len;
-    unsigned long long want;
-    if (!PyArg_ParseTuple(args, "OllK:chunk_filter", &parts, &wc_byte, &prefix_len, &want))
-        return NULL;
-    return chunks_walk(parts, 1, wc_byte, prefix_len, want);
-}
+static PyMemberDef chunkrows_members[] = {
+    {"dropped", T_PYSSIZET, offsetof(ChunkRows, dropped), READONLY,
+     "rows left out so far (of runs of rejected rows, all but the last)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ChunkRowsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "imq._speedups.ChunkRows",
+    .tp_basicsize = sizeof(ChunkRows),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "ChunkRows(parts, reader=None): the rows of chunk parts, lazily, filtered "
+              "for a reader (see imq.storage.cache).",
+    .tp_new = chunkrows_new,
+    .tp_dealloc = (destructor)chunkrows_dealloc,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)chunkrows_next,
+    .tp_members = chunkrows_members,
+};
 
 /*
  * Tee(put, segments, prefix_len): a put(key, value, target) for the write path's hot
@@ -1786,9 +1836,6 @@ static PyMethodDef methods[] = {
     {"chunk_check", chunk_check, METH_VARARGS,
      "chunk_check(data, offs) -> (rows, value_bytes, ascending)"},
     {"chunk_bisect", chunk_bisect, METH_VARARGS, "chunk_bisect(data, offs, key) -> int"},
-    {"chunk_rows", chunk_rows, METH_O, "chunk_rows(parts) -> [(key, value)]"},
-    {"chunk_filter", chunk_filter, METH_VARARGS,
-     "chunk_filter(parts, wc_byte, prefix_len, want) -> (rows, dropped)"},
     {"strictly_ascending", strictly_ascending, METH_VARARGS,
      "strictly_ascending(messages, message_type) -> bool"},
     {NULL, NULL, 0, NULL},
@@ -1802,7 +1849,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&TeeType) < 0)
+    if (PyType_Ready(&TeeType) < 0 || PyType_Ready(&ChunkRowsType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
@@ -1810,6 +1857,12 @@ PyInit__speedups(void)
     Py_INCREF(&TeeType);
     if (PyModule_AddObject(m, "Tee", (PyObject *)&TeeType) < 0) {
         Py_DECREF(&TeeType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&ChunkRowsType);
+    if (PyModule_AddObject(m, "ChunkRows", (PyObject *)&ChunkRowsType) < 0) {
+        Py_DECREF(&ChunkRowsType);
         Py_DECREF(m);
         return NULL;
     }

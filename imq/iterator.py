@@ -265,9 +265,7 @@ def _merged(
     heads: list[tuple[bytes, bytes] | None] = [None] * n
     lastkeys: list[bytes | None] = [None] * n
     need = list(range(n))
-    yielded = 0
-    # Rows a cached scan left out (runs of other shards' rows, see imq.storage.cache).
-    skipped = sum(c.dropped for c in self._snap.cursors)
+    yielded = skipped = 0
     limit = min(_RUN_FIRST, _RUN)  # batches grow: the first message comes soon
     try:
         while True:
@@ -305,7 +303,9 @@ def _merged(
         self._run = None
         if self._on_done is not None:
             on_done, self._on_done = self._on_done, None
-            on_done(yielded, skipped)
+            # with the rows cached scans left out (runs of other shards' rows that the
+            # merge would have skipped, see imq.storage.cache)
+            on_done(yielded, skipped + sum(c.dropped for c in self._snap.cursors))
 
 
 _NO_BOUND = b"\xff" * (_KEY_LEN + 1)  # above every message key

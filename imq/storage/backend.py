@@ -45,8 +45,14 @@ class CursorProtocol(Protocol):
     left out of ``rows`` because the merge would skip them unseen (a cached scan's)."""
 
     rows: Iterator[Any]
-    dropped: int
-    cached: bool  # served by a store's cache of fresh rows, not read from disk
+
+    @property
+    def dropped(self) -> int: ...
+
+    @property
+    def cached(self) -> bool:
+        """Served by a store's cache of fresh rows, not read from disk."""
+        ...
 
     @property
     def items(self) -> Iterator[Any]: ...

@@ -11,8 +11,9 @@ one pass over packed bytes.
 **Chunks.** What one batch wrote to one segment is one *chunk*: ``data``, the rows back
 to back (key, then value), and ``offs``, where each row starts (native uint32s). The
 batch's :class:`Tee` fills it as the rows are put (a memcpy a row, no Python objects),
-and a read builds ``(key, value)`` pairs only for the rows it returns
-(:func:`imq._speedups.chunk_filter`). A segment's chunks are disjoint and ascending.
+and a read builds ``(key, value)`` pairs only for the rows it returns, one at a time as
+the merge asks for them (:class:`imq._speedups.ChunkRows`). A segment's chunks are
+disjoint and ascending.
 
 **The invariant.** For a segment the cache knows, it holds a *floor* key and chunks, and
 the rows of the segment stored in RocksDB with a key above the floor are exactly the
@@ -35,10 +36,10 @@ inside one known segment, above its floor; any other scan goes to RocksDB. So th
 never answers for a row it does not hold, and a damaged table is still read (and
 reported) by RocksDB for every row written before the cache started watching.
 
-Snapshots: :meth:`MessageCache.scan` builds the rows it returns under the same gate as
-the write path (chunks are never changed once stored: a delete replaces them), so a
-reader sees the cache as it was when its snapshot was opened, whatever is written,
-collected or cleared afterwards.
+Snapshots: :meth:`MessageCache.scan` picks the chunk parts it returns under the same
+gate as the write path, and chunks are never changed once stored (a delete or an
+eviction replaces or drops them), so a reader sees the cache as it was when its
+snapshot was opened, whatever is written, collected or cleared afterwards.
 """
 
 from __future__ import annotations
@@ -46,13 +47,13 @@ from __future__ import annotations
 import sys
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from imq._native import speedups
 from imq.storage import codec
 
-__all__ = ["CHUNK_OVERHEAD", "ROUTE_LEN", "MessageCache", "Reader", "Tee"]
+__all__ = ["CHUNK_OVERHEAD", "ROUTE_LEN", "ChunkRows", "MessageCache", "Reader", "Tee"]
 
 Row = tuple[bytes, bytes]
 Buffer = bytes | bytearray
@@ -89,7 +90,7 @@ def _chunk_check_py(data: Buffer, offs: Buffer) -> tuple[int, int, bool]:
         raise ValueError("a chunk's offsets must be uint32s")
     o = _offsets(offs)
     n = len(o)
-    if (o[0] != 0) if n else len(data):
+    if (n and o[0] != 0) or (not n and len(data)):  # rows start at 0; no rows, no bytes
         raise ValueError("a cached chunk must hold message rows")
     ascending = True
     value_bytes = 0
@@ -129,38 +130,47 @@ def _rows_of(data: Buffer, offs: Buffer, start: int, stop: int) -> Iterable[tupl
         yield i, (bytes(data[at : at + _KEY_LEN]), bytes(data[at + _KEY_LEN : end]))
 
 
-def _chunk_rows_py(parts: list[Part]) -> list[Row]:
-    """The pure-Python :func:`imq._speedups.chunk_rows`: every row of ``parts``."""
-    return [row for d, o, start, stop in parts for _, row in _rows_of(d, o, start, stop)]
+class _PyChunkRows:
+    """The pure-Python form of :class:`imq._speedups.ChunkRows` (same contract): the
+    rows of ``parts``, lazily; with ``reader``, only every row the reader accepts and, of
+    each run of rows it rejects, the last one (``dropped`` counts the others)."""
 
+    __slots__ = ("_rows", "dropped")
 
-def _chunk_filter_py(
-    parts: list[Part], wc_byte: int, prefix_len: int, want: int
-) -> tuple[list[Row], int]:
-    """The pure-Python :func:`imq._speedups.chunk_filter`: every row of ``parts`` the
-    reader accepts and, of each run of rows it rejects, only the last one."""
-    kept: list[Row] = []
-    pending: Row | None = None
-    dropped = 0
-    shift = 64 - prefix_len
-    for d, o, start, stop in parts:
-        for _, row in _rows_of(d, o, start, stop):
+    def __init__(self, parts: list[Part], reader: Reader | None = None) -> None:
+        self.dropped = 0
+        self._rows = self._walk(parts) if reader is None else self._filter(parts, *reader)
+
+    def __iter__(self) -> _PyChunkRows:
+        return self
+
+    def __next__(self) -> Row:
+        return next(self._rows)
+
+    @staticmethod
+    def _walk(parts: list[Part]) -> Iterator[Row]:
+        for d, o, start, stop in parts:
+            for _, row in _rows_of(d, o, start, stop):
+                yield row
+
+    def _filter(self, parts: list[Part], wc_byte: int, prefix_len: int, want: int) -> Iterator[Row]:
+        pending: Row | None = None
+        shift = 64 - prefix_len
+        for row in self._walk(parts):
             value = row[1]
-            accepted = value[0] == wc_byte and (
+            if value[0] == wc_byte and (
                 prefix_len == 0 or int.from_bytes(value[1:ROUTE_LEN], "big") >> shift == want
-            )
-            if accepted:
+            ):
                 if pending is not None:
-                    kept.append(pending)
+                    yield pending
                     pending = None
-                kept.append(row)
+                yield row
             else:
                 if pending is not None:
-                    dropped += 1
+                    self.dropped += 1
                 pending = row
-    if pending is not None:
-        kept.append(pending)
-    return kept, dropped
+        if pending is not None:
+            yield pending
 
 
 class _PyTee:
@@ -190,7 +200,11 @@ class _PyTee:
         if len(key) != _KEY_LEN or len(value) < _HEADER_LEN:
             self.invalid = True
             return
-        data, offs = self._segments.setdefault(key[: self._prefix_len], [bytearray(), bytearray()])
+        prefix = key[: self._prefix_len]
+        chunk = self._segments.get(prefix)
+        if chunk is None:
+            chunk = self._segments[prefix] = [bytearray(), bytearray()]
+        data, offs = chunk
         if offs:
             last = int.from_bytes(offs[-4:], sys.byteorder)
             if data[last : last + _KEY_LEN] >= key:
@@ -219,10 +233,12 @@ _chunk_check: Callable[[Buffer, Buffer], tuple[int, int, bool]] = (
 _chunk_bisect: Callable[[Buffer, Buffer, bytes], int] = (
     _chunk_bisect_py if _C is None else _C.chunk_bisect
 )
-_chunk_rows: Callable[[list[Part]], list[Row]] = _chunk_rows_py if _C is None else _C.chunk_rows
-_chunk_filter: Callable[..., tuple[list[Row], int]] = (
-    _chunk_filter_py if _C is None else _C.chunk_filter
-)
+ChunkRows: Any = _PyChunkRows if _C is None else _C.ChunkRows
+
+
+def _chunk_rows(parts: list[Part]) -> list[Row]:
+    """Every row of ``parts``."""
+    return list(ChunkRows(parts))
 
 
 class _Chunk:
@@ -462,17 +478,17 @@ class MessageCache:
 
     # -- the read path -------------------------------------------------------------------------
 
-    def scan(
-        self, lo: bytes, hi: bytes, reader: Reader | None = None
-    ) -> tuple[list[Row], int] | None:
-        """The stored rows with ``lo <= key < hi`` as a new list, and how many were left
-        out, when the cache can tell them all (``lo`` above a known segment's floor,
-        ``hi`` within the segment); else ``None``: read RocksDB.
+    def scan(self, lo: bytes, hi: bytes, reader: Reader | None = None) -> Any:
+        """The stored rows with ``lo <= key < hi``, as a lazy iterator of ``(key, value)``
+        (a :class:`ChunkRows`, its ``dropped`` the rows it left out), when the cache can
+        tell them all (``lo`` above a known segment's floor, ``hi`` within the segment);
+        else ``None``: read RocksDB. The iterator holds the chunks as they are now: later
+        writes and deletes replace chunks, never change one.
 
         With ``reader`` (the merge iterator's destination test: workchain byte, prefix
-        length, prefix), only the rows the merge can tell apart are returned: every row
-        the reader accepts and of each run of rows it rejects the last one (see
-        :func:`imq._speedups.chunk_filter`)."""
+        length, prefix), only the rows the merge can tell apart come: every row the reader
+        accepts and of each run of rows it rejects the last one (see
+        :class:`imq._speedups.ChunkRows`)."""
         prefix = lo[: self._prefix_len]
         segment = self._segments.get(prefix)
         if (
@@ -481,19 +497,14 @@ class MessageCache:
             or (hi[: self._prefix_len] != prefix and hi != _prefix_end(prefix))
         ):
             return None
-        chunks = segment.chunks
         k0 = bisect_left(segment.lasts, lo)  # the first chunk not wholly below lo
         k1 = bisect_left(segment.firsts, hi)  # the first chunk wholly at or above hi
-        if k0 >= k1:
-            return [], 0
         parts: list[Part] = []
-        for chunk in chunks[k0:k1]:
+        for chunk in segment.chunks[k0:k1]:
             i = chunk.bisect(lo) if chunk.first < lo else 0
             j = chunk.bisect(hi) if chunk.last >= hi else chunk.n
             parts.append((chunk.data, chunk.offs, i, j))
-        if reader is None:
-            return _chunk_rows(parts), 0
-        return _chunk_filter(parts, *reader)
+        return ChunkRows(parts, reader)
 
 
 def _prefix_end(prefix: bytes) -> bytes:

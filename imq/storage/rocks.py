@@ -299,17 +299,23 @@ class Cursor:
 
 class CachedCursor:
     """A scan of the messages table answered by the store's cache of fresh rows
-    (:mod:`imq.storage.cache`): the rows as RocksDB would yield them, copied when the
-    snapshot was opened, less ``dropped`` rows the scan's reader would skip unseen.
-    Nothing can end it early, so ``finish`` has nothing to check."""
+    (:mod:`imq.storage.cache`): the rows as RocksDB would yield them, as the cache held
+    them when the snapshot was opened, less ``dropped`` rows the scan's reader would
+    skip unseen (known as the rows are pulled). Nothing can end it early, so ``finish``
+    has nothing to check."""
 
-    __slots__ = ("__weakref__", "dropped", "items", "rows")
+    __slots__ = ("__weakref__", "_dropped", "_source", "items", "rows")
     cached = True
 
-    def __init__(self, rows: list[tuple[bytes, bytes]], dropped: int = 0) -> None:
-        self.items: Iterator[Any] = iter(rows)
-        self.rows: Iterator[Any] = self.items
-        self.dropped = dropped
+    def __init__(self, source: Any) -> None:
+        self._source = source  # a cache.ChunkRows
+        self._dropped = 0
+        self.items: Iterator[Any] = source
+        self.rows: Iterator[Any] = source
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped if self._source is None else int(self._source.dropped)
 
     def finish(self, last_key: bytes | None) -> None:
         """Nothing to check: the rows were in memory."""
@@ -321,6 +327,9 @@ class CachedCursor:
         raise ValueError("count needs a seekable cursor")
 
     def close(self) -> None:
+        if self._source is not None:  # let the chunks go, keep the count
+            self._dropped = int(self._source.dropped)
+            self._source = None
         self.items = self.rows = iter(())
 
 
@@ -771,7 +780,7 @@ class Store:
         """The cache's answer to ``[lo, hi)`` of the messages table, or ``None``. A
         segment seen for the first time is watched from now on. Under the gate."""
         cache = self.cache
-        if not cache.enabled:
+        if not cache.enabled or len(lo) < _SEGMENT:
             return None
         rows = cache.scan(lo, hi, reader)
         if rows is None:
@@ -783,7 +792,7 @@ class Store:
                 cache.misses += 1
                 return None
         cache.hits += 1
-        return CachedCursor(*rows)
+        return CachedCursor(rows)
 
     def message_cache_stats(self) -> dict[str, int]:
         """The cache of fresh rows: see :meth:`imq.storage.cache.MessageCache.stats`."""
@@ -850,8 +859,11 @@ class Store:
     def _segment_top(self, prefix: bytes) -> bytes | None:
         """The greatest stored key of the messages table starting with ``prefix``: the
         prefix itself when there is none; ``None`` when RocksDB cannot tell (a damaged
-        block). One reverse seek; called under the gate."""
-        end = codec.prefix_end(prefix)
+        block) or the prefix has no finite end. One reverse seek; called under the gate."""
+        try:
+            end = codec.prefix_end(prefix)
+        except ValueError:  # only 0xff bytes: no segment of real keys looks like that
+            return None
         ro = ReadOptions()
         ro.set_iterate_upper_bound(end)
         raw = self._tables[Table.MESSAGES].iter(ro)

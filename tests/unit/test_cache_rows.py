@@ -61,6 +61,24 @@ class Stored:
         return sorted((k, v) for k, v in self.rows.items() if lo <= k < hi)
 
 
+def scan(
+    cache: MessageCache, lo: bytes, hi: bytes, reader: Any = None
+) -> tuple[list[Row], int] | None:
+    """The cache's answer to a scan, pulled whole: (rows, rows left out), or None."""
+    it = cache.scan(lo, hi, reader)
+    if it is None:
+        return None
+    rows = list(it)
+    return rows, it.dropped
+
+
+def filtered(rows: list[Row], reader: tuple[int, int, int], c: Any = None) -> tuple[list[Row], int]:
+    """``rows`` through ChunkRows (``c``: that class; default: the one imq uses)."""
+    it = (c or cache_mod.ChunkRows)([(*cache_mod._pack(rows), 0, len(rows))], reader)
+    out = list(it)
+    return out, it.dropped
+
+
 def write(cache: MessageCache, stored: Stored, rows: list[Row], deleted: Any = ()) -> None:
     """One batch, as Store.write hands it over: the segments it writes are established
     first (their floor: what is stored before it), then its deletes and rows are taken."""
@@ -82,15 +100,15 @@ def test_a_segment_is_known_from_its_first_write_and_caches_it() -> None:
     lo, hi = codec.message_range(0, s, QueueKey.MIN, QueueKey.MAX)
     before = [row(0, s, lt) for lt in (8, 9)]
     stored.put(before)  # written before the cache watched (before the queue opened)
-    assert cache.scan(lo, hi) is None  # unknown segment: RocksDB
+    assert scan(cache, lo, hi) is None  # unknown segment: RocksDB
     first = [row(0, s, lt) for lt in (10, 11)]
     write(cache, stored, first)
     # Known now, its floor the greatest key stored before: older rows are never claimed.
     assert cache.segments()[prefix(0, s)] == (before[-1][0], first)
-    assert cache.scan(lo, hi) is None  # the range starts at or below the floor
+    assert scan(cache, lo, hi) is None  # the range starts at or below the floor
     above = codec.message_key(0, s, QueueKey(10, bytes(32)))
-    assert cache.scan(above, hi) == (first, 0)
-    assert cache.scan(above, codec.message_key(0, s, QueueKey(11, bytes(32)))) == (first[:1], 0)
+    assert scan(cache, above, hi) == (first, 0)
+    assert scan(cache, above, codec.message_key(0, s, QueueKey(11, bytes(32)))) == (first[:1], 0)
 
 
 def test_a_segment_first_seen_by_a_read_is_empty_above_its_top() -> None:
@@ -98,7 +116,7 @@ def test_a_segment_first_seen_by_a_read_is_empty_above_its_top() -> None:
     s = SHARDS[0]
     cache.establish(prefix(1, s), stored.top(prefix(1, s)))  # what a read does
     lo, hi = codec.message_range(1, s, QueueKey.MIN, QueueKey.MAX)
-    assert cache.scan(lo, hi) == ([], 0)  # an empty segment: every range is served
+    assert scan(cache, lo, hi) == ([], 0)  # an empty segment: every range is served
     cache.establish(prefix(0, s), None)  # RocksDB could not tell
     assert cache.unknown([prefix(0, s), prefix(1, s)]) == [prefix(0, s)]
 
@@ -109,9 +127,9 @@ def test_a_scan_leaving_its_segment_goes_to_rocksdb() -> None:
     write(cache, stored, [row(0, s, 1)])
     write(cache, stored, [row(0, s, 2)])
     lo = codec.message_key(0, s, QueueKey(2, bytes(32)))
-    assert cache.scan(lo, codec.prefix_end(prefix(0, s))) == ([row(0, s, 2)], 0)
-    assert cache.scan(lo, codec.prefix_end(prefix(0, s)) + b"\x00") is None
-    assert cache.scan(lo, codec.message_key(1, s, QueueKey.MIN)) is None
+    assert scan(cache, lo, codec.prefix_end(prefix(0, s))) == ([row(0, s, 2)], 0)
+    assert scan(cache, lo, codec.prefix_end(prefix(0, s)) + b"\x00") is None
+    assert scan(cache, lo, codec.message_key(1, s, QueueKey.MIN)) is None
 
 
 def test_a_row_that_is_not_a_message_row_makes_the_cache_forget() -> None:
@@ -167,8 +185,8 @@ def test_tee_puts_every_row_and_keeps_it_in_its_segments_chunk(tee: Any) -> None
         t(r[0], r[1], "cf")
     assert [p[2] for p in put] == ["cf"] * 3
     assert set(kept) == {prefix(0, SHARDS[0]), prefix(1, SHARDS[0])}
-    assert cache_mod._chunk_rows_py([(*kept[prefix(0, SHARDS[0])], 0, 2)]) == [a, c]
-    assert cache_mod._chunk_rows_py([(*kept[prefix(1, SHARDS[0])], 0, 1)]) == [b]
+    assert list(cache_mod._PyChunkRows([(*kept[prefix(0, SHARDS[0])], 0, 2)])) == [a, c]
+    assert list(cache_mod._PyChunkRows([(*kept[prefix(1, SHARDS[0])], 0, 1)])) == [b]
     assert [bytes(x) for x in kept[prefix(0, SHARDS[0])]] == list(cache_mod._pack([a, c]))
     assert not t.unordered and not t.invalid
     t(a[0], a[1], None)  # a key again: not above its chunk's last row
@@ -217,13 +235,10 @@ def test_a_cached_scan_is_exactly_the_stored_range(
         shard = SHARDS[shard_i]
         lo = codec.message_key(partition, shard, QueueKey(end - 3 * a, bytes(32)))
         hi = codec.message_key(partition, shard, QueueKey(end - 3 * a + 3 * b, bytes(32)))
-        got = cache.scan(lo, hi)
+        got = scan(cache, lo, hi)
         if got is not None:
             assert got == (stored.scan(lo, hi), 0)
-            filtered = cache.scan(lo, hi, reader)
-            assert filtered is not None
-            chunk = cache_mod._pack(got[0])
-            assert filtered == cache_mod._chunk_filter_py([(*chunk, 0, len(got[0]))], *reader)
+            assert scan(cache, lo, hi, reader) == filtered(got[0], reader, cache_mod._PyChunkRows)
     for pre, (floor, rows) in cache.segments().items():  # the invariant itself
         assert rows == [r for r in stored.scan(pre, codec.prefix_end(pre)) if r[0] > floor]
     cache.check()
@@ -239,14 +254,14 @@ ROWS = st.lists(st.tuples(st.integers(0, 255), st.sampled_from([0, -1])), max_si
     dsts=ROWS,
     cuts=st.lists(st.integers(0, 40), max_size=3),
     bounds=st.tuples(st.integers(0, 40), st.integers(0, 40)),
-    reader=st.tuples(st.sampled_from([128, 127, -1]), st.integers(0, 8), st.integers(0, 255)),
+    test=st.tuples(st.sampled_from([128, 127, -1]), st.integers(0, 8), st.integers(0, 255)),
     probe=st.integers(0, 45),
 )
 def test_the_chunk_functions_in_c_equal_python(
     dsts: list[tuple[int, int]],
     cuts: list[int],
     bounds: tuple[int, int],
-    reader: tuple[int, int, int],
+    test: tuple[int, int, int],
     probe: int,
 ) -> None:
     """Rows split into chunks at ``cuts``; parts of them filtered, built, bisected and
@@ -258,7 +273,7 @@ def test_the_chunk_functions_in_c_equal_python(
     edges = sorted({0, len(rows), *(x % (len(rows) + 1) for x in cuts)})
     chunks = [cache_mod._pack(rows[a:b]) for a, b in itertools.pairwise(edges)]
     sizes = [b - a for a, b in itertools.pairwise(edges)]
-    wc_byte, plen, want = reader[0], reader[1], reader[2] >> (8 - reader[1])
+    reader = (test[0], test[1], test[2] >> (8 - test[1]))
     parts: list[Any] = []
     for (data, offs), n in zip(chunks, sizes, strict=True):
         start, stop = sorted(x % (n + 1) for x in bounds)
@@ -266,10 +281,10 @@ def test_the_chunk_functions_in_c_equal_python(
         assert c.chunk_check(data, offs) == cache_mod._chunk_check_py(data, offs)
         key = codec.message_key(0, SHARDS[0], QueueKey(probe, bytes(32)))
         assert c.chunk_bisect(data, offs, key) == cache_mod._chunk_bisect_py(data, offs, key)
-    assert c.chunk_rows(parts) == cache_mod._chunk_rows_py(parts)
-    assert c.chunk_filter(parts, wc_byte, plen, want) == cache_mod._chunk_filter_py(
-        parts, wc_byte, plen, want
-    )
+    assert list(c.ChunkRows(parts)) == list(cache_mod._PyChunkRows(parts))
+    got, want_ = c.ChunkRows(parts, reader), cache_mod._PyChunkRows(parts, reader)
+    assert list(got) == list(want_)
+    assert got.dropped == want_.dropped
 
 
 @pytest.mark.parametrize("check", ["python", "c"])
@@ -335,12 +350,10 @@ def test_a_filtered_scan_merges_to_the_same_messages_and_positions(
         cursors = []
         for rows in full:
             if filtered:
-                kept, dropped = cache_mod._chunk_filter(
-                    [(*cache_mod._pack(rows), 0, len(rows))], *reader
-                )
-                cursors.append(CachedCursor(kept, dropped))
+                source = cache_mod.ChunkRows([(*cache_mod._pack(rows), 0, len(rows))], reader)
             else:
-                cursors.append(CachedCursor(list(rows)))
+                source = cache_mod.ChunkRows([(*cache_mod._pack(rows), 0, len(rows))])
+            cursors.append(CachedCursor(source))
         done: list[int] = []
         it = iterator.QueueIterator(
             _Snap(cursors), ranges, for_shard, lambda _y, skipped: done.append(skipped)
