@@ -122,12 +122,13 @@ def _chunk_bisect_py(data: Buffer, offs: Buffer, key: bytes) -> int:
     return lo
 
 
-def _rows_of(data: Buffer, offs: Buffer, start: int, stop: int) -> Iterable[tuple[int, Row]]:
+def _rows_of(data: Buffer, offs: Buffer, start: int, stop: int) -> Iterator[Row]:
+    """Rows ``start..stop`` of a chunk."""
     o = _offsets(offs)
     n = len(o)
     for i in range(start, stop):
         at, end = o[i], o[i + 1] if i + 1 < n else len(data)
-        yield i, (bytes(data[at : at + _KEY_LEN]), bytes(data[at + _KEY_LEN : end]))
+        yield bytes(data[at : at + _KEY_LEN]), bytes(data[at + _KEY_LEN : end])
 
 
 class _PyChunkRows:
@@ -150,8 +151,7 @@ class _PyChunkRows:
     @staticmethod
     def _walk(parts: list[Part]) -> Iterator[Row]:
         for d, o, start, stop in parts:
-            for _, row in _rows_of(d, o, start, stop):
-                yield row
+            yield from _rows_of(d, o, start, stop)
 
     def _filter(self, parts: list[Part], wc_byte: int, prefix_len: int, want: int) -> Iterator[Row]:
         pending: Row | None = None

@@ -14,7 +14,7 @@ from builders import Chain, address_in, quarter_shards, quiet_config
 from imq import PartitionRouter, Queue, QueueKey, QueueShardRange, ShardIdent
 from imq.errors import StorageError
 from imq.storage import Table, codec, ops
-from imq.storage.rocks import CachedCursor, Cursor
+from imq.storage.rocks import CachedCursor, Cursor, Scan
 
 SHARDS = quarter_shards()
 MC = ShardIdent.MASTERCHAIN
@@ -265,5 +265,29 @@ def test_every_reader_gets_its_own_rows_from_one_cached_segment(tmp_path: Path) 
             got, positions = _read(queue, ranges, reader, 0)
             assert [m.message for m in got] == [m for m in d.messages if reader.contains(m.dst)]
             assert positions[-1] == {src: d.messages[-1].key}  # skipped rows included
+    finally:
+        queue.close()
+
+
+def test_scans_the_cache_cannot_answer_go_to_rocksdb(tmp_path: Path) -> None:
+    queue = Queue.open(tmp_path / "db", quiet_config())
+    store = queue._store  # type: ignore[attr-defined]
+    try:
+        Chain(queue).apply(SHARDS[0], 3)
+        prefix = codec.message_prefix(0, SHARDS[0])
+        scans = [
+            Scan(Table.MESSAGES, b"", b"\x00\x01"),  # shorter than a segment prefix
+            Scan(Table.MESSAGES, prefix, codec.prefix_end(prefix), keys_only=True),
+            Scan(Table.MESSAGES, prefix, codec.prefix_end(prefix), reverse=True),
+            Scan(Table.MESSAGES, b"\xff" * 14, b"\xff" * 15),  # a prefix with no end
+        ]
+        with store.snapshot(scans=scans) as snap:
+            assert [type(c) for c in snap.cursors] == [Cursor] * 4
+            assert len(list(snap.cursors[1])) == 3
+            assert list(snap.cursors[3]) == []
+        whole = Scan(Table.MESSAGES, prefix + bytes(40), codec.prefix_end(prefix))
+        with store.snapshot(scans=[whole]) as snap:
+            assert [type(c) for c in snap.cursors] == [CachedCursor]
+            assert len(list(snap.cursors[0])) == 3
     finally:
         queue.close()
