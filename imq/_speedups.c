@@ -1435,10 +1435,11 @@ chunk_row(const Chunk *c, Py_ssize_t i)
 }
 
 /*
- * ChunkRows(parts, reader) -> an iterator of (key, value) rows
+ * ChunkRows(datas, offss, start, stop, reader=None) -> an iterator of (key, value) rows
  *
- * `parts`: a list of (data, offs, start, stop), rows start..stop of consecutive chunks in
- * key order. With reader None, every row. With reader (wc_byte, prefix_len, want), the
+ * The rows of consecutive chunks in key order (datas[i], offss[i]: chunk i's buffers),
+ * from row `start` of the first to row `stop` of the last (exclusive), every row of the
+ * chunks between. With reader None, every row. With reader (wc_byte, prefix_len, want), the
  * merge iterator's destination test (merge_fill's), the rows the merge can tell apart:
  * every accepted row, and of each run of rejected rows only the last one. The merge
  * consumes a run of rejected rows whole, in one refill, and only its last key is ever
@@ -1451,7 +1452,7 @@ chunk_row(const Chunk *c, Py_ssize_t i)
  */
 typedef struct {
     PyObject_HEAD
-    PyObject *parts;        /* the list, kept alive */
+    PyObject *parts;        /* (datas, offss), kept alive */
     Chunk *chunks;          /* one view per part */
     Py_ssize_t *starts, *stops;
     Py_ssize_t nparts, part, row;
@@ -1488,9 +1489,11 @@ chunkrows_dealloc(ChunkRows *self)
 static PyObject *
 chunkrows_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    PyObject *parts, *reader = Py_None;
-    static char *kwlist[] = {"parts", "reader", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!|O:ChunkRows", kwlist, &PyList_Type, &parts,
+    PyObject *datas, *offss, *reader = Py_None;
+    Py_ssize_t first_start, last_stop;
+    static char *kwlist[] = {"datas", "offss", "start", "stop", "reader", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!nn|O:ChunkRows", kwlist, &PyList_Type,
+                                     &datas, &PyList_Type, &offss, &first_start, &last_stop,
                                      &reader))
         return NULL;
     ChunkRows *self = (ChunkRows *)type->tp_alloc(type, 0);
@@ -1507,29 +1510,27 @@ chunkrows_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         self->filter = 1;
         self->shift = (int)(64 - self->prefix_len);
     }
-    Py_ssize_t n = PyList_GET_SIZE(parts);
-    Py_INCREF(parts);
-    self->parts = parts;
+    Py_ssize_t n = PyList_GET_SIZE(datas);
+    if (PyList_GET_SIZE(offss) != n) {
+        PyErr_SetString(PyExc_ValueError, "datas and offss must be as long");
+        goto fail;
+    }
+    self->parts = PyTuple_Pack(2, datas, offss); /* keeps the chunks alive */
     self->chunks = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Chunk));
     self->starts = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
     self->stops = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
-    if (self->chunks == NULL || self->starts == NULL || self->stops == NULL) {
-        PyErr_NoMemory();
+    if (self->parts == NULL || self->chunks == NULL || self->starts == NULL ||
+        self->stops == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
         goto fail;
     }
     for (Py_ssize_t p = 0; p < n; p++) {
-        PyObject *part = PyList_GET_ITEM(parts, p);
-        PyObject *data, *offs;
-        Py_ssize_t start, stop;
-        if (!PyTuple_Check(part)) {
-            PyErr_SetString(PyExc_TypeError, "a part is (data, offs, start, stop)");
-            goto fail;
-        }
-        if (!PyArg_ParseTuple(part, "OOnn", &data, &offs, &start, &stop))
-            goto fail;
-        if (chunk_open(data, offs, &self->chunks[p]) < 0)
+        if (chunk_open(PyList_GET_ITEM(datas, p), PyList_GET_ITEM(offss, p), &self->chunks[p]) < 0)
             goto fail;
         self->nparts = p + 1;
+        Py_ssize_t start = p == 0 ? first_start : 0;
+        Py_ssize_t stop = p == n - 1 ? last_stop : self->chunks[p].n;
         if (start < 0 || stop < start || stop > self->chunks[p].n) {
             PyErr_SetString(PyExc_ValueError, "start/stop out of the chunk's rows");
             goto fail;
@@ -1595,8 +1596,8 @@ static PyTypeObject ChunkRowsType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "imq._speedups.ChunkRows",
     .tp_basicsize = sizeof(ChunkRows),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "ChunkRows(parts, reader=None): the rows of chunk parts, lazily, filtered "
-              "for a reader (see imq.storage.cache).",
+    .tp_doc = "ChunkRows(datas, offss, start, stop, reader=None): the rows of consecutive "
+              "chunks, lazily, filtered for a reader (see imq.storage.cache).",
     .tp_new = chunkrows_new,
     .tp_dealloc = (destructor)chunkrows_dealloc,
     .tp_iter = PyObject_SelfIter,

@@ -132,14 +132,32 @@ def _rows_of(data: Buffer, offs: Buffer, start: int, stop: int) -> Iterator[Row]
 
 
 class _PyChunkRows:
-    """The pure-Python form of :class:`imq._speedups.ChunkRows` (same contract): the
-    rows of ``parts``, lazily; with ``reader``, only every row the reader accepts and, of
-    each run of rows it rejects, the last one (``dropped`` counts the others)."""
+    """The pure-Python form of :class:`imq._speedups.ChunkRows` (same contract): the rows
+    of consecutive chunks (``datas[i]``, ``offss[i]``) from row ``start`` of the first to
+    row ``stop`` of the last, lazily; with ``reader``, only every row the reader accepts
+    and, of each run of rows it rejects, the last one (``dropped`` counts the others)."""
 
     __slots__ = ("_rows", "dropped")
 
-    def __init__(self, parts: list[Part], reader: Reader | None = None) -> None:
+    def __init__(
+        self,
+        datas: list[Buffer],
+        offss: list[Buffer],
+        start: int,
+        stop: int,
+        reader: Reader | None = None,
+    ) -> None:
+        if len(datas) != len(offss):
+            raise ValueError("datas and offss must be as long")
         self.dropped = 0
+        last = len(datas) - 1
+        parts = [
+            (d, o, start if i == 0 else 0, stop if i == last else len(o) // 4)
+            for i, (d, o) in enumerate(zip(datas, offss, strict=True))
+        ]
+        for _, o, a, b in parts:
+            if not 0 <= a <= b <= len(o) // 4:
+                raise ValueError("start/stop out of the chunk's rows")
         self._rows = self._walk(parts) if reader is None else self._filter(parts, *reader)
 
     def __iter__(self) -> _PyChunkRows:
@@ -236,11 +254,6 @@ _chunk_bisect: Callable[[Buffer, Buffer, bytes], int] = (
 ChunkRows: Any = _PyChunkRows if _C is None else _C.ChunkRows
 
 
-def _chunk_rows(parts: list[Part]) -> list[Row]:
-    """Every row of ``parts``."""
-    return list(ChunkRows(parts))
-
-
 class _Chunk:
     """One batch's rows of one segment; never changed once made."""
 
@@ -261,7 +274,7 @@ class _Chunk:
         return cls(data, offs, len(rows))
 
     def rows(self, start: int = 0, stop: int | None = None) -> list[Row]:
-        return _chunk_rows([(self.data, self.offs, start, self.n if stop is None else stop)])
+        return list(ChunkRows([self.data], [self.offs], start, self.n if stop is None else stop))
 
     def bisect(self, key: bytes) -> int:
         """The first row whose key is ``>= key``."""
@@ -269,23 +282,30 @@ class _Chunk:
 
 
 class _Segment:
-    __slots__ = ("chunks", "firsts", "floor", "lasts", "nbytes")
+    __slots__ = ("chunks", "datas", "firsts", "floor", "lasts", "nbytes", "offss")
 
     def __init__(self, floor: bytes) -> None:
         self.floor = floor  # rows stored above this key are exactly the chunks' rows
         self.chunks: list[_Chunk] = []  # disjoint, ascending
-        self.firsts: list[bytes] = []  # each chunk's first and last key, for bisection
+        # In step with ``chunks``: each one's first and last key (for bisection) and its
+        # buffers (what a scan hands ChunkRows, as list slices).
+        self.firsts: list[bytes] = []
         self.lasts: list[bytes] = []
+        self.datas: list[Buffer] = []
+        self.offss: list[Buffer] = []
         self.nbytes = 0
 
-    def set_chunks(self, chunks: list[_Chunk]) -> int:
-        """Replace the chunks; the change in bytes."""
-        before = self.nbytes
-        self.chunks = chunks
-        self.firsts = [c.first for c in chunks]
-        self.lasts = [c.last for c in chunks]
-        self.nbytes = sum(c.nbytes for c in chunks)
-        return self.nbytes - before
+    def splice(self, i: int, j: int, chunks: list[_Chunk]) -> int:
+        """Replace chunks ``i:j`` with ``chunks``; the change in bytes. Costs what the
+        replaced and new chunks are, plus a list splice: not the segment's length."""
+        delta = sum(c.nbytes for c in chunks) - sum(c.nbytes for c in self.chunks[i:j])
+        self.chunks[i:j] = chunks
+        self.firsts[i:j] = [c.first for c in chunks]
+        self.lasts[i:j] = [c.last for c in chunks]
+        self.datas[i:j] = [c.data for c in chunks]
+        self.offss[i:j] = [c.offs for c in chunks]
+        self.nbytes += delta
+        return delta
 
     def rows(self) -> list[Row]:
         return [row for c in self.chunks for row in c.rows()]
@@ -361,10 +381,13 @@ class MessageCache:
                 if chunk.first <= previous:
                     raise AssertionError("chunks overlap, or a row lies at or below the floor")
                 previous = chunk.last
-            if segment.firsts != [c.first for c in segment.chunks] or segment.lasts != [
-                c.last for c in segment.chunks
-            ]:
-                raise AssertionError("the bisection keys are out of step with the chunks")
+            if (
+                segment.firsts != [c.first for c in segment.chunks]
+                or segment.lasts != [c.last for c in segment.chunks]
+                or segment.datas != [c.data for c in segment.chunks]
+                or segment.offss != [c.offs for c in segment.chunks]
+            ):
+                raise AssertionError("the per-chunk lists are out of step with the chunks")
             if segment.nbytes != sum(c.nbytes for c in segment.chunks):
                 raise AssertionError("segment size miscounted")
             total += segment.nbytes
@@ -431,38 +454,32 @@ class MessageCache:
                 return
             chunk = _Chunk.of(chunk.rows(keep))
         chunks = segment.chunks
+        n = len(chunks)
         if not chunks or chunk.first > chunks[-1].last:  # the usual case: the next diff
-            chunks.append(chunk)
-            segment.firsts.append(chunk.first)
-            segment.lasts.append(chunk.last)
-            segment.nbytes += chunk.nbytes
-            self._nbytes += chunk.nbytes
+            self._nbytes += segment.splice(n, n, [chunk])
             return
         # Keys at or below the newest cached one: merge, a key put again replaces its row.
         merged = dict(segment.rows())
         merged.update(chunk.rows())
-        self._nbytes += segment.set_chunks([_Chunk.of(sorted(merged.items()))])
+        self._nbytes += segment.splice(0, n, [_Chunk.of(sorted(merged.items()))])
 
     def _delete_range(self, lo: bytes, hi: bytes) -> None:
         for segment in self._segments.values():
             chunks = segment.chunks
             k = bisect_left(segment.lasts, lo)  # the first chunk not wholly below lo
-            if k == len(chunks) or chunks[k].first >= hi:
+            m = bisect_left(segment.firsts, hi)  # the first chunk wholly at or above hi
+            if k >= m:
                 continue
-            kept = chunks[:k]
-            for chunk in chunks[k:]:
-                if chunk.first >= hi:
-                    kept.append(chunk)
-                    continue
+            kept: list[_Chunk] = []
+            for chunk in chunks[k:m]:
                 i = chunk.bisect(lo) if chunk.first < lo else 0
                 j = chunk.bisect(hi) if chunk.last >= hi else chunk.n
-                if i == 0 and j == chunk.n:
-                    continue  # wholly inside: gone
                 if i >= j:
                     kept.append(chunk)  # nothing of it inside
-                    continue
-                kept.append(_Chunk.of(chunk.rows(0, i) + chunk.rows(j)))
-            self._nbytes += segment.set_chunks(kept)
+                elif i > 0 or j < chunk.n:  # cut: rebuilt from what stays
+                    kept.append(_Chunk.of(chunk.rows(0, i) + chunk.rows(j)))
+                # else wholly inside: gone
+            self._nbytes += segment.splice(k, m, kept)
 
     def _evict(self) -> None:
         """Drop the oldest chunks of the largest segment, raising its floor past them,
@@ -472,9 +489,14 @@ class MessageCache:
             segment = max(self._segments.values(), key=lambda s: s.nbytes)
             if not segment.chunks:  # pragma: no cover -- the sizes are kept exactly
                 break
-            oldest = segment.chunks[0]
-            segment.floor = oldest.last
-            self._nbytes += segment.set_chunks(segment.chunks[1:])
+            freed, count = 0, 0
+            for chunk in segment.chunks:  # the oldest, as many as this segment can give
+                if self._nbytes - freed <= target:
+                    break
+                freed += chunk.nbytes
+                count += 1
+            segment.floor = segment.chunks[count - 1].last
+            self._nbytes += segment.splice(0, count, [])
 
     # -- the read path -------------------------------------------------------------------------
 
@@ -499,12 +521,12 @@ class MessageCache:
             return None
         k0 = bisect_left(segment.lasts, lo)  # the first chunk not wholly below lo
         k1 = bisect_left(segment.firsts, hi)  # the first chunk wholly at or above hi
-        parts: list[Part] = []
-        for chunk in segment.chunks[k0:k1]:
-            i = chunk.bisect(lo) if chunk.first < lo else 0
-            j = chunk.bisect(hi) if chunk.last >= hi else chunk.n
-            parts.append((chunk.data, chunk.offs, i, j))
-        return ChunkRows(parts, reader)
+        if k0 >= k1:
+            return ChunkRows([], [], 0, 0, reader)
+        first, last = segment.chunks[k0], segment.chunks[k1 - 1]
+        start = first.bisect(lo) if first.first < lo else 0
+        stop = last.bisect(hi) if last.last >= hi else last.n
+        return ChunkRows(segment.datas[k0:k1], segment.offss[k0:k1], start, stop, reader)
 
 
 def _prefix_end(prefix: bytes) -> bytes:

@@ -74,7 +74,8 @@ def scan(
 
 def filtered(rows: list[Row], reader: tuple[int, int, int], c: Any = None) -> tuple[list[Row], int]:
     """``rows`` through ChunkRows (``c``: that class; default: the one imq uses)."""
-    it = (c or cache_mod.ChunkRows)([(*cache_mod._pack(rows), 0, len(rows))], reader)
+    data, offs = cache_mod._pack(rows)
+    it = (c or cache_mod.ChunkRows)([data], [offs], 0, len(rows), reader)
     out = list(it)
     return out, it.dropped
 
@@ -185,8 +186,10 @@ def test_tee_puts_every_row_and_keeps_it_in_its_segments_chunk(tee: Any) -> None
         t(r[0], r[1], "cf")
     assert [p[2] for p in put] == ["cf"] * 3
     assert set(kept) == {prefix(0, SHARDS[0]), prefix(1, SHARDS[0])}
-    assert list(cache_mod._PyChunkRows([(*kept[prefix(0, SHARDS[0])], 0, 2)])) == [a, c]
-    assert list(cache_mod._PyChunkRows([(*kept[prefix(1, SHARDS[0])], 0, 1)])) == [b]
+    data, offs = kept[prefix(0, SHARDS[0])]
+    assert list(cache_mod._PyChunkRows([data], [offs], 0, 2)) == [a, c]
+    data, offs = kept[prefix(1, SHARDS[0])]
+    assert list(cache_mod._PyChunkRows([data], [offs], 0, 1)) == [b]
     assert [bytes(x) for x in kept[prefix(0, SHARDS[0])]] == list(cache_mod._pack([a, c]))
     assert not t.unordered and not t.invalid
     t(a[0], a[1], None)  # a key again: not above its chunk's last row
@@ -274,17 +277,27 @@ def test_the_chunk_functions_in_c_equal_python(
     chunks = [cache_mod._pack(rows[a:b]) for a, b in itertools.pairwise(edges)]
     sizes = [b - a for a, b in itertools.pairwise(edges)]
     reader = (test[0], test[1], test[2] >> (8 - test[1]))
-    parts: list[Any] = []
-    for (data, offs), n in zip(chunks, sizes, strict=True):
-        start, stop = sorted(x % (n + 1) for x in bounds)
-        parts.append((bytearray(data), offs, start, stop))
+    for data, offs in chunks:
         assert c.chunk_check(data, offs) == cache_mod._chunk_check_py(data, offs)
         key = codec.message_key(0, SHARDS[0], QueueKey(probe, bytes(32)))
         assert c.chunk_bisect(data, offs, key) == cache_mod._chunk_bisect_py(data, offs, key)
-    assert list(c.ChunkRows(parts)) == list(cache_mod._PyChunkRows(parts))
-    got, want_ = c.ChunkRows(parts, reader), cache_mod._PyChunkRows(parts, reader)
+    if not chunks:
+        return
+    datas = [bytearray(d) for d, _ in chunks]
+    offss = [o for _, o in chunks]
+    start = bounds[0] % (sizes[0] + 1)
+    stop = bounds[1] % (sizes[-1] + 1)
+    if len(chunks) == 1:
+        start, stop = sorted((start, stop))
+    args = (datas, offss, start, stop)
+    assert list(c.ChunkRows(*args)) == list(cache_mod._PyChunkRows(*args))
+    got, want_ = c.ChunkRows(*args, reader), cache_mod._PyChunkRows(*args, reader)
     assert list(got) == list(want_)
     assert got.dropped == want_.dropped
+    with pytest.raises(ValueError, match="start/stop"):
+        c.ChunkRows(datas, offss, 0, sizes[-1] + 1)
+    with pytest.raises(ValueError, match="start/stop"):
+        cache_mod._PyChunkRows(datas, offss, 0, sizes[-1] + 1)
 
 
 @pytest.mark.parametrize("check", ["python", "c"])
@@ -350,9 +363,11 @@ def test_a_filtered_scan_merges_to_the_same_messages_and_positions(
         cursors = []
         for rows in full:
             if filtered:
-                source = cache_mod.ChunkRows([(*cache_mod._pack(rows), 0, len(rows))], reader)
+                data, offs = cache_mod._pack(rows)
+                source = cache_mod.ChunkRows([data], [offs], 0, len(rows), reader)
             else:
-                source = cache_mod.ChunkRows([(*cache_mod._pack(rows), 0, len(rows))])
+                data, offs = cache_mod._pack(rows)
+                source = cache_mod.ChunkRows([data], [offs], 0, len(rows))
             cursors.append(CachedCursor(source))
         done: list[int] = []
         it = iterator.QueueIterator(
