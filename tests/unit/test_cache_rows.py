@@ -161,6 +161,20 @@ def test_a_disabled_cache_keeps_nothing() -> None:
     assert cache.segments() == {}
 
 
+def test_a_delete_across_chunks_cuts_the_ends_and_drops_the_middle() -> None:
+    cache, stored = MessageCache(1 << 20, P), Stored()
+    s = SHARDS[0]
+    for base in (10, 20, 30, 40):  # four chunks of three rows
+        write(cache, stored, [row(0, s, base + i) for i in range(3)])
+    lo = codec.message_key(0, s, QueueKey(21, bytes(32)))
+    hi = codec.message_key(0, s, QueueKey(31, bytes(32)))
+    write(cache, stored, [], [(lo, hi)])
+    floor, rows = cache.segments()[prefix(0, s)]
+    assert [r[0] for r in rows] == [row(0, s, lt)[0] for lt in (10, 11, 12, 20, 31, 32, 40, 41, 42)]
+    assert rows == [r for r in stored.scan(floor, codec.prefix_end(prefix(0, s))) if r[0] > floor]
+    cache.check()
+
+
 def test_eviction_drops_the_oldest_chunks_and_raises_the_floor() -> None:
     r = row(0, SHARDS[0], 1)
     per_chunk = len(r[0]) + len(r[1]) + 4 + cache_mod.CHUNK_OVERHEAD
