@@ -1452,10 +1452,10 @@ chunk_row(const Chunk *c, Py_ssize_t i)
  */
 typedef struct {
     PyObject_HEAD
-    PyObject *parts;        /* (datas, offss), kept alive */
-    Chunk *chunks;          /* one view per part */
-    Py_ssize_t *starts, *stops;
-    Py_ssize_t nparts, part, row;
+    PyObject *datas, *offss; /* the chunks' buffers, kept alive */
+    Chunk *chunks;          /* one view per chunk, opened when reached (d == NULL: closed) */
+    Py_ssize_t nparts, part, row, stop; /* the current chunk, its next row and its end */
+    Py_ssize_t first_start, last_stop;
     int filter, shift;
     long wc_byte, prefix_len;
     unsigned long long want;
@@ -1464,26 +1464,55 @@ typedef struct {
 } ChunkRows;
 
 static void
-chunkrows_free_views(ChunkRows *self)
+chunkrows_dealloc(ChunkRows *self)
 {
     if (self->chunks != NULL) {
         for (Py_ssize_t p = 0; p < self->nparts; p++)
             chunk_release(&self->chunks[p]);
         PyMem_Free(self->chunks);
-        self->chunks = NULL;
     }
-    PyMem_Free(self->starts);
-    PyMem_Free(self->stops);
-    self->starts = self->stops = NULL;
-    self->nparts = 0;
+    Py_XDECREF(self->datas);
+    Py_XDECREF(self->offss);
+    Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static void
-chunkrows_dealloc(ChunkRows *self)
+/* Open chunk p's views if they are not (0, or -1 with an exception). */
+static int
+chunkrows_open(ChunkRows *self, Py_ssize_t p)
 {
-    chunkrows_free_views(self);
-    Py_XDECREF(self->parts);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    if (self->chunks[p].d != NULL)
+        return 0;
+    return chunk_open(PyList_GET_ITEM(self->datas, p), PyList_GET_ITEM(self->offss, p),
+                      &self->chunks[p]);
+}
+
+/* Release chunk p's views unless the pending row or the current chunk needs them. */
+static void
+chunkrows_drop(ChunkRows *self, Py_ssize_t p)
+{
+    if (p >= 0 && p != self->pending_part && p != self->part)
+        chunk_release(&self->chunks[p]);
+}
+
+/* Move to chunk p (opening it): its first row and end. 0, or -1 with an exception. */
+static int
+chunkrows_enter(ChunkRows *self, Py_ssize_t p)
+{
+    Py_ssize_t left = self->part;
+    self->part = p;
+    chunkrows_drop(self, left);
+    if (p >= self->nparts)
+        return 0;
+    if (chunkrows_open(self, p) < 0)
+        return -1;
+    Py_ssize_t n = self->chunks[p].n;
+    self->row = p == 0 ? self->first_start : 0;
+    self->stop = p == self->nparts - 1 ? self->last_stop : n;
+    if (self->row < 0 || self->stop < self->row || self->stop > n) {
+        PyErr_SetString(PyExc_ValueError, "start/stop out of the chunk's rows");
+        return -1;
+    }
+    return 0;
 }
 
 static PyObject *
@@ -1500,6 +1529,7 @@ chunkrows_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (self == NULL)
         return NULL;
     self->pending_part = -1;
+    self->part = -1;
     if (reader != Py_None) {
         if (!PyArg_ParseTuple(reader, "llK", &self->wc_byte, &self->prefix_len, &self->want))
             goto fail;
@@ -1515,32 +1545,31 @@ chunkrows_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "datas and offss must be as long");
         goto fail;
     }
-    self->parts = PyTuple_Pack(2, datas, offss); /* keeps the chunks alive */
+    /* Copies of the lists: the caller's may change, the chunks in them do not. */
+    self->datas = PyList_GetSlice(datas, 0, n);
+    self->offss = PyList_GetSlice(offss, 0, n);
     self->chunks = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Chunk));
-    self->starts = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
-    self->stops = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
-    if (self->parts == NULL || self->chunks == NULL || self->starts == NULL ||
-        self->stops == NULL) {
+    if (self->datas == NULL || self->offss == NULL || self->chunks == NULL) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
         goto fail;
     }
-    for (Py_ssize_t p = 0; p < n; p++) {
-        if (chunk_open(PyList_GET_ITEM(datas, p), PyList_GET_ITEM(offss, p), &self->chunks[p]) < 0)
+    self->nparts = n;
+    self->first_start = first_start;
+    self->last_stop = last_stop;
+    if (n > 0) { /* check both ends now: the last chunk's view is opened and kept */
+        if (chunkrows_open(self, n - 1) < 0)
             goto fail;
-        self->nparts = p + 1;
-        Py_ssize_t start = p == 0 ? first_start : 0;
-        Py_ssize_t stop = p == n - 1 ? last_stop : self->chunks[p].n;
-        if (start < 0 || stop < start || stop > self->chunks[p].n) {
+        Py_ssize_t last_n = self->chunks[n - 1].n;
+        if (last_stop < 0 || last_stop > last_n || (n == 1 && first_start > last_stop)) {
             PyErr_SetString(PyExc_ValueError, "start/stop out of the chunk's rows");
             goto fail;
         }
-        self->starts[p] = start;
-        self->stops[p] = stop;
+        if (chunkrows_enter(self, 0) < 0)
+            goto fail;
+    } else {
+        self->part = 0;
     }
-    self->nparts = n;
-    self->part = 0;
-    self->row = n ? self->starts[0] : 0;
     return (PyObject *)self;
 fail:
     Py_DECREF(self);
@@ -1552,36 +1581,42 @@ chunkrows_next(ChunkRows *self)
 {
     while (self->part < self->nparts) {
         Py_ssize_t p = self->part;
-        const Chunk *c = &self->chunks[p];
-        if (self->row >= self->stops[p]) {
-            self->part++;
-            if (self->part < self->nparts)
-                self->row = self->starts[self->part];
+        if (self->row >= self->stop) {
+            if (chunkrows_enter(self, p + 1) < 0)
+                return NULL;
             continue;
         }
+        const Chunk *c = &self->chunks[p];
         Py_ssize_t i = self->row++;
         if (!self->filter)
             return chunk_row(c, i);
         const unsigned char *route = c->d + c->o[i] + KEY_LEN;
         if (accepts(route, ROUTE_LEN, self->wc_byte, self->prefix_len, self->shift, self->want)) {
             if (self->pending_part >= 0) { /* the run's last row first, then this one */
-                PyObject *row = chunk_row(&self->chunks[self->pending_part], self->pending_row);
+                Py_ssize_t q = self->pending_part;
+                PyObject *row = chunk_row(&self->chunks[q], self->pending_row);
                 self->pending_part = -1;
+                chunkrows_drop(self, q);
                 self->row = i; /* come back to row i */
                 return row;
             }
             return chunk_row(c, i);
         }
-        if (self->pending_part >= 0)
+        if (self->pending_part >= 0) {
             self->dropped++;
+            Py_ssize_t q = self->pending_part;
+            self->pending_part = p;
+            chunkrows_drop(self, q);
+        }
         self->pending_part = p;
         self->pending_row = i;
     }
     if (self->pending_part >= 0) { /* the trailing run's last row */
-        const Chunk *c = &self->chunks[self->pending_part];
-        Py_ssize_t i = self->pending_row;
+        Py_ssize_t q = self->pending_part;
+        PyObject *row = chunk_row(&self->chunks[q], self->pending_row);
         self->pending_part = -1;
-        return chunk_row(c, i);
+        chunkrows_drop(self, q);
+        return row;
     }
     return NULL;
 }
