@@ -1890,15 +1890,7 @@ PyInit__speedups(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&TeeType);
-    if (PyModule_AddObject(m, "Tee", (PyObject *)&TeeType) < 0) {
-        Py_DECREF(&TeeType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&ChunkRowsType);
-    if (PyModule_AddObject(m, "ChunkRows", (PyObject *)&ChunkRowsType) < 0) {
-        Py_DECREF(&ChunkRowsType);
+    if (PyModule_AddType(m, &TeeType) < 0 || PyModule_AddType(m, &ChunkRowsType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -5,6 +5,7 @@ blind writes, reopens and concurrent snapshots."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,73 +184,75 @@ def test_an_iterator_keeps_its_snapshot_while_gc_and_clear_change_the_cache(
         queue.close()
 
 
-def test_a_blind_write_of_message_rows_makes_the_cache_forget(tmp_path: Path) -> None:
+@pytest.fixture
+def written(tmp_path: Path) -> Iterator[tuple[Queue, Any, Chain]]:
+    """A queue whose cache holds two diffs of one shard: (queue, its store, the chain)."""
     queue = Queue.open(tmp_path / "db", quiet_config())
-    chain = Chain(queue)
-    store = queue._store  # type: ignore[attr-defined]
     try:
-        chain.apply(SHARDS[0], 3)
-        assert store.cache.segments()
-        txn = store.transaction()
-        with txn.writer(Table.MESSAGES, cached=False) as (put, target):
-            [(k, v)] = codec.message_rows(SHARDS[0], [chain.build(SHARDS[0], 1).messages[0]])
-            put(k, v, target)
-        store.write(txn)
-        assert store.cache.segments() == {}
-        txn = store.transaction()
-        txn.put(Table.MESSAGES, k, v)
-        assert txn.cache_blind
-    finally:
-        queue.close()
-
-
-def test_puts_then_deletes_in_one_batch_make_the_cache_forget(tmp_path: Path) -> None:
-    queue = Queue.open(tmp_path / "db", quiet_config())
-    store = queue._store  # type: ignore[attr-defined]
-    chain = Chain(queue)
-    try:
+        chain = Chain(queue)
         for _ in range(2):
             chain.apply(SHARDS[0], 3)
-        txn = store.transaction()
-        with txn.writer(Table.MESSAGES) as (put, target):
-            [(k, v)] = codec.message_rows(SHARDS[0], [chain.build(SHARDS[0], 1).messages[0]])
-            put(k, v, target)
-        assert not txn.cache_blind
-        txn.delete_range(Table.MESSAGES, k, codec.prefix_end(k))
-        assert txn.cache_blind  # the cache replays deletes first: not this batch's order
-    finally:
-        queue.close()
-
-
-def test_a_failed_write_makes_the_cache_forget(tmp_path: Path) -> None:
-    queue = Queue.open(tmp_path / "db", quiet_config())
-    store = queue._store  # type: ignore[attr-defined]
-    chain = Chain(queue)
-    try:
-        for _ in range(2):
-            chain.apply(SHARDS[0], 3)
+        store = queue._store  # type: ignore[attr-defined]
         assert store.cache.segments()
-
-        class Failing:
-            def __init__(self, db: Any) -> None:
-                self.db = db
-
-            def write(self, *_: Any) -> None:
-                raise OSError("IO error: No space left on device")
-
-            def __getattr__(self, name: str) -> Any:
-                return getattr(self.db, name)
-
-        real = store._db
-        store._db = Failing(real)
-        try:
-            with pytest.raises(StorageError):
-                chain.apply(SHARDS[0], 3)
-        finally:
-            store._db = real
-        assert store.cache.segments() == {}
+        yield queue, store, chain
     finally:
         queue.close()
+
+
+def _one_row(chain: Chain) -> tuple[bytes, bytes]:
+    [(k, v)] = codec.message_rows(SHARDS[0], [chain.build(SHARDS[0], 1).messages[0]])
+    return k, v
+
+
+def test_a_blind_write_of_message_rows_makes_the_cache_forget(
+    written: tuple[Queue, Any, Chain],
+) -> None:
+    _, store, chain = written
+    k, v = _one_row(chain)
+    txn = store.transaction()
+    with txn.writer(Table.MESSAGES, cached=False) as (put, target):
+        put(k, v, target)
+    store.write(txn)
+    assert store.cache.segments() == {}
+    txn = store.transaction()
+    txn.put(Table.MESSAGES, k, v)
+    assert txn.cache_blind
+
+
+def test_puts_then_deletes_in_one_batch_make_the_cache_forget(
+    written: tuple[Queue, Any, Chain],
+) -> None:
+    _, store, chain = written
+    k, v = _one_row(chain)
+    txn = store.transaction()
+    with txn.writer(Table.MESSAGES) as (put, target):
+        put(k, v, target)
+    assert not txn.cache_blind
+    txn.delete_range(Table.MESSAGES, k, codec.prefix_end(k))
+    assert txn.cache_blind  # the cache replays deletes first: not this batch's order
+
+
+def test_a_failed_write_makes_the_cache_forget(written: tuple[Queue, Any, Chain]) -> None:
+    _, store, chain = written
+
+    class Failing:
+        def __init__(self, db: Any) -> None:
+            self.db = db
+
+        def write(self, *_: Any) -> None:
+            raise OSError("IO error: No space left on device")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.db, name)
+
+    real = store._db
+    store._db = Failing(real)
+    try:
+        with pytest.raises(StorageError):
+            chain.apply(SHARDS[0], 3)
+    finally:
+        store._db = real
+    assert store.cache.segments() == {}
 
 
 def test_every_reader_gets_its_own_rows_from_one_cached_segment(tmp_path: Path) -> None:
