@@ -1,6 +1,9 @@
 """The merge iterator (SEMANTICS §5.2, §11): one partition, several source shards.
 
-One RocksDB cursor per source shard, all opened under one snapshot. A heap holds at
+One source per source shard, all opened under one snapshot: a RocksDB cursor, or the
+store's cache of fresh rows when it holds the whole range (``imq.storage.cache``: it
+hands over only the reader's rows and the last row of each run of others', which the
+merge below treats exactly as the whole range). A heap holds at
 most one pending message per shard, ordered by the raw 40-byte queue key (byte order
 equals key order, D1). A message whose destination is not in ``for_shard`` is skipped
 by reading only its fixed destination header (D2); its key still counts as consumed

@@ -129,9 +129,9 @@ class QueueReads:
     def message_cache_stats(self) -> dict[str, int]:
         """The cache of fresh message rows (``message_cache_size``): its budget and bytes,
         the segments, chunks and rows it holds, and the iterator ranges it served
-        (``hits``) or left to RocksDB (``misses``) since the queue opened. Empty for a
-        queue without one (``message_cache_size=0``: all zeros; the in-memory store:
-        empty)."""
+        (``hits``) or left to RocksDB (``misses``) since the queue opened. With
+        ``message_cache_size=0`` every count is 0; a queue on the in-memory store has no
+        cache and returns ``{}``."""
         self._check_open()
         return self._store.message_cache_stats()
 

@@ -311,9 +311,9 @@ class _Segment:
         return [row for c in self.chunks for row in c.rows()]
 
 
-# Largest (fresh) string below which no 54-byte message key of a segment lies: the floor
-# itself is a key or a prefix, and every message key above it is >= floor + b"\0".
 def _above(floor: bytes) -> bytes:
+    """A bound for bisection: every message key above ``floor`` (a key, or the segment's
+    prefix) sorts at or above ``floor`` followed by a zero byte; ``floor`` sorts below."""
     return floor + b"\x00"
 
 
