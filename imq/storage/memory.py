@@ -36,7 +36,6 @@ class MemoryCursor:
     """The rows of one scan, copied when its snapshot was opened."""
 
     dropped = 0  # a memory store leaves no row out
-    cached = False  # and has no cache of fresh rows
 
     __slots__ = ("_keys", "items", "rows")
 

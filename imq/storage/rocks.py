@@ -183,7 +183,6 @@ class Cursor:
     """
 
     dropped = 0  # rows left out of ``rows`` (a cached scan's; never a RocksDB cursor's)
-    cached = False  # served by the cache of fresh rows (CachedCursor)
 
     __slots__ = (
         "__weakref__",
@@ -305,7 +304,6 @@ class CachedCursor:
     has nothing to check."""
 
     __slots__ = ("__weakref__", "_dropped", "_source", "items", "rows")
-    cached = True
 
     def __init__(self, source: Any) -> None:
         self._source = source  # a cache.ChunkRows
