@@ -1515,43 +1515,56 @@ chunkrows_enter(ChunkRows *self, Py_ssize_t p)
     return 0;
 }
 
-static PyObject *
-chunkrows_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+/* Parse a reader tuple (wc_byte, prefix_len, want) into the filter fields of `self`;
+ * None: no filter. 0, or -1 with an exception. */
+static int
+chunkrows_set_reader(ChunkRows *self, PyObject *reader)
 {
-    PyObject *datas, *offss, *reader = Py_None;
-    Py_ssize_t first_start, last_stop;
-    static char *kwlist[] = {"datas", "offss", "start", "stop", "reader", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!nn|O:ChunkRows", kwlist, &PyList_Type,
-                                     &datas, &PyList_Type, &offss, &first_start, &last_stop,
-                                     &reader))
-        return NULL;
+    if (reader == Py_None)
+        return 0;
+    if (!PyArg_ParseTuple(reader, "llK", &self->wc_byte, &self->prefix_len, &self->want))
+        return -1;
+    if (self->prefix_len < 0 || self->prefix_len > 64) {
+        PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
+        return -1;
+    }
+    self->filter = 1;
+    self->shift = (int)(64 - self->prefix_len);
+    return 0;
+}
+
+/* A new ChunkRows over `datas` and `offss` (lists the new object takes over: stolen
+ * references, never changed by anyone afterwards), filtered like `proto` (a reader
+ * parsed by chunkrows_set_reader, or NULL: none). NULL with an exception on failure. */
+static PyObject *
+chunkrows_make(PyTypeObject *type, PyObject *datas, PyObject *offss, Py_ssize_t first_start,
+               Py_ssize_t last_stop, const ChunkRows *proto)
+{
     ChunkRows *self = (ChunkRows *)type->tp_alloc(type, 0);
-    if (self == NULL)
+    if (self == NULL) {
+        Py_DECREF(datas);
+        Py_DECREF(offss);
         return NULL;
+    }
+    self->datas = datas;
+    self->offss = offss;
     self->pending_part = -1;
     self->part = -1;
-    if (reader != Py_None) {
-        if (!PyArg_ParseTuple(reader, "llK", &self->wc_byte, &self->prefix_len, &self->want))
-            goto fail;
-        if (self->prefix_len < 0 || self->prefix_len > 64) {
-            PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
-            goto fail;
-        }
+    if (proto != NULL && proto->filter) {
         self->filter = 1;
-        self->shift = (int)(64 - self->prefix_len);
+        self->shift = proto->shift;
+        self->wc_byte = proto->wc_byte;
+        self->prefix_len = proto->prefix_len;
+        self->want = proto->want;
     }
     Py_ssize_t n = PyList_GET_SIZE(datas);
     if (PyList_GET_SIZE(offss) != n) {
         PyErr_SetString(PyExc_ValueError, "datas and offss must be as long");
         goto fail;
     }
-    /* Copies of the lists: the caller's may change, the chunks in them do not. */
-    self->datas = PyList_GetSlice(datas, 0, n);
-    self->offss = PyList_GetSlice(offss, 0, n);
     self->chunks = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Chunk));
-    if (self->datas == NULL || self->offss == NULL || self->chunks == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_NoMemory();
+    if (self->chunks == NULL) {
+        PyErr_NoMemory();
         goto fail;
     }
     self->nparts = n;
@@ -1574,6 +1587,31 @@ chunkrows_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 fail:
     Py_DECREF(self);
     return NULL;
+}
+
+static PyObject *
+chunkrows_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *datas, *offss, *reader = Py_None;
+    Py_ssize_t first_start, last_stop;
+    static char *kwlist[] = {"datas", "offss", "start", "stop", "reader", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!nn|O:ChunkRows", kwlist, &PyList_Type,
+                                     &datas, &PyList_Type, &offss, &first_start, &last_stop,
+                                     &reader))
+        return NULL;
+    ChunkRows proto = {0};
+    if (chunkrows_set_reader(&proto, reader) < 0)
+        return NULL;
+    /* Copies of the lists: the caller's may change, the chunks in them do not. */
+    PyObject *d = PyList_GetSlice(datas, 0, PyList_GET_SIZE(datas));
+    if (d == NULL)
+        return NULL;
+    PyObject *o = PyList_GetSlice(offss, 0, PyList_GET_SIZE(offss));
+    if (o == NULL) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return chunkrows_make(type, d, o, first_start, last_stop, &proto);
 }
 
 static PyObject *
@@ -1621,6 +1659,61 @@ chunkrows_next(ChunkRows *self)
     return NULL;
 }
 
+/* The store's cursor interface (imq.storage.rocks.Cursor's), so that a cached scan needs
+ * no wrapper: `rows` and `items` are the iterator itself; `finish` has nothing to check
+ * (the rows were in memory, nothing can end them early); `close` lets the chunks go and
+ * keeps `dropped`. */
+static PyObject *
+chunkrows_self(PyObject *self, void *closure)
+{
+    Py_INCREF(self);
+    return self;
+}
+
+static PyObject *
+chunkrows_finish(PyObject *self, PyObject *last_key)
+{
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+chunkrows_close(ChunkRows *self, PyObject *unused)
+{
+    if (self->chunks != NULL) {
+        for (Py_ssize_t p = 0; p < self->nparts; p++)
+            chunk_release(&self->chunks[p]);
+    }
+    self->nparts = 0;
+    self->part = 0;
+    self->pending_part = -1;
+    Py_CLEAR(self->datas);
+    Py_CLEAR(self->offss);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+chunkrows_count(PyObject *self, PyObject *args)
+{
+    PyErr_SetString(PyExc_ValueError, "count needs a seekable cursor");
+    return NULL;
+}
+
+static PyMethodDef chunkrows_methods[] = {
+    {"finish", (PyCFunction)chunkrows_finish, METH_O,
+     "finish(last_key): nothing to check, the rows were in memory."},
+    {"close", (PyCFunction)chunkrows_close, METH_NOARGS,
+     "close(): let the chunks go; the iterator is then exhausted, `dropped` is kept."},
+    {"count", (PyCFunction)chunkrows_count, METH_VARARGS,
+     "count(lo, hi): not available (raises ValueError), as on an unseekable cursor."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef chunkrows_getset[] = {
+    {"rows", chunkrows_self, NULL, "the rows: the iterator itself", NULL},
+    {"items", chunkrows_self, NULL, "the rows: the iterator itself", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyMemberDef chunkrows_members[] = {
     {"dropped", T_PYSSIZET, offsetof(ChunkRows, dropped), READONLY,
      "rows left out so far (of runs of rejected rows, all but the last)"},
@@ -1638,7 +1731,217 @@ static PyTypeObject ChunkRowsType = {
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)chunkrows_next,
     .tp_members = chunkrows_members,
+    .tp_methods = chunkrows_methods,
+    .tp_getset = chunkrows_getset,
 };
+
+/* -1, 0, 1 as bytes a orders before, with, after bytes b. */
+static inline int
+bytes_cmp(PyObject *a, PyObject *b)
+{
+    Py_ssize_t la = PyBytes_GET_SIZE(a), lb = PyBytes_GET_SIZE(b);
+    int r = memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b), (size_t)(la < lb ? la : lb));
+    if (r != 0)
+        return r < 0 ? -1 : 1;
+    return la < lb ? -1 : (la > lb ? 1 : 0);
+}
+
+/* bisect_left over a list of bytes; -1 with an exception if an item is not bytes. */
+static Py_ssize_t
+bytes_bisect(PyObject *list, PyObject *key)
+{
+    Py_ssize_t lo = 0, hi = PyList_GET_SIZE(list);
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        PyObject *item = PyList_GET_ITEM(list, mid);
+        if (!PyBytes_Check(item)) {
+            PyErr_SetString(PyExc_TypeError, "a segment's chunk keys must be bytes");
+            return -1;
+        }
+        if (bytes_cmp(item, key) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* The first row of chunk (data, offs) whose key is >= key; -1 with an exception. With
+ * `rows`, also that chunk's row count. */
+static Py_ssize_t
+chunk_find(PyObject *data, PyObject *offs, PyObject *key, Py_ssize_t *rows)
+{
+    Chunk c;
+    if (chunk_open(data, offs, &c) < 0)
+        return -1;
+    Py_ssize_t lo = 0, hi = c.n;
+    const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(key);
+    Py_ssize_t klen = PyBytes_GET_SIZE(key);
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (cmp_row_key(&c, mid, k, klen) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (rows != NULL)
+        *rows = c.n;
+    chunk_release(&c);
+    return lo;
+}
+
+/* Whether `hi` is the bound just past segment `prefix` (its last byte that is not 0xff
+ * incremented, the 0xff bytes after it cut): a scan to the segment's end. */
+static int
+is_prefix_end(const unsigned char *prefix, Py_ssize_t plen, PyObject *hi)
+{
+    Py_ssize_t n = plen;
+    while (n > 0 && prefix[n - 1] == 0xff)
+        n--;
+    if (n == 0 || PyBytes_GET_SIZE(hi) != n)
+        return 0; /* an all-0xff prefix has no such bound */
+    const unsigned char *h = (const unsigned char *)PyBytes_AS_STRING(hi);
+    return memcmp(h, prefix, (size_t)(n - 1)) == 0 && h[n - 1] == prefix[n - 1] + 1;
+}
+
+static PyObject *s_floor, *s_firsts, *s_lasts, *s_datas, *s_offss;
+
+/* One (lo, hi) of cache_scan: a new ChunkRows, Py_None (a new reference) when the cache
+ * cannot answer, or NULL with an exception. */
+static PyObject *
+cache_scan_one(PyObject *segments, Py_ssize_t plen, PyObject *lo, PyObject *hi,
+               const ChunkRows *proto)
+{
+    PyObject *seg = NULL, *floor = NULL, *firsts = NULL, *lasts = NULL, *datas = NULL,
+             *offss = NULL, *result = NULL;
+    if (PyBytes_GET_SIZE(lo) < plen)
+        Py_RETURN_NONE;
+    const unsigned char *lp = (const unsigned char *)PyBytes_AS_STRING(lo);
+    PyObject *prefix = PyBytes_FromStringAndSize((const char *)lp, plen);
+    if (prefix == NULL)
+        return NULL;
+    seg = PyDict_GetItemWithError(segments, prefix); /* borrowed */
+    Py_DECREF(prefix);
+    if (seg == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE; /* a segment the cache does not know */
+    }
+    Py_INCREF(seg);
+    floor = PyObject_GetAttr(seg, s_floor);
+    if (floor == NULL)
+        goto done;
+    if (!PyBytes_Check(floor)) {
+        PyErr_SetString(PyExc_TypeError, "a segment's floor must be bytes");
+        goto done;
+    }
+    int same_segment = PyBytes_GET_SIZE(hi) >= plen &&
+                       memcmp(PyBytes_AS_STRING(hi), lp, (size_t)plen) == 0;
+    if (bytes_cmp(lo, floor) <= 0 || !(same_segment || is_prefix_end(lp, plen, hi))) {
+        result = Py_None; /* below the floor, or beyond the segment: RocksDB's */
+        Py_INCREF(result);
+        goto done;
+    }
+    firsts = PyObject_GetAttr(seg, s_firsts);
+    lasts = firsts == NULL ? NULL : PyObject_GetAttr(seg, s_lasts);
+    datas = lasts == NULL ? NULL : PyObject_GetAttr(seg, s_datas);
+    offss = datas == NULL ? NULL : PyObject_GetAttr(seg, s_offss);
+    if (offss == NULL)
+        goto done;
+    if (!PyList_Check(firsts) || !PyList_Check(lasts) || !PyList_Check(datas) ||
+        !PyList_Check(offss) || PyList_GET_SIZE(lasts) != PyList_GET_SIZE(firsts) ||
+        PyList_GET_SIZE(datas) != PyList_GET_SIZE(firsts) ||
+        PyList_GET_SIZE(offss) != PyList_GET_SIZE(firsts)) {
+        PyErr_SetString(PyExc_TypeError, "a segment's chunk lists must be lists in step");
+        goto done;
+    }
+    Py_ssize_t k0 = bytes_bisect(lasts, lo); /* the first chunk not wholly below lo */
+    Py_ssize_t k1 = k0 < 0 ? -1 : bytes_bisect(firsts, hi); /* the first wholly at or above hi */
+    if (k1 < 0)
+        goto done;
+    Py_ssize_t start = 0, stop = 0;
+    if (k0 >= k1) {
+        k0 = k1 = 0;
+    } else {
+        if (bytes_cmp(PyList_GET_ITEM(firsts, k0), lo) < 0) {
+            start = chunk_find(PyList_GET_ITEM(datas, k0), PyList_GET_ITEM(offss, k0), lo, NULL);
+            if (start < 0)
+                goto done;
+        }
+        Py_ssize_t rows = 0;
+        stop = chunk_find(PyList_GET_ITEM(datas, k1 - 1), PyList_GET_ITEM(offss, k1 - 1), hi,
+                          &rows);
+        if (stop < 0)
+            goto done;
+        if (bytes_cmp(PyList_GET_ITEM(lasts, k1 - 1), hi) < 0)
+            stop = rows; /* the whole last chunk lies below hi */
+    }
+    PyObject *d = PyList_GetSlice(datas, k0, k1);
+    if (d == NULL)
+        goto done;
+    PyObject *o = PyList_GetSlice(offss, k0, k1);
+    if (o == NULL) {
+        Py_DECREF(d);
+        goto done;
+    }
+    result = chunkrows_make(&ChunkRowsType, d, o, start, stop, proto);
+done:
+    Py_XDECREF(seg);
+    Py_XDECREF(floor);
+    Py_XDECREF(firsts);
+    Py_XDECREF(lasts);
+    Py_XDECREF(datas);
+    Py_XDECREF(offss);
+    return result;
+}
+
+/*
+ * cache_scan(segments, prefix_len, bounds, reader) -> list
+ *
+ * imq.storage.cache.MessageCache.scan for each (lo, hi) of `bounds`, in one call: per
+ * range a ChunkRows of the cached rows with lo <= key < hi (filtered for `reader`), or
+ * None when the cache cannot tell them all (no known segment, lo at or below its floor,
+ * hi beyond it). `segments` maps a segment's prefix to its _Segment (floor, and its
+ * chunks' firsts, lasts, datas and offss lists, in step).
+ */
+static PyObject *
+cache_scan(PyObject *self, PyObject *args)
+{
+    PyObject *segments, *bounds, *reader;
+    Py_ssize_t plen;
+    if (!PyArg_ParseTuple(args, "O!nO!O:cache_scan", &PyDict_Type, &segments, &plen,
+                          &PyList_Type, &bounds, &reader))
+        return NULL;
+    if (plen < 1 || plen > KEY_LEN) {
+        PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
+        return NULL;
+    }
+    ChunkRows proto = {0};
+    if (chunkrows_set_reader(&proto, reader) < 0)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(bounds);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = PyList_GET_ITEM(bounds, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(pair, 0)) ||
+            !PyBytes_Check(PyTuple_GET_ITEM(pair, 1))) {
+            PyErr_SetString(PyExc_TypeError, "bounds must be (lo, hi) pairs of bytes");
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *rows = cache_scan_one(segments, plen, PyTuple_GET_ITEM(pair, 0),
+                                        PyTuple_GET_ITEM(pair, 1), &proto);
+        if (rows == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, rows);
+    }
+    return out;
+}
 
 /*
  * Tee(put, segments, prefix_len): a put(key, value, target) for the write path's hot
@@ -1872,6 +2175,8 @@ static PyMethodDef methods[] = {
     {"chunk_check", chunk_check, METH_VARARGS,
      "chunk_check(data, offs) -> (rows, value_bytes, ascending)"},
     {"chunk_bisect", chunk_bisect, METH_VARARGS, "chunk_bisect(data, offs, key) -> int"},
+    {"cache_scan", cache_scan, METH_VARARGS,
+     "cache_scan(segments, prefix_len, bounds, reader) -> list[ChunkRows | None]"},
     {"strictly_ascending", strictly_ascending, METH_VARARGS,
      "strictly_ascending(messages, message_type) -> bool"},
     {NULL, NULL, 0, NULL},
@@ -1886,6 +2191,12 @@ PyMODINIT_FUNC
 PyInit__speedups(void)
 {
     if (PyType_Ready(&TeeType) < 0 || PyType_Ready(&ChunkRowsType) < 0)
+        return NULL;
+    if ((s_floor = PyUnicode_InternFromString("floor")) == NULL ||
+        (s_firsts = PyUnicode_InternFromString("firsts")) == NULL ||
+        (s_lasts = PyUnicode_InternFromString("lasts")) == NULL ||
+        (s_datas = PyUnicode_InternFromString("datas")) == NULL ||
+        (s_offss = PyUnicode_InternFromString("offss")) == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

@@ -135,7 +135,9 @@ class _PyChunkRows:
     """The pure-Python form of :class:`imq._speedups.ChunkRows` (same contract): the rows
     of consecutive chunks (``datas[i]``, ``offss[i]``) from row ``start`` of the first to
     row ``stop`` of the last, lazily; with ``reader``, only every row the reader accepts
-    and, of each run of rows it rejects, the last one (``dropped`` counts the others)."""
+    and, of each run of rows it rejects, the last one (``dropped`` counts the others).
+    Also the store's cursor interface: ``rows`` and ``items`` are the iterator itself,
+    ``finish`` checks nothing, ``close`` ends it."""
 
     __slots__ = ("_rows", "dropped")
 
@@ -165,6 +167,23 @@ class _PyChunkRows:
 
     def __next__(self) -> Row:
         return next(self._rows)
+
+    @property
+    def rows(self) -> _PyChunkRows:
+        return self
+
+    @property
+    def items(self) -> _PyChunkRows:
+        return self
+
+    def finish(self, last_key: bytes | None) -> None:
+        """Nothing to check: the rows were in memory, nothing can end them early."""
+
+    def close(self) -> None:
+        self._rows = iter(())
+
+    def count(self, lo: bytes, hi: bytes) -> int:
+        raise ValueError("count needs a seekable cursor")
 
     @staticmethod
     def _walk(parts: list[Part]) -> Iterator[Row]:
@@ -252,6 +271,7 @@ _chunk_bisect: Callable[[Buffer, Buffer, bytes], int] = (
     _chunk_bisect_py if _C is None else _C.chunk_bisect
 )
 ChunkRows: Any = _PyChunkRows if _C is None else _C.ChunkRows
+_cache_scan: Callable[..., list[Any]] | None = None if _C is None else _C.cache_scan
 
 
 class _Chunk:
@@ -527,6 +547,13 @@ class MessageCache:
         start = first.bisect(lo) if first.first < lo else 0
         stop = last.bisect(hi) if last.last >= hi else last.n
         return ChunkRows(segment.datas[k0:k1], segment.offss[k0:k1], start, stop, reader)
+
+    def scan_many(self, bounds: list[tuple[bytes, bytes]], reader: Reader | None) -> list[Any]:
+        """:meth:`scan` of each ``(lo, hi)`` of ``bounds`` (an iterator's ranges), in one
+        call to C when it is built (:func:`imq._speedups.cache_scan`)."""
+        if _cache_scan is not None:
+            return _cache_scan(self._segments, self._prefix_len, bounds, reader)
+        return [self.scan(lo, hi, reader) for lo, hi in bounds]
 
 
 def _prefix_end(prefix: bytes) -> bytes:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain, filterfalse
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NamedTuple, NoReturn, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol, cast
 
 from rocksdict import (
     AccessType,
@@ -50,13 +50,12 @@ from imq.errors import (
     StorageError,
 )
 from imq.storage import codec
-from imq.storage.backend import TransactionProtocol
+from imq.storage.backend import CursorProtocol, TransactionProtocol
 from imq.storage.cache import MessageCache, Tee
 from imq.storage.queue_state import QueueState, StateUpdate
 from imq.storage.tables import TABLES, StoreOptions, Table, table_options
 
 __all__ = [
-    "CachedCursor",
     "Closable",
     "Cursor",
     "Scan",
@@ -296,41 +295,6 @@ class Cursor:
         self._raw = None
 
 
-class CachedCursor:
-    """A scan of the messages table answered by the store's cache of fresh rows
-    (:mod:`imq.storage.cache`): the rows as RocksDB would yield them, as the cache held
-    them when the snapshot was opened, less ``dropped`` rows the scan's reader would
-    skip unseen (known as the rows are pulled). Nothing can end it early, so ``finish``
-    has nothing to check."""
-
-    __slots__ = ("__weakref__", "_dropped", "_source", "items", "rows")
-
-    def __init__(self, source: Any) -> None:
-        self._source = source  # a cache.ChunkRows
-        self._dropped = 0
-        self.items: Iterator[Any] = source
-        self.rows: Iterator[Any] = source
-
-    @property
-    def dropped(self) -> int:
-        return self._dropped if self._source is None else int(self._source.dropped)
-
-    def finish(self, last_key: bytes | None) -> None:
-        """Nothing to check: the rows were in memory."""
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.items
-
-    def count(self, lo: bytes, hi: bytes) -> int:
-        raise ValueError("count needs a seekable cursor")
-
-    def close(self) -> None:
-        if self._source is not None:  # let the chunks go, keep the count
-            self._dropped = int(self._source.dropped)
-            self._source = None
-        self.items = self.rows = iter(())
-
-
 class Snapshot:
     """A consistent read view: point reads on the tables named at creation, the cursors
     declared at creation, and the queue state as it was at that instant."""
@@ -341,7 +305,7 @@ class Snapshot:
         self,
         store: Store,
         points: dict[Table, Any],
-        cursors: list[Cursor | CachedCursor],
+        cursors: list[Cursor | CursorProtocol],
         state: QueueState,
     ) -> None:
         self._store = store
@@ -736,7 +700,7 @@ class Store:
         with self._gate:
             self._check_open()
             snaps = {t: self._tables[t].snapshot() for t in points}
-            cursors: list[Cursor | CachedCursor] = []
+            cursors: list[Cursor | CursorProtocol] = []
             for s in scans:
                 cached = None
                 if (
@@ -761,36 +725,60 @@ class Store:
         with self._gate:
             self._check_open()
             messages = self._tables[Table.MESSAGES]
-            cursors: list[Cursor | CachedCursor] = []
-            for lo, hi in bounds:
-                cached = self._cached(lo, hi, reader)
+            cache = self.cache
+            # Every range at once (one call to C); a segment not known yet gets its
+            # second chance in _cache_miss, which starts watching it.
+            found = cache.scan_many(list(bounds), reader) if cache.enabled else None
+            cursors: list[Cursor | CursorProtocol] = []
+            hits = 0
+            for i, (lo, hi) in enumerate(bounds):
+                cached = None
+                if found is not None:
+                    cached = found[i]
+                    if cached is None:
+                        cached = self._cache_miss(lo, hi, reader)
+                    else:
+                        hits += 1
                 cursors.append(
                     Cursor(messages, Scan(Table.MESSAGES, lo, hi), self.path)
                     if cached is None
                     else cached
                 )
+            cache.hits += hits
             state = self._state
         return Snapshot(self, {}, cursors, state)
 
     def _cached(
         self, lo: bytes, hi: bytes, reader: tuple[int, int, int] | None
-    ) -> CachedCursor | None:
+    ) -> CursorProtocol | None:
         """The cache's answer to ``[lo, hi)`` of the messages table, or ``None``. A
         segment seen for the first time is watched from now on. Under the gate."""
         cache = self.cache
-        if not cache.enabled or len(lo) < _SEGMENT:
+        if not cache.enabled:
             return None
         rows = cache.scan(lo, hi, reader)
         if rows is None:
-            prefix = lo[:_SEGMENT]
-            if cache.unknown((prefix,)):
-                cache.establish(prefix, self._segment_top(prefix))
-                rows = cache.scan(lo, hi, reader)
-            if rows is None:
-                cache.misses += 1
-                return None
+            return self._cache_miss(lo, hi, reader)
         cache.hits += 1
-        return CachedCursor(rows)
+        return cast(CursorProtocol, rows)
+
+    def _cache_miss(
+        self, lo: bytes, hi: bytes, reader: tuple[int, int, int] | None
+    ) -> CursorProtocol | None:
+        """After the cache declined ``[lo, hi)``: if it does not know the range's segment
+        yet, it starts watching it here and is asked again. Under the gate."""
+        cache = self.cache
+        if len(lo) < _SEGMENT:  # not inside one segment: never the cache's
+            return None
+        prefix = lo[:_SEGMENT]
+        if cache.unknown((prefix,)):
+            cache.establish(prefix, self._segment_top(prefix))
+            rows = cache.scan(lo, hi, reader)
+            if rows is not None:
+                cache.hits += 1
+                return cast(CursorProtocol, rows)
+        cache.misses += 1
+        return None
 
     def message_cache_stats(self) -> dict[str, int]:
         """The cache of fresh rows: see :meth:`imq.storage.cache.MessageCache.stats`."""

@@ -15,7 +15,8 @@ from builders import Chain, address_in, quarter_shards, quiet_config
 from imq import PartitionRouter, Queue, QueueKey, QueueShardRange, ShardIdent
 from imq.errors import StorageError
 from imq.storage import Table, codec, ops
-from imq.storage.rocks import CachedCursor, Cursor, Scan
+from imq.storage.cache import ChunkRows
+from imq.storage.rocks import Cursor, Scan
 
 SHARDS = quarter_shards()
 MC = ShardIdent.MASTERCHAIN
@@ -129,7 +130,7 @@ def test_fresh_diffs_are_read_from_the_cache_and_older_ones_from_rocksdb(tmp_pat
         shard = SHARDS[0]
         first = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(3)])
         whole = [QueueShardRange(shard, QueueKey.MIN, QueueKey.MAX)]
-        assert _cursors(queue, 0, whole) == [CachedCursor]  # every row written since open
+        assert _cursors(queue, 0, whole) == [ChunkRows]  # every row written since open
         queue.close()
         queue = Queue.open(tmp_path / "db", quiet_config())
         chain.queue = queue
@@ -139,13 +140,13 @@ def test_fresh_diffs_are_read_from_the_cache_and_older_ones_from_rocksdb(tmp_pat
         second = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(3)])
         new = [QueueShardRange(shard, second.messages[0].key, QueueKey.MAX)]
         assert _cursors(queue, 0, whole) == [Cursor]
-        assert _cursors(queue, 0, new) == [CachedCursor]
+        assert _cursors(queue, 0, new) == [ChunkRows]
         got = [m.message for m in queue.iterator(0, whole, SHARDS[1])]
         assert got == [*first.messages, *second.messages]
         assert [m.message for m in queue.iterator(0, new, SHARDS[1])] == list(second.messages)
         # a segment never written reads as empty from the cache once seen
         empty = [QueueShardRange(SHARDS[2], QueueKey.MIN, QueueKey.MAX)]
-        assert _cursors(queue, 1, empty) == [CachedCursor]
+        assert _cursors(queue, 1, empty) == [ChunkRows]
         before = queue.message_cache_stats()
         queue.iterator(0, [*new, *empty], SHARDS[1]).close()
         queue.iterator(0, whole, SHARDS[1]).close()
@@ -167,7 +168,7 @@ def test_an_iterator_keeps_its_snapshot_while_gc_and_clear_change_the_cache(
         a = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(4)])
         b = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(4)])
         ranges = [QueueShardRange(shard, a.messages[0].key, QueueKey.MAX)]
-        assert _cursors(queue, 0, ranges) == [CachedCursor]
+        assert _cursors(queue, 0, ranges) == [ChunkRows]
         it = queue.iterator(0, ranges, SHARDS[1])
         mc = chain.apply(MC, 1)
         queue.commit_diff([mc.top(), a.top(mc.seqno)])
@@ -263,7 +264,7 @@ def test_every_reader_gets_its_own_rows_from_one_cached_segment(tmp_path: Path) 
         dsts = [address_in(SHARDS[i % 4], i) for i in range(40)]
         d = chain.apply(src, dsts)
         ranges = [QueueShardRange(src, d.messages[0].key, QueueKey.MAX)]
-        assert _cursors(queue, 0, ranges) == [CachedCursor]
+        assert _cursors(queue, 0, ranges) == [ChunkRows]
         for reader in SHARDS:
             got, positions = _read(queue, ranges, reader, 0)
             assert [m.message for m in got] == [m for m in d.messages if reader.contains(m.dst)]
@@ -290,7 +291,7 @@ def test_scans_the_cache_cannot_answer_go_to_rocksdb(tmp_path: Path) -> None:
             assert list(snap.cursors[3]) == []
         whole = Scan(Table.MESSAGES, prefix + bytes(40), codec.prefix_end(prefix))
         with store.snapshot(scans=[whole]) as snap:
-            assert [type(c) for c in snap.cursors] == [CachedCursor]
+            assert [type(c) for c in snap.cursors] == [ChunkRows]
             assert len(list(snap.cursors[0])) == 3
     finally:
         queue.close()

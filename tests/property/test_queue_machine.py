@@ -1321,10 +1321,13 @@ def test_the_machine_op_log_replays(tmp_path: Path) -> None:
     try:
         run_state_machine_as_test(
             QueueMachine,
+            # derandomize: the same examples each run, so the check below that they
+            # cover the main ops cannot flake (a random draw of 8 once had no commit)
             settings=settings(
                 max_examples=8,
                 stateful_step_count=40,
                 database=None,
+                derandomize=True,
                 suppress_health_check=list(HealthCheck),
             ),
         )

@@ -18,7 +18,6 @@ from imq import iterator
 from imq.storage import cache as cache_mod
 from imq.storage import codec
 from imq.storage.cache import MessageCache, Tee
-from imq.storage.rocks import CachedCursor
 from imq.types import Address, Message, QueueKey, QueueShardRange, ShardIdent
 
 P = codec.MESSAGE_PREFIX_LEN
@@ -259,6 +258,32 @@ def test_a_cached_scan_is_exactly_the_stored_range(
     for pre, (floor, rows) in cache.segments().items():  # the invariant itself
         assert rows == [r for r in stored.scan(pre, codec.prefix_end(pre)) if r[0] > floor]
     cache.check()
+    assert_scan_many_is_scan(cache, end, reader)
+
+
+def assert_scan_many_is_scan(cache: MessageCache, end: int, reader: Any) -> None:
+    """``scan_many`` (one call to C when built) answers each range as ``scan`` does:
+    ranges inside a segment, to its end, across two segments, and too short."""
+    bounds = []
+    for partition, shard in itertools.product((0, 1), SHARDS):
+        pre = codec.message_prefix(partition, shard)
+        beyond = pre[:-1] + bytes([pre[-1] + 2])  # past the segment's end: not the cache's
+        low = pre + bytes(40)  # above the floor of a segment that was empty when first seen
+        bounds += [(pre, codec.prefix_end(pre)), (low, codec.prefix_end(pre)), (low, beyond)]
+        for a, b in itertools.product(range(0, end + 12, 7), (1, 5, 40)):
+            lo = codec.message_key(partition, shard, QueueKey(a, bytes(32)))
+            hi = codec.message_key(partition, shard, QueueKey(a + b, bytes(32)))
+            bounds += [(lo, hi), (lo, codec.prefix_end(pre)), (lo, lo)]
+    a, b = (codec.message_prefix(0, s) for s in SHARDS)
+    bounds += [(a + bytes(40), b + bytes(40)), (a[:5], b), (b"", a)]
+    for r in (None, reader):
+        many = cache.scan_many(bounds, r)
+        assert len(many) == len(bounds)
+        for (lo, hi), got in zip(bounds, many, strict=True):
+            want = cache.scan(lo, hi, r)
+            assert (got is None) == (want is None), (lo.hex(), hi.hex())
+            if got is not None:
+                assert (list(got), got.dropped) == (list(want), want.dropped)
 
 
 # -- the chunk functions: C against Python, and what the merge makes of a filtered scan --------
@@ -314,6 +339,29 @@ def test_the_chunk_functions_in_c_equal_python(
         cache_mod._PyChunkRows(datas, offss, 0, sizes[-1] + 1)
 
 
+@pytest.mark.parametrize("form", ["python", "c"])
+def test_chunk_rows_are_a_cursor(form: str) -> None:
+    """What the store hands the merge for a cached scan is the cursor itself: ``rows`` and
+    ``items`` are the iterator, ``finish`` checks nothing, ``close`` ends it and keeps
+    ``dropped``, ``count`` is refused as on an unseekable cursor."""
+    if form == "c" and cache_mod.speedups is None:
+        pytest.skip("the C helpers are not built")
+    cls = cache_mod._PyChunkRows if form == "python" else cache_mod.speedups.ChunkRows
+    rows = [row(0, SHARDS[0], lt, dst_top=top) for lt, top in enumerate([0, 200, 200, 200, 0])]
+    data, offs = cache_mod._pack(rows)
+    it = cls([data], [offs], 0, len(rows), (128, 1, 0))
+    assert it.rows is it and it.items is it and iter(it) is it
+    assert next(it) == rows[0]
+    assert next(it) == rows[3]  # the run of rows 1..3: its last one only
+    assert it.dropped == 2
+    assert it.finish(rows[3][0]) is None
+    it.close()
+    assert list(it) == [] and it.dropped == 2
+    it.close()  # again: nothing happens
+    with pytest.raises(ValueError, match="seekable"):
+        it.count(b"", b"\xff")
+
+
 @pytest.mark.parametrize("check", ["python", "c"])
 def test_chunk_check_refuses_what_is_not_a_chunk_of_message_rows(check: str) -> None:
     fn = cache_mod._chunk_check_py if check == "python" else cache_mod._chunk_check
@@ -333,7 +381,7 @@ def test_chunk_check_refuses_what_is_not_a_chunk_of_message_rows(check: str) -> 
 
 
 class _Snap:
-    def __init__(self, cursors: list[CachedCursor]) -> None:
+    def __init__(self, cursors: list[Any]) -> None:
         self.cursors = cursors
         self.state = None
 
@@ -382,7 +430,7 @@ def test_a_filtered_scan_merges_to_the_same_messages_and_positions(
             else:
                 data, offs = cache_mod._pack(rows)
                 source = cache_mod.ChunkRows([data], [offs], 0, len(rows))
-            cursors.append(CachedCursor(source))
+            cursors.append(source)
         done: list[int] = []
         it = iterator.QueueIterator(
             _Snap(cursors), ranges, for_shard, lambda _y, skipped: done.append(skipped)
