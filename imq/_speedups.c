@@ -732,12 +732,46 @@ rows_input(PyObject *shard_b, PyObject *messages, unsigned char prefix[QK_AT])
 }
 
 /*
+ * The partition of a message from `src` to `dst`: `partition_for` None gives 0; a dict
+ * (a router's destination routes, when it routes no source) gives its value for `dst`,
+ * 0 when absent, with no Python call; anything else is called as partition_for(src,
+ * dst). -1 with an exception on failure, or if the partition is out of 0..65535.
+ */
+static long
+route_message(PyObject *partition_for, PyObject *src, PyObject *dst)
+{
+    if (partition_for == Py_None)
+        return 0;
+    PyObject *part;
+    if (PyDict_CheckExact(partition_for)) {
+        part = PyDict_GetItemWithError(partition_for, dst); /* borrowed */
+        if (part == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        Py_INCREF(part);
+    } else {
+        PyObject *pargs[2] = {src, dst};
+        part = PyObject_Vectorcall(partition_for, pargs, 2, NULL);
+        if (part == NULL)
+            return -1;
+    }
+    long p = PyLong_AsLong(part);
+    Py_DECREF(part);
+    if (p == -1 && PyErr_Occurred())
+        return -1;
+    if (p < 0 || p > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "partition out of range");
+        return -1;
+    }
+    return p;
+}
+
+/*
  * put_rows(put, target, shard_bytes, messages, partition_for, counts) -> rows
  *
  * The C form of imq.storage.codec.put_message_rows: encode each Message of `messages`
- * (a sequence) as its stored row and call put(key, value, target); partition_for(src,
- * dst) -> int picks the partition, or None for partition 0. `counts` (a dict) receives
- * messages per partition.
+ * (a sequence) as its stored row and call put(key, value, target); partition_for picks
+ * the partition (see route_message: None, a dict of destination routes, or a callable
+ * (src, dst) -> int). `counts` (a dict) receives messages per partition.
  */
 static PyObject *
 put_rows(PyObject *self, PyObject *args)
@@ -761,18 +795,10 @@ put_rows(PyObject *self, PyObject *args)
                 PyErr_SetString(PyExc_TypeError, "a message must be a (key, src, dst, body) tuple");
                 goto fail;
             }
-            PyObject *pargs[2] = {PyTuple_GET_ITEM(msg, 1), PyTuple_GET_ITEM(msg, 2)};
-            PyObject *part = PyObject_Vectorcall(partition_for, pargs, 2, NULL);
-            if (part == NULL)
+            long p = route_message(partition_for, PyTuple_GET_ITEM(msg, 1),
+                                   PyTuple_GET_ITEM(msg, 2));
+            if (p < 0)
                 goto fail;
-            long p = PyLong_AsLong(part);
-            Py_DECREF(part);
-            if (p == -1 && PyErr_Occurred())
-                goto fail;
-            if (p < 0 || p > 0xFFFF) {
-                PyErr_SetString(PyExc_ValueError, "partition out of range");
-                goto fail;
-            }
             if (p != current) {
                 if (in_current && add_count(counts, current, in_current) < 0)
                     goto fail;
@@ -978,7 +1004,7 @@ cmp_long(const void *a, const void *b)
  * message count and statistics value (the bytes stat_value writes for the dict
  * DiffStatistics.from_diff counts: destinations in first-seen order), and per destination
  * workchain in ascending order its message count (what shards_messages_count sums).
- * partition_for(src, dst) -> int picks the partition, or None for partition 0.
+ * partition_for picks the partition, as in put_rows (see route_message).
  */
 static PyObject *
 encode_diff(PyObject *self, PyObject *args)
@@ -1017,21 +1043,9 @@ encode_diff(PyObject *self, PyObject *args)
         PyObject *dst = PyTuple_GET_ITEM(msg, 2);
         long p = 0;
         if (partition_for != Py_None) {
-            PyObject *pargs[2] = {PyTuple_GET_ITEM(msg, 1), dst};
-            PyObject *part = PyObject_Vectorcall(partition_for, pargs, 2, NULL);
-            if (part == NULL) {
+            p = route_message(partition_for, PyTuple_GET_ITEM(msg, 1), dst);
+            if (p < 0) {
                 Py_DECREF(msg);
-                goto done;
-            }
-            p = PyLong_AsLong(part);
-            Py_DECREF(part);
-            if (p == -1 && PyErr_Occurred()) {
-                Py_DECREF(msg);
-                goto done;
-            }
-            if (p < 0 || p > 0xFFFF) {
-                Py_DECREF(msg);
-                PyErr_SetString(PyExc_ValueError, "partition out of range");
                 goto done;
             }
             if (p != current) {

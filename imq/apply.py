@@ -155,7 +155,11 @@ def stage_diff(
     the counts, rows and bytes ``DiffStatistics.from_diff`` would give."""
     shard, seqno = block.shard, block.seqno
     router = diff.router
-    partition_for = None if router.is_empty else router.partition_for
+    # A router of destinations only (the usual one) is a dict the encoder looks up itself.
+    routes = router.destination_routes()
+    partition_for: ops.PartitionFor = (
+        None if router.is_empty else router.partition_for if routes is None else dict(routes)
+    )
     per_partition: dict[int, int] = {}
     if isinstance(stats, DiffStatistics):
         ops.put_messages(txn, shard, diff.messages, partition_for, per_partition)

@@ -263,12 +263,29 @@ def message_delete_range(
     return prefix + key_bytes(first), _inclusive_end(prefix, last)
 
 
+PartitionFor = Callable[[Address, Address], int] | dict[Address, int] | None
+"""How the encoders pick a message's partition: ``None``, partition 0 for every message;
+a dict, a router's destination routes (:meth:`PartitionRouter.destination_routes`:
+the partition of each routed destination, 0 for any other), looked up without a call;
+else a ``(src, dst) -> partition`` callable (:meth:`PartitionRouter.partition_for`)."""
+
+
+def _router_call(partition_for: PartitionFor) -> Callable[[Address, Address], int]:
+    """``partition_for`` (not ``None``) as a ``(src, dst) -> partition`` callable."""
+    if partition_for is None:
+        return lambda _src, _dst: 0
+    if isinstance(partition_for, dict):
+        routes = partition_for
+        return lambda _src, dst: routes.get(dst, 0)
+    return partition_for
+
+
 def _put_message_rows_py(
     put: Callable[[bytes, bytes, Any], object],
     target: Any,
     shard: ShardIdent,
     messages: Iterable[Message],
-    partition_for: Callable[[Address, Address], int] | None,
+    partition_for: PartitionFor,
     *,
     counts: dict[int, int] | None = None,
 ) -> int:
@@ -296,8 +313,9 @@ def _put_message_rows_py(
             tally[0] = tally.get(0, 0) + n
         return n
     prefixes: dict[int, bytes] = {}
+    route = _router_call(partition_for)
     for key, src, dst, body in messages:
-        partition = partition_for(src, dst)
+        partition = route(src, dst)
         prefix = prefixes.get(partition) or prefixes.setdefault(
             partition, _U16.pack(partition) + shard_b
         )
@@ -364,7 +382,7 @@ def decode_message_hash_body(raw_key: bytes, value: bytes) -> tuple[bytes, bytes
 def message_rows(
     shard: ShardIdent,
     messages: Iterable[Message],
-    partition_for: Callable[[Address, Address], int] | None = None,
+    partition_for: PartitionFor = None,
 ) -> list[tuple[bytes, bytes]]:
     """The (key, value) rows ``put_message_rows`` writes, as a list."""
     rows: list[tuple[bytes, bytes]] = []
@@ -712,7 +730,7 @@ def put_message_rows(
     target: Any,
     shard: ShardIdent,
     messages: Iterable[Message],
-    partition_for: Callable[[Address, Address], int] | None,
+    partition_for: PartitionFor,
     *,
     counts: dict[int, int] | None = None,
 ) -> int:
@@ -758,7 +776,7 @@ def _encode_diff_py(
     target: Any,
     shard: ShardIdent,
     messages: Sequence[Message],
-    partition_for: Callable[[Address, Address], int] | None,
+    partition_for: PartitionFor,
 ) -> EncodedDiff:
     """The pure-Python :func:`encode_diff`."""
     counts: dict[int, dict[Address, int]] = {}
@@ -772,8 +790,9 @@ def _encode_diff_py(
         shard_b = shard_bytes(shard)
         prefixes: dict[int, bytes] = {}
         n = 0
+        route = _router_call(partition_for)
         for key, src, dst, body in messages:
-            partition = partition_for(src, dst)
+            partition = route(src, dst)
             prefix = prefixes.get(partition) or prefixes.setdefault(
                 partition, _U16.pack(check_partition(partition)) + shard_b
             )
@@ -804,7 +823,7 @@ def encode_diff(
     target: Any,
     shard: ShardIdent,
     messages: Sequence[Message],
-    partition_for: Callable[[Address, Address], int] | None,
+    partition_for: PartitionFor,
 ) -> EncodedDiff:
     """Put the message rows of a diff of source ``shard`` (as :func:`put_message_rows`)
     and, in the same pass, count its messages per partition, per destination and per

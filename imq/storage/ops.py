@@ -20,7 +20,7 @@ the answers agree with each other and with ``view.state``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -48,6 +48,7 @@ __all__ = [
     "DiffMessages",
     "LastSeqno",
     "MessageCounter",
+    "PartitionFor",
     "Read",
     "RowCounter",
     "ShardDiffs",
@@ -84,11 +85,15 @@ ImportMarker = tuple[BlockId, list[tuple[int, QueueKey, QueueKey]], list[int]]
 # writes
 
 
+PartitionFor = codec.PartitionFor
+"""How a diff's messages are routed to partitions (see :data:`codec.PartitionFor`)."""
+
+
 def put_messages(
     txn: Transaction,
     shard: ShardIdent,
     messages: Iterable[Message],
-    partition_for: Callable[[Address, Address], int] | None,
+    partition_for: PartitionFor,
     counts: dict[int, int],
 ) -> None:
     """The message rows of a diff of ``shard`` (``partition_for=None``: all in partition
@@ -118,7 +123,7 @@ def put_diff_messages(
     txn: Transaction,
     shard: ShardIdent,
     messages: Sequence[Message],
-    partition_for: Callable[[Address, Address], int] | None,
+    partition_for: PartitionFor,
 ) -> codec.EncodedDiff:
     """The message rows of a diff of ``shard`` (as :func:`put_messages`), counted in the
     same pass per partition, destination and destination workchain: its derived

@@ -267,12 +267,15 @@ def test_merge_fill_reports_the_bad_row(fill: Callable[..., Any]) -> None:
 
 @given(
     st.lists(messages, max_size=40),
-    st.one_of(st.none(), st.integers(0, 65535), st.just(-1)),
+    st.one_of(st.none(), st.integers(0, 65535), st.just(-1), st.just(-2)),
 )
 def test_put_rows_compiled_equals_pure_python(batch: list[Message], partition: int | None) -> None:
     """The C row encoding writes the bytes the Python one writes, with the same counts."""
+    partition_for: Any
     if partition is None:
         partition_for = None
+    elif partition == -2:  # destination routes: a dict, absent destinations in 0
+        partition_for = {m.dst: 1 + m.dst.account[0] % 2 for m in batch[::2]}
     elif partition == -1:  # a router: the partition depends on the message
 
         def partition_for(src: Address, dst: Address) -> int:

@@ -87,23 +87,36 @@ def routers(draw: st.DrawFn) -> PartitionRouter:
 def _encode(
     encode: Callable[..., codec.EncodedDiff],
     batch: tuple[Message, ...],
-    partition_for: Callable[[Address, Address], int] | None,
+    partition_for: codec.PartitionFor,
 ) -> tuple[codec.EncodedDiff, list[tuple[bytes, bytes]]]:
     rows: list[tuple[bytes, bytes]] = []
     out = encode(lambda k, v, _t: rows.append((k, v)), None, SHARD, batch, partition_for)
     return out, rows
 
 
-@given(st.lists(messages, max_size=60, unique_by=lambda m: m.key), routers(), st.booleans())
+@given(
+    st.lists(messages, max_size=60, unique_by=lambda m: m.key),
+    routers(),
+    st.booleans(),
+    st.booleans(),
+)
 def test_encode_diff_compiled_equals_pure_python_and_from_diff(
-    batch: list[Message], router: PartitionRouter, routed: bool
+    batch: list[Message], router: PartitionRouter, routed: bool, no_src: bool
 ) -> None:
+    """Both encoders, with the router as a callable and, when it routes destinations
+    only, as the dict of its destination routes (looked up without a call)."""
+    if no_src:
+        router = PartitionRouter(dst=router.dst_partitions())
     d = QueueDiff(batch, router=router if routed else None)
     partition_for = None if d.router.is_empty else d.router.partition_for
     compiled, rows_c = _encode(codec.encode_diff, d.messages, partition_for)
     pure, rows_py = _encode(codec._encode_diff_py, d.messages, partition_for)
     assert compiled == pure
     assert rows_c == rows_py == codec.message_rows(SHARD, d.messages, partition_for)
+    routes = d.router.destination_routes()
+    if partition_for is not None and routes is not None:
+        for encode in (codec.encode_diff, codec._encode_diff_py):
+            assert _encode(encode, d.messages, dict(routes)) == (compiled, rows_c)
     assert compiled.rows == len(batch)
     # The reference: what DiffStatistics.from_diff counts, packed by stat_value.
     stats = DiffStatistics.from_diff(d, SHARD, QueueKey.MIN, QueueKey.MAX)
