@@ -86,9 +86,13 @@ class Plan:
     calls: int
     slow_calls: int  # GC and clear
     warmup: int
+    # Measuring passes per size, each after the background work settled: a pass lasts
+    # about a second, so one flush or compaction landing in it moved a whole row's
+    # median (a slope of 0.13 in one run, 0.03 in the next, on the same code).
+    rounds: int = 1
 
 
-FULL = Plan((3, 4, 5, 6, 7), calls=200, slow_calls=5, warmup=10)
+FULL = Plan((3, 4, 5, 6, 7), calls=200, slow_calls=5, warmup=10, rounds=3)
 QUICK = Plan((3, 4), calls=5, slow_calls=2, warmup=1)
 
 
@@ -319,6 +323,7 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[str, list[Size], list[
             plan.calls,
             plan.slow_calls,
             plan.warmup,
+            plan.rounds,
         )
     load_start = os.getloadavg()
     rng = random.Random(SEED + 1)
@@ -338,7 +343,12 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[str, list[Size], list[
                 file=sys.stderr,
             )
             started = perf_counter()
-            sizes.append(measure(g, plan, rng))
+            size = measure(g, plan, rng)
+            for _ in range(plan.rounds - 1):
+                settle(queue)
+                for op, samples in measure(g, plan, rng).samples.items():
+                    size.samples.setdefault(op, []).extend(samples)
+            sizes.append(size)
             build_notes.append(
                 f"10^{e}: grown in {built:.1f} s, background compactions settled in "
                 f"{settled:.1f} s, measured in {perf_counter() - started:.1f} s, "
@@ -365,8 +375,11 @@ def render(
     out += [
         "",
         f"100-message diffs over 4 source shards; {plan.calls} timed calls per operation and "
-        f"size after {plan.warmup} warm-up calls ({plan.slow_calls} for GC and clear). "
-        "Median (p99) in µs. Slope: least-squares fit of log10(median) on log10(size). "
+        f"size after {plan.warmup} warm-up calls ({plan.slow_calls} for GC and clear), in "
+        f"{plan.rounds} measuring pass{'es' if plan.rounds > 1 else ''} per size, each after "
+        "RocksDB's background work settled. "
+        "Median (p99) over every pass's calls, in µs. Slope: least-squares fit of "
+        "log10(median) on log10(size). "
         "Target: slope < 0.05.",
         "",
         "| operation | " + " | ".join(f"{s.stored:,}" for s in sizes) + " | slope | target |",
@@ -402,6 +415,12 @@ METHOD = """## Method
   running or pending in any table (the bulk tables compact in the background; the wait
   is in the notes), so each size is measured as stored, not beside the compaction of
   what was just written (`bench_endurance` measures latencies with it running).
+- Each size is measured in three passes (`--quick`: one), the run waiting for the
+  background work to settle again before each; a row's median and p99 are over the
+  calls of every pass. A pass lasts about a second, and with one pass a single flush or
+  compaction landing in it (the passes write too: commits, GC, clears) moved a whole
+  row: two runs of the same code 40 seconds apart gave slopes of 0.10-0.13 and 0.01-0.05
+  for the same rows.
 - Calls run one at a time with `perf_counter_ns`; `gc.collect()` then `gc.disable()`
   around each operation's calls (once per operation, never before each call: a full
   collection walks this benchmark's own heap, which grows with the size, and left the
