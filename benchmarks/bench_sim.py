@@ -220,6 +220,11 @@ def main() -> None:
             "|---:|---|---:|",
             *(f"| {name} | {t:.2f} |" for name, t in rows),
         ]
+    lines += [
+        "",
+        "Measurements and analysis across stops (hand-written, not regenerated): "
+        "`sim-analysis.md`.",
+    ]
     text = "\n".join(lines)
     print(text)
     if args.out is not None:
