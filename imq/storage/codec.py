@@ -275,6 +275,8 @@ def _router_call(partition_for: PartitionFor) -> Callable[[Address, Address], in
     if partition_for is None:
         return lambda _src, _dst: 0
     if isinstance(partition_for, dict):
+        if type(partition_for) is not dict:  # as C, which looks up an exact dict only
+            raise TypeError("destination routes must be a dict, not a subclass")
         routes = partition_for
         return lambda _src, dst: routes.get(dst, 0)
     return partition_for
