@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import stat
 import threading
 import weakref
 from collections import deque
@@ -932,4 +933,15 @@ class Store:
             raise self._failed("property read", exc) from exc
 
     def disk_usage(self) -> int:
-        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+        """Bytes of the files under the database directory. RocksDB deletes obsolete
+        files from its background threads, so a file listed may be gone by the time it
+        is measured: it counts nothing (it raised ``FileNotFoundError`` before)."""
+        total = 0
+        for f in self.path.rglob("*"):
+            try:
+                st = f.stat()
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+        return total
