@@ -46,6 +46,7 @@ from benchmarks.common import (
     RawDb,
     account_in,
     count_label,
+    file_sizes,
     parse_args,
     quiet_logs,
     write_report,
@@ -402,8 +403,8 @@ def _imq_read_pure_python(queue: Queue) -> int:
 
 
 def _sst_summary(path: Path) -> str:
-    ssts = [f.stat().st_size for f in path.rglob("*.sst")]
-    wal = sum(f.stat().st_size for f in path.rglob("*.log"))
+    ssts = list(file_sizes(path, "*.sst").values())
+    wal = sum(file_sizes(path, "*.log").values())
     return f"{len(ssts)} SST files, {sum(ssts) / 1e6:.1f} MB, WAL {wal / 1e6:.1f} MB"
 
 

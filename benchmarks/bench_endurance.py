@@ -33,7 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_core import machine_lines
-from benchmarks.common import account_in, parse_args, quiet_logs, temp_workdir, write_report
+from benchmarks.common import (
+    account_in,
+    file_sizes,
+    parse_args,
+    quiet_logs,
+    temp_workdir,
+    write_report,
+)
 from imq import (
     Address,
     BlockId,
@@ -106,7 +113,7 @@ def rss_mb() -> float:
 
 
 def disk_mb(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 1e6
+    return sum(file_sizes(path).values()) / 1e6
 
 
 def pct(values: Sequence[int], q: float) -> float:

@@ -43,6 +43,7 @@ from benchmarks.common import (
     RawDb,
     account_in,
     count_label,
+    file_sizes,
     parse_args,
     quiet_logs,
     write_report,
@@ -295,8 +296,7 @@ class Disk:
 
 
 def disk_usage(path: Path, queue: Queue | None = None) -> Disk:
-    files = [f for f in path.rglob("*") if f.is_file()]
-    size = {f: f.stat().st_size for f in files}
+    size = file_sizes(path)
     per_table = {}
     if queue is not None:
         for t in Table:

@@ -38,7 +38,7 @@ from time import perf_counter
 from typing import Any
 
 from benchmarks.bench_core import machine_lines, timed
-from benchmarks.common import RawDb, parse_args, quiet_logs, write_report
+from benchmarks.common import RawDb, file_sizes, parse_args, quiet_logs, write_report
 from imq import BlockId, Queue, QueueConfig, ShardIdent
 
 # ---------------------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def task_import(db: str, source: str, keep: bool, **p: Any) -> dict[str, Any]:
         started = perf_counter()
         queue.close()
         close_s = perf_counter() - started
-    disk = sum(f.stat().st_size for f in Path(db).rglob("*") if f.is_file())
+    disk = sum(file_sizes(Path(db)).values())
     if not keep:
         shutil.rmtree(db, ignore_errors=True)
     return {

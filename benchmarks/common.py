@@ -7,6 +7,7 @@ import contextlib
 import logging
 import random
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -71,6 +72,21 @@ def parse_args(
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
     return args
+
+
+def file_sizes(path: Path, pattern: str = "*") -> dict[Path, int]:
+    """Bytes of each file under ``path`` matching ``pattern``. RocksDB deletes obsolete
+    files from its background threads while a benchmark samples a live database, so a
+    file listed but gone by the time it is measured is left out instead of raising."""
+    sizes = {}
+    for f in path.rglob(pattern):
+        try:
+            st = f.stat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            sizes[f] = st.st_size
+    return sizes
 
 
 def write_report(out: Path, text: str) -> None:
