@@ -1780,10 +1780,9 @@ bytes_bisect(PyObject *list, PyObject *key)
     return lo;
 }
 
-/* The first row of chunk (data, offs) whose key is >= key; -1 with an exception. With
- * `rows`, also that chunk's row count. */
+/* The first row of chunk (data, offs) whose key is >= key; -1 with an exception. */
 static Py_ssize_t
-chunk_find(PyObject *data, PyObject *offs, PyObject *key, Py_ssize_t *rows)
+chunk_find(PyObject *data, PyObject *offs, PyObject *key)
 {
     Chunk c;
     if (chunk_open(data, offs, &c) < 0)
@@ -1798,8 +1797,6 @@ chunk_find(PyObject *data, PyObject *offs, PyObject *key, Py_ssize_t *rows)
         else
             hi = mid;
     }
-    if (rows != NULL)
-        *rows = c.n;
     chunk_release(&c);
     return lo;
 }
@@ -1878,17 +1875,20 @@ cache_scan_one(PyObject *segments, Py_ssize_t plen, PyObject *lo, PyObject *hi,
         k0 = k1 = 0;
     } else {
         if (bytes_cmp(PyList_GET_ITEM(firsts, k0), lo) < 0) {
-            start = chunk_find(PyList_GET_ITEM(datas, k0), PyList_GET_ITEM(offss, k0), lo, NULL);
+            start = chunk_find(PyList_GET_ITEM(datas, k0), PyList_GET_ITEM(offss, k0), lo);
             if (start < 0)
                 goto done;
         }
-        Py_ssize_t rows = 0;
-        stop = chunk_find(PyList_GET_ITEM(datas, k1 - 1), PyList_GET_ITEM(offss, k1 - 1), hi,
-                          &rows);
+        PyObject *last_offs = PyList_GET_ITEM(offss, k1 - 1);
+        if (bytes_cmp(PyList_GET_ITEM(lasts, k1 - 1), hi) >= 0) {
+            stop = chunk_find(PyList_GET_ITEM(datas, k1 - 1), last_offs, hi);
+        } else { /* the whole last chunk lies below hi: all its rows, no bisection */
+            stop = PyObject_Size(last_offs);
+            if (stop >= 0)
+                stop /= (Py_ssize_t)sizeof(uint32_t);
+        }
         if (stop < 0)
             goto done;
-        if (bytes_cmp(PyList_GET_ITEM(lasts, k1 - 1), hi) < 0)
-            stop = rows; /* the whole last chunk lies below hi */
     }
     PyObject *d = PyList_GetSlice(datas, k0, k1);
     if (d == NULL)

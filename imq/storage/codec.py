@@ -270,10 +270,10 @@ the partition of each routed destination, 0 for any other), looked up without a 
 else a ``(src, dst) -> partition`` callable (:meth:`PartitionRouter.partition_for`)."""
 
 
-def _router_call(partition_for: PartitionFor) -> Callable[[Address, Address], int]:
+def _router_call(
+    partition_for: Callable[[Address, Address], int] | dict[Address, int],
+) -> Callable[[Address, Address], int]:
     """``partition_for`` (not ``None``) as a ``(src, dst) -> partition`` callable."""
-    if partition_for is None:
-        return lambda _src, _dst: 0
     if isinstance(partition_for, dict):
         if type(partition_for) is not dict:  # as C, which looks up an exact dict only
             raise TypeError("destination routes must be a dict, not a subclass")
