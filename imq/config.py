@@ -226,7 +226,8 @@ class QueueConfig:
     - ``message_cache_size``: bytes of freshly written message rows kept in memory, so
       that reads of recent diffs (what collators read) skip RocksDB (0: none; see
       ``imq.storage.cache``). Rows leave it when GC or a clear deletes them, or, past
-      the budget, oldest first.
+      the budget, oldest first. A segment (partition and source shard) first touched
+      after the open loads its newest stored rows, up to 1/64 of this budget.
 
     Constructing with a wrong type raises ``TypeError``, with a bad value ``ValueError``.
     """

@@ -26,15 +26,20 @@ store's write gate, right after RocksDB took it:
 - a write whose message rows were not kept (an import, a point delete), or a row that
   is not a message row: the cache forgets every segment.
 
-A segment becomes known when a write or a read first touches it: its floor is then its
-greatest stored key, found by one reverse seek just before that write (or at that read),
-so the rows the segment had before (written before the queue opened, or before the cache
-forgot it) are never claimed, and the rows of that first write are cached. When the
+A segment becomes known when a write or a read first touches it. The store then reads
+the segment's newest stored rows from RocksDB, from its greatest key down, up to
+:attr:`MessageCache.load_limit` bytes (1/64 of the budget), just before that write (or
+at that read): they are the segment's first chunk, and its floor is the greatest key
+below them (the prefix itself when the whole segment was read). So after a reopen, the
+reads of recent rows (a restarted collator reads from just past its ``processed_to``)
+come from the cache at once; the older rows are never claimed, and the rows of that
+first write are cached. When the
 cache holds more than its budget, it drops the oldest chunks of its largest segment and
 raises that segment's floor past them. A scan is served from the cache only when it lies
 inside one known segment, above its floor; any other scan goes to RocksDB. So the cache
 never answers for a row it does not hold, and a damaged table is still read (and
-reported) by RocksDB for every row written before the cache started watching.
+reported) by RocksDB for every row the cache did not take (a load that meets damage
+loads nothing: the segment stays RocksDB's).
 
 Snapshots: :meth:`MessageCache.scan` picks the chunk parts it returns under the same
 gate as the write path, and chunks are never changed once stored (a delete or an
@@ -65,6 +70,8 @@ Reader = tuple[int, int, int]
 ROUTE_LEN = 9
 """A cached row's route: its value's first bytes, the destination's workchain + 128 and
 the top 8 bytes of its account (what the merge's destination test reads)."""
+
+_LOAD_SHARE = 64  # a segment first seen loads this share of the budget, at most
 
 CHUNK_OVERHEAD = 256
 """Bytes a chunk costs beyond its two buffers (the objects that hold it), rounded up."""
@@ -341,12 +348,13 @@ class MessageCache:
     """Fresh message rows per segment (see the module docstring). Not thread-safe: the
     store calls every method under its write gate."""
 
-    __slots__ = ("_budget", "_nbytes", "_prefix_len", "_segments", "hits", "misses")
+    __slots__ = ("_budget", "_load_limit", "_nbytes", "_prefix_len", "_segments", "hits", "misses")
 
-    def __init__(self, budget: int, prefix_len: int) -> None:
+    def __init__(self, budget: int, prefix_len: int, load_limit: int | None = None) -> None:
         if budget < 0:
             raise ValueError("the cache budget must be >= 0 bytes")
         self._budget = budget
+        self._load_limit = budget // _LOAD_SHARE if load_limit is None else load_limit
         self._prefix_len = prefix_len
         self._segments: dict[bytes, _Segment] = {}
         self._nbytes = 0
@@ -427,12 +435,40 @@ class MessageCache:
             return []
         return [p for p in prefixes if p not in self._segments]
 
-    def establish(self, prefix: bytes, top: bytes | None) -> None:
-        """Start watching a segment whose greatest stored key is ``top`` (the prefix
-        itself when it holds none): no row above it is stored, so none is cached. With
-        ``top=None`` (RocksDB could not tell) the segment stays unknown."""
-        if self.enabled and top is not None and prefix not in self._segments:
-            self._segments[prefix] = _Segment(top)
+    @property
+    def load_limit(self) -> int:
+        """How many bytes of a segment's newest stored rows the store loads when the
+        segment is first seen (:meth:`establish`): 1/64 of the budget unless given."""
+        return self._load_limit
+
+    def establish(self, prefix: bytes, floor: bytes | None, rows: Sequence[Row] = ()) -> None:
+        """Start watching a segment: ``rows`` are its stored rows above ``floor``,
+        ascending (its newest rows, read from RocksDB by the store), and ``floor`` is the
+        greatest stored key below them, or the prefix itself when none is. With no
+        ``rows``, ``floor`` is the segment's greatest stored key. With ``floor=None``
+        (RocksDB could not tell) the segment stays unknown. Rows that are not message
+        rows are not cached: the floor is then raised to the greatest of them, so
+        RocksDB serves (and reports) them."""
+        if not self.enabled or floor is None or prefix in self._segments:
+            return
+        segment = _Segment(floor)
+        if rows:
+            try:
+                # A chunk keeps no key lengths: a row is split at the key length, so a
+                # stored key of another length (damage) must never enter one.
+                if not all(len(k) == _KEY_LEN and len(v) >= _HEADER_LEN for k, v in rows):
+                    raise ValueError("not message rows")
+                chunk = _Chunk.of(rows)
+                n, _, ascending = _chunk_check(chunk.data, chunk.offs)
+                if n != len(rows) or not ascending:
+                    raise ValueError("rows out of order")
+            except ValueError:
+                segment = _Segment(rows[-1][0])
+            else:
+                self._nbytes += segment.splice(0, 0, [chunk])
+        self._segments[prefix] = segment
+        if self._nbytes > self._budget:
+            self._evict()
 
     def after_write(
         self,

@@ -24,7 +24,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import chain, filterfalse
+from itertools import chain, filterfalse, islice, takewhile
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple, NoReturn, Protocol, cast
@@ -773,7 +773,7 @@ class Store:
             return None
         prefix = lo[:_SEGMENT]
         if cache.unknown((prefix,)):
-            cache.establish(prefix, self._segment_top(prefix))
+            self._establish(prefix)
             rows = cache.scan(lo, hi, reader)
             if rows is not None:
                 cache.hits += 1
@@ -825,10 +825,10 @@ class Store:
             self._check_open()
             cache = self.cache
             if txn.kept and not txn.cache_blind:
-                # Segments this batch writes first: their floor is what is stored before
-                # it, so the batch's own rows are cached.
+                # Segments this batch writes first are established before it (with
+                # their newest stored rows), so the batch's own rows are cached.
                 for prefix in cache.unknown(txn.kept):
-                    cache.establish(prefix, self._segment_top(prefix))
+                    self._establish(prefix)
             try:
                 self._db.write(txn.batch, self._sync) if sync else self._db.write(txn.batch)
             except Exception as exc:  # rocksdict raises a bare Exception("IO error: ...")
@@ -843,28 +843,49 @@ class Store:
                 state = update(state)
             self._state = state
 
-    def _segment_top(self, prefix: bytes) -> bytes | None:
-        """The greatest stored key of the messages table starting with ``prefix``: the
-        prefix itself when there is none; ``None`` when RocksDB cannot tell (a damaged
-        block) or the prefix has no finite end. One reverse seek; called under the gate."""
+    def _establish(self, prefix: bytes) -> None:
+        """Start watching the segment ``prefix`` with its newest stored rows: read from
+        its greatest key down, about the cache's :attr:`~MessageCache.load_limit` bytes
+        (whole batches of rows, so a little more), so that reads of recent rows are served
+        from the first one after a reopen (a restarted collator's first reads start below
+        everything written since). Under the gate, so no write lands in between. On a
+        read error the segment stays unknown: RocksDB serves its scans, and reports the
+        damage."""
+        cache = self.cache
         try:
             end = codec.prefix_end(prefix)
         except ValueError:  # only 0xff bytes: no segment of real keys looks like that
-            return None
-        ro = ReadOptions()
-        ro.set_iterate_upper_bound(end)
-        raw = self._tables[Table.MESSAGES].iter(ro)
+            return
+        limit = cache.load_limit
+        scan = Scan(Table.MESSAGES, prefix, end, reverse=True)
+        cursor = Cursor(self._tables[Table.MESSAGES], scan, self.path)
+        items = cursor.items  # newest first, down past the segment (no lower bound)
+        rows: list[tuple[bytes, bytes]] = []
+        size, row_size = 0, 128  # bytes loaded; a row's guessed size (a small message)
+        floor: bytes | None = None
         try:
-            raw.seek_for_prev(end)
-            if raw.valid():
-                key: bytes = raw.key()
-                return key if key >= prefix else prefix
-            raw.status()
-        except Exception:  # a read error: leave the segment to RocksDB
-            return None
+            while size < limit:
+                # Batches pulled in C, doubling (the last one reads past the segment's
+                # start), sized to end near the limit.
+                n = min(1024, max(32, len(rows)), (limit - size) // row_size + 1)
+                batch = list(islice(items, n))
+                if not batch or batch[-1][0] < prefix:  # the segment starts in this batch
+                    rows += takewhile(lambda row: row[0] > prefix, batch)
+                    floor = prefix  # the whole segment is loaded
+                    break
+                rows += batch
+                batch_size = sum(len(k) + len(v) for k, v in batch)
+                size += batch_size
+                row_size = max(1, batch_size // len(batch))
+            if floor is None:  # past the limit: the greatest key not loaded, if any
+                below = next(items, None)
+                floor = prefix if below is None or below[0] < prefix else below[0]
+        except Exception:  # a damaged block (the cursor's end check), an I/O error
+            return  # the segment stays RocksDB's, which reports the damage when read
         finally:
-            del raw
-        return prefix
+            cursor.close()
+        rows.reverse()
+        cache.establish(prefix, floor, rows)
 
     def set_state(self, state: QueueState) -> None:
         """Replace the queue state without a write (when loading it at open)."""

@@ -25,7 +25,8 @@ from imq import DiffZone, ImqError, Queue, QueueKey
 from imq import iterator as iterator_module
 from imq.errors import CorruptDataError, StorageError
 from imq.state.synth import synth_state
-from imq.storage import Table
+from imq.storage import Table, codec
+from imq.storage.rocks import Cursor, Scan
 
 APPLIED = quarter_shards()
 SHARDS = [*APPLIED, BASE]
@@ -214,6 +215,47 @@ def test_a_damaged_messages_block_stops_the_iterator_with_a_typed_error(
             _iterate(q)
         assert info.value.table == "messages"
     finally:
+        q.close()
+
+
+def _segment_rows(q: Queue, prefix: bytes) -> list[tuple[bytes, bytes]]:
+    store = q._store  # type: ignore[attr-defined]
+    scan = Scan(Table.MESSAGES, prefix, codec.prefix_end(prefix))
+    cursor = Cursor(store._table(Table.MESSAGES), scan, store.path)
+    try:
+        return list(cursor.items)
+    finally:
+        cursor.close()
+
+
+def test_the_cache_never_loads_a_segment_from_a_damaged_block(
+    intact: tuple[Path, dict[Table, str]], tmp_path: Path
+) -> None:
+    """A segment first touched after the open loads its newest rows into the cache of
+    fresh rows; a load that meets the damaged block loads nothing, so the read still
+    reports it, and every segment that did load holds exactly the intact rows."""
+    path, sst = intact
+    copy = tmp_path / "db"
+    shutil.copytree(path, copy)
+    file = copy / sst[Table.MESSAGES]
+    _flip(file, file.stat().st_size // 2)
+    q = open_queue(copy)
+    good = Queue.open(path, quiet_config(message_cache_size=0), read_only=True)
+    try:
+        with pytest.raises(CorruptDataError, match="messages"):
+            _iterate(q)
+        store = q._store  # type: ignore[attr-defined]
+        store.cache.check()
+        known = store.cache.segments()
+        prefixes = {
+            codec.message_range(0, s, QueueKey.MIN, QueueKey.MAX)[0][: codec.MESSAGE_PREFIX_LEN]
+            for s in SHARDS
+        }
+        assert prefixes - known.keys(), "the damaged segment was taken into the cache"
+        for prefix, (floor, rows) in known.items():
+            assert rows == [r for r in _segment_rows(good, prefix) if r[0] > floor]
+    finally:
+        good.close()
         q.close()
 
 

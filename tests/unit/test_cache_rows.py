@@ -56,6 +56,21 @@ class Stored:
         keys = [k for k in self.rows if k.startswith(pre)]
         return max(keys) if keys else pre
 
+    def load(self, pre: bytes, limit: int) -> tuple[bytes, list[Row]]:
+        """What the store loads when a segment is first seen: its newest rows, from the
+        greatest key down while fewer than ``limit`` bytes are loaded, and the floor."""
+        rows: list[Row] = []
+        size = 0
+        for k, v in reversed(self.scan(pre, codec.prefix_end(pre))):
+            if size >= limit:
+                return k, rows[::-1]
+            rows.append((k, v))
+            size += len(k) + len(v)
+        return pre, rows[::-1]
+
+    def establish(self, cache: MessageCache, pre: bytes) -> None:
+        cache.establish(pre, *self.load(pre, cache.load_limit))
+
     def scan(self, lo: bytes, hi: bytes) -> list[Row]:
         return sorted((k, v) for k, v in self.rows.items() if lo <= k < hi)
 
@@ -87,7 +102,7 @@ def write(cache: MessageCache, stored: Stored, rows: list[Row], deleted: Any = (
     for k, v in rows:
         tee(k, v, None)
     for pre in cache.unknown(kept):
-        cache.establish(pre, stored.top(pre))
+        stored.establish(cache, pre)
     for lo, hi in deleted:
         stored.delete(lo, hi)
     stored.put(rows)
@@ -95,7 +110,7 @@ def write(cache: MessageCache, stored: Stored, rows: list[Row], deleted: Any = (
 
 
 def test_a_segment_is_known_from_its_first_write_and_caches_it() -> None:
-    cache, stored = MessageCache(1 << 20, P), Stored()
+    cache, stored = MessageCache(1 << 20, P, load_limit=0), Stored()  # loading nothing
     s = SHARDS[0]
     lo, hi = codec.message_range(0, s, QueueKey.MIN, QueueKey.MAX)
     before = [row(0, s, lt) for lt in (8, 9)]
@@ -109,6 +124,50 @@ def test_a_segment_is_known_from_its_first_write_and_caches_it() -> None:
     above = codec.message_key(0, s, QueueKey(10, bytes(32)))
     assert scan(cache, above, hi) == (first, 0)
     assert scan(cache, above, codec.message_key(0, s, QueueKey(11, bytes(32)))) == (first[:1], 0)
+
+
+def test_a_segment_first_seen_loads_its_newest_stored_rows_up_to_the_limit() -> None:
+    s = SHARDS[0]
+    lo, hi = codec.message_range(0, s, QueueKey.MIN, QueueKey.MAX)
+    before = [row(0, s, lt) for lt in range(1, 10)]
+    size = sum(map(len, before[0]))
+    for limit, loaded in [(1 << 20, 9), (3 * size, 3), (3 * size - 1, 3), (3 * size + 1, 4)]:
+        cache, stored = MessageCache(1 << 20, P, load_limit=limit), Stored()
+        stored.put(before)
+        first = [row(0, s, lt) for lt in (10, 11)]
+        write(cache, stored, first)
+        floor = prefix(0, s) if loaded == len(before) else before[-loaded - 1][0]
+        assert cache.segments()[prefix(0, s)] == (floor, before[-loaded:] + first)
+        if loaded == len(before):  # the whole segment: every range is the cache's
+            assert scan(cache, lo, hi) == (before + first, 0)
+        else:
+            assert scan(cache, lo, hi) is None
+        cache.check()
+    assert MessageCache(64 << 20, P).load_limit == 1 << 20  # 1/64 of the budget
+
+
+def test_loaded_rows_that_are_not_message_rows_are_left_to_rocksdb() -> None:
+    s = SHARDS[0]
+    pre = prefix(0, s)
+    good = [row(0, s, lt) for lt in (1, 2, 3)]
+    k, v = good[1]
+    for bad in [(k[:-1], b"\x80" + v), (k + b"\x00", v[1:]), (k, v[:20])]:
+        rows = [good[0], bad, good[2]]
+        for candidate in (sorted(rows), [good[2], good[0]]):  # damaged, or out of order
+            cache = MessageCache(1 << 20, P)
+            cache.establish(pre, pre, candidate)
+            assert cache.segments()[pre] == (candidate[-1][0], [])  # the floor: the top
+            cache.check()
+
+
+def test_a_load_past_the_budget_evicts() -> None:
+    s = SHARDS[0]
+    rows = [row(0, s, lt) for lt in range(1, 41)]
+    cache = MessageCache(10 * 300, P, load_limit=1 << 20)
+    cache.establish(prefix(0, s), prefix(0, s), rows)
+    cache.check()
+    assert cache.nbytes <= 10 * 300
+    assert cache.segments()[prefix(0, s)] == (rows[-1][0], [])  # its one chunk dropped
 
 
 def test_a_segment_first_seen_by_a_read_is_empty_above_its_top() -> None:
@@ -215,6 +274,8 @@ LTS = st.integers(0, 30)
 op = st.one_of(
     st.tuples(st.just("put"), st.integers(0, 1), st.integers(0, 1), st.lists(LTS, max_size=8)),
     st.tuples(st.just("delete"), st.integers(0, 1), st.integers(0, 1), st.tuples(LTS, LTS)),
+    # a reopen (the new store's cache knows no segment), then a read of one segment
+    st.tuples(st.just("reopen"), st.integers(0, 1), st.integers(0, 1), st.just(None)),
 )
 STEP = 10  # each op's lts start this much above the previous op's: mostly appends
 
@@ -223,20 +284,29 @@ STEP = 10  # each op's lts start this much above the previous op's: mostly appen
 @given(
     ops=st.lists(op, max_size=30),
     budget_rows=st.integers(1, 40),
+    load_rows=st.integers(0, 12),
     scans=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 1), LTS, LTS), max_size=12),
     reader_top=st.integers(0, 3),
 )
 def test_a_cached_scan_is_exactly_the_stored_range(
-    ops: list[Any], budget_rows: int, scans: list[Any], reader_top: int
+    ops: list[Any], budget_rows: int, load_rows: int, scans: list[Any], reader_top: int
 ) -> None:
-    """Puts (in order, out of order, again), range deletes and evictions in any order:
+    """Puts (in order, out of order, again), range deletes, evictions and reopens in any
+    order, segments first seen by a write or a read (loading their newest stored rows):
     every scan the cache answers equals the stored rows of its range, and its filtered
     form is the filter of those rows."""
     per_row = 300
-    cache, stored = MessageCache(budget_rows * per_row, P), Stored()
+    row_bytes = sum(map(len, row(0, SHARDS[0], 0)))
+    # a load limit of about `load_rows` rows (not a whole number: the load stops past it)
+    limit = max(0, load_rows * row_bytes - row_bytes // 2)
+    cache, stored = MessageCache(budget_rows * per_row, P, load_limit=limit), Stored()
     for i, (kind, partition, shard_i, arg) in enumerate(ops):
         shard, base = SHARDS[shard_i], i * STEP
-        if kind == "put":
+        if kind == "reopen":
+            cache.forget()
+            stored.establish(cache, prefix(partition, shard))  # what a first read does
+            cache.check()
+        elif kind == "put":
             rows = [row(partition, shard, base + lt + 90, dst_top=lt % 4 * 64) for lt in arg]
             write(cache, stored, rows)
         else:
