@@ -14,12 +14,11 @@ from imq import _native as native
 from imq.diff import DiffStatistics, QueueDiff
 from imq.errors import DiffBelowCommitPointerError, DiffConflictError, DiffSequenceError
 from imq.storage import TransactionProtocol as Transaction
-from imq.storage import ops
+from imq.storage import codec, ops
 from imq.types import (
     Address,
     BlockIdShort,
     CommitPointer,
-    DiffInfo,
     DiffZone,
     QueueKey,
     ShardIdent,
@@ -146,13 +145,14 @@ def stage_diff(
     block: BlockIdShort,
     diff_hash: bytes,
     stats: DiffStatistics | tuple[QueueKey, QueueKey],
-) -> DiffInfo:
+) -> None:
     """Put every row of ``diff`` into ``txn``: messages, statistics, tail, diff info.
 
     ``stats`` is the caller's :class:`DiffStatistics`, used as given, or the diff's
     ``(min_message, max_message)``: the statistics are then derived from the messages,
     counted in the same pass that encodes their rows (``imq.storage.codec.encode_diff``), with
-    the counts, rows and bytes ``DiffStatistics.from_diff`` would give."""
+    the counts, rows and bytes ``DiffStatistics.from_diff`` would give. The diff's record
+    is what :class:`DiffInfo` would store, packed from the checked parts directly."""
     shard, seqno = block.shard, block.seqno
     router = diff.router
     # A router of destinations only (the usual one) is a dict the encoder looks up itself.
@@ -174,18 +174,17 @@ def stage_diff(
             per_partition[partition] = messages
             stat_values[partition] = value
         shards_messages_count = {ShardIdent.full(wc): n for wc, n in encoded.workchains}
-    info = DiffInfo(
-        min_message=min_message,
-        max_message=max_message,
-        shards_messages_count=shards_messages_count,
-        hash=diff_hash,
-        processed_to=dict(diff.processed_to),
-        router_src=router.src_partitions(),
-        router_dst=router.dst_partitions(),
-        seqno=seqno,
-        prev_hash=diff.prev_hash,
-    )
     written = router.partitions() | stat_values.keys()
-    partitions = {p: per_partition.get(p, 0) for p in written}
-    ops.put_diff_encoded(txn, shard, info, stat_values, partitions)
-    return info
+    record = codec.diff_record_value(
+        min_message,
+        max_message,
+        shards_messages_count,
+        diff_hash,
+        diff.processed_to,
+        router.src_partitions(),
+        router.dst_partitions(),
+        seqno,
+        diff.prev_hash,
+        {p: per_partition.get(p, 0) for p in written},
+    )
+    ops.put_diff_encoded(txn, shard, seqno, max_message, stat_values, record)

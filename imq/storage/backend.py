@@ -58,6 +58,10 @@ class CursorProtocol(Protocol):
 
     def count(self, lo: bytes, hi: bytes) -> int: ...
 
+    def last(self) -> bytes | None:
+        """The greatest key of the scan's range, or ``None`` (a seekable scan with an
+        upper bound)."""
+
     def close(self) -> str | None:
         """Close (idempotent); what went wrong while closing, if anything."""
 

@@ -37,18 +37,31 @@ class MemoryCursor:
 
     dropped = 0  # a memory store leaves no row out
 
-    __slots__ = ("_keys", "items", "rows")
+    __slots__ = ("_bounds", "_keys", "items", "rows")
 
-    def __init__(self, rows: list[Any], keys: list[bytes] | None = None) -> None:
+    def __init__(
+        self,
+        rows: list[Any],
+        keys: list[bytes] | None = None,
+        bounds: tuple[bytes, bytes | None] = (b"", None),
+    ) -> None:
         self.items: Iterator[Any] = iter(rows)
         self.rows = self.items  # copied rows cannot end early: no end check
-        self._keys = keys  # every key of the table, for count (a seekable scan)
+        self._keys = keys  # every key of the table, for count and last (a seekable scan)
+        self._bounds = bounds  # the scan's [lo, hi)
 
     def __iter__(self) -> Iterator[Any]:
         return self.items
 
     def finish(self, last_key: bytes | None) -> None:
         """Nothing to check: the rows were copied whole."""
+
+    def last(self) -> bytes | None:
+        lo, hi = self._bounds
+        if self._keys is None or hi is None:
+            raise ValueError("last needs a seekable cursor with an upper bound")
+        i = bisect.bisect_left(self._keys, hi) - 1
+        return self._keys[i] if i >= 0 and self._keys[i] >= lo else None
 
     def count(self, lo: bytes, hi: bytes) -> int:
         if self._keys is None:
@@ -199,7 +212,7 @@ class MemoryStore:
     def _cursor(self, scan: Scan) -> MemoryCursor:
         keys = self._keys(scan.table)
         if scan.seekable:
-            return MemoryCursor([], list(keys))
+            return MemoryCursor([], list(keys), (scan.lo, scan.hi))
         start = bisect.bisect_left(keys, scan.lo)
         end = len(keys) if scan.hi is None else bisect.bisect_left(keys, scan.hi)
         if scan.reverse and scan.hi is None:

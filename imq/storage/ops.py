@@ -147,27 +147,25 @@ def put_diff(
     """A diff's statistics rows (per partition, its messages per destination), its tail
     row and its info record. ``partitions`` maps every partition the diff wrote
     messages or statistics into to its messages there (deletes find its rows by it)."""
-    put_diff_encoded(txn, shard, info, stat_values(statistics), partitions)
+    record = codec.diff_info_value(info, partitions)
+    put_diff_encoded(txn, shard, info.seqno, info.max_message, stat_values(statistics), record)
 
 
-def put_diff_encoded(
+def put_diff_encoded(  # noqa: PLR0917 - the row parts of one diff, packed
     txn: Transaction,
     shard: ShardIdent,
-    info: DiffInfo,
+    seqno: int,
+    max_message: QueueKey,
     stat_values: Mapping[int, bytes],
-    partitions: Mapping[int, int],
+    record: bytes,
 ) -> None:
-    """:func:`put_diff` with each partition's statistics value already packed
-    (:func:`stat_values`, or :func:`put_diff_messages`)."""
-    seqno, max_message = info.seqno, info.max_message
+    """:func:`put_diff` of values already packed: each partition's statistics
+    (:func:`stat_values`, or :func:`put_diff_messages`) and the info ``record``
+    (:func:`imq.storage.codec.diff_record_value`)."""
     for partition, value in stat_values.items():
         txn.put(Table.STATISTICS, codec.stat_key(shard, partition, max_message, seqno), value)
     txn.put(Table.DIFF_TAIL, codec.tail_key(shard, max_message, seqno), b"")
-    txn.put(
-        Table.DIFF_INFO,
-        codec.diff_info_key(shard, seqno),
-        codec.diff_info_value(info, partitions),
-    )
+    txn.put(Table.DIFF_INFO, codec.diff_info_key(shard, seqno), record)
 
 
 def put_commit_state(
@@ -295,12 +293,11 @@ class LastSeqno(Read[int | None]):
         lo, hi = codec.diff_info_shard_range(shard)
         if below is not None:
             hi = codec.diff_info_key(shard, below)
-        self.scan = Scan(Table.DIFF_INFO, lo, hi, keys_only=True, reverse=True)
+        self.scan = Scan(Table.DIFF_INFO, lo, hi, seekable=True)
 
     def answer(self, cursor: Cursor) -> int | None:
-        for key in cursor:
-            return codec.decode_diff_info_seqno(key)
-        return None
+        key = cursor.last()
+        return None if key is None else codec.decode_diff_info_seqno(key)
 
 
 class TailRows(Read[Iterator[tuple[QueueKey, int]]]):

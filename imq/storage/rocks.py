@@ -271,6 +271,22 @@ class Cursor:
                 return
             yield row
 
+    def last(self) -> bytes | None:
+        """The greatest key of the scan's ``[lo, hi)``, or ``None`` when it holds none (a
+        seekable cursor with an upper bound: one seek, one RocksDB iterator)."""
+        raw, hi = self._raw, self._hi
+        if raw is None or hi is None:
+            raise ValueError("last needs a seekable cursor with an upper bound")
+        try:
+            raw.seek_for_prev(hi)  # the last key below hi: hi is the upper bound
+            if raw.valid():
+                key: bytes = raw.key()
+                return key if key >= self._lo else None
+            raw.status()  # no key below hi at all, or a damaged block?
+        except Exception as exc:
+            raise _read_error(self._path, self._table, hi, exc) from None
+        return None
+
     def count(self, lo: bytes, hi: bytes) -> int:
         """Rows in ``[lo, hi)`` (a seekable cursor; one seek per call)."""
         raw = self._raw

@@ -3,6 +3,9 @@ planner, each called directly (no facade, no locks, no RocksDB)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from imq import apply, commit, delete, reads
@@ -11,6 +14,7 @@ from imq.errors import DiffConflictError, DiffSequenceError
 from imq.gc import due_tasks
 from imq.storage import QueueState, ops
 from imq.storage.memory import MemoryStore
+from imq.storage.rocks import Store
 from imq.types import (
     Address,
     BlockId,
@@ -154,3 +158,33 @@ def test_a_view_answers_only_its_reads_and_each_once(store: MemoryStore) -> None
             view[asked]
         with pytest.raises(KeyError):
             view[other]
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+def test_last_seqno_is_the_greatest_below_its_bound(backend: str, tmp_path: Path) -> None:
+    """One seek (RocksDB) or one bisection (memory): the shard's greatest seqno, or the
+    greatest below ``below``; ``None`` when there is none, whatever the shards around
+    it hold (the shard after S1 shares no key prefix with it)."""
+    store: Any = MemoryStore() if backend == "memory" else Store(tmp_path / "db")
+    after = ShardIdent(0, 0xC000_0000_0000_0000)
+    try:
+
+        def ask(shard: ShardIdent, below: int | None = None) -> int | None:
+            question = ops.LastSeqno(shard, below)
+            with ops.view(store, question) as view:
+                answer: int | None = view[question]
+                return answer
+
+        assert ask(S1) is None
+        write_diff(store, after, 9, diff_of(5))
+        write_diff(store, MC, 4, diff_of(6))
+        assert ask(S1) is None  # the neighbours' rows are not S1's
+        for seqno, lt in ((1, 10), (2, 20), (3, 30)):
+            write_diff(store, S1, seqno, diff_of(lt))
+        assert ask(S1) == 3
+        assert [ask(S1, below) for below in (0, 1, 2, 3, 4, 2**32 - 1)] == [None, None, 1, 2, 3, 3]
+        assert ask(after) == 9
+        assert ask(after, 9) is None
+        assert ask(MC) == 4
+    finally:
+        store.close()
