@@ -2170,6 +2170,56 @@ init(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/*
+ * value_new(cls, fields) -> tuple.__new__(cls, fields), left out of the cyclic GC when it
+ * can never be part of a reference cycle: `cls` has the plain tuple layout (no __dict__,
+ * no weak references: the value types of imq.types) and no field is an object the GC
+ * tracks (ints, bytes, and value types built here). CPython untracks plain tuples of
+ * such fields itself, but only at a collection, and never tuple subclasses: every value a
+ * host keeps (a collator keeps the messages it builds until they are committed) would
+ * otherwise be walked by every collection of the host's cyclic GC. Anything else is
+ * built by tuple.__new__ and stays tracked.
+ */
+static PyObject *
+value_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "value_new() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *cls = args[0], *fields = args[1];
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type) ||
+        !PyTuple_CheckExact(fields)) {
+        PyErr_SetString(PyExc_TypeError, "value_new(cls, fields): a tuple subclass and a tuple");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)cls;
+    Py_ssize_t n = PyTuple_GET_SIZE(fields);
+    int plain = type != &PyTuple_Type && plain_layout(type);
+    for (Py_ssize_t i = 0; plain && i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(fields, i);
+        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item))
+            plain = 0;
+    }
+    if (!plain) {
+        PyObject *call_args = PyTuple_Pack(1, fields);
+        if (call_args == NULL)
+            return NULL;
+        PyObject *obj = PyTuple_Type.tp_new(type, call_args, NULL);
+        Py_DECREF(call_args);
+        return obj;
+    }
+    PyTupleObject *obj = PyObject_GC_NewVar(PyTupleObject, type, n);
+    if (obj == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(fields, i);
+        Py_INCREF(item);
+        obj->ob_item[i] = item;
+    }
+    return (PyObject *)obj;
+}
+
 static PyMethodDef methods[] = {
     {"init", init, METH_VARARGS,
      "init(IteratedMessage, Message, QueueKey, Address): register the value types."},
@@ -2191,6 +2241,9 @@ static PyMethodDef methods[] = {
     {"chunk_bisect", chunk_bisect, METH_VARARGS, "chunk_bisect(data, offs, key) -> int"},
     {"cache_scan", cache_scan, METH_VARARGS,
      "cache_scan(segments, prefix_len, bounds, reader) -> list[ChunkRows | None]"},
+    {"value_new", (PyCFunction)(void (*)(void))value_new, METH_FASTCALL,
+     "value_new(cls, fields) -> tuple.__new__(cls, fields), untracked by the cyclic GC when"
+     " it can never be in a reference cycle"},
     {"strictly_ascending", strictly_ascending, METH_VARARGS,
      "strictly_ascending(messages, message_type) -> bool"},
     {NULL, NULL, 0, NULL},

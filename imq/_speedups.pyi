@@ -1,4 +1,8 @@
+from typing import TypeVar
+
 from imq.types import Address, IteratedMessage, Message, QueueKey, ShardIdent
+
+_T = TypeVar("_T", bound=tuple[object, ...])
 
 def init(
     iterated: type[IteratedMessage],
@@ -52,3 +56,5 @@ class Tee:
         self, put: object, segments: dict[bytes, list[bytearray]], prefix_len: int
     ) -> None: ...
     def __call__(self, key: bytes, value: bytes, target: object, /) -> None: ...
+
+def value_new(cls: type[_T], fields: tuple[object, ...], /) -> _T: ...

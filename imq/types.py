@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple, TypeVar
+
+from imq._native import speedups
 
 __all__ = [
     "DEFAULT_PARTITION",
@@ -46,9 +49,15 @@ MAX_PARTITION = 0xFFFF
 U32_MAX = 0xFFFF_FFFF
 U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 FULL_PREFIX = 0x8000_0000_0000_0000
+_V = TypeVar("_V", bound=tuple[object, ...])
 _ZERO32 = bytes(32)
 _FF32 = b"\xff" * 32
-_tuple_new = tuple.__new__
+# tuple.__new__, or its compiled twin that leaves the value out of the cyclic GC (a value
+# type holds ints, bytes and other values only: it can never be in a reference cycle, and
+# a host keeps many of them, which every collection would otherwise walk).
+_tuple_new: Callable[[type[_V], tuple[object, ...]], _V] = (
+    tuple.__new__ if speedups is None else speedups.value_new
+)
 _INT = re.compile(r"-?[0-9]+")
 _UINT = re.compile(r"[0-9]+")
 _HEX16 = re.compile(r"[0-9a-fA-F]{16}")

@@ -475,3 +475,63 @@ def test_the_iterator_is_the_same_on_both_paths(
         assert keys == sorted(keys)
     finally:
         queue.close()
+
+
+# -- value_new: the value types, built out of the cyclic GC's way ------------------------------
+
+
+def test_value_new_builds_the_value_untracked_when_it_can_never_be_in_a_cycle() -> None:
+    value_new = iterator._speedups_module.value_new
+    key = value_new(QueueKey, (5, b"\x01" * 32))
+    address = value_new(Address, (0, b"\x02" * 32))
+    message = value_new(Message, (key, address, address, b"body"))
+    for value, cls, fields in [
+        (key, QueueKey, (5, b"\x01" * 32)),
+        (address, Address, (0, b"\x02" * 32)),
+        (message, Message, (key, address, address, b"body")),
+    ]:
+        assert type(value) is cls
+        assert value == tuple.__new__(cls, fields)
+        assert hash(value) == hash(tuple.__new__(cls, fields))
+        assert not gc.is_tracked(value)
+    # a field the GC tracks (so the value could close a cycle): built by tuple.__new__
+    held = value_new(Message, (key, address, address, [1]))
+    assert gc.is_tracked(held) and held[3] == [1]
+
+    # a layout with room for attributes: tuple.__new__ too
+    class Loose(tuple):  # type: ignore[type-arg]
+        pass
+
+    loose = value_new(Loose, (1, 2))
+    assert type(loose) is Loose and loose == (1, 2) and gc.is_tracked(loose)
+    enabled = gc.isenabled()
+    gc.disable()  # no automatic collection before the one below
+    try:
+        loose.cycle = loose  # type: ignore[attr-defined]
+        del loose
+        assert gc.collect() >= 1  # the cycle is collected: the value stayed tracked
+    finally:
+        if enabled:
+            gc.enable()
+    with pytest.raises(TypeError):
+        value_new(list, (1,))
+    with pytest.raises(TypeError):
+        value_new(QueueKey, [5, b"\x01" * 32])
+    with pytest.raises(TypeError):
+        value_new(QueueKey)
+
+
+def test_the_value_types_constructors_leave_their_values_untracked() -> None:
+    """What a host builds and keeps (a collator's outgoing messages) is never walked by
+    the cyclic GC: the constructors go through value_new when the C extension is built."""
+    key = QueueKey(7, b"\x03" * 32)
+    address = Address(-1, b"\x04" * 32)
+    values = [
+        key,
+        key.next_value(),
+        address,
+        ShardIdent(0, 0x4000_0000_0000_0000),
+        Message(key, address, address, b"x"),
+        QueueKey.parse(str(key)),
+    ]
+    assert not any(gc.is_tracked(v) for v in values)
