@@ -53,7 +53,7 @@ import sys
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from imq._native import speedups
 from imq.storage import codec
@@ -278,22 +278,38 @@ _chunk_bisect: Callable[[Buffer, Buffer, bytes], int] = (
     _chunk_bisect_py if _C is None else _C.chunk_bisect
 )
 ChunkRows: Any = _PyChunkRows if _C is None else _C.ChunkRows
+_value_new: Any = tuple.__new__ if _C is None else _C.value_new
 _cache_scan: Callable[..., list[Any]] | None = None if _C is None else _C.cache_scan
 
 
-class _Chunk:
-    """One batch's rows of one segment; never changed once made."""
+class _ChunkFields(NamedTuple):
+    data: Buffer
+    offs: Buffer
+    n: int
+    first: bytes
+    last: bytes
+    nbytes: int
 
-    __slots__ = ("data", "first", "last", "n", "nbytes", "offs")
 
-    def __init__(self, data: Buffer, offs: Buffer, n: int) -> None:
-        self.data = data
-        self.offs = offs
-        self.n = n
-        self.first = bytes(data[:_KEY_LEN])
+class _Chunk(_ChunkFields):
+    """One batch's rows of one segment; never changed once made. A tuple of bytes and
+    ints, built out of the cyclic GC's way (:func:`imq._speedups.value_new`): a queue
+    with a deep backlog holds thousands, which every collection would walk."""
+
+    __slots__ = ()
+
+    def __new__(cls, data: Buffer, offs: Buffer, n: int) -> _Chunk:
         last = int.from_bytes(offs[-4:], sys.byteorder)
-        self.last = bytes(data[last : last + _KEY_LEN])
-        self.nbytes = len(data) + len(offs) + CHUNK_OVERHEAD
+        fields = (
+            data,
+            offs,
+            n,
+            bytes(data[:_KEY_LEN]),
+            bytes(data[last : last + _KEY_LEN]),
+            len(data) + len(offs) + CHUNK_OVERHEAD,
+        )
+        chunk: _Chunk = _value_new(cls, fields)
+        return chunk
 
     @classmethod
     def of(cls, rows: Sequence[Row]) -> _Chunk:
