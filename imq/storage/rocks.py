@@ -68,6 +68,7 @@ __all__ = [
 
 LOCK_FILE = "imq.lock"
 _SEGMENT = codec.MESSAGE_PREFIX_LEN  # a message key's (partition, source shard) prefix
+Row = tuple[bytes, bytes]
 
 
 class Closable(Protocol):
@@ -860,26 +861,61 @@ class Store:
             self._state = state
 
     def _establish(self, prefix: bytes) -> None:
-        """Start watching the segment ``prefix`` with its newest stored rows: read from
-        its greatest key down, about the cache's :attr:`~MessageCache.load_limit` bytes
-        (whole batches of rows, so a little more), so that reads of recent rows are served
-        from the first one after a reopen (a restarted collator's first reads start below
-        everything written since). Under the gate, so no write lands in between. On a
-        read error the segment stays unknown: RocksDB serves its scans, and reports the
-        damage."""
-        cache = self.cache
+        """Start watching the segment ``prefix`` with its newest stored rows, about the
+        cache's :attr:`~MessageCache.load_limit` bytes (whole batches of rows, so a little
+        more), so that reads of recent rows are served from the first one after a reopen
+        (a restarted collator's first reads start below everything written since). A
+        segment within the limit is read forwards, whole (RocksDB steps forwards about
+        three times as fast as backwards); a larger one from its greatest key down, to
+        the limit. Under the gate, so no write lands in between. On a read error the
+        segment stays unknown: RocksDB serves its scans, and reports the damage."""
         try:
             end = codec.prefix_end(prefix)
         except ValueError:  # only 0xff bytes: no segment of real keys looks like that
             return
-        limit = cache.load_limit
+        try:
+            loaded = self._load_whole(prefix, end) or self._load_newest(prefix, end)
+        except Exception:  # a damaged block (a cursor's end check), an I/O error
+            return  # the segment stays RocksDB's, which reports the damage when read
+        floor, rows = loaded
+        self.cache.establish(prefix, floor, rows)
+
+    def _load_whole(self, prefix: bytes, end: bytes) -> tuple[bytes, list[Row]] | None:
+        """Every stored row of the segment, forwards, if they fit in the load limit
+        (``(prefix, rows)``: nothing lies below them); ``None`` if they do not."""
+        limit = self.cache.load_limit
+        if limit <= 0:
+            return None
+        cursor = Cursor(self._tables[Table.MESSAGES], Scan(Table.MESSAGES, prefix, end), self.path)
+        try:
+            items = cursor.items  # checked at their end: a damaged block raises
+            rows: list[Row] = []
+            size, row_size = 0, 128  # bytes read; a row's guessed size (a small message)
+            while size < limit:
+                # Batches pulled in C, sized to end near the limit.
+                n = min(1024, (limit - size) // row_size + 1)
+                batch = list(islice(items, n))
+                rows += batch
+                if len(batch) < n:  # the segment ended (and its end was checked)
+                    return prefix, rows
+                batch_size = sum(len(k) + len(v) for k, v in batch)
+                size += batch_size
+                row_size = max(1, batch_size // n)
+            return None
+        finally:
+            cursor.close()
+
+    def _load_newest(self, prefix: bytes, end: bytes) -> tuple[bytes, list[Row]]:
+        """The segment's newest rows, from its greatest key down to about the load limit,
+        and the floor below them: the greatest key not loaded (the prefix when none is).
+        With a limit of 0, no rows and the segment's greatest key."""
+        limit = self.cache.load_limit
         scan = Scan(Table.MESSAGES, prefix, end, reverse=True)
         cursor = Cursor(self._tables[Table.MESSAGES], scan, self.path)
-        items = cursor.items  # newest first, down past the segment (no lower bound)
-        rows: list[tuple[bytes, bytes]] = []
-        size, row_size = 0, 128  # bytes loaded; a row's guessed size (a small message)
-        floor: bytes | None = None
         try:
+            items = cursor.items  # newest first, down past the segment (no lower bound)
+            rows: list[Row] = []
+            size, row_size = 0, 128  # bytes loaded; a row's guessed size (a small message)
             while size < limit:
                 # Batches pulled in C, doubling (the last one reads past the segment's
                 # start), sized to end near the limit.
@@ -887,21 +923,17 @@ class Store:
                 batch = list(islice(items, n))
                 if not batch or batch[-1][0] < prefix:  # the segment starts in this batch
                     rows += takewhile(lambda row: row[0] > prefix, batch)
-                    floor = prefix  # the whole segment is loaded
-                    break
+                    rows.reverse()
+                    return prefix, rows  # the whole segment is loaded
                 rows += batch
                 batch_size = sum(len(k) + len(v) for k, v in batch)
                 size += batch_size
                 row_size = max(1, batch_size // len(batch))
-            if floor is None:  # past the limit: the greatest key not loaded, if any
-                below = next(items, None)
-                floor = prefix if below is None or below[0] < prefix else below[0]
-        except Exception:  # a damaged block (the cursor's end check), an I/O error
-            return  # the segment stays RocksDB's, which reports the damage when read
+            below = next(items, None)  # the greatest key not loaded, if any
+            rows.reverse()
+            return (prefix if below is None or below[0] < prefix else below[0]), rows
         finally:
             cursor.close()
-        rows.reverse()
-        cache.establish(prefix, floor, rows)
 
     def set_state(self, state: QueueState) -> None:
         """Replace the queue state without a write (when loading it at open)."""
