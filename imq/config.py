@@ -226,8 +226,9 @@ class QueueConfig:
     - ``message_cache_size``: bytes of freshly written message rows kept in memory, so
       that reads of recent diffs (what collators read) skip RocksDB (0: none; see
       ``imq.storage.cache``). Rows leave it when GC or a clear deletes them, or, past
-      the budget, oldest first. A segment (partition and source shard) first touched
-      after the open loads its newest stored rows, up to 1/64 of this budget.
+      the budget, oldest first. A segment (partition and source shard) read below what
+      the cache holds a second time loads its older stored rows if they fit in 1/64 of
+      this budget (a restarted collator's reads).
 
     Constructing with a wrong type raises ``TypeError``, with a bad value ``ValueError``.
     """

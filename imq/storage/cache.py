@@ -26,20 +26,22 @@ store's write gate, right after RocksDB took it:
 - a write whose message rows were not kept (an import, a point delete), or a row that
   is not a message row: the cache forgets every segment.
 
-A segment becomes known when a write or a read first touches it. The store then reads
-the segment's newest stored rows from RocksDB, from its greatest key down, up to
-:attr:`MessageCache.load_limit` bytes (1/64 of the budget), just before that write (or
-at that read): they are the segment's first chunk, and its floor is the greatest key
-below them (the prefix itself when the whole segment was read). So after a reopen, the
-reads of recent rows (a restarted collator reads from just past its ``processed_to``)
-come from the cache at once; the older rows are never claimed, and the rows of that
-first write are cached. When the
+A segment becomes known when a write or a read first touches it: its floor is then its
+greatest stored key, found by one reverse seek just before that write (or at that read),
+so the rows the segment had before (written before the queue opened, or before the cache
+forgot it) are not claimed, and the rows of that first write are cached. A restarted
+collator reads from just past its ``processed_to``, below that floor, so its reads would
+go to RocksDB until it had caught up: at the second such declined scan of a segment
+(:meth:`MessageCache.missed`), once, the store reads every stored row at or below the
+floor, forwards, and if they fit in :attr:`MessageCache.load_limit` (1/64 of the budget)
+they join the segment and its floor drops to the prefix (:meth:`MessageCache.extend_down`).
+When the
 cache holds more than its budget, it drops the oldest chunks of its largest segment and
 raises that segment's floor past them. A scan is served from the cache only when it lies
 inside one known segment, above its floor; any other scan goes to RocksDB. So the cache
 never answers for a row it does not hold, and a damaged table is still read (and
 reported) by RocksDB for every row the cache did not take (a load that meets damage
-loads nothing: the segment stays RocksDB's).
+loads nothing: the segment stays RocksDB's below its floor).
 
 Snapshots: :meth:`MessageCache.scan` picks the chunk parts it returns under the same
 gate as the write path, and chunks are never changed once stored (a delete or an
@@ -58,7 +60,15 @@ from typing import Any, NamedTuple
 from imq._native import speedups
 from imq.storage import codec
 
-__all__ = ["CHUNK_OVERHEAD", "ROUTE_LEN", "ChunkRows", "MessageCache", "Reader", "Tee"]
+__all__ = [
+    "CHUNK_OVERHEAD",
+    "LOAD_AFTER_MISSES",
+    "ROUTE_LEN",
+    "ChunkRows",
+    "MessageCache",
+    "Reader",
+    "Tee",
+]
 
 Row = tuple[bytes, bytes]
 Buffer = bytes | bytearray
@@ -71,7 +81,11 @@ ROUTE_LEN = 9
 """A cached row's route: its value's first bytes, the destination's workchain + 128 and
 the top 8 bytes of its account (what the merge's destination test reads)."""
 
-_LOAD_SHARE = 64  # a segment first seen loads this share of the budget, at most
+_LOAD_SHARE = 64  # a segment loads this share of the budget below its floor, at most
+
+LOAD_AFTER_MISSES = 2
+"""Declined scans of a known segment after which the store loads its rows below the
+floor (:meth:`MessageCache.missed`)."""
 
 CHUNK_OVERHEAD = 256
 """Bytes a chunk costs beyond its two buffers (the objects that hold it), rounded up."""
@@ -325,10 +339,11 @@ class _Chunk(_ChunkFields):
 
 
 class _Segment:
-    __slots__ = ("chunks", "datas", "firsts", "floor", "lasts", "nbytes", "offss")
+    __slots__ = ("chunks", "datas", "firsts", "floor", "lasts", "misses", "nbytes", "offss")
 
     def __init__(self, floor: bytes) -> None:
         self.floor = floor  # rows stored above this key are exactly the chunks' rows
+        self.misses = 0  # scans declined since it became known (-1: its load was tried)
         self.chunks: list[_Chunk] = []  # disjoint, ascending
         # In step with ``chunks``: each one's first and last key (for bisection) and its
         # buffers (what a scan hands ChunkRows, as list slices).
@@ -453,21 +468,44 @@ class MessageCache:
 
     @property
     def load_limit(self) -> int:
-        """How many bytes of a segment's newest stored rows the store loads when the
-        segment is first seen (:meth:`establish`): 1/64 of the budget unless given."""
+        """How many bytes of stored rows below a segment's floor the store may load into
+        it (:meth:`missed`, :meth:`extend_down`): 1/64 of the budget unless given."""
         return self._load_limit
 
-    def establish(self, prefix: bytes, floor: bytes | None, rows: Sequence[Row] = ()) -> None:
-        """Start watching a segment: ``rows`` are its stored rows above ``floor``,
-        ascending (its newest rows, read from RocksDB by the store), and ``floor`` is the
-        greatest stored key below them, or the prefix itself when none is. With no
-        ``rows``, ``floor`` is the segment's greatest stored key. With ``floor=None``
-        (RocksDB could not tell) the segment stays unknown. Rows that are not message
-        rows are not cached: the floor is then raised to the greatest of them, so
-        RocksDB serves (and reports) them."""
-        if not self.enabled or floor is None or prefix in self._segments:
+    def establish(self, prefix: bytes, top: bytes | None) -> None:
+        """Start watching a segment whose greatest stored key is ``top`` (the prefix
+        itself when it holds none): no row above it is stored, so none is cached. With
+        ``top=None`` (RocksDB could not tell) the segment stays unknown."""
+        if self.enabled and top is not None and prefix not in self._segments:
+            self._segments[prefix] = _Segment(top)
+
+    def missed(self, prefix: bytes) -> bytes | None:
+        """Count a scan of the known segment ``prefix`` that the cache declined; at the
+        :data:`LOAD_AFTER_MISSES`-th, once in the segment's life, its floor: the store
+        may then read every stored row at or below it and hand them to
+        :meth:`extend_down`. ``None`` otherwise (and when nothing lies below it).
+
+        A restarted collator reads from just past its ``processed_to``, below everything
+        written since the restart, so every such read misses until the readers have
+        caught up; a one-off read (a reopen that reads one message) never loads."""
+        segment = self._segments.get(prefix)
+        if segment is None or segment.misses < 0 or segment.floor == prefix:
+            return None
+        segment.misses += 1
+        if segment.misses < LOAD_AFTER_MISSES:
+            return None
+        segment.misses = -1
+        return segment.floor
+
+    def extend_down(self, prefix: bytes, rows: Sequence[Row]) -> None:
+        """Take ``rows``, every stored row of the known segment ``prefix`` at or below its
+        floor (ascending, read under the same gate): the segment then holds all its rows
+        and its floor is the prefix. Rows that are not message rows, or out of order, or
+        not at or below the floor, change nothing: the segment stays RocksDB's below its
+        floor, which serves (and reports) them."""
+        segment = self._segments.get(prefix)
+        if segment is None:
             return
-        segment = _Segment(floor)
         if rows:
             try:
                 # A chunk keeps no key lengths: a row is split at the key length, so a
@@ -478,11 +516,12 @@ class MessageCache:
                 n, _, ascending = _chunk_check(chunk.data, chunk.offs)
                 if n != len(rows) or not ascending:
                     raise ValueError("rows out of order")
+                if chunk.first <= prefix or chunk.last > segment.floor:
+                    raise ValueError("rows outside the segment's part below its floor")
             except ValueError:
-                segment = _Segment(rows[-1][0])
-            else:
-                self._nbytes += segment.splice(0, 0, [chunk])
-        self._segments[prefix] = segment
+                return
+            self._nbytes += segment.splice(0, 0, [chunk])
+        segment.floor = prefix
         if self._nbytes > self._budget:
             self._evict()
 

@@ -24,7 +24,7 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import chain, filterfalse, islice, takewhile
+from itertools import chain, filterfalse, islice
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NamedTuple, NoReturn, Protocol, cast
@@ -784,13 +784,24 @@ class Store:
         self, lo: bytes, hi: bytes, reader: tuple[int, int, int] | None
     ) -> CursorProtocol | None:
         """After the cache declined ``[lo, hi)``: if it does not know the range's segment
-        yet, it starts watching it here and is asked again. Under the gate."""
+        yet, it starts watching it here; if it does, the segment may load its rows below
+        the floor (:meth:`MessageCache.missed`). Then the cache is asked again. Under the
+        gate."""
         cache = self.cache
         if len(lo) < _SEGMENT:  # not inside one segment: never the cache's
             return None
         prefix = lo[:_SEGMENT]
         if cache.unknown((prefix,)):
             self._establish(prefix)
+            rows = cache.scan(lo, hi, reader)
+            if rows is not None:
+                cache.hits += 1
+                return cast(CursorProtocol, rows)
+        # Declined by a known segment: at its second such scan, its rows below the floor.
+        floor = cache.missed(prefix)
+        below = None if floor is None else self._load_below(prefix, floor)
+        if below is not None:
+            cache.extend_down(prefix, below)
             rows = cache.scan(lo, hi, reader)
             if rows is not None:
                 cache.hits += 1
@@ -861,77 +872,62 @@ class Store:
             self._state = state
 
     def _establish(self, prefix: bytes) -> None:
-        """Start watching the segment ``prefix`` with its newest stored rows, about the
-        cache's :attr:`~MessageCache.load_limit` bytes (whole batches of rows, so a little
-        more), so that reads of recent rows are served from the first one after a reopen
-        (a restarted collator's first reads start below everything written since). A
-        segment within the limit is read forwards, whole (RocksDB steps forwards about
-        three times as fast as backwards); a larger one from its greatest key down, to
-        the limit. Under the gate, so no write lands in between. On a read error the
-        segment stays unknown: RocksDB serves its scans, and reports the damage."""
+        """Start watching the segment ``prefix`` above its greatest stored key. Under
+        the gate. On a read error the segment stays unknown: RocksDB serves its scans,
+        and reports the damage."""
         try:
             end = codec.prefix_end(prefix)
         except ValueError:  # only 0xff bytes: no segment of real keys looks like that
             return
         try:
-            loaded = self._load_whole(prefix, end) or self._load_newest(prefix, end)
-        except Exception:  # a damaged block (a cursor's end check), an I/O error
-            return  # the segment stays RocksDB's, which reports the damage when read
-        floor, rows = loaded
-        self.cache.establish(prefix, floor, rows)
+            top = self._segment_top(prefix, end)
+        except Exception:  # a read error: leave the segment to RocksDB
+            return
+        self.cache.establish(prefix, top)
 
-    def _load_whole(self, prefix: bytes, end: bytes) -> tuple[bytes, list[Row]] | None:
-        """Every stored row of the segment, forwards, if they fit in the load limit
-        (``(prefix, rows)``: nothing lies below them); ``None`` if they do not."""
+    def _segment_top(self, prefix: bytes, end: bytes) -> bytes:
+        """The segment's greatest stored key, or the prefix when it holds none: one
+        reverse seek. Raises on a read error."""
+        ro = ReadOptions()
+        ro.set_iterate_upper_bound(end)  # `end` outlives the iterator (rocksdict's bounds)
+        raw = self._tables[Table.MESSAGES].iter(ro)
+        try:
+            raw.seek_for_prev(end)
+            if raw.valid():
+                key: bytes = raw.key()
+                return key if key >= prefix else prefix
+            raw.status()  # nothing below `end`, or a damaged block?
+            return prefix
+        finally:
+            del raw
+
+    def _load_below(self, prefix: bytes, floor: bytes) -> list[Row] | None:
+        """Every stored row of the segment ``prefix`` at or below ``floor``, read
+        forwards, if they fit in the cache's load limit; ``None`` once they exceed it (a
+        little past it: whole batches) or on a read error (a damaged block: RocksDB
+        reports it when a scan reads it). Under the gate."""
         limit = self.cache.load_limit
         if limit <= 0:
             return None
-        cursor = Cursor(self._tables[Table.MESSAGES], Scan(Table.MESSAGES, prefix, end), self.path)
+        scan = Scan(Table.MESSAGES, prefix, floor + b"\x00")  # just above the floor
+        cursor = Cursor(self._tables[Table.MESSAGES], scan, self.path)
         try:
             items = cursor.items  # checked at their end: a damaged block raises
             rows: list[Row] = []
             size, row_size = 0, 128  # bytes read; a row's guessed size (a small message)
-            while size < limit:
+            while size <= limit:
                 # Batches pulled in C, sized to end near the limit.
                 n = min(1024, (limit - size) // row_size + 1)
                 batch = list(islice(items, n))
                 rows += batch
-                if len(batch) < n:  # the segment ended (and its end was checked)
-                    return prefix, rows
                 batch_size = sum(len(k) + len(v) for k, v in batch)
                 size += batch_size
+                if len(batch) < n:  # the rows ended (and their end was checked)
+                    return rows if size <= limit else None
                 row_size = max(1, batch_size // n)
             return None
-        finally:
-            cursor.close()
-
-    def _load_newest(self, prefix: bytes, end: bytes) -> tuple[bytes, list[Row]]:
-        """The segment's newest rows, from its greatest key down to about the load limit,
-        and the floor below them: the greatest key not loaded (the prefix when none is).
-        With a limit of 0, no rows and the segment's greatest key."""
-        limit = self.cache.load_limit
-        scan = Scan(Table.MESSAGES, prefix, end, reverse=True)
-        cursor = Cursor(self._tables[Table.MESSAGES], scan, self.path)
-        try:
-            items = cursor.items  # newest first, down past the segment (no lower bound)
-            rows: list[Row] = []
-            size, row_size = 0, 128  # bytes loaded; a row's guessed size (a small message)
-            while size < limit:
-                # Batches pulled in C, doubling (the last one reads past the segment's
-                # start), sized to end near the limit.
-                n = min(1024, max(32, len(rows)), (limit - size) // row_size + 1)
-                batch = list(islice(items, n))
-                if not batch or batch[-1][0] < prefix:  # the segment starts in this batch
-                    rows += takewhile(lambda row: row[0] > prefix, batch)
-                    rows.reverse()
-                    return prefix, rows  # the whole segment is loaded
-                rows += batch
-                batch_size = sum(len(k) + len(v) for k, v in batch)
-                size += batch_size
-                row_size = max(1, batch_size // len(batch))
-            below = next(items, None)  # the greatest key not loaded, if any
-            rows.reverse()
-            return (prefix if below is None or below[0] < prefix else below[0]), rows
+        except Exception:
+            return None
         finally:
             cursor.close()
 

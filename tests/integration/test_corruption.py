@@ -231,9 +231,10 @@ def _segment_rows(q: Queue, prefix: bytes) -> list[tuple[bytes, bytes]]:
 def test_the_cache_never_loads_a_segment_from_a_damaged_block(
     intact: tuple[Path, dict[Table, str]], tmp_path: Path
 ) -> None:
-    """A segment first touched after the open loads its newest rows into the cache of
-    fresh rows; a load that meets the damaged block loads nothing, so the read still
-    reports it, and every segment that did load holds exactly the intact rows."""
+    """A segment read below its floor again and again loads its rows below the floor
+    into the cache of fresh rows; a load that meets the damaged block loads nothing, so
+    every read still reports it, and every segment that did load holds exactly the
+    intact rows."""
     path, sst = intact
     copy = tmp_path / "db"
     shutil.copytree(path, copy)
@@ -242,16 +243,13 @@ def test_the_cache_never_loads_a_segment_from_a_damaged_block(
     q = open_queue(copy)
     good = Queue.open(path, quiet_config(message_cache_size=0), read_only=True)
     try:
-        with pytest.raises(CorruptDataError, match="messages"):
-            _iterate(q)
+        for _ in range(4):  # past the reads after which a segment loads
+            with pytest.raises(CorruptDataError, match="messages"):
+                _iterate(q)
         store = q._store  # type: ignore[attr-defined]
         store.cache.check()
         known = store.cache.segments()
-        prefixes = {
-            codec.message_range(0, s, QueueKey.MIN, QueueKey.MAX)[0][: codec.MESSAGE_PREFIX_LEN]
-            for s in SHARDS
-        }
-        assert prefixes - known.keys(), "the damaged segment was taken into the cache"
+        assert known, "the reads established no segment"
         for prefix, (floor, rows) in known.items():
             assert rows == [r for r in _segment_rows(good, prefix) if r[0] > floor]
     finally:

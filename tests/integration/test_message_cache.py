@@ -123,7 +123,7 @@ def test_reads_with_and_without_the_cache_agree(tmp_path: Path, seed: int) -> No
     _random_run(tmp_path / "on", tmp_path / "off", seed, steps=60)
 
 
-def test_fresh_diffs_are_read_from_the_cache_and_a_reopen_loads_the_newest_rows(
+def test_fresh_diffs_are_read_from_the_cache_and_a_restarted_reader_soon_too(
     tmp_path: Path,
 ) -> None:
     queue = Queue.open(tmp_path / "db", quiet_config())
@@ -136,14 +136,18 @@ def test_fresh_diffs_are_read_from_the_cache_and_a_reopen_loads_the_newest_rows(
         queue.close()
         queue = Queue.open(tmp_path / "db", quiet_config())
         chain.queue = queue
-        assert queue.message_cache_stats()["segments"] == 0  # nothing is read at open
-        # The first read (or write) of a segment loads its newest stored rows (here all
-        # of them): a restarted collator's reads come from the cache at once.
-        assert _cursors(queue, 0, whole) == [ChunkRows]
+        # After a reopen the stored rows are RocksDB's; the first read (or write) of the
+        # segment starts watching it above them.
+        assert _cursors(queue, 0, whole) == [Cursor]
         second = chain.apply(shard, [address_in(SHARDS[1], i) for i in range(3)])
         new = [QueueShardRange(shard, second.messages[0].key, QueueKey.MAX)]
-        assert _cursors(queue, 0, whole) == [ChunkRows]
         assert _cursors(queue, 0, new) == [ChunkRows]
+        assert queue.message_cache_stats()["rows"] == len(second.messages)
+        # A reader below the floor (a restarted collator): the first read was the
+        # segment's first declined scan; at the second, it loads its rows below the floor
+        # (they fit) and serves the read.
+        assert _cursors(queue, 0, whole) == [ChunkRows]
+        assert queue.message_cache_stats()["rows"] == len(first.messages) + len(second.messages)
         got = [m.message for m in queue.iterator(0, whole, SHARDS[1])]
         assert got == [*first.messages, *second.messages]
         assert [m.message for m in queue.iterator(0, new, SHARDS[1])] == list(second.messages)
@@ -155,14 +159,14 @@ def test_fresh_diffs_are_read_from_the_cache_and_a_reopen_loads_the_newest_rows(
         queue.iterator(0, whole, SHARDS[1]).close()
         after = queue.message_cache_stats()
         assert (after["hits"], after["misses"]) == (before["hits"] + 3, before["misses"])
-        assert after["rows"] == len(first.messages) + len(second.messages)
         assert after["segments"] == 3  # partition 0 of shards 0 and 2, partition 1 of shard 2
     finally:
         queue.close()
 
 
-def test_a_reopen_loads_at_most_the_load_limit_and_leaves_older_rows_to_rocksdb(
-    tmp_path: Path,
+@pytest.mark.parametrize("fits", [True, False])
+def test_a_segment_loads_its_rows_below_the_floor_only_when_they_fit(
+    tmp_path: Path, fits: bool
 ) -> None:
     queue = Queue.open(tmp_path / "db", quiet_config())
     chain = Chain(queue)
@@ -173,31 +177,34 @@ def test_a_reopen_loads_at_most_the_load_limit_and_leaves_older_rows_to_rocksdb(
         queue.close()
     messages = [m for d in diffs for m in d.messages]
     rows = codec.message_rows(shard, messages, lambda _s, _d: 0)
-    row_size = len(rows[0][0]) + len(rows[0][1])
-    assert all(len(k) + len(v) == row_size for k, v in rows)
-    # A budget whose load limit is 5 rows' bytes: the load stops once it holds at least
-    # that, in whole batches (sized by a guess of 128 bytes a row, then by the rows read).
-    config = quiet_config(message_cache_size=64 * 5 * row_size)
+    size = sum(len(k) + len(v) for k, v in rows)
+    # The load limit is 1/64 of the budget: the segment's size exactly, or a byte less.
+    config = quiet_config(message_cache_size=64 * size + (0 if fits else -64))
     queue = Queue.open(tmp_path / "db", config)
+    chain.queue = queue
     try:
         whole = [QueueShardRange(shard, QueueKey.MIN, QueueKey.MAX)]
-        # The first read establishes the segment; its range starts below what was loaded.
-        assert _cursors(queue, 0, whole) == [Cursor]
         store = queue._store  # type: ignore[attr-defined]
+        assert store.cache.load_limit == (size if fits else size - 1)
+        # The first read establishes the segment above its top (its first declined
+        # scan); the second loads the rows below the floor if they fit, once.
+        assert _cursors(queue, 0, whole) == [Cursor]
+        assert _cursors(queue, 0, whole) == [ChunkRows if fits else Cursor]
+        assert _cursors(queue, 0, whole) == [ChunkRows if fits else Cursor]
         store.cache.check()
         ((floor, cached),) = store.cache.segments().values()
-        n = len(cached)
-        assert 5 <= n <= 7 < len(rows)  # about the limit, not the whole segment
-        assert cached == rows[-n:]  # the newest rows
-        assert floor == rows[-n - 1][0]  # the greatest key not loaded
-        loaded = [QueueShardRange(shard, messages[-n].key, QueueKey.MAX)]
-        assert _cursors(queue, 0, loaded) == [ChunkRows]
-        older = [QueueShardRange(shard, messages[-n - 1].key, QueueKey.MAX)]
-        assert _cursors(queue, 0, older) == [Cursor]
-        for ranges in (whole, loaded, older):
+        if fits:
+            assert (floor, cached) == (codec.message_prefix(0, shard), rows)
+        else:  # still watched above its greatest key: what it stored is RocksDB's
+            assert (floor, cached) == (rows[-1][0], [])
+        more = chain.apply(shard, [address_in(SHARDS[1], 9)])
+        new = [QueueShardRange(shard, more.messages[0].key, QueueKey.MAX)]
+        assert _cursors(queue, 0, new) == [ChunkRows]
+        everything = [*messages, *more.messages]
+        for ranges in (whole, new):
             start = ranges[0].from_key
             assert [m.message for m in queue.iterator(0, ranges, SHARDS[1])] == [
-                m for m in messages if m.key >= start
+                m for m in everything if m.key >= start
             ]
     finally:
         queue.close()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from imq import iterator
 from imq.storage import cache as cache_mod
 from imq.storage import codec
-from imq.storage.cache import MessageCache, Tee
+from imq.storage.cache import LOAD_AFTER_MISSES, MessageCache, Tee
 from imq.types import Address, Message, QueueKey, QueueShardRange, ShardIdent
 
 P = codec.MESSAGE_PREFIX_LEN
@@ -56,20 +56,22 @@ class Stored:
         keys = [k for k in self.rows if k.startswith(pre)]
         return max(keys) if keys else pre
 
-    def load(self, pre: bytes, limit: int) -> tuple[bytes, list[Row]]:
-        """What the store loads when a segment is first seen: its newest rows, from the
-        greatest key down while fewer than ``limit`` bytes are loaded, and the floor."""
-        rows: list[Row] = []
-        size = 0
-        for k, v in reversed(self.scan(pre, codec.prefix_end(pre))):
-            if size >= limit:
-                return k, rows[::-1]
-            rows.append((k, v))
-            size += len(k) + len(v)
-        return pre, rows[::-1]
+    def below(self, pre: bytes, floor: bytes, limit: int) -> list[Row] | None:
+        """What the store loads below a segment's floor: every row at or below it, if
+        they fit in ``limit`` bytes."""
+        rows = [r for r in self.scan(pre, codec.prefix_end(pre)) if r[0] <= floor]
+        return rows if limit > 0 and sum(len(k) + len(v) for k, v in rows) <= limit else None
 
     def establish(self, cache: MessageCache, pre: bytes) -> None:
-        cache.establish(pre, *self.load(pre, cache.load_limit))
+        """A read's first touch: the segment becomes known above its top; then, as the
+        store does at its second declined scan, its rows below the floor when they fit."""
+        cache.establish(pre, self.top(pre))
+        for _ in range(LOAD_AFTER_MISSES):
+            floor = cache.missed(pre)
+        if floor is not None:
+            rows = self.below(pre, floor, cache.load_limit)
+            if rows is not None:
+                cache.extend_down(pre, rows)
 
     def scan(self, lo: bytes, hi: bytes) -> list[Row]:
         return sorted((k, v) for k, v in self.rows.items() if lo <= k < hi)
@@ -102,7 +104,7 @@ def write(cache: MessageCache, stored: Stored, rows: list[Row], deleted: Any = (
     for k, v in rows:
         tee(k, v, None)
     for pre in cache.unknown(kept):
-        stored.establish(cache, pre)
+        cache.establish(pre, stored.top(pre))
     for lo, hi in deleted:
         stored.delete(lo, hi)
     stored.put(rows)
@@ -126,45 +128,57 @@ def test_a_segment_is_known_from_its_first_write_and_caches_it() -> None:
     assert scan(cache, above, codec.message_key(0, s, QueueKey(11, bytes(32)))) == (first[:1], 0)
 
 
-def test_a_segment_first_seen_loads_its_newest_stored_rows_up_to_the_limit() -> None:
+def test_a_segment_missed_twice_loads_its_rows_below_the_floor_once() -> None:
     s = SHARDS[0]
+    pre = prefix(0, s)
     lo, hi = codec.message_range(0, s, QueueKey.MIN, QueueKey.MAX)
     before = [row(0, s, lt) for lt in range(1, 10)]
-    size = sum(map(len, before[0]))
-    for limit, loaded in [(1 << 20, 9), (3 * size, 3), (3 * size - 1, 3), (3 * size + 1, 4)]:
-        cache, stored = MessageCache(1 << 20, P, load_limit=limit), Stored()
-        stored.put(before)
-        first = [row(0, s, lt) for lt in (10, 11)]
-        write(cache, stored, first)
-        floor = prefix(0, s) if loaded == len(before) else before[-loaded - 1][0]
-        assert cache.segments()[prefix(0, s)] == (floor, before[-loaded:] + first)
-        if loaded == len(before):  # the whole segment: every range is the cache's
-            assert scan(cache, lo, hi) == (before + first, 0)
-        else:
-            assert scan(cache, lo, hi) is None
-        cache.check()
+    first = [row(0, s, lt) for lt in (10, 11)]
+    cache, stored = MessageCache(1 << 20, P), Stored()
+    stored.put(before)
+    write(cache, stored, first)  # known above its top: before's rows are RocksDB's
+    assert cache.segments()[pre] == (before[-1][0], first)
+    assert scan(cache, lo, hi) is None
+    assert cache.missed(pre) is None  # the first declined scan: counted
+    assert cache.missed(pre) == before[-1][0]  # the second: load below the floor
+    assert cache.missed(pre) is None  # once in the segment's life
+    cache.extend_down(pre, before)
+    assert cache.segments()[pre] == (pre, before + first)
+    assert scan(cache, lo, hi) == (before + first, 0)
+    assert cache.missed(pre) is None  # nothing lies below any more
+    cache.check()
     assert MessageCache(64 << 20, P).load_limit == 1 << 20  # 1/64 of the budget
+    assert cache.missed(prefix(1, s)) is None  # an unknown segment
 
 
-def test_loaded_rows_that_are_not_message_rows_are_left_to_rocksdb() -> None:
+def test_rows_below_the_floor_that_are_not_message_rows_change_nothing() -> None:
     s = SHARDS[0]
     pre = prefix(0, s)
     good = [row(0, s, lt) for lt in (1, 2, 3)]
     k, v = good[1]
-    for bad in [(k[:-1], b"\x80" + v), (k + b"\x00", v[1:]), (k, v[:20])]:
-        rows = [good[0], bad, good[2]]
-        for candidate in (sorted(rows), [good[2], good[0]]):  # damaged, or out of order
-            cache = MessageCache(1 << 20, P)
-            cache.establish(pre, pre, candidate)
-            assert cache.segments()[pre] == (candidate[-1][0], [])  # the floor: the top
-            cache.check()
+    floor = good[-1][0]
+    above = row(0, s, 4)
+    for bad in [
+        [good[0], (k[:-1], b"\x80" + v), good[2]],  # a key a byte short
+        [good[0], (k + b"\x00", v[1:]), good[2]],  # a byte long
+        [good[0], (k, v[:20]), good[2]],  # a value shorter than its header
+        [good[2], good[0]],  # out of order
+        [*good, above],  # a row above the floor
+        [(pre, v)],  # a row at the prefix itself
+    ]:
+        cache = MessageCache(1 << 20, P)
+        cache.establish(pre, floor)
+        cache.extend_down(pre, bad)
+        assert cache.segments()[pre] == (floor, [])
+        cache.check()
 
 
 def test_a_load_past_the_budget_evicts() -> None:
     s = SHARDS[0]
     rows = [row(0, s, lt) for lt in range(1, 41)]
     cache = MessageCache(10 * 300, P, load_limit=1 << 20)
-    cache.establish(prefix(0, s), prefix(0, s), rows)
+    cache.establish(prefix(0, s), rows[-1][0])
+    cache.extend_down(prefix(0, s), rows)
     cache.check()
     assert cache.nbytes <= 10 * 300
     assert cache.segments()[prefix(0, s)] == (rows[-1][0], [])  # its one chunk dropped
