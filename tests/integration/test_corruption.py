@@ -196,17 +196,25 @@ def test_damaged_sst_never_reads_short(
         assert errors > 0
 
 
+def _open_damaged_messages(
+    intact: tuple[Path, dict[Table, str]], tmp_path: Path, where: float
+) -> Queue:
+    """A copy of the intact database with bytes flipped at ``where`` (a fraction of the
+    file) of the messages table's SST file, opened."""
+    path, sst = intact
+    copy = tmp_path / "db"
+    shutil.copytree(path, copy)
+    file = copy / sst[Table.MESSAGES]
+    _flip(file, int(file.stat().st_size * where))
+    return open_queue(copy)
+
+
 @pytest.mark.parametrize("pure", [False, True], ids=["default", "pure-python"])
 def test_a_damaged_messages_block_stops_the_iterator_with_a_typed_error(
     intact: tuple[Path, dict[Table, str]], tmp_path: Path, pure: bool
 ) -> None:
     """Both decode paths: the merge runs each cursor's end check when its rows run out."""
-    path, sst = intact
-    copy = tmp_path / "db"
-    shutil.copytree(path, copy)
-    file = copy / sst[Table.MESSAGES]
-    _flip(file, file.stat().st_size // 3)
-    q = open_queue(copy)
+    q = _open_damaged_messages(intact, tmp_path, 1 / 3)
     try:
         with (
             iterator_module.pure_python() if pure else contextlib.nullcontext(),
@@ -235,13 +243,8 @@ def test_the_cache_never_loads_a_segment_from_a_damaged_block(
     into the cache of fresh rows; a load that meets the damaged block loads nothing, so
     every read still reports it, and every segment that did load holds exactly the
     intact rows."""
-    path, sst = intact
-    copy = tmp_path / "db"
-    shutil.copytree(path, copy)
-    file = copy / sst[Table.MESSAGES]
-    _flip(file, file.stat().st_size // 2)
-    q = open_queue(copy)
-    good = Queue.open(path, quiet_config(message_cache_size=0), read_only=True)
+    q = _open_damaged_messages(intact, tmp_path, 1 / 2)
+    good = Queue.open(intact[0], quiet_config(message_cache_size=0), read_only=True)
     try:
         for _ in range(4):  # past the reads after which a segment loads
             with pytest.raises(CorruptDataError, match="messages"):
