@@ -35,9 +35,8 @@ go to RocksDB until it had caught up: at the second such declined scan of a segm
 (:meth:`MessageCache.missed`), once, the store reads every stored row at or below the
 floor, forwards, and if they fit in :attr:`MessageCache.load_limit` (1/64 of the budget)
 they join the segment and its floor drops to the prefix (:meth:`MessageCache.extend_down`).
-When the
-cache holds more than its budget, it drops the oldest chunks of its largest segment and
-raises that segment's floor past them. A scan is served from the cache only when it lies
+When the cache holds more than its budget, it drops the oldest chunks of its largest
+segment and raises that segment's floor past them. A scan is served from the cache only when it lies
 inside one known segment, above its floor; any other scan goes to RocksDB. So the cache
 never answers for a row it does not hold, and a damaged table is still read (and
 reported) by RocksDB for every row the cache did not take (a load that meets damage

@@ -853,8 +853,8 @@ class Store:
             self._check_open()
             cache = self.cache
             if txn.kept and not txn.cache_blind:
-                # Segments this batch writes first are established before it (with
-                # their newest stored rows), so the batch's own rows are cached.
+                # Segments this batch writes first: their floor is what is stored before
+                # it, so the batch's own rows are cached.
                 for prefix in cache.unknown(txn.kept):
                     self._establish(prefix)
             try:

@@ -210,6 +210,31 @@ def test_a_segment_loads_its_rows_below_the_floor_only_when_they_fit(
         queue.close()
 
 
+def test_a_load_below_the_floor_reads_every_batch(tmp_path: Path) -> None:
+    """More rows below the floor than one batch of the load (1,024): all are loaded."""
+    queue = Queue.open(tmp_path / "db", quiet_config())
+    chain = Chain(queue)
+    shard = SHARDS[0]
+    try:
+        diffs = [chain.apply(shard, [address_in(SHARDS[1], i % 7) for i in range(600)])]
+        diffs += [chain.apply(shard, [address_in(SHARDS[1], i % 7) for i in range(600)])]
+    finally:
+        queue.close()
+    rows = codec.message_rows(shard, [m for d in diffs for m in d.messages], lambda _s, _d: 0)
+    queue = Queue.open(tmp_path / "db", quiet_config())
+    try:
+        whole = [QueueShardRange(shard, QueueKey.MIN, QueueKey.MAX)]
+        assert _cursors(queue, 0, whole) == [Cursor]
+        assert _cursors(queue, 0, whole) == [ChunkRows]
+        store = queue._store  # type: ignore[attr-defined]
+        store.cache.check()
+        ((floor, cached),) = store.cache.segments().values()
+        assert (floor, len(cached)) == (codec.message_prefix(0, shard), 1200)
+        assert cached == rows
+    finally:
+        queue.close()
+
+
 def test_an_iterator_keeps_its_snapshot_while_gc_and_clear_change_the_cache(
     tmp_path: Path,
 ) -> None:
