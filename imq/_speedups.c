@@ -2209,15 +2209,9 @@ value_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(call_args);
         return obj;
     }
-    PyTupleObject *obj = PyObject_GC_NewVar(PyTupleObject, type, n);
-    if (obj == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyTuple_GET_ITEM(fields, i);
-        Py_INCREF(item);
-        obj->ob_item[i] = item;
-    }
-    return (PyObject *)obj;
+    for (Py_ssize_t i = 0; i < n; i++) /* pack steals them */
+        Py_INCREF(PyTuple_GET_ITEM(fields, i));
+    return pack(type, 1, ((PyTupleObject *)fields)->ob_item, n);
 }
 
 static PyMethodDef methods[] = {

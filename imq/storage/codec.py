@@ -525,19 +525,6 @@ def diff_info_value(info: DiffInfo, partitions: Mapping[int, int]) -> bytes:
     )
 
 
-_SHARD_BYTES: dict[ShardIdent, bytes] = {}  # shard_bytes of the shards records name
-_SHARD_BYTES_LIMIT = 4096
-
-
-def _cached_shard_bytes(shard: ShardIdent) -> bytes:
-    found = _SHARD_BYTES.get(shard)
-    if found is None:
-        if len(_SHARD_BYTES) >= _SHARD_BYTES_LIMIT:
-            _SHARD_BYTES.clear()
-        found = _SHARD_BYTES[shard] = shard_bytes(shard)
-    return found
-
-
 def diff_record_value(  # noqa: PLR0917 - one argument per field of the record
     min_message: QueueKey,
     max_message: QueueKey,
@@ -551,19 +538,18 @@ def diff_record_value(  # noqa: PLR0917 - one argument per field of the record
     partitions: Mapping[int, int],
 ) -> bytes:
     """:func:`diff_info_value` of the fields of a :class:`DiffInfo`, without building one
-    (the apply path, whose fields are checked already). A collator's diff names every
-    shard in ``processed_to``: their 12 bytes come from a small cache."""
-    shard = _cached_shard_bytes
+    (the apply path, whose fields are checked already)."""
     return bytes(
         _pack(
             [
                 _RECORD_VERSION,
-                min_message[0].to_bytes(8, "big") + min_message[1],
-                max_message[0].to_bytes(8, "big") + max_message[1],
-                [[shard(s), c] for s, c in sorted(shards_messages_count.items())],
+                key_bytes(min_message),
+                key_bytes(max_message),
+                [[shard_bytes(s), c] for s, c in sorted(shards_messages_count.items())],
                 diff_hash,
+                # key_bytes inlined: a collator's diff names every shard here
                 [
-                    [shard(s), k[0].to_bytes(8, "big") + k[1]]
+                    [shard_bytes(s), k[0].to_bytes(8, "big") + k[1]]
                     for s, k in sorted(processed_to.items())
                 ],
                 _router_rows(router_src),

@@ -211,8 +211,8 @@ class MemoryStore:
 
     def _cursor(self, scan: Scan) -> MemoryCursor:
         keys = self._keys(scan.table)
-        if scan.seekable:
-            return MemoryCursor([], list(keys), (scan.lo, scan.hi))
+        if scan.seekable:  # the sorted keys are replaced on a write, never changed: shared
+            return MemoryCursor([], keys, (scan.lo, scan.hi))
         start = bisect.bisect_left(keys, scan.lo)
         end = len(keys) if scan.hi is None else bisect.bisect_left(keys, scan.hi)
         if scan.reverse and scan.hi is None:

@@ -52,7 +52,7 @@ from imq.errors import (
 )
 from imq.storage import codec
 from imq.storage.backend import CursorProtocol, TransactionProtocol
-from imq.storage.cache import MessageCache, Tee
+from imq.storage.cache import MessageCache, Row, Tee
 from imq.storage.queue_state import QueueState, StateUpdate
 from imq.storage.tables import TABLES, StoreOptions, Table, table_options
 
@@ -68,7 +68,6 @@ __all__ = [
 
 LOCK_FILE = "imq.lock"
 _SEGMENT = codec.MESSAGE_PREFIX_LEN  # a message key's (partition, source shard) prefix
-Row = tuple[bytes, bytes]
 
 
 class Closable(Protocol):
@@ -888,18 +887,12 @@ class Store:
     def _segment_top(self, prefix: bytes, end: bytes) -> bytes:
         """The segment's greatest stored key, or the prefix when it holds none: one
         reverse seek. Raises on a read error."""
-        ro = ReadOptions()
-        ro.set_iterate_upper_bound(end)  # `end` outlives the iterator (rocksdict's bounds)
-        raw = self._tables[Table.MESSAGES].iter(ro)
+        scan = Scan(Table.MESSAGES, prefix, end, seekable=True)
+        cursor = Cursor(self._tables[Table.MESSAGES], scan, self.path)
         try:
-            raw.seek_for_prev(end)
-            if raw.valid():
-                key: bytes = raw.key()
-                return key if key >= prefix else prefix
-            raw.status()  # nothing below `end`, or a damaged block?
-            return prefix
+            return cursor.last() or prefix
         finally:
-            del raw
+            cursor.close()
 
     def _load_below(self, prefix: bytes, floor: bytes) -> list[Row] | None:
         """Every stored row of the segment ``prefix`` at or below ``floor``, read
