@@ -1958,6 +1958,140 @@ cache_scan(PyObject *self, PyObject *args)
 }
 
 /*
+ * message_bounds(partition, ranges) -> [(lo, hi)]
+ *
+ * codec.message_range of each QueueShardRange (its shard, from_key and to_key), hi
+ * raised to lo when below it (an empty range): the stored-key bounds of the merge
+ * iterator's scans, one per source shard.
+ */
+static PyObject *s_shard, *s_from_key, *s_to_key;
+
+/* The 40 bytes of a QueueKey (lt u64 big-endian, hash); 0, or -1 with an exception. */
+static int
+put_queue_key(unsigned char *out, PyObject *qk)
+{
+    if (!PyTuple_Check(qk) || PyTuple_GET_SIZE(qk) != 2) {
+        PyErr_SetString(PyExc_TypeError, "a range's bounds must be QueueKey values");
+        return -1;
+    }
+    unsigned long long lt = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(qk, 0));
+    if (lt == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    PyObject *hash = PyTuple_GET_ITEM(qk, 1);
+    if (!PyBytes_Check(hash) || PyBytes_GET_SIZE(hash) != HASH_LEN) {
+        PyErr_SetString(PyExc_ValueError, "a queue key's hash must be 32 bytes");
+        return -1;
+    }
+    for (int i = 0; i < LT_LEN; i++)
+        out[i] = (unsigned char)(lt >> (56 - 8 * i));
+    memcpy(out + LT_LEN, PyBytes_AS_STRING(hash), HASH_LEN);
+    return 0;
+}
+
+/* One range's (lo, hi), a new reference, or NULL with an exception. */
+static PyObject *
+range_bounds(unsigned int partition, PyObject *r)
+{
+    unsigned char lo[KEY_LEN], hi[KEY_LEN];
+    PyObject *shard = PyObject_GetAttr(r, s_shard);
+    if (shard == NULL)
+        return NULL;
+    if (!PyTuple_Check(shard) || PyTuple_GET_SIZE(shard) != 2) {
+        Py_DECREF(shard);
+        PyErr_SetString(PyExc_TypeError, "a range's shard must be a ShardIdent");
+        return NULL;
+    }
+    long long wc = PyLong_AsLongLong(PyTuple_GET_ITEM(shard, 0));
+    unsigned long long prefix = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shard, 1));
+    Py_DECREF(shard);
+    if (PyErr_Occurred())
+        return NULL;
+    if (wc < -2147483648LL || wc > 2147483647LL) {
+        PyErr_SetString(PyExc_ValueError, "a shard's workchain must be an i32");
+        return NULL;
+    }
+    unsigned long long uwc = (unsigned long long)(wc + 2147483648LL); /* codec._I32_OFFSET */
+    lo[0] = (unsigned char)(partition >> 8);
+    lo[1] = (unsigned char)partition;
+    for (int i = 0; i < 4; i++)
+        lo[2 + i] = (unsigned char)(uwc >> (24 - 8 * i));
+    for (int i = 0; i < 8; i++)
+        lo[6 + i] = (unsigned char)(prefix >> (56 - 8 * i));
+    memcpy(hi, lo, QK_AT);
+    PyObject *from_key = PyObject_GetAttr(r, s_from_key);
+    if (from_key == NULL)
+        return NULL;
+    int failed = put_queue_key(lo + QK_AT, from_key);
+    Py_DECREF(from_key);
+    if (failed < 0)
+        return NULL;
+    PyObject *to_key = PyObject_GetAttr(r, s_to_key);
+    if (to_key == NULL)
+        return NULL;
+    failed = put_queue_key(hi + QK_AT, to_key);
+    Py_DECREF(to_key);
+    if (failed < 0)
+        return NULL;
+    PyObject *lo_b = PyBytes_FromStringAndSize((const char *)lo, KEY_LEN);
+    if (lo_b == NULL)
+        return NULL;
+    PyObject *hi_b;
+    if (memcmp(hi, lo, KEY_LEN) > 0) {
+        hi_b = PyBytes_FromStringAndSize((const char *)hi, KEY_LEN);
+        if (hi_b == NULL) {
+            Py_DECREF(lo_b);
+            return NULL;
+        }
+    }
+    else {
+        Py_INCREF(lo_b);
+        hi_b = lo_b;
+    }
+    PyObject *pair = PyTuple_New(2);
+    if (pair == NULL) {
+        Py_DECREF(lo_b);
+        Py_DECREF(hi_b);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(pair, 0, lo_b);
+    PyTuple_SET_ITEM(pair, 1, hi_b);
+    return pair;
+}
+
+static PyObject *
+message_bounds(PyObject *self, PyObject *args)
+{
+    int partition;
+    PyObject *ranges;
+    if (!PyArg_ParseTuple(args, "iO:message_bounds", &partition, &ranges))
+        return NULL;
+    if (partition < 0 || partition > 0xffff) {
+        PyErr_SetString(PyExc_ValueError, "a partition must be a u16");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(ranges, "ranges must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pair = range_bounds((unsigned int)partition, PySequence_Fast_GET_ITEM(seq, i));
+        if (pair == NULL) {
+            Py_DECREF(seq);
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, pair);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+/*
  * Tee(put, segments, prefix_len): a put(key, value, target) for the write path's hot
  * loops (put_rows, encode_diff, the pure-Python encoders) that calls put(key, value,
  * target) and then keeps the row in the chunk of its segment: segments[key[:prefix_len]]
@@ -2235,6 +2369,8 @@ static PyMethodDef methods[] = {
     {"chunk_bisect", chunk_bisect, METH_VARARGS, "chunk_bisect(data, offs, key) -> int"},
     {"cache_scan", cache_scan, METH_VARARGS,
      "cache_scan(segments, prefix_len, bounds, reader) -> list[ChunkRows | None]"},
+    {"message_bounds", message_bounds, METH_VARARGS,
+     "message_bounds(partition, ranges) -> [(lo, hi)]: the merge iterator's scan bounds"},
     {"value_new", (PyCFunction)(void (*)(void))value_new, METH_FASTCALL,
      "value_new(cls, fields) -> tuple.__new__(cls, fields), untracked by the cyclic GC when"
      " it can never be in a reference cycle"},
@@ -2253,7 +2389,10 @@ PyInit__speedups(void)
 {
     if (PyType_Ready(&TeeType) < 0 || PyType_Ready(&ChunkRowsType) < 0)
         return NULL;
-    if ((s_floor = PyUnicode_InternFromString("floor")) == NULL ||
+    if ((s_shard = PyUnicode_InternFromString("shard")) == NULL ||
+        (s_from_key = PyUnicode_InternFromString("from_key")) == NULL ||
+        (s_to_key = PyUnicode_InternFromString("to_key")) == NULL ||
+        (s_floor = PyUnicode_InternFromString("floor")) == NULL ||
         (s_firsts = PyUnicode_InternFromString("firsts")) == NULL ||
         (s_lasts = PyUnicode_InternFromString("lasts")) == NULL ||
         (s_datas = PyUnicode_InternFromString("datas")) == NULL ||

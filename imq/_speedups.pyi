@@ -1,6 +1,7 @@
+from collections.abc import Sequence
 from typing import TypeVar
 
-from imq.types import Address, IteratedMessage, Message, QueueKey, ShardIdent
+from imq.types import Address, IteratedMessage, Message, QueueKey, QueueShardRange, ShardIdent
 
 _T = TypeVar("_T", bound=tuple[object, ...])
 
@@ -57,4 +58,7 @@ class Tee:
     ) -> None: ...
     def __call__(self, key: bytes, value: bytes, target: object, /) -> None: ...
 
+def message_bounds(
+    partition: int, ranges: Sequence[QueueShardRange], /
+) -> list[tuple[bytes, bytes]]: ...
 def value_new(cls: type[_T], fields: tuple[object, ...], /) -> _T: ...

@@ -103,8 +103,7 @@ class QueueIterator(chain[IteratedMessage]):
 
     _snap: Snapshot
     _shards: list[ShardIdent]
-    # Per source, the last stored key consumed before the current batch (a decoded key
-    # once a close kept what the consumer took of a batch: see _stop_run)
+    # Per source, the last stored key consumed before the current batch
     _positions: list[bytes | QueueKey | None]
     _for_shard: ShardIdent
     _on_done: Callable[[int, int], None] | None
@@ -114,6 +113,10 @@ class QueueIterator(chain[IteratedMessage]):
     # The batch the consumer is inside: (the batch, its list iterator, the merge's skip
     # records; see current_position)
     _run: tuple[list[IteratedMessage], Iterator[IteratedMessage], list[Any]] | None
+    # What the consumer took of the batch it was inside when the iterator closed, and that
+    # batch's skip records: replayed onto _positions only if current_position() asks
+    # (a bounded read closes inside a batch every time; few ask where it stopped)
+    _kept: tuple[list[IteratedMessage], list[Any]] | None
     _producer: Generator[Iterator[IteratedMessage], None, None]
 
     def __new__(
@@ -141,6 +144,7 @@ class QueueIterator(chain[IteratedMessage]):
         self._finish = [c.finish for c in snap.cursors]
         self._closed_by_queue = False
         self._run = None
+        self._kept = None
         self._producer = producer
         return self
 
@@ -166,21 +170,35 @@ class QueueIterator(chain[IteratedMessage]):
 
     def _consumed(self) -> list[bytes | QueueKey | None]:
         """Per source, the last key consumed (a stored key or a decoded one): the positions
-        before the batch the consumer is inside, plus what it took of that batch."""
+        before the batch the consumer is (or was, when closed) inside, plus what it took
+        of that batch."""
         positions: list[bytes | QueueKey | None] = list(self._positions)
         if self._run is not None:  # inside a batch: replay what the consumer took of it
             batch, run, records = self._run
-            taken = len(batch) - operator.length_hint(run)
-            index = {shard: i for i, shard in enumerate(self._shards)}
-            pending = iter(records)  # (j, source, key): a skip just before message j
-            record = next(pending, None)
-            for j in range(taken):
-                while record is not None and record[0] <= j:
-                    positions[record[1]] = record[2]
-                    record = next(pending, None)
-                message = batch[j]
-                positions[index[message[0]]] = message[1][0]
+            self._replay(positions, batch, len(batch) - operator.length_hint(run), records)
+        elif self._kept is not None:  # closed inside a batch
+            taken, records = self._kept
+            self._replay(positions, taken, len(taken), records)
         return positions
+
+    def _replay(
+        self,
+        positions: list[bytes | QueueKey | None],
+        batch: list[IteratedMessage],
+        taken: int,
+        records: list[Any],
+    ) -> None:
+        """Move ``positions`` past the first ``taken`` messages of ``batch`` and the skips
+        ``records`` places before them."""
+        index = {shard: i for i, shard in enumerate(self._shards)}
+        pending = iter(records)  # (j, source, key): a skip just before message j
+        record = next(pending, None)
+        for j in range(taken):
+            while record is not None and record[0] <= j:
+                positions[record[1]] = record[2]
+                record = next(pending, None)
+            message = batch[j]
+            positions[index[message[0]]] = message[1][0]
 
     def close(self) -> None:
         """Release the cursors; the iterator is then exhausted."""
@@ -202,13 +220,15 @@ class QueueIterator(chain[IteratedMessage]):
 
     def _stop_run(self) -> None:
         # The chain holds the current batch's list iterator: emptying the list ends it now.
-        # What the consumer took of the batch is kept first: current_position() counts the
-        # taken part of a batch from the batch's length, which emptying it sets to zero.
+        # What the consumer took of the batch is kept first (a copy of that part; the
+        # replay waits for a current_position() call): current_position() counts the
+        # taken part of a live batch from the batch's length, which emptying it zeroes.
         run = self._run
         if run is not None:
-            self._positions[:] = self._consumed()
+            batch, it, records = run
+            self._kept = (batch[: len(batch) - operator.length_hint(it)], records)
             self._run = None
-            run[0].clear()
+            batch.clear()
 
     def _release(self, replacement: Iterator[Any]) -> None:
         # The merge reads ``self._sources[idx]`` afresh for every batch, so swapping the

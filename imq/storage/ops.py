@@ -453,12 +453,7 @@ def open_messages(
     """A snapshot whose cursors are the messages of ``partition`` in each of ``ranges``,
     one per range and in order: the sources :class:`imq.iterator.QueueIterator` merges
     (``reader``: its destination test, see :meth:`Store.message_snapshot`)."""
-    bounds = []
-    message_range = codec.message_range
-    for r in ranges:
-        lo, hi = message_range(partition, r.shard, r.from_key, r.to_key)
-        bounds.append((lo, hi if hi > lo else lo))
-    return store.message_snapshot(bounds, reader)
+    return store.message_snapshot(codec.message_bounds(partition, ranges), reader)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -317,6 +317,44 @@ def test_stat_value_compiled_equals_pure_python(counts: dict[Address, int]) -> N
     assert codec.stat_value(counts) == codec._stat_value_py(counts)
 
 
+@st.composite
+def shard_ranges(draw: st.DrawFn) -> list[QueueShardRange]:
+    """Ranges over shards of the extreme workchains, empty and inverted ones too."""
+    keys = st.builds(
+        QueueKey, st.integers(0, 2**64 - 1), st.binary(min_size=32, max_size=32)
+    ) | st.sampled_from([QueueKey.MIN, QueueKey.MAX])
+    ranges = []
+    for workchain in draw(st.lists(st.sampled_from([-(2**31), -1, 0, 1, 2**31 - 1]), max_size=5)):
+        bits = 0 if workchain == -1 else draw(st.integers(0, 60))  # the masterchain is whole
+        prefix = draw(st.integers(0, 2**bits - 1)) if bits else 0
+        shard = ShardIdent(workchain, (prefix << (64 - bits)) | (1 << (63 - bits)))
+        ranges.append(QueueShardRange(shard, draw(keys), draw(keys)))
+    return ranges
+
+
+@given(st.integers(0, 0xFFFF), shard_ranges())
+def test_message_bounds_compiled_equals_pure_python(
+    partition: int, ranges: list[QueueShardRange]
+) -> None:
+    bounds = codec.message_bounds(partition, ranges)
+    assert codec._c_message_bounds is not None
+    assert bounds == codec._message_bounds_py(partition, ranges)
+    for (lo, hi), r in zip(bounds, ranges, strict=True):
+        assert lo == codec.message_key(partition, r.shard, r.from_key)
+        assert hi == max(lo, codec.message_key(partition, r.shard, r.to_key))
+
+
+def test_message_bounds_refuses_what_is_not_a_range() -> None:
+    good = QueueShardRange(SHARD, QueueKey.MIN, QueueKey.MAX)
+    assert codec._c_message_bounds is not None
+    with pytest.raises(ValueError, match="u16"):
+        codec._c_message_bounds(0x10000, [good])
+    with pytest.raises(AttributeError):
+        codec._c_message_bounds(0, [good, (SHARD, QueueKey.MIN, QueueKey.MAX)])
+    with pytest.raises(TypeError, match="sequence"):
+        codec._c_message_bounds(0, 5)
+
+
 @given(
     st.lists(
         st.tuples(st.integers(0, 2), st.integers(0, 2), st.binary(max_size=20)),
