@@ -17,7 +17,7 @@ from imq.config import QueueConfig
 from imq.observability import configure_for_cli
 from imq.sim import SimConfig, SimQueue, SimResult, Simulation
 from imq.sim.child import ChildQueue
-from imq.sim.engine import Opener, default_opener
+from imq.sim.engine import Opener, default_opener, frozen_startup_heap
 from imq.sim.report import PlotUnavailableError, table, write_json, write_plot
 from imq.testing.record import OpLog, RecordingQueue
 
@@ -144,7 +144,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             log = OpLog(stack.enter_context(args.record.open("w", encoding="utf-8")))
         sim = _build(config, args, progress, log)
         try:
-            result = sim.run()
+            with frozen_startup_heap():  # this command is the host process
+                result = sim.run()
         finally:
             progress.close()
     print(result.verdict(), file=out)

@@ -191,3 +191,29 @@ def test_a_node_that_stores_other_messages_is_reported_before_the_drain(tmp_path
     result = _run_with_a_bad_follower(tmp_path, altered)
     assert not result.verified
     assert any("(before the drain)" in d for d in result.disagreements), result.disagreements
+
+
+def test_the_command_freezes_the_start_up_heap_only_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``imq simulate`` (the host process) keeps its start-up objects out of the cyclic
+    GC's full passes during the run, and gives them back after, even when the run fails."""
+    import gc
+
+    from imq.sim.engine import frozen_startup_heap
+
+    seen: list[int] = []
+    run = Simulation.run
+
+    def watched(self: Simulation) -> Any:
+        seen.append(gc.get_freeze_count())
+        return run(self)
+
+    monkeypatch.setattr(Simulation, "run", watched)
+    before = gc.get_freeze_count()
+    assert main(["simulate", "--dir", str(tmp_path), "--rounds", "3", "--no-plot"]) == 0
+    assert seen and seen[0] > before + 1000  # the imports' objects, at least
+    assert gc.get_freeze_count() == before
+    with pytest.raises(RuntimeError), frozen_startup_heap():
+        raise RuntimeError("a failed run")
+    assert gc.get_freeze_count() == before
