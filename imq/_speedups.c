@@ -147,21 +147,12 @@ memo_address(AddrMemo *memo, int role, const unsigned char *raw)
     return addr;
 }
 
-/* One row -> IteratedMessage, or NULL with an exception set. */
+/* One checked row (a KEY_LEN key, a value of vlen >= HEADER_LEN bytes, in memory that
+ * stays put meanwhile) -> IteratedMessage, or NULL with an exception set. */
 static PyObject *
-decode_row(PyObject *shard, PyObject *key_obj, PyObject *value_obj, AddrMemo *memo)
+decode_at(PyObject *shard, const unsigned char *k, const unsigned char *v, Py_ssize_t vlen,
+          AddrMemo *memo)
 {
-    if (!PyBytes_Check(key_obj) || !PyBytes_Check(value_obj)) {
-        PyErr_SetString(PyExc_TypeError, "message rows must be bytes");
-        return NULL;
-    }
-    Py_ssize_t vlen = PyBytes_GET_SIZE(value_obj);
-    if (PyBytes_GET_SIZE(key_obj) != KEY_LEN || vlen < HEADER_LEN) {
-        PyErr_SetString(PyExc_ValueError, "message row too short");
-        return NULL;
-    }
-    const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(key_obj);
-    const unsigned char *v = (const unsigned char *)PyBytes_AS_STRING(value_obj);
     PyObject *fields[4];
     fields[0] = make_key(k);
     fields[1] = memo_address(memo, 0, v + ADDR_LEN);
@@ -179,6 +170,23 @@ decode_row(PyObject *shard, PyObject *key_obj, PyObject *value_obj, AddrMemo *me
     Py_INCREF(shard);
     item[0] = shard;
     return pack(t_iterated, plain_iterated, item, 2);
+}
+
+/* One row -> IteratedMessage, or NULL with an exception set. */
+static PyObject *
+decode_row(PyObject *shard, PyObject *key_obj, PyObject *value_obj, AddrMemo *memo)
+{
+    if (!PyBytes_Check(key_obj) || !PyBytes_Check(value_obj)) {
+        PyErr_SetString(PyExc_TypeError, "message rows must be bytes");
+        return NULL;
+    }
+    Py_ssize_t vlen = PyBytes_GET_SIZE(value_obj);
+    if (PyBytes_GET_SIZE(key_obj) != KEY_LEN || vlen < HEADER_LEN) {
+        PyErr_SetString(PyExc_ValueError, "message row too short");
+        return NULL;
+    }
+    return decode_at(shard, (const unsigned char *)PyBytes_AS_STRING(key_obj),
+                     (const unsigned char *)PyBytes_AS_STRING(value_obj), vlen, memo);
 }
 
 static PyObject *
@@ -231,19 +239,6 @@ row_error(PyObject *exc, const char *what, PyObject *key)
         Py_DECREF(args);
     }
     return NULL;
-}
-
-/* decode_row, with a malformed row reported as ValueError(what, key). */
-static PyObject *
-decode_checked(PyObject *shard, PyObject *k, PyObject *v, AddrMemo *memo)
-{
-    PyObject *item = decode_row(shard, k, v, memo);
-    if (item == NULL &&
-        (PyErr_ExceptionMatches(PyExc_ValueError) || PyErr_ExceptionMatches(PyExc_TypeError))) {
-        PyErr_Clear();
-        row_error(PyExc_ValueError, "undecodable message row", k);
-    }
-    return item;
 }
 
 /* Whether a message row's value names a destination in the iterator's shard. */
@@ -336,14 +331,79 @@ append_index(PyObject *ended, Py_ssize_t idx)
     return rc;
 }
 
-/* After a refill of source `idx`: its new pending row (stolen) goes to heads[idx], or,
- * with none (`head` NULL: its rows ran out), `idx` is appended to `ended`. */
+/* A source's pending accepted row inside merge_fill: a (key, value) tuple of a generic
+ * source (owned), or a row read in place from a cached chunk (row NULL; k and v point into
+ * the chunk, whose data merge_fill keeps alive). */
+typedef struct {
+    PyObject *row;
+    const unsigned char *k, *v;
+    Py_ssize_t vlen;
+    int has;
+} Head;
+
+/* The cache's rows, read in place (defined with ChunkRows below). */
+static PyTypeObject ChunkRowsType;
+static PyObject *chunk_source_data(PyObject *source, long wc_byte, long prefix_len,
+                                   unsigned long long want);
+static int chunk_refill(PyObject *source, Py_ssize_t *skipped, Head *head,
+                        const unsigned char **last_skip);
+
+/* refill() of source `idx` into heads[idx] and a skipped key: a new reference (generic
+ * sources) or a pointer into a chunk (*skip_at). 0, or -1 with an exception. */
 static int
-place_head(PyObject *heads, PyObject *ended, Py_ssize_t idx, PyObject *head)
+refill_head(PyObject *source, int in_place, long wc_byte, long prefix_len, int shift,
+            unsigned long long want, Py_ssize_t *skipped, Head *head, PyObject **last_skip,
+            const unsigned char **skip_at)
 {
-    if (head != NULL)
-        return PyList_SetItem(heads, idx, head); /* steals */
-    return append_index(ended, idx);
+    *last_skip = NULL;
+    *skip_at = NULL;
+    if (in_place)
+        return chunk_refill(source, skipped, head, skip_at);
+    PyObject *row;
+    if (refill(source, wc_byte, prefix_len, shift, want, skipped, &row, last_skip) < 0)
+        return -1;
+    head->has = row != NULL;
+    head->row = row;
+    if (row != NULL) {
+        PyObject *v = PyTuple_GET_ITEM(row, 1);
+        head->k = (const unsigned char *)PyBytes_AS_STRING(PyTuple_GET_ITEM(row, 0));
+        head->v = (const unsigned char *)PyBytes_AS_STRING(v);
+        head->vlen = PyBytes_GET_SIZE(v);
+    }
+    return 0;
+}
+
+/* The skipped key of a refill, given as an object (its reference passes on) or as a
+ * pointer into a chunk (built here): a new reference, or NULL with an exception. */
+static PyObject *
+skip_key(PyObject *last_skip, const unsigned char *skip_at)
+{
+    if (last_skip != NULL)
+        return last_skip; /* the reference passes on */
+    return PyBytes_FromStringAndSize((const char *)skip_at, KEY_LEN);
+}
+
+/* The pending row of a head as a (key, value) tuple, a new reference (the head gives up
+ * its own), or NULL with an exception. */
+static PyObject *
+head_row(Head *head)
+{
+    if (head->row != NULL) {
+        PyObject *row = head->row;
+        head->row = NULL;
+        return row;
+    }
+    PyObject *k = PyBytes_FromStringAndSize((const char *)head->k, KEY_LEN);
+    PyObject *v = k == NULL ? NULL : PyBytes_FromStringAndSize((const char *)head->v, head->vlen);
+    PyObject *row = v == NULL ? NULL : PyTuple_New(2);
+    if (row == NULL) {
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(row, 0, k);
+    PyTuple_SET_ITEM(row, 1, v);
+    return row;
 }
 
 /*
@@ -378,6 +438,10 @@ place_head(PyObject *heads, PyObject *ended, Py_ssize_t idx, PyObject *head)
  *
  * An empty batch means that every source has run out. Each source takes at most one
  * comparison per message against each other pending row, in place (no key slicing).
+ * A source that is the cache's filtered ChunkRows is read in place: its rows are compared
+ * and decoded where the chunk holds them, with no (key, value) objects, and a skipped
+ * row's key is built only where a position needs it (the same messages, positions and
+ * counts as pulling its rows; a pending row left at the end of the call is built then).
  * Errors: ValueError/TypeError with args (what, key) for a malformed row.
  */
 static PyObject *
@@ -424,10 +488,47 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         limit = 1;
     int shift = (int)(64 - prefix_len);
 
-    PyObject *batch = PyList_New(limit), *records = PyList_New(0), *ended = PyList_New(0);
-    PyObject *final = PyList_GetSlice(positions, 0, n), *need_out = NULL;
+    /* Per source: its pending row, and, for a source read in place, its chunks' data
+     * (a reference held for the call, so that every pointer into them stays valid). */
+    Head *hs = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Head));
+    PyObject **kept = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
+    /* Per source, the last key read when a streak of it ended (lastkeys[i] and final[i]
+     * at the end of the call): an object (owned), or a pointer into a chunk, built once
+     * at the end however many of its streaks ended in this call. */
+    PyObject **last_obj = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
+    const unsigned char **last_at = PyMem_Calloc((size_t)(n ? n : 1), sizeof(char *));
+    PyObject *batch = NULL, *records = NULL, *ended = NULL, *final = NULL, *need_out = NULL;
     AddrMemo memo = {{{0}}, {NULL, NULL}};
     Py_ssize_t skipped = 0, count = 0;
+    if (hs == NULL || kept == NULL || last_obj == NULL || last_at == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        /* NULL: a generic source */
+        kept[i] = chunk_source_data(PyList_GET_ITEM(sources, i), wc_byte, prefix_len, want);
+        PyObject *head = PyList_GET_ITEM(heads, i);
+        if (head == Py_None)
+            continue;
+        if (!PyTuple_CheckExact(head) || PyTuple_GET_SIZE(head) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(head, 0)) ||
+            !PyBytes_Check(PyTuple_GET_ITEM(head, 1)) ||
+            PyBytes_GET_SIZE(PyTuple_GET_ITEM(head, 0)) != KEY_LEN ||
+            PyBytes_GET_SIZE(PyTuple_GET_ITEM(head, 1)) < HEADER_LEN) {
+            PyErr_SetString(PyExc_TypeError, "heads must hold message rows or None");
+            goto fail;
+        }
+        Py_INCREF(head);
+        hs[i].row = head;
+        hs[i].has = 1;
+        hs[i].k = (const unsigned char *)PyBytes_AS_STRING(PyTuple_GET_ITEM(head, 0));
+        hs[i].v = (const unsigned char *)PyBytes_AS_STRING(PyTuple_GET_ITEM(head, 1));
+        hs[i].vlen = PyBytes_GET_SIZE(PyTuple_GET_ITEM(head, 1));
+    }
+    batch = PyList_New(limit);
+    records = PyList_New(0);
+    ended = PyList_New(0);
+    final = PyList_GetSlice(positions, 0, n);
     if (batch == NULL || records == NULL || ended == NULL || final == NULL)
         goto fail;
     Py_SET_SIZE(batch, 0); /* the filled prefix: what a failure must release */
@@ -441,22 +542,26 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_IndexError, "need names no source");
             goto fail;
         }
-        if (PyList_GET_ITEM(heads, idx) != Py_None)
+        if (hs[idx].has)
             continue;
-        PyObject *head, *last_skip;
-        if (refill(PyList_GET_ITEM(sources, idx), wc_byte, prefix_len, shift, want, &skipped,
-                   &head, &last_skip) < 0)
+        PyObject *last_skip;
+        const unsigned char *skip_at;
+        if (refill_head(PyList_GET_ITEM(sources, idx), kept[idx] != NULL, wc_byte, prefix_len,
+                        shift, want, &skipped, &hs[idx], &last_skip, &skip_at) < 0)
             goto fail;
-        if (place_head(heads, ended, idx, head) < 0) {
+        if (!hs[idx].has && append_index(ended, idx) < 0) {
             Py_XDECREF(last_skip);
             goto fail;
         }
-        if (last_skip != NULL) {
-            Py_INCREF(last_skip);
-            PyList_SetItem(lastkeys, idx, last_skip);
-            Py_INCREF(last_skip);
-            PyList_SetItem(final, idx, last_skip);
-            PyList_SetItem(positions, idx, last_skip); /* steals */
+        if (last_skip != NULL || skip_at != NULL) {
+            PyObject *key = skip_key(last_skip, skip_at);
+            if (key == NULL)
+                goto fail;
+            Py_INCREF(key);
+            PyList_SetItem(lastkeys, idx, key);
+            Py_INCREF(key);
+            PyList_SetItem(final, idx, key);
+            PyList_SetItem(positions, idx, key); /* steals */
         }
     }
     for (;;) {
@@ -464,18 +569,17 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
          * source's rows are taken without a new scan while they stay below it (a block's
          * messages follow one another until another source's block interleaves). */
         Py_ssize_t best = -1, second = -1;
-        PyObject *best_key = NULL, *second_key = NULL;
+        const unsigned char *best_key = NULL, *second_key = NULL;
         for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *head = PyList_GET_ITEM(heads, i);
-            if (head == Py_None)
+            if (!hs[i].has)
                 continue;
-            PyObject *k = PyTuple_GET_ITEM(head, 0);
-            if (best < 0 || cmp_queue_keys(k, best_key) < 0) {
+            const unsigned char *k = hs[i].k;
+            if (best < 0 || memcmp(k + QK_AT, best_key + QK_AT, KEY_LEN - QK_AT) < 0) {
                 second = best;
                 second_key = best_key;
                 best = i;
                 best_key = k;
-            } else if (second < 0 || cmp_queue_keys(k, second_key) < 0) {
+            } else if (second < 0 || memcmp(k + QK_AT, second_key + QK_AT, KEY_LEN - QK_AT) < 0) {
                 second = i;
                 second_key = k;
             }
@@ -486,60 +590,77 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         /* Stream `best`: its rows stay local until the streak ends (heads[second], and so
          * second_key, is not touched meanwhile). */
-        PyObject *row = PyList_GET_ITEM(heads, best); /* owned from here */
-        Py_INCREF(row);
-        Py_INCREF(Py_None);
-        PyList_SetItem(heads, best, Py_None);
+        Head cur = hs[best]; /* owned from here */
+        hs[best].has = 0;
+        hs[best].row = NULL;
+        PyObject *source = PyList_GET_ITEM(sources, best);
         PyObject *shard = PyList_GET_ITEM(shards, best);
         for (;;) {
-            PyObject *k = PyTuple_GET_ITEM(row, 0);
-            PyObject *item = decode_checked(shard, k, PyTuple_GET_ITEM(row, 1), &memo);
+            PyObject *item = decode_at(shard, cur.k, cur.v, cur.vlen, &memo);
             if (item == NULL) {
-                Py_DECREF(row);
+                Py_XDECREF(cur.row);
                 goto fail;
             }
             slots[count++] = item;
             Py_SET_SIZE(batch, count);
-            PyObject *head = NULL, *last_skip = NULL;
-            if (count < limit && refill(PyList_GET_ITEM(sources, best), wc_byte, prefix_len,
-                                        shift, want, &skipped, &head, &last_skip) < 0) {
-                Py_DECREF(row);
+            Head next = {NULL, NULL, NULL, 0, 0};
+            PyObject *last_skip = NULL;
+            const unsigned char *skip_at = NULL;
+            if (count < limit &&
+                refill_head(source, kept[best] != NULL, wc_byte, prefix_len, shift, want,
+                            &skipped, &next, &last_skip, &skip_at) < 0) {
+                Py_XDECREF(cur.row);
                 goto fail;
             }
-            if (head != NULL && count < limit) {
-                int c = second < 0 ? -1 : cmp_queue_keys(PyTuple_GET_ITEM(head, 0), second_key);
+            if (next.has && count < limit) {
+                int c = second < 0 ? -1
+                                   : memcmp(next.k + QK_AT, second_key + QK_AT, KEY_LEN - QK_AT);
                 if (c < 0 || (c == 0 && best < second)) {
                     /* `best` gives the next message too: the skips before it are
                      * overwritten by its key in the positions, so none is recorded. */
                     Py_XDECREF(last_skip);
-                    Py_SETREF(row, head);
+                    Py_XDECREF(cur.row);
+                    cur = next;
                     continue;
                 }
             }
             /* The streak ends. Without a refill (the batch is full) the source is refilled
              * first at the next call; otherwise its skips, if any, precede the batch's next
              * message (or the end of every source). */
-            PyObject *last = last_skip != NULL ? last_skip : k;
-            Py_INCREF(last);
-            PyList_SetItem(lastkeys, best, last);
-            Py_INCREF(last);
-            PyList_SetItem(final, best, last);
-            if (last_skip != NULL) {
-                PyObject *rec = Py_BuildValue("(nnN)", count, best, last_skip);
+            int has_skip = last_skip != NULL || skip_at != NULL;
+            PyObject *key_obj = NULL; /* the source's last key: an object or in a chunk */
+            const unsigned char *key_at = NULL;
+            if (has_skip) {
+                key_obj = last_skip; /* the reference passes on */
+                key_at = skip_at;
+            } else if (cur.row != NULL)
+                key_obj = Py_NewRef(PyTuple_GET_ITEM(cur.row, 0));
+            else
+                key_at = cur.k;
+            Py_XDECREF(cur.row);
+            if (has_skip) { /* recorded now: the record needs the key's object */
+                if (key_obj == NULL) {
+                    key_obj = skip_key(NULL, key_at);
+                    key_at = NULL;
+                }
+                PyObject *rec = key_obj == NULL ? NULL : Py_BuildValue("(nnO)", count, best, key_obj);
                 if (rec == NULL || PyList_Append(records, rec) < 0) {
                     Py_XDECREF(rec);
-                    Py_XDECREF(head);
-                    Py_DECREF(row);
+                    Py_XDECREF(key_obj);
+                    Py_XDECREF(next.row);
                     goto fail;
                 }
                 Py_DECREF(rec);
             }
-            Py_DECREF(row);
+            Py_XSETREF(last_obj[best], key_obj);
+            last_at[best] = key_at;
             if (count == limit) {
                 need_out = Py_BuildValue("[n]", best);
                 goto done;
             }
-            if (place_head(heads, ended, best, head) < 0)
+            if (next.has)
+                hs[best] = next;
+            else if (append_index(ended, best) < 0)
                 goto fail;
             break;
         }
@@ -547,10 +668,70 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 done:
     if (need_out == NULL)
         goto fail;
+    /* The last key of each source whose streaks ended: lastkeys and final. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *last = last_obj[i];
+        last_obj[i] = NULL;
+        if (last == NULL) {
+            if (last_at[i] == NULL)
+                continue;
+            last = PyBytes_FromStringAndSize((const char *)last_at[i], KEY_LEN);
+            if (last == NULL) {
+                Py_DECREF(need_out);
+                goto fail;
+            }
+        }
+        Py_INCREF(last);
+        PyList_SetItem(lastkeys, i, last);
+        PyList_SetItem(final, i, last); /* steals */
+    }
+    /* The pending rows go back to `heads`: rows of the cache's chunks are built now. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = hs[i].has ? head_row(&hs[i]) : Py_NewRef(Py_None);
+        hs[i].has = 0;
+        if (row == NULL) {
+            Py_DECREF(need_out);
+            goto fail;
+        }
+        PyList_SetItem(heads, i, row);
+    }
     memo_clear(&memo);
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_XDECREF(kept[i]);
+    PyMem_Free(kept);
+    PyMem_Free(hs);
+    PyMem_Free(last_obj);
+    PyMem_Free(last_at);
     return Py_BuildValue("(NNNNNn)", batch, final, records, ended, need_out, skipped);
 fail:
     memo_clear(&memo);
+    if (hs != NULL) {
+        /* Keep what can be kept of the pending rows; the iterator reports the error. */
+        PyObject *exc_type, *exc_value, *exc_tb;
+        PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *row = hs[i].has ? head_row(&hs[i]) : NULL;
+            if (row == NULL) {
+                PyErr_Clear();
+                row = Py_NewRef(Py_None);
+            }
+            PyList_SetItem(heads, i, row);
+            Py_XDECREF(hs[i].row);
+        }
+        PyErr_Restore(exc_type, exc_value, exc_tb);
+        PyMem_Free(hs);
+    }
+    if (kept != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            Py_XDECREF(kept[i]);
+        PyMem_Free(kept);
+    }
+    if (last_obj != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            Py_XDECREF(last_obj[i]);
+        PyMem_Free(last_obj);
+    }
+    PyMem_Free(last_at);
     Py_XDECREF(batch);
     Py_XDECREF(records);
     Py_XDECREF(ended);
@@ -1461,8 +1642,9 @@ chunk_row(const Chunk *c, Py_ssize_t i)
  * same positions as merging every row. `dropped` counts the rows left out so far.
  *
  * Lazy: each row is built when the merge asks for it and freed once decoded, so a long
- * scan reuses the same few objects' memory, as a RocksDB cursor's rows do. The chunks are
- * never changed once the cache holds them; the iterator keeps them alive.
+ * scan reuses the same few objects' memory, as a RocksDB cursor's rows do. merge_fill
+ * builds none: it reads a scan filtered for its own reader in place (chunk_refill). The
+ * chunks are never changed once the cache holds them; the iterator keeps them alive.
  */
 typedef struct {
     PyObject_HEAD
@@ -1671,6 +1853,83 @@ chunkrows_next(ChunkRows *self)
         return row;
     }
     return NULL;
+}
+
+/* merge_fill's in-place reading of a ChunkRows source filtered for merge_fill's own
+ * reader: a new reference to its chunks' data list (what keeps every pointer into the
+ * chunks valid during the call), or NULL (without an exception) when `source` is
+ * anything else, or closed. */
+static PyObject *
+chunk_source_data(PyObject *source, long wc_byte, long prefix_len, unsigned long long want)
+{
+    if (!Py_IS_TYPE(source, &ChunkRowsType))
+        return NULL;
+    ChunkRows *self = (ChunkRows *)source;
+    if (!self->filter || self->datas == NULL || self->wc_byte != wc_byte ||
+        self->prefix_len != prefix_len || self->want != want)
+        return NULL;
+    return Py_NewRef(self->datas);
+}
+
+/*
+ * chunkrows_next as merge_fill's refill sees it, without building a row: moves past the
+ * next accepted row and points `head` at it, or leaves it empty when the rows ran out;
+ * *last_skip points at the key of the rejected row just before it (the last one of its
+ * run, the only one chunkrows_next returns: counted in *skipped, the others in
+ * `dropped`), or is NULL. 0, or -1 with an exception.
+ */
+static int
+chunk_refill(PyObject *source, Py_ssize_t *skipped, Head *head,
+             const unsigned char **last_skip)
+{
+    ChunkRows *self = (ChunkRows *)source;
+    head->has = 0;
+    head->row = NULL;
+    *last_skip = NULL;
+    while (self->part < self->nparts) {
+        Py_ssize_t p = self->part;
+        if (self->row >= self->stop) {
+            if (chunkrows_enter(self, p + 1) < 0)
+                return -1;
+            continue;
+        }
+        const Chunk *c = &self->chunks[p];
+        Py_ssize_t i = self->row++;
+        const unsigned char *at = c->d + c->o[i];
+        if (accepts(at + KEY_LEN, ROUTE_LEN, self->wc_byte, self->prefix_len, self->shift,
+                    self->want)) {
+            if (self->pending_part >= 0) { /* the run's last row: a skip */
+                Py_ssize_t q = self->pending_part;
+                const Chunk *qc = &self->chunks[q];
+                *last_skip = qc->d + qc->o[self->pending_row];
+                (*skipped)++;
+                self->pending_part = -1;
+                chunkrows_drop(self, q); /* the data stays alive: merge_fill holds it */
+            }
+            head->has = 1;
+            head->k = at;
+            head->v = at + KEY_LEN;
+            head->vlen = row_end(c, i) - c->o[i] - KEY_LEN;
+            return 0;
+        }
+        if (self->pending_part >= 0) {
+            self->dropped++;
+            Py_ssize_t q = self->pending_part;
+            self->pending_part = p;
+            chunkrows_drop(self, q);
+        }
+        self->pending_part = p;
+        self->pending_row = i;
+    }
+    if (self->pending_part >= 0) { /* the trailing run's last row */
+        Py_ssize_t q = self->pending_part;
+        const Chunk *qc = &self->chunks[q];
+        *last_skip = qc->d + qc->o[self->pending_row];
+        (*skipped)++;
+        self->pending_part = -1;
+        chunkrows_drop(self, q);
+    }
+    return 0;
 }
 
 /* The store's cursor interface (imq.storage.rocks.Cursor's), so that a cached scan needs

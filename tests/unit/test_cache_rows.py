@@ -488,13 +488,16 @@ def _walk(it: iterator.QueueIterator) -> Iterator[tuple[Any, dict[ShardIdent, Qu
         max_size=3,
     ),
     stop_after=st.integers(0, 20),
+    cuts=st.lists(st.integers(1, 14), max_size=4),
 )
 def test_a_filtered_scan_merges_to_the_same_messages_and_positions(
-    sources: list[list[tuple[int, int]]], stop_after: int
+    sources: list[list[tuple[int, int]]], stop_after: int, cuts: list[int]
 ) -> None:
     """Leaving out all but the last row of each run of rows the reader skips changes
     nothing a consumer sees: messages, positions after each one, positions at the end,
-    and the skipped count (what merge_fill skips plus what the scan dropped)."""
+    and the skipped count (what merge_fill skips plus what the scan dropped). The C merge
+    reads a filtered scan's rows in place, in its chunks (``cuts`` splits each source's
+    rows into several), and an unfiltered one through its rows."""
     shards = [ShardIdent(0, (2 * i + 1) << 61) for i in range(len(sources))]
     for_shard = ShardIdent(0, 0x4000_0000_0000_0000)  # accounts whose top 2 bits are 01
     reader = iterator.destination_test(for_shard)
@@ -508,12 +511,14 @@ def test_a_filtered_scan_merges_to_the_same_messages_and_positions(
     def run(filtered: bool) -> tuple[list[Any], list[int], bool]:
         cursors = []
         for rows in full:
+            bounds = [0, *sorted({c for c in cuts if c < len(rows)}), len(rows)]
+            parts = [cache_mod._pack(rows[a:b]) for a, b in itertools.pairwise(bounds)]
+            datas, offss = [d for d, _ in parts], [o for _, o in parts]
+            stop = bounds[-1] - bounds[-2]
             if filtered:
-                data, offs = cache_mod._pack(rows)
-                source = cache_mod.ChunkRows([data], [offs], 0, len(rows), reader)
+                source = cache_mod.ChunkRows(datas, offss, 0, stop, reader)
             else:
-                data, offs = cache_mod._pack(rows)
-                source = cache_mod.ChunkRows([data], [offs], 0, len(rows))
+                source = cache_mod.ChunkRows(datas, offss, 0, stop)
             cursors.append(source)
         done: list[int] = []
         it = iterator.QueueIterator(
