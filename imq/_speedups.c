@@ -1604,6 +1604,109 @@ chunk_bisect(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(lo);
 }
 
+/*
+ * chunk_cut(data, offs, i, j) -> (data, offs)
+ *
+ * A chunk without its rows [i, j): two memcpys and the kept offsets past the cut moved
+ * down, no row objects (what a delete that ends inside a chunk keeps of it).
+ */
+static PyObject *
+chunk_cut(PyObject *self, PyObject *args)
+{
+    PyObject *data, *offs;
+    Py_ssize_t i, j;
+    if (!PyArg_ParseTuple(args, "OOnn:chunk_cut", &data, &offs, &i, &j))
+        return NULL;
+    Chunk c;
+    if (chunk_open(data, offs, &c) < 0)
+        return NULL;
+    PyObject *nd = NULL, *no = NULL, *out = NULL;
+    if (i < 0 || j < i || j > c.n) {
+        PyErr_SetString(PyExc_ValueError, "rows to cut out of the chunk's range");
+        goto done;
+    }
+    Py_ssize_t a = i < c.n ? (Py_ssize_t)c.o[i] : c.data.len; /* row i starts here */
+    Py_ssize_t b = j < c.n ? (Py_ssize_t)c.o[j] : c.data.len; /* row j starts here */
+    if (a > b || b > c.data.len) {
+        PyErr_SetString(PyExc_ValueError, "a cached chunk must hold message rows");
+        goto done;
+    }
+    nd = PyBytes_FromStringAndSize(NULL, c.data.len - (b - a));
+    no = nd == NULL ? NULL
+                    : PyBytes_FromStringAndSize(NULL, (c.n - (j - i)) * (Py_ssize_t)sizeof(uint32_t));
+    if (no == NULL)
+        goto done;
+    char *d = PyBytes_AS_STRING(nd);
+    memcpy(d, c.d, (size_t)a);
+    memcpy(d + a, c.d + b, (size_t)(c.data.len - b));
+    uint32_t *o = (uint32_t *)PyBytes_AS_STRING(no);
+    memcpy(o, c.o, (size_t)i * sizeof(uint32_t));
+    uint32_t shift = (uint32_t)(b - a);
+    for (Py_ssize_t k = j; k < c.n; k++)
+        o[i + k - j] = c.o[k] - shift;
+    out = PyTuple_Pack(2, nd, no);
+done:
+    Py_XDECREF(nd);
+    Py_XDECREF(no);
+    chunk_release(&c);
+    return out;
+}
+
+/*
+ * chunk_pack(rows) -> (data, offs)
+ *
+ * A chunk of `rows`, a list of (key, value) bytes pairs in order: each row's key and
+ * value one after another in data, its start in offs (what imq.storage.cache._pack
+ * builds, in one allocation each). ValueError if a key is not a message key.
+ */
+static PyObject *
+chunk_pack(PyObject *self, PyObject *rows)
+{
+    if (!PyList_CheckExact(rows)) {
+        PyErr_SetString(PyExc_TypeError, "chunk_pack takes a list of rows");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(rows), total = 0;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *row = PyList_GET_ITEM(rows, r);
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 2 ||
+            !PyBytes_Check(PyTuple_GET_ITEM(row, 0)) || !PyBytes_Check(PyTuple_GET_ITEM(row, 1))) {
+            PyErr_SetString(PyExc_TypeError, "rows must be (bytes, bytes) pairs");
+            return NULL;
+        }
+        if (PyBytes_GET_SIZE(PyTuple_GET_ITEM(row, 0)) != KEY_LEN) {
+            PyErr_SetString(PyExc_ValueError, "a cached row's key must be a message key");
+            return NULL;
+        }
+        total += KEY_LEN + PyBytes_GET_SIZE(PyTuple_GET_ITEM(row, 1));
+    }
+    if (total > (Py_ssize_t)UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "a chunk holds at most 4 GiB");
+        return NULL;
+    }
+    PyObject *nd = PyBytes_FromStringAndSize(NULL, total);
+    PyObject *no = nd == NULL ? NULL : PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(uint32_t));
+    if (no == NULL) {
+        Py_XDECREF(nd);
+        return NULL;
+    }
+    char *d = PyBytes_AS_STRING(nd);
+    uint32_t *o = (uint32_t *)PyBytes_AS_STRING(no);
+    Py_ssize_t at = 0;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *row = PyList_GET_ITEM(rows, r);
+        PyObject *k = PyTuple_GET_ITEM(row, 0), *v = PyTuple_GET_ITEM(row, 1);
+        o[r] = (uint32_t)at;
+        memcpy(d + at, PyBytes_AS_STRING(k), KEY_LEN);
+        memcpy(d + at + KEY_LEN, PyBytes_AS_STRING(v), (size_t)PyBytes_GET_SIZE(v));
+        at += KEY_LEN + PyBytes_GET_SIZE(v);
+    }
+    PyObject *out = PyTuple_Pack(2, nd, no);
+    Py_DECREF(nd);
+    Py_DECREF(no);
+    return out;
+}
+
 /* The (key, value) pair of row i, a new reference. */
 static PyObject *
 chunk_row(const Chunk *c, Py_ssize_t i)
@@ -2626,6 +2729,9 @@ static PyMethodDef methods[] = {
     {"chunk_check", chunk_check, METH_VARARGS,
      "chunk_check(data, offs) -> (rows, value_bytes, ascending)"},
     {"chunk_bisect", chunk_bisect, METH_VARARGS, "chunk_bisect(data, offs, key) -> int"},
+    {"chunk_cut", chunk_cut, METH_VARARGS,
+     "chunk_cut(data, offs, i, j) -> (data, offs): the chunk without its rows [i, j)"},
+    {"chunk_pack", chunk_pack, METH_O, "chunk_pack(rows) -> (data, offs): a chunk of rows"},
     {"cache_scan", cache_scan, METH_VARARGS,
      "cache_scan(segments, prefix_len, bounds, reader) -> list[ChunkRows | None]"},
     {"message_bounds", message_bounds, METH_VARARGS,

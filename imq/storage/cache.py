@@ -271,15 +271,33 @@ class _PyTee:
         data += value
 
 
-def _pack(rows: Sequence[Row]) -> tuple[bytes, bytes]:
-    """A chunk of ``rows`` (message rows, in order)."""
+def _pack_py(rows: Sequence[Row]) -> tuple[bytes, bytes]:
+    """The pure-Python :func:`imq._speedups.chunk_pack`: a chunk of ``rows`` (message
+    rows, in order); ``ValueError`` for a key that is not a message key."""
     offs = array(_OFF)
     data = bytearray()
     for key, value in rows:
+        if len(key) != _KEY_LEN:
+            raise ValueError("a cached row's key must be a message key")
         offs.append(len(data))
         data += key
         data += value
     return bytes(data), offs.tobytes()
+
+
+def _chunk_cut_py(data: Buffer, offs: Buffer, i: int, j: int) -> tuple[bytes, bytes]:
+    """The pure-Python :func:`imq._speedups.chunk_cut`: the chunk without its rows
+    ``[i, j)``, by slicing its buffers (no row objects)."""
+    o = _offsets(offs)
+    n = len(o)
+    if not 0 <= i <= j <= n:
+        raise ValueError("rows to cut out of the chunk's range")
+    a = o[i] if i < n else len(data)
+    b = o[j] if j < n else len(data)
+    shift = b - a
+    kept = array(_OFF, o[:i])
+    kept.extend(x - shift for x in o[j:])
+    return bytes(data[:a]) + bytes(data[b:]), kept.tobytes()
 
 
 _C = speedups
@@ -290,6 +308,10 @@ _chunk_check: Callable[[Buffer, Buffer], tuple[int, int, bool]] = (
 _chunk_bisect: Callable[[Buffer, Buffer, bytes], int] = (
     _chunk_bisect_py if _C is None else _C.chunk_bisect
 )
+_chunk_cut: Callable[[Buffer, Buffer, int, int], tuple[bytes, bytes]] = (
+    _chunk_cut_py if _C is None else _C.chunk_cut
+)
+_pack: Callable[[list[Row]], tuple[bytes, bytes]] = _pack_py if _C is None else _C.chunk_pack
 ChunkRows: Any = _PyChunkRows if _C is None else _C.ChunkRows
 _value_new: Any = tuple.__new__ if _C is None else _C.value_new
 _cache_scan: Callable[..., list[Any]] | None = None if _C is None else _C.cache_scan
@@ -326,8 +348,13 @@ class _Chunk(_ChunkFields):
 
     @classmethod
     def of(cls, rows: Sequence[Row]) -> _Chunk:
-        data, offs = _pack(rows)
+        data, offs = _pack(rows if type(rows) is list else list(rows))
         return cls(data, offs, len(rows))
+
+    def cut(self, i: int, j: int) -> _Chunk:
+        """This chunk without its rows ``[i, j)`` (some rows must stay)."""
+        data, offs = _chunk_cut(self.data, self.offs, i, j)
+        return _Chunk(data, offs, self.n - (j - i))
 
     def rows(self, start: int = 0, stop: int | None = None) -> list[Row]:
         return list(ChunkRows([self.data], [self.offs], start, self.n if stop is None else stop))
@@ -562,7 +589,7 @@ class MessageCache:
             keep = chunk.bisect(_above(segment.floor))
             if keep == chunk.n:
                 return
-            chunk = _Chunk.of(chunk.rows(keep))
+            chunk = chunk.cut(0, keep)
         chunks = segment.chunks
         n = len(chunks)
         if not chunks or chunk.first > chunks[-1].last:  # the usual case: the next diff
@@ -574,7 +601,13 @@ class MessageCache:
         self._nbytes += segment.splice(0, n, [_Chunk.of(sorted(merged.items()))])
 
     def _delete_range(self, lo: bytes, hi: bytes) -> None:
-        for segment in self._segments.values():
+        segments: Iterable[_Segment] = self._segments.values()
+        pre = lo[: self._prefix_len]
+        if len(pre) == self._prefix_len and (hi[: len(pre)] == pre or hi == _prefix_end(pre)):
+            # inside one segment (every delete of GC, a clear and an import is)
+            one = self._segments.get(pre)
+            segments = () if one is None else (one,)
+        for segment in segments:
             chunks = segment.chunks
             k = bisect_left(segment.lasts, lo)  # the first chunk not wholly below lo
             m = bisect_left(segment.firsts, hi)  # the first chunk wholly at or above hi
@@ -587,7 +620,7 @@ class MessageCache:
                 if i >= j:
                     kept.append(chunk)  # nothing of it inside
                 elif i > 0 or j < chunk.n:  # cut: rebuilt from what stays
-                    kept.append(_Chunk.of(chunk.rows(0, i) + chunk.rows(j)))
+                    kept.append(chunk.cut(i, j))
                 # else wholly inside: gone
             self._nbytes += segment.splice(k, m, kept)
 

@@ -247,6 +247,26 @@ def test_a_delete_across_chunks_cuts_the_ends_and_drops_the_middle() -> None:
     cache.check()
 
 
+def test_a_delete_across_segments_cuts_each_of_them() -> None:
+    """A range from inside one segment to inside another (wider than any delete imq makes
+    itself: those stay inside one segment, which is all the cache then looks at) takes
+    the rows of both, and of every segment between."""
+    cache, stored = MessageCache(1 << 20, P), Stored()
+    shards = [ShardIdent(0, (2 * i + 1) << 61) for i in range(4)]
+    for s in shards:
+        write(cache, stored, [row(0, s, lt) for lt in (10, 20, 30)])
+    lo = codec.message_key(0, shards[0], QueueKey(15, bytes(32)))
+    hi = codec.message_key(0, shards[2], QueueKey(25, bytes(32)))
+    write(cache, stored, [], [(lo, hi)])
+    for s, left in zip(shards, [(10,), (), (30,), (10, 20, 30)], strict=True):
+        floor, rows = cache.segments()[prefix(0, s)]
+        assert rows == [row(0, s, lt) for lt in left]
+        assert rows == [
+            r for r in stored.scan(floor, codec.prefix_end(prefix(0, s))) if r[0] > floor
+        ]
+    cache.check()
+
+
 def test_eviction_drops_the_oldest_chunks_and_raises_the_floor() -> None:
     r = row(0, SHARDS[0], 1)
     per_chunk = len(r[0]) + len(r[1]) + 4 + cache_mod.CHUNK_OVERHEAD
@@ -396,14 +416,27 @@ def test_the_chunk_functions_in_c_equal_python(
     if c is None:
         pytest.skip("the C helpers are not built")
     rows = [row(0, SHARDS[0], 2 * i + 1, top, wc) for i, (top, wc) in enumerate(dsts)]
+    for pack in (c.chunk_pack, cache_mod._pack_py):
+        with pytest.raises(ValueError, match="message key"):
+            pack([*rows, (b"not a message key", b"")])
     edges = sorted({0, len(rows), *(x % (len(rows) + 1) for x in cuts)})
     chunks = [cache_mod._pack(rows[a:b]) for a, b in itertools.pairwise(edges)]
     sizes = [b - a for a, b in itertools.pairwise(edges)]
     reader = (test[0], test[1], test[2] >> (8 - test[1]))
-    for data, offs in chunks:
+    for (data, offs), (a, b) in zip(chunks, itertools.pairwise(edges), strict=True):
+        assert (data, offs) == cache_mod._pack_py(rows[a:b]) == c.chunk_pack(rows[a:b])
         assert c.chunk_check(data, offs) == cache_mod._chunk_check_py(data, offs)
         key = codec.message_key(0, SHARDS[0], QueueKey(probe, bytes(32)))
         assert c.chunk_bisect(data, offs, key) == cache_mod._chunk_bisect_py(data, offs, key)
+        # a delete that ends inside the chunk keeps rows [0, i) and [j, n)
+        i, j = sorted((bounds[0] % (b - a + 1), bounds[1] % (b - a + 1)))
+        cut = c.chunk_cut(bytearray(data), offs, i, j)
+        assert cut == cache_mod._chunk_cut_py(data, offs, i, j)
+        assert cut == cache_mod._pack_py(rows[a : a + i] + rows[a + j : b])
+        with pytest.raises(ValueError, match="range"):
+            c.chunk_cut(data, offs, j, b - a + 1)
+        with pytest.raises(ValueError, match="range"):
+            cache_mod._chunk_cut_py(data, offs, j, b - a + 1)
     if not chunks:
         return
     datas = [bytearray(d) for d, _ in chunks]
