@@ -277,12 +277,15 @@ class Queue(QueueReads):
     ) -> PendingDiff | None:
         guard = self._pending.hold_shard(self._rw, self._shard_locks, block.shard)
         try:
-            last = ops.LastSeqno(block.shard)
-            previous = ops.LastSeqno(block.shard, below=block.seqno)
-            questions = ([last] if check_sequence else []) + ([previous] if stats is None else [])
+            # The questions the view answers: the shard's last seqno for the sequence
+            # rule, the one below the block's for an empty diff without a span.
+            last = ops.LastSeqno(block.shard) if check_sequence else None
+            previous = ops.LastSeqno(block.shard, block.seqno) if stats is None else None
+            questions = [q for q in (last, previous) if q is not None]
             with ops.view(self._store, *questions, diffs=True) as view:
                 if apply.already_applied(view, block, diff_hash) or (
-                    check_sequence is not None
+                    last is not None
+                    and check_sequence is not None
                     and apply.skipped_by_sequence(view, last, block, check_sequence)
                 ):
                     self.metrics.inc("diffs_skipped")
@@ -292,6 +295,7 @@ class Queue(QueueReads):
                 pointer = view.state.pointers.get(block.shard)
                 apply.check_above_pointer(pointer, block, diff)
                 if stats is None:
+                    assert previous is not None  # asked whenever stats is None
                     at = apply.resting_key(view, previous, block, pointer)
                     stats = (at, at)
             txn = self._store.transaction()
