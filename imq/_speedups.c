@@ -331,6 +331,24 @@ append_index(PyObject *ended, Py_ssize_t idx)
     return rc;
 }
 
+/* The (key, value) pair of the row at `at` (its key, then a value of vlen bytes), a new
+ * reference, or NULL with an exception. */
+static PyObject *
+row_at(const unsigned char *at, Py_ssize_t vlen)
+{
+    PyObject *k = PyBytes_FromStringAndSize((const char *)at, KEY_LEN);
+    PyObject *v = k == NULL ? NULL : PyBytes_FromStringAndSize((const char *)at + KEY_LEN, vlen);
+    PyObject *row = v == NULL ? NULL : PyTuple_New(2);
+    if (row == NULL) {
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(row, 0, k);
+    PyTuple_SET_ITEM(row, 1, v);
+    return row;
+}
+
 /* A source's pending accepted row inside merge_fill: a (key, value) tuple of a generic
  * source (owned), or a row read in place from a cached chunk (row NULL; k and v point into
  * the chunk, whose data merge_fill keeps alive). */
@@ -346,11 +364,11 @@ static PyTypeObject ChunkRowsType;
 static PyObject *chunk_source_data(PyObject *source, long wc_byte, long prefix_len,
                                    unsigned long long want);
 static int chunk_refill(PyObject *source, Py_ssize_t *skipped, Head *head,
-                        const unsigned char **last_skip);
+                        const unsigned char **last_skip, Py_ssize_t *skip_vlen);
 
 /* refill() of source `idx` into heads[idx] and a skipped key: a new reference (generic
  * sources) or a pointer into a chunk (*skip_at). 0, or -1 with an exception. */
-static int
+static inline int
 refill_head(PyObject *source, int in_place, long wc_byte, long prefix_len, int shift,
             unsigned long long want, Py_ssize_t *skipped, Head *head, PyObject **last_skip,
             const unsigned char **skip_at)
@@ -358,7 +376,7 @@ refill_head(PyObject *source, int in_place, long wc_byte, long prefix_len, int s
     *last_skip = NULL;
     *skip_at = NULL;
     if (in_place)
-        return chunk_refill(source, skipped, head, skip_at);
+        return chunk_refill(source, skipped, head, skip_at, NULL);
     PyObject *row;
     if (refill(source, wc_byte, prefix_len, shift, want, skipped, &row, last_skip) < 0)
         return -1;
@@ -393,17 +411,7 @@ head_row(Head *head)
         head->row = NULL;
         return row;
     }
-    PyObject *k = PyBytes_FromStringAndSize((const char *)head->k, KEY_LEN);
-    PyObject *v = k == NULL ? NULL : PyBytes_FromStringAndSize((const char *)head->v, head->vlen);
-    PyObject *row = v == NULL ? NULL : PyTuple_New(2);
-    if (row == NULL) {
-        Py_XDECREF(k);
-        Py_XDECREF(v);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(row, 0, k);
-    PyTuple_SET_ITEM(row, 1, v);
-    return row;
+    return row_at(head->k, head->vlen); /* a chunk's row: its value follows its key */
 }
 
 /*
@@ -843,6 +851,28 @@ row_bytes(PyObject **spare, Py_ssize_t n)
     return b;
 }
 
+/* The 40 bytes of a QueueKey (lt u64 big-endian, hash); 0, or -1 with an exception. */
+static int
+put_queue_key(unsigned char *out, PyObject *qk)
+{
+    if (!PyTuple_Check(qk) || PyTuple_GET_SIZE(qk) != 2) {
+        PyErr_SetString(PyExc_TypeError, "a queue key must be an (lt, hash) tuple");
+        return -1;
+    }
+    unsigned long long lt = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(qk, 0));
+    if (lt == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    PyObject *hash = PyTuple_GET_ITEM(qk, 1);
+    if (!PyBytes_Check(hash) || PyBytes_GET_SIZE(hash) != HASH_LEN) {
+        PyErr_SetString(PyExc_ValueError, "a queue key's hash must be 32 bytes");
+        return -1;
+    }
+    for (int i = 0; i < LT_LEN; i++)
+        out[i] = (unsigned char)(lt >> (56 - 8 * i));
+    memcpy(out + LT_LEN, PyBytes_AS_STRING(hash), HASH_LEN);
+    return 0;
+}
+
 /* One Message -> (key, value) new references; partition already chosen. `spares` is
  * NULL or two reusable row objects (key, value) for row_bytes. */
 static int
@@ -853,19 +883,14 @@ encode_message(PyObject *msg, const unsigned char *prefix, PyObject **key_out,
         PyErr_SetString(PyExc_TypeError, "a message must be a (key, src, dst, body) tuple");
         return -1;
     }
-    PyObject *qk = PyTuple_GET_ITEM(msg, 0), *body = PyTuple_GET_ITEM(msg, 3);
-    if (!PyTuple_Check(qk) || PyTuple_GET_SIZE(qk) != 2 || !PyBytes_Check(body)) {
-        PyErr_SetString(PyExc_TypeError, "bad message key or body");
+    PyObject *body = PyTuple_GET_ITEM(msg, 3);
+    if (!PyBytes_Check(body)) {
+        PyErr_SetString(PyExc_TypeError, "a message body must be bytes");
         return -1;
     }
-    unsigned long long lt = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(qk, 0));
-    if (lt == (unsigned long long)-1 && PyErr_Occurred())
+    unsigned char queue_key[LT_LEN + HASH_LEN];
+    if (put_queue_key(queue_key, PyTuple_GET_ITEM(msg, 0)) < 0)
         return -1;
-    PyObject *hash = PyTuple_GET_ITEM(qk, 1);
-    if (!PyBytes_Check(hash) || PyBytes_GET_SIZE(hash) != HASH_LEN) {
-        PyErr_SetString(PyExc_ValueError, "a message hash must be 32 bytes");
-        return -1;
-    }
     Py_ssize_t blen = PyBytes_GET_SIZE(body);
     PyObject *value = row_bytes(spares == NULL ? NULL : &spares[1], HEADER_LEN + blen);
     if (value == NULL)
@@ -884,9 +909,7 @@ encode_message(PyObject *msg, const unsigned char *prefix, PyObject **key_out,
     }
     unsigned char *kb = (unsigned char *)PyBytes_AS_STRING(key);
     memcpy(kb, prefix, QK_AT);
-    for (int i = 0; i < LT_LEN; i++)
-        kb[QK_AT + i] = (unsigned char)(lt >> (56 - 8 * i));
-    memcpy(kb + QK_AT + LT_LEN, PyBytes_AS_STRING(hash), HASH_LEN);
+    memcpy(kb + QK_AT, queue_key, LT_LEN + HASH_LEN);
     *key_out = key;
     *value_out = value;
     return 0;
@@ -1711,25 +1734,7 @@ chunk_pack(PyObject *self, PyObject *rows)
 static PyObject *
 chunk_row(const Chunk *c, Py_ssize_t i)
 {
-    Py_ssize_t start = c->o[i], end = row_end(c, i);
-    PyObject *k = PyBytes_FromStringAndSize((const char *)c->d + start, KEY_LEN);
-    if (k == NULL)
-        return NULL;
-    PyObject *v = PyBytes_FromStringAndSize((const char *)c->d + start + KEY_LEN,
-                                            end - start - KEY_LEN);
-    if (v == NULL) {
-        Py_DECREF(k);
-        return NULL;
-    }
-    PyObject *row = PyTuple_New(2);
-    if (row == NULL) {
-        Py_DECREF(k);
-        Py_DECREF(v);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(row, 0, k);
-    PyTuple_SET_ITEM(row, 1, v);
-    return row;
+    return row_at(c->d + c->o[i], row_end(c, i) - c->o[i] - KEY_LEN);
 }
 
 /*
@@ -1759,6 +1764,8 @@ typedef struct {
     long wc_byte, prefix_len;
     unsigned long long want;
     Py_ssize_t pending_part, pending_row; /* the last rejected row not yet returned */
+    const unsigned char *held;            /* an accepted row due after a rejected one */
+    Py_ssize_t held_vlen;
     Py_ssize_t dropped;
 } ChunkRows;
 
@@ -1916,44 +1923,33 @@ chunkrows_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static PyObject *
 chunkrows_next(ChunkRows *self)
 {
+    if (self->filter) { /* the walk merge_fill makes in place, as rows */
+        if (self->held != NULL) {
+            const unsigned char *at = self->held;
+            self->held = NULL;
+            return row_at(at, self->held_vlen);
+        }
+        Head head;
+        const unsigned char *skip;
+        Py_ssize_t skip_vlen, skipped = 0;
+        if (chunk_refill((PyObject *)self, &skipped, &head, &skip, &skip_vlen) < 0)
+            return NULL;
+        if (skip != NULL) { /* the run's last rejected row first, then the accepted one */
+            if (head.has) {
+                self->held = head.k;
+                self->held_vlen = head.vlen;
+            }
+            return row_at(skip, skip_vlen);
+        }
+        return head.has ? row_at(head.k, head.vlen) : NULL;
+    }
     while (self->part < self->nparts) {
-        Py_ssize_t p = self->part;
         if (self->row >= self->stop) {
-            if (chunkrows_enter(self, p + 1) < 0)
+            if (chunkrows_enter(self, self->part + 1) < 0)
                 return NULL;
             continue;
         }
-        const Chunk *c = &self->chunks[p];
-        Py_ssize_t i = self->row++;
-        if (!self->filter)
-            return chunk_row(c, i);
-        const unsigned char *route = c->d + c->o[i] + KEY_LEN;
-        if (accepts(route, ROUTE_LEN, self->wc_byte, self->prefix_len, self->shift, self->want)) {
-            if (self->pending_part >= 0) { /* the run's last row first, then this one */
-                Py_ssize_t q = self->pending_part;
-                PyObject *row = chunk_row(&self->chunks[q], self->pending_row);
-                self->pending_part = -1;
-                chunkrows_drop(self, q);
-                self->row = i; /* come back to row i */
-                return row;
-            }
-            return chunk_row(c, i);
-        }
-        if (self->pending_part >= 0) {
-            self->dropped++;
-            Py_ssize_t q = self->pending_part;
-            self->pending_part = p;
-            chunkrows_drop(self, q);
-        }
-        self->pending_part = p;
-        self->pending_row = i;
-    }
-    if (self->pending_part >= 0) { /* the trailing run's last row */
-        Py_ssize_t q = self->pending_part;
-        PyObject *row = chunk_row(&self->chunks[q], self->pending_row);
-        self->pending_part = -1;
-        chunkrows_drop(self, q);
-        return row;
+        return chunk_row(&self->chunks[self->part], self->row++);
     }
     return NULL;
 }
@@ -1968,22 +1964,25 @@ chunk_source_data(PyObject *source, long wc_byte, long prefix_len, unsigned long
     if (!Py_IS_TYPE(source, &ChunkRowsType))
         return NULL;
     ChunkRows *self = (ChunkRows *)source;
-    if (!self->filter || self->datas == NULL || self->wc_byte != wc_byte ||
-        self->prefix_len != prefix_len || self->want != want)
-        return NULL;
+    if (!self->filter || self->datas == NULL || self->held != NULL ||
+        self->wc_byte != wc_byte || self->prefix_len != prefix_len || self->want != want)
+        return NULL; /* (a row held for a pull: the pulls go on) */
     return Py_NewRef(self->datas);
 }
 
 /*
- * chunkrows_next as merge_fill's refill sees it, without building a row: moves past the
- * next accepted row and points `head` at it, or leaves it empty when the rows ran out;
- * *last_skip points at the key of the rejected row just before it (the last one of its
- * run, the only one chunkrows_next returns: counted in *skipped, the others in
- * `dropped`), or is NULL. 0, or -1 with an exception.
+ * The filtered walk over a ChunkRows' chunks, building no row: moves past the next
+ * accepted row and points `head` at it, or leaves it empty when the rows ran out;
+ * *last_skip points at the rejected row just before it (the last one of its run, the
+ * only one a filtered scan returns: counted in *skipped, the others in `dropped`), of
+ * *skip_vlen value bytes (when skip_vlen is not NULL), or is NULL. merge_fill's refill
+ * of a cached source, and chunkrows_next's filtered rows. The pointers stay valid while
+ * the chunks' data is alive (the ChunkRows, or merge_fill, holds it). 0, or -1 with an
+ * exception.
  */
 static int
 chunk_refill(PyObject *source, Py_ssize_t *skipped, Head *head,
-             const unsigned char **last_skip)
+             const unsigned char **last_skip, Py_ssize_t *skip_vlen)
 {
     ChunkRows *self = (ChunkRows *)source;
     head->has = 0;
@@ -2005,9 +2004,11 @@ chunk_refill(PyObject *source, Py_ssize_t *skipped, Head *head,
                 Py_ssize_t q = self->pending_part;
                 const Chunk *qc = &self->chunks[q];
                 *last_skip = qc->d + qc->o[self->pending_row];
+                if (skip_vlen != NULL)
+                    *skip_vlen = row_end(qc, self->pending_row) - qc->o[self->pending_row] - KEY_LEN;
                 (*skipped)++;
                 self->pending_part = -1;
-                chunkrows_drop(self, q); /* the data stays alive: merge_fill holds it */
+                chunkrows_drop(self, q); /* the view only: the data stays alive */
             }
             head->has = 1;
             head->k = at;
@@ -2028,6 +2029,8 @@ chunk_refill(PyObject *source, Py_ssize_t *skipped, Head *head,
         Py_ssize_t q = self->pending_part;
         const Chunk *qc = &self->chunks[q];
         *last_skip = qc->d + qc->o[self->pending_row];
+        if (skip_vlen != NULL)
+            *skip_vlen = row_end(qc, self->pending_row) - qc->o[self->pending_row] - KEY_LEN;
         (*skipped)++;
         self->pending_part = -1;
         chunkrows_drop(self, q);
@@ -2062,6 +2065,7 @@ chunkrows_close(ChunkRows *self, PyObject *unused)
     self->nparts = 0;
     self->part = 0;
     self->pending_part = -1;
+    self->held = NULL;
     Py_CLEAR(self->datas);
     Py_CLEAR(self->offss);
     Py_RETURN_NONE;
@@ -2327,28 +2331,6 @@ cache_scan(PyObject *self, PyObject *args)
  * iterator's scans, one per source shard.
  */
 static PyObject *s_shard, *s_from_key, *s_to_key;
-
-/* The 40 bytes of a QueueKey (lt u64 big-endian, hash); 0, or -1 with an exception. */
-static int
-put_queue_key(unsigned char *out, PyObject *qk)
-{
-    if (!PyTuple_Check(qk) || PyTuple_GET_SIZE(qk) != 2) {
-        PyErr_SetString(PyExc_TypeError, "a range's bounds must be QueueKey values");
-        return -1;
-    }
-    unsigned long long lt = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(qk, 0));
-    if (lt == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    PyObject *hash = PyTuple_GET_ITEM(qk, 1);
-    if (!PyBytes_Check(hash) || PyBytes_GET_SIZE(hash) != HASH_LEN) {
-        PyErr_SetString(PyExc_ValueError, "a queue key's hash must be 32 bytes");
-        return -1;
-    }
-    for (int i = 0; i < LT_LEN; i++)
-        out[i] = (unsigned char)(lt >> (56 - 8 * i));
-    memcpy(out + LT_LEN, PyBytes_AS_STRING(hash), HASH_LEN);
-    return 0;
-}
 
 /* One range's (lo, hi), a new reference, or NULL with an exception. */
 static PyObject *
