@@ -508,6 +508,7 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *batch = NULL, *records = NULL, *ended = NULL, *final = NULL, *need_out = NULL;
     AddrMemo memo = {{{0}}, {NULL, NULL}};
     Py_ssize_t skipped = 0, count = 0;
+    int heads_taken = 0; /* past the check of `heads`: a failure writes them back */
     if (hs == NULL || kept == NULL || last_obj == NULL || last_at == NULL) {
         PyErr_NoMemory();
         goto fail;
@@ -533,6 +534,7 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         hs[i].v = (const unsigned char *)PyBytes_AS_STRING(PyTuple_GET_ITEM(head, 1));
         hs[i].vlen = PyBytes_GET_SIZE(PyTuple_GET_ITEM(head, 1));
     }
+    heads_taken = 1;
     batch = PyList_New(limit);
     records = PyList_New(0);
     ended = PyList_New(0);
@@ -718,13 +720,15 @@ fail:
         PyObject *exc_type, *exc_value, *exc_tb;
         PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
         for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *row = hs[i].has ? head_row(&hs[i]) : NULL;
-            if (row == NULL) {
-                PyErr_Clear();
-                row = Py_NewRef(Py_None);
+            if (heads_taken) {
+                PyObject *row = hs[i].has ? head_row(&hs[i]) : NULL;
+                if (row == NULL) {
+                    PyErr_Clear();
+                    row = Py_NewRef(Py_None);
+                }
+                PyList_SetItem(heads, i, row);
             }
-            PyList_SetItem(heads, i, row);
-            Py_XDECREF(hs[i].row);
+            Py_XDECREF(hs[i].row); /* what was not given back */
         }
         PyErr_Restore(exc_type, exc_value, exc_tb);
         PyMem_Free(hs);

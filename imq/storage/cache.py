@@ -619,7 +619,7 @@ class MessageCache:
                 j = chunk.bisect(hi) if chunk.last >= hi else chunk.n
                 if i >= j:
                     kept.append(chunk)  # nothing of it inside
-                elif i > 0 or j < chunk.n:  # cut: rebuilt from what stays
+                elif i > 0 or j < chunk.n:  # cut: a new chunk of what stays (sliced)
                     kept.append(chunk.cut(i, j))
                 # else wholly inside: gone
             self._nbytes += segment.splice(k, m, kept)

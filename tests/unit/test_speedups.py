@@ -265,6 +265,21 @@ def test_merge_fill_reports_the_bad_row(fill: Callable[..., Any]) -> None:
     )
 
 
+def test_merge_fill_refuses_heads_that_are_not_rows_and_leaves_them() -> None:
+    """A pending row handed back to the C merge is checked before anything is taken;
+    a bad one is a TypeError, and the caller's lists are as they were."""
+    fill = iterator._merge_fill
+    assert fill is not None
+    good = codec.message_rows(
+        SHARD, [Message(QueueKey(1, b"\x01" * 32), *(Address(0, b"\x02" * 32),) * 2, b"")]
+    )[0]
+    heads: list[Any] = [good, (good[0][:-1], good[1])]
+    before = list(heads)
+    with pytest.raises(TypeError, match="heads"):
+        fill([iter([]), iter([])], heads, [None, None], [], 16, 128, 0, 0, [SHARD] * 2, [None] * 2)
+    assert heads == before
+
+
 @given(
     st.lists(messages, max_size=40),
     st.one_of(st.none(), st.integers(0, 65535), st.just(-1), st.just(-2)),
