@@ -496,8 +496,11 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         limit = 1;
     int shift = (int)(64 - prefix_len);
 
-    /* Per source: its pending row, and, for a source read in place, its chunks' data
-     * (a reference held for the call, so that every pointer into them stays valid). */
+    /* Per source: itself (a reference held for the call: a source another thread drops
+     * from `sources` while a refill lets go of the GIL stays alive until the call ends),
+     * its pending row, and, for a source read in place, its chunks' data (held for the
+     * call, so that every pointer into them stays valid). */
+    PyObject **srcs = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
     Head *hs = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Head));
     PyObject **kept = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
     /* Per source, the last key read when a streak of it ended (lastkeys[i] and final[i]
@@ -509,13 +512,14 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     AddrMemo memo = {{{0}}, {NULL, NULL}};
     Py_ssize_t skipped = 0, count = 0;
     int heads_taken = 0; /* past the check of `heads`: a failure writes them back */
-    if (hs == NULL || kept == NULL || last_obj == NULL || last_at == NULL) {
+    if (srcs == NULL || hs == NULL || kept == NULL || last_obj == NULL || last_at == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         /* NULL: a generic source */
-        kept[i] = chunk_source_data(PyList_GET_ITEM(sources, i), wc_byte, prefix_len, want);
+        srcs[i] = Py_NewRef(PyList_GET_ITEM(sources, i));
+        kept[i] = chunk_source_data(srcs[i], wc_byte, prefix_len, want);
         PyObject *head = PyList_GET_ITEM(heads, i);
         if (head == Py_None)
             continue;
@@ -556,7 +560,7 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             continue;
         PyObject *last_skip;
         const unsigned char *skip_at;
-        if (refill_head(PyList_GET_ITEM(sources, idx), kept[idx] != NULL, wc_byte, prefix_len,
+        if (refill_head(srcs[idx], kept[idx] != NULL, wc_byte, prefix_len,
                         shift, want, &skipped, &hs[idx], &last_skip, &skip_at) < 0)
             goto fail;
         if (!hs[idx].has && append_index(ended, idx) < 0) {
@@ -603,7 +607,7 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Head cur = hs[best]; /* owned from here */
         hs[best].has = 0;
         hs[best].row = NULL;
-        PyObject *source = PyList_GET_ITEM(sources, best);
+        PyObject *source = srcs[best];
         PyObject *shard = PyList_GET_ITEM(shards, best);
         for (;;) {
             PyObject *item = decode_at(shard, cur.k, cur.v, cur.vlen, &memo);
@@ -706,9 +710,12 @@ done:
         PyList_SetItem(heads, i, row);
     }
     memo_clear(&memo);
-    for (Py_ssize_t i = 0; i < n; i++)
+    for (Py_ssize_t i = 0; i < n; i++) {
         Py_XDECREF(kept[i]);
+        Py_XDECREF(srcs[i]);
+    }
     PyMem_Free(kept);
+    PyMem_Free(srcs);
     PyMem_Free(hs);
     PyMem_Free(last_obj);
     PyMem_Free(last_at);
@@ -737,6 +744,11 @@ fail:
         for (Py_ssize_t i = 0; i < n; i++)
             Py_XDECREF(kept[i]);
         PyMem_Free(kept);
+    }
+    if (srcs != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            Py_XDECREF(srcs[i]);
+        PyMem_Free(srcs);
     }
     if (last_obj != NULL) {
         for (Py_ssize_t i = 0; i < n; i++)
