@@ -30,6 +30,7 @@ __all__ = [
     "check_above_pointer",
     "check_sources",
     "resting_key",
+    "sequence_skips",
     "skipped_by_sequence",
     "stage_diff",
 ]
@@ -109,7 +110,12 @@ def skipped_by_sequence(
 ) -> bool:
     """True if the sequence rule skips the diff: it is at or below the last one visible
     in ``zone`` (``last`` is ``LastSeqno(block.shard)``); a gap is an error."""
-    seqno = view[last]
+    return sequence_skips(view, view[last], block, zone)
+
+
+def sequence_skips(view: ops.View, seqno: int | None, block: BlockIdShort, zone: DiffZone) -> bool:
+    """:func:`skipped_by_sequence`, the shard's highest stored seqno (``seqno``) read
+    already."""
     if seqno is None:
         return False
     # Only the zone matters here: read the record's span, not its whole DiffInfo.

@@ -217,6 +217,22 @@ def test_duplicate_check_runs_before_sequence_check(queue: Queue, chain: Chain) 
     assert dump(queue) == before
 
 
+@pytest.mark.parametrize("zone", list(DiffZone))
+def test_the_shards_last_diff_again_with_another_hash_conflicts_in_every_zone(
+    queue: Queue, chain: Chain, zone: DiffZone
+) -> None:
+    """The shard's newest stored diff (its seqno is the highest stored: the duplicate
+    check reads its record even when the sequence rule's own question came first) under
+    another hash is a conflict, whether or not the zone asked for holds it."""
+    chain.apply(S, 2, seqno=1)
+    last = chain.apply(S, 2, seqno=2)
+    before = dump(queue)
+    with pytest.raises(DiffConflictError):
+        queue.prepare_diff(last.diff, last.block, diff_hash("other"), None, zone)
+    assert queue.prepare_diff(last.diff, last.block, last.hash, None, zone) is None
+    assert dump(queue) == before
+
+
 def test_duplicate_check_runs_before_pointer_check(queue: Queue, chain: Chain) -> None:
     committed = chain.apply(S, 3)
     commit_on(queue, chain, 1, committed)
