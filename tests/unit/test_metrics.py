@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from typing import Any
@@ -177,55 +178,79 @@ def test_thread_safety_smoke() -> None:
     assert metrics.percentiles("get_diff_info")["count"] == total
 
 
-# --- Prometheus mirroring -------------------------------------------------------------
+# --- Prometheus export ----------------------------------------------------------------
 
 
-class _FakeChild:
-    def __init__(self) -> None:
-        self.values: list[float] = []
-
-    def observe(self, value: float) -> None:
-        self.values.append(value)
-
-    def inc(self, value: float) -> None:
-        self.values.append(value)
+def _sample(name: str, **labels: str) -> float:
+    prometheus_client: Any = pytest.importorskip("prometheus_client")
+    value = prometheus_client.REGISTRY.get_sample_value(name, labels)
+    return 0.0 if value is None else float(value)
 
 
-class _FakeCollector:
-    def __init__(self) -> None:
-        self.children: dict[str, _FakeChild] = {}
-
-    def labels(self, **label: str) -> _FakeChild:
-        (value,) = label.values()
-        return self.children.setdefault(value, _FakeChild())
-
-
-def test_mirrors_into_prometheus_collectors(monkeypatch: pytest.MonkeyPatch) -> None:
-    histogram, counter = _FakeCollector(), _FakeCollector()
-    monkeypatch.setattr(metrics_module, "_PROMETHEUS", (histogram, counter))
-    metrics = Metrics()
-    assert set(histogram.children) == set(OPERATIONS)
-    assert set(counter.children) == set(COUNTERS)
-    metrics.observe("apply_diff", 0.5)
-    with metrics.time("apply_diff"):
+def test_every_queues_figures_are_exported_summed_at_scrape_time() -> None:
+    """One collector exports the sum over every Metrics in the process: counters, and
+    each operation's histogram (count, sum, cumulative buckets)."""
+    before = {
+        "commits": _sample("imq_events_total", event="commits"),
+        "count": _sample("imq_operation_seconds_count", operation="apply_diff"),
+        "sum": _sample("imq_operation_seconds_sum", operation="apply_diff"),
+        "le 1e-4": _sample("imq_operation_seconds_bucket", operation="apply_diff", le="0.0001"),
+        "le 1": _sample("imq_operation_seconds_bucket", operation="apply_diff", le="1.0"),
+        "inf": _sample("imq_operation_seconds_bucket", operation="apply_diff", le="+Inf"),
+    }
+    a, b = Metrics(), Metrics()
+    a.inc("commits", 3)
+    b.inc("commits", 2)
+    a.observe("apply_diff", 0.5)
+    b.observe("apply_diff", 0.00005)
+    b.observe("apply_diff", 100.0)
+    with a.time("apply_diff"):
         pass
-    metrics.inc("commits", 3)
-    assert len(histogram.children["apply_diff"].values) == 2
-    assert histogram.children["apply_diff"].values[0] == 0.5
-    assert counter.children["commits"].values == [3]
+    assert _sample("imq_events_total", event="commits") == before["commits"] + 5
+    assert _sample("imq_operation_seconds_count", operation="apply_diff") == before["count"] + 4
+    got_sum = _sample("imq_operation_seconds_sum", operation="apply_diff") - before["sum"]
+    assert 100.50005 <= got_sum < 100.6
+    le = {"operation": "apply_diff"}
+    assert _sample("imq_operation_seconds_bucket", **le, le="0.0001") >= before["le 1e-4"] + 1
+    assert _sample("imq_operation_seconds_bucket", **le, le="1.0") >= before["le 1"] + 3
+    assert _sample("imq_operation_seconds_bucket", **le, le="+Inf") == before["inf"] + 4
+
+
+def test_a_queues_figures_stay_exported_after_it_is_gone() -> None:
+    """Counters never go down: a Metrics that Python collected stays in the sums."""
+    before = _sample("imq_events_total", event="gc_ranges_failed")
+    gone = Metrics()
+    gone.inc("gc_ranges_failed", 7)
+    assert _sample("imq_events_total", event="gc_ranges_failed") == before + 7
+    del gone
+    gc.collect()
+    assert _sample("imq_events_total", event="gc_ranges_failed") == before + 7
+    Metrics().inc("gc_ranges_failed", 1)
+    gc.collect()
+    assert _sample("imq_events_total", event="gc_ranges_failed") == before + 8
+
+
+def test_histogram_buckets_follow_prometheus_le() -> None:
+    h = metrics_module.Histogram()
+    for seconds in (0.0, 1e-5, 1.1e-5, 60.0, 61.0):
+        h.add(seconds)
+    assert h.buckets[0] == 2  # le 1e-05: at most the bound
+    assert h.buckets[1] == 1
+    assert h.buckets[-2] == 1  # le 60
+    assert h.buckets[-1] == 1  # past every bound
+    assert sum(h.buckets) == h.count
 
 
 def test_without_prometheus_client(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(__import__("sys").modules, "prometheus_client", None)
-    assert metrics_module._prometheus_collectors() is None
+    assert metrics_module._prometheus_exporter() is None
 
 
 def test_real_prometheus_client_survives_reimport() -> None:
-    prometheus_client: Any = pytest.importorskip("prometheus_client")
-    # A second import of the module runs this again while the collectors are registered.
-    assert metrics_module._prometheus_collectors() == metrics_module._PROMETHEUS
+    pytest.importorskip("prometheus_client")
+    # A second import of the module runs this again while the collector is registered.
+    assert metrics_module._prometheus_exporter() is metrics_module._EXPORTER
     labels = {"event": "gc_ranges_failed"}
-    before = prometheus_client.REGISTRY.get_sample_value("imq_events_total", labels)
+    before = _sample("imq_events_total", **labels)
     Metrics().inc("gc_ranges_failed", 2)
-    after = prometheus_client.REGISTRY.get_sample_value("imq_events_total", labels)
-    assert after == (before or 0.0) + 2
+    assert _sample("imq_events_total", **labels) == before + 2
