@@ -331,6 +331,23 @@ append_index(PyObject *ended, Py_ssize_t idx)
     return rc;
 }
 
+/* The 2-tuple (a, b) of two new references, which it takes over; NULL when either is
+ * NULL (a failed allocation, its exception set) or the tuple cannot be made, with both
+ * released. */
+static PyObject *
+pair_of(PyObject *a, PyObject *b)
+{
+    PyObject *pair = a == NULL || b == NULL ? NULL : PyTuple_New(2);
+    if (pair == NULL) {
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(pair, 0, a);
+    PyTuple_SET_ITEM(pair, 1, b);
+    return pair;
+}
+
 /* The (key, value) pair of the row at `at` (its key, then a value of vlen bytes), a new
  * reference, or NULL with an exception. */
 static PyObject *
@@ -338,15 +355,7 @@ row_at(const unsigned char *at, Py_ssize_t vlen)
 {
     PyObject *k = PyBytes_FromStringAndSize((const char *)at, KEY_LEN);
     PyObject *v = k == NULL ? NULL : PyBytes_FromStringAndSize((const char *)at + KEY_LEN, vlen);
-    PyObject *row = v == NULL ? NULL : PyTuple_New(2);
-    if (row == NULL) {
-        Py_XDECREF(k);
-        Py_XDECREF(v);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(row, 0, k);
-    PyTuple_SET_ITEM(row, 1, v);
-    return row;
+    return pair_of(k, v);
 }
 
 /* A source's pending accepted row inside merge_fill: a (key, value) tuple of a generic
@@ -1683,7 +1692,8 @@ chunk_cut(PyObject *self, PyObject *args)
     uint32_t shift = (uint32_t)(b - a);
     for (Py_ssize_t k = j; k < c.n; k++)
         o[i + k - j] = c.o[k] - shift;
-    out = PyTuple_Pack(2, nd, no);
+    out = pair_of(nd, no);
+    nd = no = NULL;
 done:
     Py_XDECREF(nd);
     Py_XDECREF(no);
@@ -1740,10 +1750,7 @@ chunk_pack(PyObject *self, PyObject *rows)
         memcpy(d + at + KEY_LEN, PyBytes_AS_STRING(v), (size_t)PyBytes_GET_SIZE(v));
         at += KEY_LEN + PyBytes_GET_SIZE(v);
     }
-    PyObject *out = PyTuple_Pack(2, nd, no);
-    Py_DECREF(nd);
-    Py_DECREF(no);
-    return out;
+    return pair_of(nd, no);
 }
 
 /* The (key, value) pair of row i, a new reference. */
@@ -2348,6 +2355,18 @@ cache_scan(PyObject *self, PyObject *args)
  */
 static PyObject *s_shard, *s_from_key, *s_to_key;
 
+/* put_queue_key of the attribute `name` of `obj`; 0, or -1 with an exception. */
+static int
+put_queue_key_attr(unsigned char *out, PyObject *obj, PyObject *name)
+{
+    PyObject *qk = PyObject_GetAttr(obj, name);
+    if (qk == NULL)
+        return -1;
+    int rc = put_queue_key(out, qk);
+    Py_DECREF(qk);
+    return rc;
+}
+
 /* One range's (lo, hi), a new reference, or NULL with an exception. */
 static PyObject *
 range_bounds(unsigned int partition, PyObject *r)
@@ -2378,44 +2397,16 @@ range_bounds(unsigned int partition, PyObject *r)
     for (int i = 0; i < 8; i++)
         lo[6 + i] = (unsigned char)(prefix >> (56 - 8 * i));
     memcpy(hi, lo, QK_AT);
-    PyObject *from_key = PyObject_GetAttr(r, s_from_key);
-    if (from_key == NULL)
-        return NULL;
-    int failed = put_queue_key(lo + QK_AT, from_key);
-    Py_DECREF(from_key);
-    if (failed < 0)
-        return NULL;
-    PyObject *to_key = PyObject_GetAttr(r, s_to_key);
-    if (to_key == NULL)
-        return NULL;
-    failed = put_queue_key(hi + QK_AT, to_key);
-    Py_DECREF(to_key);
-    if (failed < 0)
+    if (put_queue_key_attr(lo + QK_AT, r, s_from_key) < 0 ||
+        put_queue_key_attr(hi + QK_AT, r, s_to_key) < 0)
         return NULL;
     PyObject *lo_b = PyBytes_FromStringAndSize((const char *)lo, KEY_LEN);
     if (lo_b == NULL)
         return NULL;
-    PyObject *hi_b;
-    if (memcmp(hi, lo, KEY_LEN) > 0) {
-        hi_b = PyBytes_FromStringAndSize((const char *)hi, KEY_LEN);
-        if (hi_b == NULL) {
-            Py_DECREF(lo_b);
-            return NULL;
-        }
-    }
-    else {
-        Py_INCREF(lo_b);
-        hi_b = lo_b;
-    }
-    PyObject *pair = PyTuple_New(2);
-    if (pair == NULL) {
-        Py_DECREF(lo_b);
-        Py_DECREF(hi_b);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(pair, 0, lo_b);
-    PyTuple_SET_ITEM(pair, 1, hi_b);
-    return pair;
+    PyObject *hi_b = memcmp(hi, lo, KEY_LEN) > 0
+                         ? PyBytes_FromStringAndSize((const char *)hi, KEY_LEN)
+                         : Py_NewRef(lo_b); /* an empty range ends where it starts */
+    return pair_of(lo_b, hi_b);
 }
 
 static PyObject *
