@@ -30,7 +30,6 @@ __all__ = [
     "check_above_pointer",
     "check_sources",
     "resting_key",
-    "sequence_skips",
     "skipped_by_sequence",
     "stage_diff",
 ]
@@ -106,16 +105,11 @@ def already_applied(view: ops.View, block: BlockIdShort, diff_hash: bytes) -> bo
 
 
 def skipped_by_sequence(
-    view: ops.View, last: ops.LastSeqno, block: BlockIdShort, zone: DiffZone
+    view: ops.View, seqno: int | None, block: BlockIdShort, zone: DiffZone
 ) -> bool:
     """True if the sequence rule skips the diff: it is at or below the last one visible
-    in ``zone`` (``last`` is ``LastSeqno(block.shard)``); a gap is an error."""
-    return sequence_skips(view, view[last], block, zone)
-
-
-def sequence_skips(view: ops.View, seqno: int | None, block: BlockIdShort, zone: DiffZone) -> bool:
-    """:func:`skipped_by_sequence`, the shard's highest stored seqno (``seqno``) read
-    already."""
+    in ``zone`` (``seqno`` is the shard's highest stored one, the view's answer to
+    ``LastSeqno(block.shard)``); a gap is an error."""
     if seqno is None:
         return False
     # Only the zone matters here: read the record's span, not its whole DiffInfo.

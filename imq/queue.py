@@ -279,7 +279,7 @@ class Queue(QueueReads):
         try:
             # The questions the view answers: the shard's last seqno for the sequence
             # rule, the one below the block's for an empty diff without a span.
-            last = ops.LastSeqno(block.shard) if check_sequence else None
+            last = ops.LastSeqno(block.shard) if check_sequence is not None else None
             previous = ops.LastSeqno(block.shard, block.seqno) if stats is None else None
             questions = [q for q in (last, previous) if q is not None]
             with ops.view(self._store, *questions, diffs=True) as view:
@@ -289,7 +289,7 @@ class Queue(QueueReads):
                 unstored = last is not None and (top is None or block.seqno > top)
                 if (not unstored and apply.already_applied(view, block, diff_hash)) or (
                     check_sequence is not None
-                    and apply.sequence_skips(view, top, block, check_sequence)
+                    and apply.skipped_by_sequence(view, top, block, check_sequence)
                 ):
                     self.metrics.inc("diffs_skipped")
                     self._log.debug("diff_skipped", block=str(block))
