@@ -368,6 +368,34 @@ typedef struct {
     int has;
 } Head;
 
+/*
+ * What merge_fill keeps of one source for a call: the source itself (a reference held
+ * for the call: a source another thread drops from `sources` while a refill lets go of
+ * the GIL stays alive until the call ends); for a source read in place, its chunks' data
+ * (held for the call, so that every pointer into them stays valid); its pending row; and
+ * the last key read when a streak of it ended (lastkeys[i] and final[i] at the end of the
+ * call): an object (owned) or a pointer into a chunk, built once at the end however many
+ * of its streaks ended in the call. One allocation for all the sources.
+ */
+typedef struct {
+    PyObject *src, *data, *last_obj;
+    const unsigned char *last_at;
+    Head head;
+} Source;
+
+/* Release what `ss` holds of n sources, and the array. */
+static void
+source_release(Source *ss, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_XDECREF(ss[i].src);
+        Py_XDECREF(ss[i].data);
+        Py_XDECREF(ss[i].last_obj);
+        Py_XDECREF(ss[i].head.row);
+    }
+    PyMem_Free(ss);
+}
+
 /* The cache's rows, read in place (defined with ChunkRows below). */
 static PyTypeObject ChunkRowsType;
 static PyObject *chunk_source_data(PyObject *source, long wc_byte, long prefix_len,
@@ -505,30 +533,19 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         limit = 1;
     int shift = (int)(64 - prefix_len);
 
-    /* Per source: itself (a reference held for the call: a source another thread drops
-     * from `sources` while a refill lets go of the GIL stays alive until the call ends),
-     * its pending row, and, for a source read in place, its chunks' data (held for the
-     * call, so that every pointer into them stays valid). */
-    PyObject **srcs = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
-    Head *hs = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Head));
-    PyObject **kept = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
-    /* Per source, the last key read when a streak of it ended (lastkeys[i] and final[i]
-     * at the end of the call): an object (owned), or a pointer into a chunk, built once
-     * at the end however many of its streaks ended in this call. */
-    PyObject **last_obj = PyMem_Calloc((size_t)(n ? n : 1), sizeof(PyObject *));
-    const unsigned char **last_at = PyMem_Calloc((size_t)(n ? n : 1), sizeof(char *));
+    Source *ss = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Source));
     PyObject *batch = NULL, *records = NULL, *ended = NULL, *final = NULL, *need_out = NULL;
     AddrMemo memo = {{{0}}, {NULL, NULL}};
     Py_ssize_t skipped = 0, count = 0;
     int heads_taken = 0; /* past the check of `heads`: a failure writes them back */
-    if (srcs == NULL || hs == NULL || kept == NULL || last_obj == NULL || last_at == NULL) {
+    if (ss == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         /* NULL: a generic source */
-        srcs[i] = Py_NewRef(PyList_GET_ITEM(sources, i));
-        kept[i] = chunk_source_data(srcs[i], wc_byte, prefix_len, want);
+        ss[i].src = Py_NewRef(PyList_GET_ITEM(sources, i));
+        ss[i].data = chunk_source_data(ss[i].src, wc_byte, prefix_len, want);
         PyObject *head = PyList_GET_ITEM(heads, i);
         if (head == Py_None)
             continue;
@@ -541,11 +558,11 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         }
         Py_INCREF(head);
-        hs[i].row = head;
-        hs[i].has = 1;
-        hs[i].k = (const unsigned char *)PyBytes_AS_STRING(PyTuple_GET_ITEM(head, 0));
-        hs[i].v = (const unsigned char *)PyBytes_AS_STRING(PyTuple_GET_ITEM(head, 1));
-        hs[i].vlen = PyBytes_GET_SIZE(PyTuple_GET_ITEM(head, 1));
+        ss[i].head.row = head;
+        ss[i].head.has = 1;
+        ss[i].head.k = (const unsigned char *)PyBytes_AS_STRING(PyTuple_GET_ITEM(head, 0));
+        ss[i].head.v = (const unsigned char *)PyBytes_AS_STRING(PyTuple_GET_ITEM(head, 1));
+        ss[i].head.vlen = PyBytes_GET_SIZE(PyTuple_GET_ITEM(head, 1));
     }
     heads_taken = 1;
     batch = PyList_New(limit);
@@ -565,14 +582,14 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyErr_SetString(PyExc_IndexError, "need names no source");
             goto fail;
         }
-        if (hs[idx].has)
+        if (ss[idx].head.has)
             continue;
         PyObject *last_skip;
         const unsigned char *skip_at;
-        if (refill_head(srcs[idx], kept[idx] != NULL, wc_byte, prefix_len,
-                        shift, want, &skipped, &hs[idx], &last_skip, &skip_at) < 0)
+        if (refill_head(ss[idx].src, ss[idx].data != NULL, wc_byte, prefix_len,
+                        shift, want, &skipped, &ss[idx].head, &last_skip, &skip_at) < 0)
             goto fail;
-        if (!hs[idx].has && append_index(ended, idx) < 0) {
+        if (!ss[idx].head.has && append_index(ended, idx) < 0) {
             Py_XDECREF(last_skip);
             goto fail;
         }
@@ -594,9 +611,9 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t best = -1, second = -1;
         const unsigned char *best_key = NULL, *second_key = NULL;
         for (Py_ssize_t i = 0; i < n; i++) {
-            if (!hs[i].has)
+            if (!ss[i].head.has)
                 continue;
-            const unsigned char *k = hs[i].k;
+            const unsigned char *k = ss[i].head.k;
             if (best < 0 || memcmp(k + QK_AT, best_key + QK_AT, KEY_LEN - QK_AT) < 0) {
                 second = best;
                 second_key = best_key;
@@ -613,10 +630,10 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         }
         /* Stream `best`: its rows stay local until the streak ends (heads[second], and so
          * second_key, is not touched meanwhile). */
-        Head cur = hs[best]; /* owned from here */
-        hs[best].has = 0;
-        hs[best].row = NULL;
-        PyObject *source = srcs[best];
+        Head cur = ss[best].head; /* owned from here */
+        ss[best].head.has = 0;
+        ss[best].head.row = NULL;
+        PyObject *source = ss[best].src;
         PyObject *shard = PyList_GET_ITEM(shards, best);
         for (;;) {
             PyObject *item = decode_at(shard, cur.k, cur.v, cur.vlen, &memo);
@@ -630,7 +647,7 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyObject *last_skip = NULL;
             const unsigned char *skip_at = NULL;
             if (count < limit &&
-                refill_head(source, kept[best] != NULL, wc_byte, prefix_len, shift, want,
+                refill_head(source, ss[best].data != NULL, wc_byte, prefix_len, shift, want,
                             &skipped, &next, &last_skip, &skip_at) < 0) {
                 Py_XDECREF(cur.row);
                 goto fail;
@@ -675,14 +692,14 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                 }
                 Py_DECREF(rec);
             }
-            Py_XSETREF(last_obj[best], key_obj);
-            last_at[best] = key_at;
+            Py_XSETREF(ss[best].last_obj, key_obj);
+            ss[best].last_at = key_at;
             if (count == limit) {
                 need_out = Py_BuildValue("[n]", best);
                 goto done;
             }
             if (next.has)
-                hs[best] = next;
+                ss[best].head = next;
             else if (append_index(ended, best) < 0)
                 goto fail;
             break;
@@ -693,12 +710,12 @@ done:
         goto fail;
     /* The last key of each source whose streaks ended: lastkeys and final. */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *last = last_obj[i];
-        last_obj[i] = NULL;
+        PyObject *last = ss[i].last_obj;
+        ss[i].last_obj = NULL;
         if (last == NULL) {
-            if (last_at[i] == NULL)
+            if (ss[i].last_at == NULL)
                 continue;
-            last = PyBytes_FromStringAndSize((const char *)last_at[i], KEY_LEN);
+            last = PyBytes_FromStringAndSize((const char *)ss[i].last_at, KEY_LEN);
             if (last == NULL) {
                 Py_DECREF(need_out);
                 goto fail;
@@ -710,8 +727,8 @@ done:
     }
     /* The pending rows go back to `heads`: rows of the cache's chunks are built now. */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *row = hs[i].has ? head_row(&hs[i]) : Py_NewRef(Py_None);
-        hs[i].has = 0;
+        PyObject *row = ss[i].head.has ? head_row(&ss[i].head) : Py_NewRef(Py_None);
+        ss[i].head.has = 0;
         if (row == NULL) {
             Py_DECREF(need_out);
             goto fail;
@@ -719,52 +736,27 @@ done:
         PyList_SetItem(heads, i, row);
     }
     memo_clear(&memo);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_XDECREF(kept[i]);
-        Py_XDECREF(srcs[i]);
-    }
-    PyMem_Free(kept);
-    PyMem_Free(srcs);
-    PyMem_Free(hs);
-    PyMem_Free(last_obj);
-    PyMem_Free(last_at);
+    source_release(ss, n);
     return Py_BuildValue("(NNNNNn)", batch, final, records, ended, need_out, skipped);
 fail:
     memo_clear(&memo);
-    if (hs != NULL) {
+    if (ss != NULL) {
         /* Keep what can be kept of the pending rows; the iterator reports the error. */
         PyObject *exc_type, *exc_value, *exc_tb;
         PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
         for (Py_ssize_t i = 0; i < n; i++) {
             if (heads_taken) {
-                PyObject *row = hs[i].has ? head_row(&hs[i]) : NULL;
+                PyObject *row = ss[i].head.has ? head_row(&ss[i].head) : NULL;
                 if (row == NULL) {
                     PyErr_Clear();
                     row = Py_NewRef(Py_None);
                 }
                 PyList_SetItem(heads, i, row);
             }
-            Py_XDECREF(hs[i].row); /* what was not given back */
         }
         PyErr_Restore(exc_type, exc_value, exc_tb);
-        PyMem_Free(hs);
+        source_release(ss, n);
     }
-    if (kept != NULL) {
-        for (Py_ssize_t i = 0; i < n; i++)
-            Py_XDECREF(kept[i]);
-        PyMem_Free(kept);
-    }
-    if (srcs != NULL) {
-        for (Py_ssize_t i = 0; i < n; i++)
-            Py_XDECREF(srcs[i]);
-        PyMem_Free(srcs);
-    }
-    if (last_obj != NULL) {
-        for (Py_ssize_t i = 0; i < n; i++)
-            Py_XDECREF(last_obj[i]);
-        PyMem_Free(last_obj);
-    }
-    PyMem_Free(last_at);
     Py_XDECREF(batch);
     Py_XDECREF(records);
     Py_XDECREF(ended);
