@@ -15,6 +15,7 @@ from imq.diff import DiffStatistics, QueueDiff
 from imq.errors import DiffBelowCommitPointerError, DiffConflictError, DiffSequenceError
 from imq.storage import TransactionProtocol as Transaction
 from imq.storage import codec, ops
+from imq.storage.tops import DiffTop
 from imq.types import (
     Address,
     BlockIdShort,
@@ -110,18 +111,25 @@ def skipped_by_sequence(
     """True if the sequence rule skips the diff: it is at or below the last one visible
     in ``zone`` (``seqno`` is the shard's highest stored one, the view's answer to
     ``LastSeqno(block.shard)``); a gap is an error."""
-    if seqno is None:
-        return False
-    # Only the zone matters here: read the record's span, not its whole DiffInfo.
-    span = view.diff_span(block.shard, seqno)
-    if span is None or not max_in_zone(span[1], view.state.pointers.get(block.shard), zone):
+    top = None if seqno is None else view.diff_top(block.shard, seqno)
+    return sequence_skips(top, view.state.pointers.get(block.shard), block, zone)
+
+
+def sequence_skips(
+    top: DiffTop | None, pointer: CommitPointer | None, block: BlockIdShort, zone: DiffZone
+) -> bool:
+    """The sequence rule on the shard's highest stored diff ``top`` (``None``: none
+    stored): True if the block is at or below it and it is in ``zone``; a gap above it
+    is an error."""
+    # Only the zone matters here: the record's span, not its whole DiffInfo.
+    if top is None or not max_in_zone(top.max_message, pointer, zone):
         return False  # absent or not in zone
-    if block.seqno <= seqno:
+    if block.seqno <= top.seqno:
         return True
-    if block.seqno != seqno + 1:
+    if block.seqno != top.seqno + 1:
         raise DiffSequenceError(
             f"diff of block {block} is not sequential: the last {zone.value} diff of shard "
-            f"{block.shard} has seqno {seqno}"
+            f"{block.shard} has seqno {top.seqno}"
         )
     return False
 

@@ -28,7 +28,7 @@ from imq.errors import ImqError, StartupError
 from imq.gc import GarbageCollector, GcReport, GcWorker
 from imq.locks import RWLock, ShardLocks
 from imq.observability import Metrics, ProgressLine, get_logger
-from imq.pending import PendingDiff, PendingRegistry
+from imq.pending import LockGuard, PendingDiff, PendingRegistry
 from imq.queue_reads import QueueReads
 from imq.reads import check_type
 from imq.state import exporter, importer
@@ -277,36 +277,64 @@ class Queue(QueueReads):
     ) -> PendingDiff | None:
         guard = self._pending.hold_shard(self._rw, self._shard_locks, block.shard)
         try:
-            # The questions the view answers: the shard's last seqno for the sequence
-            # rule, the one below the block's for an empty diff without a span.
-            last = ops.LastSeqno(block.shard) if check_sequence is not None else None
-            previous = ops.LastSeqno(block.shard, block.seqno) if stats is None else None
-            questions = [q for q in (last, previous) if q is not None]
-            with ops.view(self._store, *questions, diffs=True) as view:
-                # Above the shard's highest stored seqno the block's diff is not stored:
-                # a collator's next block, whose record needs no point read then.
-                top = view[last] if last is not None else None
-                unstored = last is not None and (top is None or block.seqno > top)
-                if (not unstored and apply.already_applied(view, block, diff_hash)) or (
-                    check_sequence is not None
-                    and apply.skipped_by_sequence(view, top, block, check_sequence)
+            store = self._store
+            epoch, known, top = store.diff_tops.lookup(block.shard)
+            if (
+                known
+                and stats is not None
+                and (top is None or block.seqno > top.seqno)
+                and (top is None or store.get_latest(Table.DIFF_INFO, top.key) == top.record)
+            ):
+                # A collator's next block: above the shard's highest stored diff as this
+                # store's writes left it (imq.storage.tops), whose record is still the
+                # one written. The block's own record is not stored, and the sequence
+                # rule needs only that diff's seqno and span: no view.
+                pointer = store.state.pointers.get(block.shard)
+                if check_sequence is not None and apply.sequence_skips(
+                    top, pointer, block, check_sequence
                 ):
-                    self.metrics.inc("diffs_skipped")
-                    self._log.debug("diff_skipped", block=str(block))
-                    guard.release()
+                    self._skipped(guard, block)
                     return None
-                pointer = view.state.pointers.get(block.shard)
-                apply.check_above_pointer(pointer, block, diff)
-                if stats is None:
-                    assert previous is not None  # asked whenever stats is None
-                    at = apply.resting_key(view, previous, block, pointer)
-                    stats = (at, at)
+            else:
+                # The questions the view answers: the shard's last seqno for the sequence
+                # rule, the one below the block's for an empty diff without a span.
+                last = ops.LastSeqno(block.shard) if check_sequence is not None else None
+                previous = ops.LastSeqno(block.shard, block.seqno) if stats is None else None
+                questions = [q for q in (last, previous) if q is not None]
+                with ops.view(store, *questions, diffs=True) as view:
+                    pointer = view.state.pointers.get(block.shard)
+                    # Above the shard's highest stored seqno the block's diff is not
+                    # stored: a collator's next block, whose record needs no point read.
+                    seqno = view[last] if last is not None else None
+                    unstored = last is not None and (seqno is None or block.seqno > seqno)
+                    if not unstored and apply.already_applied(view, block, diff_hash):
+                        self._skipped(guard, block)
+                        return None
+                    if check_sequence is not None:
+                        top = None if seqno is None else view.diff_top(block.shard, seqno)
+                        if seqno is None or top is not None:
+                            store.diff_tops.remember(block.shard, epoch, top)
+                        if apply.sequence_skips(top, pointer, block, check_sequence):
+                            self._skipped(guard, block)
+                            return None
+                    if stats is None:
+                        assert previous is not None  # asked whenever stats is None
+                        at = apply.resting_key(view, previous, block, pointer)
+                        stats = (at, at)
+            apply.check_above_pointer(pointer, block, diff)
             txn = self._store.transaction()
             apply.stage_diff(txn, diff, block, diff_hash, stats)
         except BaseException:
             guard.release()
             raise
         return PendingDiff(self._write_pending, txn, guard, block, len(diff.messages))
+
+    def _skipped(self, guard: LockGuard, block: BlockIdShort) -> None:
+        """A prepare that writes nothing: the diff is already applied, or the sequence
+        rule skips it."""
+        self.metrics.inc("diffs_skipped")
+        self._log.debug("diff_skipped", block=str(block))
+        guard.release()
 
     def _write_pending(self, pending: PendingDiff) -> None:
         """Called by ``PendingDiff.write`` while it still holds the locks."""

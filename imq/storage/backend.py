@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from imq.errors import StorageError
 from imq.storage.queue_state import QueueState, StateUpdate
 from imq.storage.tables import Table
+from imq.storage.tops import DiffTop, DiffTops
+from imq.types import ShardIdent
 
 if TYPE_CHECKING:
     from imq.storage.rocks import Scan
@@ -99,6 +101,11 @@ class TransactionProtocol(Protocol):
 
     def put(self, table: Table, key: bytes, value: bytes) -> None: ...
 
+    def put_diff_record(self, shard: ShardIdent, top: DiffTop) -> None:
+        """Put an applied diff's record (``top.key`` -> ``top.record``): the one put the
+        store's :attr:`StoreProtocol.diff_tops` follows (any other change to the diff
+        records makes it forget every shard)."""
+
     def writer(
         self, table: Table, *, cached: bool = True
     ) -> AbstractContextManager[tuple[Callable[[bytes, bytes, Any], object], Any]]:
@@ -134,6 +141,11 @@ class StoreProtocol(Protocol):
     @property
     def dead(self) -> StorageError | None:
         """The error that killed the handle (a failed write), or ``None``."""
+
+    @property
+    def diff_tops(self) -> DiffTops:
+        """Each shard's highest stored diff, as this store's writes left it
+        (:mod:`imq.storage.tops`)."""
 
     def set_state(self, state: QueueState) -> None: ...
 

@@ -26,6 +26,8 @@ from imq.storage.backend import Closable, TransactionProtocol
 from imq.storage.queue_state import QueueState, StateUpdate
 from imq.storage.rocks import Scan
 from imq.storage.tables import Table
+from imq.storage.tops import DiffTop, DiffTops
+from imq.types import ShardIdent
 
 __all__ = ["MemoryCursor", "MemorySnapshot", "MemoryStore", "MemoryTransaction"]
 
@@ -120,15 +122,22 @@ class MemorySnapshot:
 class MemoryTransaction:
     """Operations staged for one atomic write, and the state updates it publishes."""
 
-    __slots__ = ("deleted_ranges", "ops", "state_updates")
+    __slots__ = ("deleted_ranges", "diff_tops", "diffs_blind", "ops", "state_updates")
 
     def __init__(self) -> None:
         self.ops: list[_Op] = []
         self.state_updates: list[StateUpdate] = []
         self.deleted_ranges: list[tuple[Table, bytes, bytes]] = []
+        self.diff_tops: list[tuple[ShardIdent, DiffTop]] = []
+        self.diffs_blind = False
 
     def put(self, table: Table, key: bytes, value: bytes) -> None:
+        self.diffs_blind |= table is Table.DIFF_INFO
         self.ops.append(("put", table, key, value))
+
+    def put_diff_record(self, shard: ShardIdent, top: DiffTop) -> None:
+        self.ops.append(("put", Table.DIFF_INFO, top.key, top.record))
+        self.diff_tops.append((shard, top))
 
     def _put(self, key: bytes, value: bytes, table: Table) -> None:
         self.ops.append(("put", table, key, value))
@@ -137,13 +146,16 @@ class MemoryTransaction:
     def writer(
         self, table: Table, *, cached: bool = True
     ) -> Iterator[tuple[Callable[[bytes, bytes, Any], object], Any]]:
+        self.diffs_blind |= table is Table.DIFF_INFO
         yield self._put, table
 
     def delete(self, table: Table, key: bytes) -> None:
+        self.diffs_blind |= table is Table.DIFF_INFO
         self.ops.append(("delete", table, key, b""))
 
     def delete_range(self, table: Table, lo: bytes, hi: bytes) -> None:
         if lo < hi:
+            self.diffs_blind |= table is Table.DIFF_INFO
             self.ops.append(("delete_range", table, lo, hi))
             self.deleted_ranges.append((table, lo, hi))
 
@@ -176,6 +188,7 @@ class MemoryStore:
         self._state = QueueState()
         self._resources: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
+        self.diff_tops = DiffTops()
         self._tables[Table.VARS].setdefault(
             codec.SCHEMA_VERSION_KEY, codec.u32_value(codec.SCHEMA_VERSION)
         )
@@ -281,6 +294,7 @@ class MemoryStore:
                         del rows[key]
                     if doomed:
                         self._sorted[table] = None
+            self.diff_tops.after_write(txn.diffs_blind, txn.diff_tops)
             state = self._state
             for update in txn.state_updates:
                 state = update(state)
@@ -320,6 +334,7 @@ class MemoryStore:
             if self._closed:
                 return None
             self._closed = True
+            self.diff_tops.forget()
             resources = list(self._resources)
         for resource in resources:
             resource.close_for_queue()

@@ -32,6 +32,7 @@ from imq.storage.backend import TransactionProtocol as Transaction
 from imq.storage.queue_state import CommitRecord, GcBounds, QueueState
 from imq.storage.rocks import Scan
 from imq.storage.tables import Table
+from imq.storage.tops import DiffTop
 from imq.types import (
     Address,
     BlockId,
@@ -165,7 +166,8 @@ def put_diff_encoded(  # noqa: PLR0917 - the row parts of one diff, packed
     for partition, value in stat_values.items():
         txn.put(Table.STATISTICS, codec.stat_key(shard, partition, max_message, seqno), value)
     txn.put(Table.DIFF_TAIL, codec.tail_key(shard, max_message, seqno), b"")
-    txn.put(Table.DIFF_INFO, codec.diff_info_key(shard, seqno), record)
+    key = codec.diff_info_key(shard, seqno)
+    txn.put_diff_record(shard, DiffTop(seqno, key, record, max_message))
 
 
 def put_commit_state(
@@ -497,6 +499,15 @@ class View:
     def diff_record(self, shard: ShardIdent, seqno: int) -> DiffRecord | None:
         key, raw = self._raw_info(shard, seqno)
         return None if raw is None else codec.decode_diff_record(key, raw)
+
+    def diff_top(self, shard: ShardIdent, seqno: int) -> DiffTop | None:
+        """The stored diff ``seqno`` of ``shard`` as a :class:`DiffTop` (its record's
+        bytes and span end, the record checked as :meth:`diff_span` checks it), or
+        ``None`` when it is not stored."""
+        key, raw = self._raw_info(shard, seqno)
+        if raw is None:
+            return None
+        return DiffTop(seqno, key, raw, codec.decode_diff_span(key, raw)[1])
 
     def diff_span(
         self, shard: ShardIdent, seqno: int

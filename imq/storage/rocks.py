@@ -55,6 +55,8 @@ from imq.storage.backend import CursorProtocol, TransactionProtocol
 from imq.storage.cache import MessageCache, Row, Tee
 from imq.storage.queue_state import QueueState, StateUpdate
 from imq.storage.tables import TABLES, StoreOptions, Table, table_options
+from imq.storage.tops import DiffTop, DiffTops
+from imq.types import ShardIdent
 
 __all__ = [
     "Closable",
@@ -381,6 +383,8 @@ class Transaction:
         "cache_blind",
         "deleted_messages",
         "deleted_ranges",
+        "diff_tops",
+        "diffs_blind",
         "kept",
         "state_updates",
     )
@@ -394,6 +398,10 @@ class Transaction:
         self.kept: dict[bytes, list[bytearray]] = {}  # per segment, a [data, offs] chunk
         self.deleted_messages: list[tuple[bytes, bytes]] = []
         self.cache_blind = False
+        # Diff records put by put_diff_record, and whether any other change touched
+        # the diff records: what the store's DiffTops follows (imq.storage.tops).
+        self.diff_tops: list[tuple[ShardIdent, DiffTop]] = []
+        self.diffs_blind = False
         self._tees: list[Any] = []
 
     def _handle(self, table: Table) -> Any:
@@ -407,7 +415,15 @@ class Transaction:
     def put(self, table: Table, key: bytes, value: bytes) -> None:
         if table is Table.MESSAGES:
             self.cache_blind = True
+        elif table is Table.DIFF_INFO:
+            self.diffs_blind = True
         self.batch.put(key, value, self._handle(table))
+
+    def put_diff_record(self, shard: ShardIdent, top: DiffTop) -> None:
+        """Put the diff record ``top`` of ``shard`` (``top.key`` -> ``top.record``); the
+        store's :class:`~imq.storage.tops.DiffTops` takes it once the batch is written."""
+        self.batch.put(top.key, top.record, self._handle(Table.DIFF_INFO))
+        self.diff_tops.append((shard, top))
 
     def writer(
         self, table: Table, *, cached: bool = True
@@ -426,6 +442,8 @@ class Transaction:
         bulk import) writes them without keeping them, and the cache forgets every
         segment after the write instead."""
         put: Callable[[bytes, bytes, Any], object] = self.batch.put
+        if table is Table.DIFF_INFO:
+            self.diffs_blind = True
         if table is Table.MESSAGES and self._keep:
             if cached:
                 tee = Tee(put, self.kept, codec.MESSAGE_PREFIX_LEN)
@@ -459,6 +477,8 @@ class Transaction:
     def delete(self, table: Table, key: bytes) -> None:
         if table is Table.MESSAGES:
             self.cache_blind = True
+        elif table is Table.DIFF_INFO:
+            self.diffs_blind = True
         self.batch.delete(key, self._handle(table))
 
     def compact_after(self, table: Table, lo: bytes, hi: bytes) -> None:
@@ -471,6 +491,8 @@ class Transaction:
         if lo < hi:
             self.batch.delete_range(lo, hi, self._handle(table))
             self.deleted_ranges.append((table, lo, hi))
+            if table is Table.DIFF_INFO:
+                self.diffs_blind = True
             if table is Table.MESSAGES:
                 if self.kept:  # the cache replays deletes before puts: not this order
                     self.cache_blind = True
@@ -564,6 +586,7 @@ class Store:
         self.cache = MessageCache(
             0 if read_only else self.options.message_cache_size, codec.MESSAGE_PREFIX_LEN
         )
+        self.diff_tops = DiffTops()
         try:
             self._check_schema()
         except BaseException:
@@ -666,6 +689,7 @@ class Store:
                 return None
             self._closed = True
             self.cache.forget()
+            self.diff_tops.forget()
             try:
                 for resource in list(self._resources):
                     try:
@@ -860,7 +884,9 @@ class Store:
                 self._db.write(txn.batch, self._sync) if sync else self._db.write(txn.batch)
             except Exception as exc:  # rocksdict raises a bare Exception("IO error: ...")
                 cache.forget()  # whatever the batch did, the cache must not vouch for it
+                self.diff_tops.forget()
                 raise self._failed("write", exc) from exc
+            self.diff_tops.after_write(txn.diffs_blind, txn.diff_tops)
             if txn.cache_blind or not txn.kept_all:
                 cache.forget()
             elif txn.kept or txn.deleted_messages:

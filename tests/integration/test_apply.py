@@ -28,6 +28,7 @@ from builders import (
 )
 
 from imq import (
+    CorruptDataError,
     DiffBelowCommitPointerError,
     DiffConflictError,
     DiffInfo,
@@ -41,7 +42,7 @@ from imq import (
     QueueKey,
     QueueShardRange,
 )
-from imq.storage import Table
+from imq.storage import Table, codec
 
 S = split_shard(0, 1, 0)  # 0:4000000000000000
 OTHER = split_shard(0, 1, 1)  # 0:c000000000000000
@@ -157,6 +158,71 @@ def test_sequence_rule_without_any_diff_of_the_shard(queue: Queue, chain: Chain)
     for zone in DiffZone:
         a = chain.build(S, 1, seqno=7 + list(DiffZone).index(zone))
         assert queue.apply_diff(a.diff, a.block, a.hash, None, zone) is True
+
+
+# -- the remembered top of a shard (imq.storage.tops) -----------------------------------------
+# A prepare with a sequence check remembers the shard's highest stored diff; the next
+# block's prepare then reads only that record's bytes. These check that what it
+# remembers follows every write that changes the shard's diffs.
+
+
+def test_sequence_rule_after_a_clear_uses_the_stored_top(queue: Queue, chain: Chain) -> None:
+    for _ in range(4):
+        chain.apply(S, 2, check_sequence=DiffZone.BOTH)  # seqnos 1..4, each remembered
+    commit_on(queue, chain, 1, chain.of(S)[1])  # seqno 2 committed
+    queue.clear_uncommitted_state()  # 3 and 4 are gone
+    assert queue.get_last_applied_seqno(S) == 2
+    gap = chain.build(S, 2, seqno=5)  # the next block of the forgotten top: a gap now
+    with pytest.raises(DiffSequenceError):
+        queue.apply_diff(gap.diff, gap.block, gap.hash, None, DiffZone.BOTH)
+    again = chain.build(S, 2, seqno=3)
+    assert queue.apply_diff(again.diff, again.block, again.hash, None, DiffZone.BOTH) is True
+    nxt = chain.build(S, 2, seqno=4)
+    assert queue.apply_diff(nxt.diff, nxt.block, nxt.hash, None, DiffZone.UNCOMMITTED) is True
+    assert queue.get_last_applied_seqno(S) == 4
+
+
+def test_sequence_rule_follows_the_commit_of_the_remembered_top(queue: Queue, chain: Chain) -> None:
+    a = chain.apply(S, 2, check_sequence=DiffZone.UNCOMMITTED)
+    chain.apply(S, 2, check_sequence=DiffZone.UNCOMMITTED)
+    commit_on(queue, chain, 1, chain.of(S)[-1])  # the top moves to the committed zone
+    # Committed now: the uncommitted rule no longer sees it (no gap), the committed one does.
+    far = chain.build(S, 2, seqno=9)
+    with pytest.raises(DiffSequenceError):
+        queue.apply_diff(far.diff, far.block, far.hash, None, DiffZone.COMMITTED)
+    assert queue.apply_diff(far.diff, far.block, far.hash, None, DiffZone.UNCOMMITTED) is True
+    assert queue.get_diff_info(S, a.seqno) is not None
+
+
+def test_a_remembered_top_damaged_under_the_queue_fails_the_next_apply(
+    queue: Queue, chain: Chain
+) -> None:
+    chain.apply(S, 2, check_sequence=DiffZone.BOTH)
+    top = chain.apply(S, 2, check_sequence=DiffZone.BOTH)  # remembered as the top
+    row_key = codec.diff_info_key(S, top.seqno)
+    queue._store._tables[Table.DIFF_INFO].put(row_key, b"\x93garbage")
+    nxt = chain.build(S, 2)
+    with pytest.raises(CorruptDataError) as err:
+        queue.apply_diff(nxt.diff, nxt.block, nxt.hash, None, DiffZone.BOTH)
+    assert err.value.key == row_key
+    assert queue.get_last_applied_seqno(S) == top.seqno  # nothing written
+
+
+def test_reopen_forgets_the_remembered_tops(tmp_path: Path) -> None:
+    queue = Queue.open(tmp_path / "q", quiet_config())
+    chain = Chain(queue)
+    for _ in range(3):
+        chain.apply(S, 1, check_sequence=DiffZone.BOTH)
+    assert len(queue._store.diff_tops) == 1
+    queue.close()
+    queue = Queue.open(tmp_path / "q", quiet_config())
+    try:
+        assert len(queue._store.diff_tops) == 0
+        gap = chain.build(S, 1, seqno=9)
+        with pytest.raises(DiffSequenceError):
+            queue.apply_diff(gap.diff, gap.block, gap.hash, None, DiffZone.BOTH)
+    finally:
+        queue.close()
 
 
 # -- commit pointer check ---------------------------------------------------------------------
