@@ -153,6 +153,11 @@ class StoreProtocol(Protocol):
         self, points: Iterable[Table] = (), scans: Sequence[Scan] = ()
     ) -> SnapshotProtocol: ...
 
+    def cached_count(self, lo: bytes, hi: bytes) -> int | None:
+        """The message rows with ``lo <= key < hi`` (inside one segment) when a cache of
+        fresh rows holds them all; ``None`` when the rows must be counted in the tables."""
+        ...
+
     def message_cache_stats(self) -> dict[str, int]:
         """What the store's cache of fresh message rows holds and served (empty when the
         store has none)."""

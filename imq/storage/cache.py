@@ -671,6 +671,30 @@ class MessageCache:
         stop = last.bisect(hi) if last.last >= hi else last.n
         return ChunkRows(segment.datas[k0:k1], segment.offss[k0:k1], start, stop, reader)
 
+    def count(self, lo: bytes, hi: bytes) -> int | None:
+        """The number of stored rows with ``lo <= key < hi`` when the cache can tell
+        them all (as :meth:`scan`), by bisection: no row is visited. Else ``None``."""
+        prefix = lo[: self._prefix_len]
+        segment = self._segments.get(prefix)
+        if (
+            segment is None
+            or lo <= segment.floor
+            or (hi[: self._prefix_len] != prefix and hi != _prefix_end(prefix))
+        ):
+            return None
+        k0 = bisect_left(segment.lasts, lo)
+        k1 = bisect_left(segment.firsts, hi)
+        if k0 >= k1:
+            return 0
+        chunks = segment.chunks
+        total = sum(chunks[k].n for k in range(k0, k1))
+        first, last = chunks[k0], chunks[k1 - 1]
+        if first.first < lo:
+            total -= first.bisect(lo)
+        if last.last >= hi:
+            total -= last.n - last.bisect(hi)
+        return total
+
     def scan_many(self, bounds: list[tuple[bytes, bytes]], reader: Reader | None) -> list[Any]:
         """:meth:`scan` of each ``(lo, hi)`` of ``bounds`` (an iterator's ranges), in one
         call to C when it is built (:func:`imq._speedups.cache_scan`)."""

@@ -238,6 +238,11 @@ class MemoryStore:
         rows = self._tables[scan.table]
         return MemoryCursor([(k, rows[k]) for k in selected])
 
+    def cached_count(self, lo: bytes, hi: bytes) -> int | None:
+        """No cache in front of these tables: always ``None``."""
+        self._check_open()
+        return None
+
     def message_cache_stats(self) -> dict[str, int]:
         return {}  # no cache of fresh rows: the rows are in memory already
 

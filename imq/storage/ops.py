@@ -52,6 +52,7 @@ __all__ = [
     "PartitionFor",
     "Read",
     "RowCounter",
+    "count_range",
     "ShardDiffs",
     "StatTotals",
     "StatsByDiff",
@@ -416,6 +417,16 @@ class DiffMessages(Read[list[tuple[bytes, bytes]]]):
         return [decode(k, v) for k, v in cursor]
 
 
+def count_range(
+    partition: int, shard: ShardIdent, first: QueueKey, end: QueueKey, *, inclusive: bool
+) -> tuple[bytes, bytes]:
+    """The key range of the message rows of (``partition``, ``shard``) from ``first`` to
+    ``end`` (``end`` itself only when ``inclusive``): what :class:`RowCounter` counts."""
+    if inclusive:
+        return codec.message_delete_range(partition, shard, first, end)
+    return codec.message_range(partition, shard, first, end)
+
+
 class RowCounter:
     __slots__ = ("_cursor",)
 
@@ -427,10 +438,10 @@ class RowCounter:
     ) -> int:
         """Message rows of (``partition``, ``shard``) from ``first`` to ``end`` (``end``
         itself only when ``inclusive``)."""
-        if inclusive:
-            lo, hi = codec.message_delete_range(partition, shard, first, end)
-        else:
-            lo, hi = codec.message_range(partition, shard, first, end)
+        return self.count_keys(*count_range(partition, shard, first, end, inclusive=inclusive))
+
+    def count_keys(self, lo: bytes, hi: bytes) -> int:
+        """Message rows with ``lo <= key < hi`` (one seek)."""
         return self._cursor.count(lo, hi)
 
 

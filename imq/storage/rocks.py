@@ -832,6 +832,13 @@ class Store:
         cache.misses += 1
         return None
 
+    def cached_count(self, lo: bytes, hi: bytes) -> int | None:
+        """The message rows with ``lo <= key < hi`` (inside one segment) when the cache
+        of fresh rows holds them all, else ``None`` (count them in RocksDB)."""
+        with self._gate:
+            self._check_open()
+            return self.cache.count(lo, hi) if self.cache.enabled else None
+
     def message_cache_stats(self) -> dict[str, int]:
         """The cache of fresh rows: see :meth:`imq.storage.cache.MessageCache.stats`."""
         with self._gate:

@@ -327,8 +327,9 @@ def test_a_cached_scan_is_exactly_the_stored_range(
 ) -> None:
     """Puts (in order, out of order, again), range deletes, evictions and reopens in any
     order, segments first seen by a write or a read (loading their newest stored rows):
-    every scan the cache answers equals the stored rows of its range, and its filtered
-    form is the filter of those rows."""
+    every scan the cache answers equals the stored rows of its range, its filtered form
+    is the filter of those rows, and ``count`` answers the same ranges with their
+    number of rows."""
     per_row = 300
     row_bytes = sum(map(len, row(0, SHARDS[0], 0)))
     # a load limit of about `load_rows` rows (not a whole number: the load stops past it)
@@ -356,8 +357,11 @@ def test_a_cached_scan_is_exactly_the_stored_range(
         lo = codec.message_key(partition, shard, QueueKey(end - 3 * a, bytes(32)))
         hi = codec.message_key(partition, shard, QueueKey(end - 3 * a + 3 * b, bytes(32)))
         got = scan(cache, lo, hi)
+        counted = cache.count(lo, hi)
+        assert (counted is None) == (got is None)  # count answers exactly where scan does
         if got is not None:
             assert got == (stored.scan(lo, hi), 0)
+            assert counted == len(got[0])
             assert scan(cache, lo, hi, reader) == filtered(got[0], reader, cache_mod._PyChunkRows)
     for pre, (floor, rows) in cache.segments().items():  # the invariant itself
         assert rows == [r for r in stored.scan(pre, codec.prefix_end(pre)) if r[0] > floor]
