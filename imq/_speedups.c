@@ -1088,6 +1088,409 @@ fail:
     return NULL;
 }
 
+/* ---- the write path: a diff's record (msgpack) -------------------------------------- */
+
+/*
+ * diff_record(version, min_message, max_message, shards_messages_count, diff_hash,
+ * processed_to, router_src, router_dst, seqno, prev_hash, partitions) -> bytes: the
+ * stored record of a diff, byte for byte what codec.diff_record_value packs with
+ * msgpack (use_bin_type=True): an array of the eleven fields, queue keys and shards and
+ * addresses as bin, each mapping as an array of pairs sorted by key (shards and
+ * addresses by their encoded bytes, which sort as the values do; partitions as ints).
+ * The five mappings must be dicts. tests/unit/test_speedups_write.py compares it with
+ * the Python packing.
+ */
+typedef struct {
+    unsigned char *b;
+    size_t n, cap;
+} Buf;
+
+static int
+buf_reserve(Buf *o, size_t more)
+{
+    if (o->n + more <= o->cap)
+        return 0;
+    size_t cap = o->cap ? o->cap : 256;
+    while (cap < o->n + more)
+        cap *= 2;
+    unsigned char *b = PyMem_Realloc(o->b, cap);
+    if (b == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->b = b;
+    o->cap = cap;
+    return 0;
+}
+
+static int
+mp_put(Buf *o, const void *src, size_t n)
+{
+    if (buf_reserve(o, n) < 0)
+        return -1;
+    memcpy(o->b + o->n, src, n);
+    o->n += n;
+    return 0;
+}
+
+static int
+mp_be(Buf *o, unsigned char tag, unsigned long long v, int width)
+{
+    unsigned char t[9];
+    t[0] = tag;
+    for (int i = 0; i < width; i++)
+        t[1 + i] = (unsigned char)(v >> (8 * (width - 1 - i)));
+    return mp_put(o, t, (size_t)width + 1);
+}
+
+static int
+mp_array(Buf *o, size_t n)
+{
+    if (n < 16) {
+        unsigned char t = (unsigned char)(0x90 | n);
+        return mp_put(o, &t, 1);
+    }
+    if (n < 0x10000)
+        return mp_be(o, 0xdc, n, 2);
+    if (n > 0xffffffffULL) {
+        PyErr_SetString(PyExc_OverflowError, "a msgpack array holds at most 2**32 - 1 items");
+        return -1;
+    }
+    return mp_be(o, 0xdd, n, 4);
+}
+
+static int
+mp_bin(Buf *o, const unsigned char *src, size_t n)
+{
+    int r;
+    if (n < 0x100)
+        r = mp_be(o, 0xc4, n, 1);
+    else if (n < 0x10000)
+        r = mp_be(o, 0xc5, n, 2);
+    else if (n <= 0xffffffffULL)
+        r = mp_be(o, 0xc6, n, 4);
+    else {
+        PyErr_SetString(PyExc_OverflowError, "a msgpack bin holds at most 2**32 - 1 bytes");
+        return -1;
+    }
+    return r < 0 ? -1 : mp_put(o, src, n);
+}
+
+/* A C integer as msgpack packs an int: the shortest form, unsigned types for values
+ * >= 0 (positive fixint, uint8..uint64), signed ones below (negative fixint,
+ * int8..int64). */
+static int
+mp_ll(Buf *o, long long x)
+{
+    if (x >= 0) {
+        if (x < 0x80) {
+            unsigned char t = (unsigned char)x;
+            return mp_put(o, &t, 1);
+        }
+        if (x <= 0xff)
+            return mp_be(o, 0xcc, (unsigned long long)x, 1);
+        if (x <= 0xffff)
+            return mp_be(o, 0xcd, (unsigned long long)x, 2);
+        if (x <= 0xffffffffLL)
+            return mp_be(o, 0xce, (unsigned long long)x, 4);
+        return mp_be(o, 0xcf, (unsigned long long)x, 8);
+    }
+    if (x >= -32) {
+        unsigned char t = (unsigned char)(0xe0 | (x + 32));
+        return mp_put(o, &t, 1);
+    }
+    if (x >= -128)
+        return mp_be(o, 0xd0, (unsigned long long)x & 0xff, 1);
+    if (x >= -32768)
+        return mp_be(o, 0xd1, (unsigned long long)x & 0xffff, 2);
+    if (x >= -2147483648LL)
+        return mp_be(o, 0xd2, (unsigned long long)x & 0xffffffffULL, 4);
+    return mp_be(o, 0xd3, (unsigned long long)x, 8);
+}
+
+/* A Python int (not a bool), as mp_ll; 2**63..2**64-1 as uint64. */
+static int
+mp_int(Buf *o, PyObject *v)
+{
+    if (!PyLong_Check(v) || PyBool_Check(v)) {
+        PyErr_SetString(PyExc_TypeError, "an int was expected in a diff record");
+        return -1;
+    }
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow < 0) {
+        PyErr_SetString(PyExc_OverflowError, "an int below -2**63 in a diff record");
+        return -1;
+    }
+    if (overflow > 0) {
+        unsigned long long u = PyLong_AsUnsignedLongLong(v);
+        if (u == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        return mp_be(o, 0xcf, u, 8);
+    }
+    return mp_ll(o, x);
+}
+
+static int
+mp_queue_key(Buf *o, PyObject *qk)
+{
+    unsigned char k[LT_LEN + HASH_LEN];
+    if (put_queue_key(k, qk) < 0)
+        return -1;
+    return mp_bin(o, k, sizeof k);
+}
+
+static int
+mp_bytes(Buf *o, PyObject *v)
+{
+    if (!PyBytes_Check(v)) {
+        PyErr_SetString(PyExc_TypeError, "bytes were expected in a diff record");
+        return -1;
+    }
+    return mp_bin(o, (const unsigned char *)PyBytes_AS_STRING(v), (size_t)PyBytes_GET_SIZE(v));
+}
+
+#define SHARD_LEN 12 /* codec._SHARD: workchain + 2**31 (u32), prefix (u64), big-endian */
+
+/* A ShardIdent (workchain, prefix) as codec.shard_bytes encodes it. */
+static int
+put_shard(unsigned char *out, PyObject *shard)
+{
+    if (!PyTuple_Check(shard) || PyTuple_GET_SIZE(shard) != 2) {
+        PyErr_SetString(PyExc_TypeError, "a shard must be a (workchain, prefix) tuple");
+        return -1;
+    }
+    long wc = PyLong_AsLong(PyTuple_GET_ITEM(shard, 0));
+    if (wc == -1 && PyErr_Occurred())
+        return -1;
+    unsigned long long prefix = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shard, 1));
+    if (prefix == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (wc < INT32_MIN || wc > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "a shard's workchain must fit in 32 bits");
+        return -1;
+    }
+    unsigned long long w = (unsigned long long)(wc + 2147483648LL);
+    for (int i = 0; i < 4; i++)
+        out[i] = (unsigned char)(w >> (24 - 8 * i));
+    for (int i = 0; i < 8; i++)
+        out[4 + i] = (unsigned char)(prefix >> (56 - 8 * i));
+    return 0;
+}
+
+/* One entry of a mapping being sorted: its key's bytes (or int), the value (borrowed). */
+typedef struct {
+    unsigned char key[ADDR_LEN > SHARD_LEN ? ADDR_LEN : SHARD_LEN];
+    size_t klen;
+    long long ikey;
+    PyObject *value;
+} Entry;
+
+static int
+cmp_entry_bytes(const void *a, const void *b)
+{
+    const Entry *x = a, *y = b;
+    return memcmp(x->key, y->key, x->klen < y->klen ? x->klen : y->klen);
+}
+
+static int
+cmp_entry_int(const void *a, const void *b)
+{
+    long long x = ((const Entry *)a)->ikey, y = ((const Entry *)b)->ikey;
+    return (x > y) - (x < y);
+}
+
+/*
+ * The entries of dict `d`, keys encoded by `kind` ('s': shard, 'i': int), sorted; a
+ * PyMem array of *n entries (NULL and *n == 0 for an empty dict; NULL on error).
+ */
+static Entry *
+sorted_entries(PyObject *d, char kind, Py_ssize_t *n)
+{
+    *n = 0;
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "a dict was expected in a diff record");
+        return NULL;
+    }
+    Py_ssize_t size = PyDict_GET_SIZE(d);
+    if (size == 0)
+        return NULL;
+    Entry *e = PyMem_Malloc((size_t)size * sizeof(Entry));
+    if (e == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(d, &pos, &k, &v)) {
+        if (i >= size)
+            break;
+        e[i].value = v;
+        if (kind == 's') {
+            e[i].klen = SHARD_LEN;
+            if (put_shard(e[i].key, k) < 0)
+                goto fail;
+        } else {
+            if (!PyLong_Check(k) || PyBool_Check(k)) {
+                PyErr_SetString(PyExc_TypeError, "a partition must be an int");
+                goto fail;
+            }
+            e[i].ikey = PyLong_AsLongLong(k);
+            if (e[i].ikey == -1 && PyErr_Occurred())
+                goto fail;
+        }
+        i++;
+    }
+    if (i != size) {
+        PyErr_SetString(PyExc_RuntimeError, "dict changed size during diff_record");
+        goto fail;
+    }
+    qsort(e, (size_t)size, sizeof(Entry), kind == 's' ? cmp_entry_bytes : cmp_entry_int);
+    *n = size;
+    return e;
+fail:
+    PyMem_Free(e);
+    return NULL;
+}
+
+/* [[shard, count], ...] or [[shard, key], ...]: a dict keyed by shards, sorted. */
+static int
+mp_shard_map(Buf *o, PyObject *d, int values_are_keys)
+{
+    Py_ssize_t n;
+    Entry *e = sorted_entries(d, 's', &n);
+    if (e == NULL && PyErr_Occurred())
+        return -1;
+    int r = mp_array(o, (size_t)n);
+    for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
+        r = mp_array(o, 2);
+        if (r == 0)
+            r = mp_bin(o, e[i].key, SHARD_LEN);
+        if (r == 0)
+            r = values_are_keys ? mp_queue_key(o, e[i].value) : mp_int(o, e[i].value);
+    }
+    PyMem_Free(e);
+    return r;
+}
+
+/* [[partition, sorted address bytes], ...] of a router's {partition: frozenset}. */
+static int
+mp_router(Buf *o, PyObject *d)
+{
+    Py_ssize_t n;
+    Entry *e = sorted_entries(d, 'i', &n);
+    if (e == NULL && PyErr_Occurred())
+        return -1;
+    int r = mp_array(o, (size_t)n);
+    for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
+        PyObject *addrs = e[i].value;
+        if (!PyAnySet_Check(addrs)) {
+            PyErr_SetString(PyExc_TypeError, "a router's partition must hold a frozenset");
+            r = -1;
+            break;
+        }
+        Py_ssize_t m = PySet_GET_SIZE(addrs);
+        Entry *a = PyMem_Malloc((size_t)(m ? m : 1) * sizeof(Entry));
+        if (a == NULL) {
+            PyErr_NoMemory();
+            r = -1;
+            break;
+        }
+        Py_ssize_t j = 0;
+        PyObject *it = PyObject_GetIter(addrs), *addr;
+        if (it == NULL)
+            r = -1;
+        while (r == 0 && j < m && (addr = PyIter_Next(it)) != NULL) {
+            a[j].klen = ADDR_LEN;
+            r = put_address(a[j].key, addr);
+            Py_DECREF(addr);
+            j++;
+        }
+        Py_XDECREF(it);
+        if (r == 0 && PyErr_Occurred())
+            r = -1;
+        if (r == 0 && j != m) {
+            PyErr_SetString(PyExc_RuntimeError, "a router changed during diff_record");
+            r = -1;
+        }
+        if (r == 0) {
+            qsort(a, (size_t)m, sizeof(Entry), cmp_entry_bytes);
+            r = mp_array(o, 2);
+        }
+        if (r == 0)
+            r = mp_ll(o, e[i].ikey);
+        if (r == 0)
+            r = mp_array(o, (size_t)m);
+        for (Py_ssize_t k = 0; r == 0 && k < m; k++)
+            r = mp_bin(o, a[k].key, ADDR_LEN);
+        PyMem_Free(a);
+    }
+    PyMem_Free(e);
+    return r;
+}
+
+/* [[partition, count], ...] sorted by partition. */
+static int
+mp_partitions(Buf *o, PyObject *d)
+{
+    Py_ssize_t n;
+    Entry *e = sorted_entries(d, 'i', &n);
+    if (e == NULL && PyErr_Occurred())
+        return -1;
+    int r = mp_array(o, (size_t)n);
+    for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
+        r = mp_array(o, 2);
+        if (r == 0)
+            r = mp_ll(o, e[i].ikey);
+        if (r == 0)
+            r = mp_int(o, e[i].value);
+    }
+    PyMem_Free(e);
+    return r;
+}
+
+static PyObject *
+diff_record(PyObject *self, PyObject *args)
+{
+    PyObject *version, *min_message, *max_message, *counts, *diff_hash, *processed_to,
+        *router_src, *router_dst, *seqno, *prev_hash, *partitions;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOO:diff_record", &version, &min_message,
+                          &max_message, &counts, &diff_hash, &processed_to, &router_src,
+                          &router_dst, &seqno, &prev_hash, &partitions))
+        return NULL;
+    Buf o = {NULL, 0, 0};
+    static const unsigned char nil = 0xc0;
+    int r = mp_array(&o, 11);
+    if (r == 0)
+        r = mp_int(&o, version);
+    if (r == 0)
+        r = mp_queue_key(&o, min_message);
+    if (r == 0)
+        r = mp_queue_key(&o, max_message);
+    if (r == 0)
+        r = mp_shard_map(&o, counts, 0);
+    if (r == 0)
+        r = mp_bytes(&o, diff_hash);
+    if (r == 0)
+        r = mp_shard_map(&o, processed_to, 1);
+    if (r == 0)
+        r = mp_router(&o, router_src);
+    if (r == 0)
+        r = mp_router(&o, router_dst);
+    if (r == 0)
+        r = mp_int(&o, seqno);
+    if (r == 0)
+        r = prev_hash == Py_None ? mp_put(&o, &nil, 1) : mp_bytes(&o, prev_hash);
+    if (r == 0)
+        r = mp_partitions(&o, partitions);
+    PyObject *out = r == 0 ? PyBytes_FromStringAndSize((const char *)o.b, (Py_ssize_t)o.n) : NULL;
+    PyMem_Free(o.b);
+    return out;
+}
+
+
 /* ---- the write path: one pass over a diff ------------------------------------------ */
 
 /*
@@ -2702,6 +3105,9 @@ static PyMethodDef methods[] = {
     {"put_rows", put_rows, METH_VARARGS,
      "put_rows(put, target, shard_bytes, messages, partition_for, counts) -> rows"},
     {"stat_value", stat_value, METH_O, "stat_value(counts: dict[Address, int]) -> bytes"},
+    {"diff_record", diff_record, METH_VARARGS,
+     "diff_record(version, min_message, max_message, shards_messages_count, diff_hash, "
+     "processed_to, router_src, router_dst, seqno, prev_hash, partitions) -> bytes"},
     {"encode_diff", encode_diff, METH_VARARGS,
      "encode_diff(put, target, shard_bytes, messages, partition_for)"
      " -> (rows, [(partition, messages, stat_value)], [(workchain, messages)])"},

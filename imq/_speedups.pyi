@@ -18,6 +18,20 @@ def decode_run(
 def encode_diff(
     put: object, target: object, shard_bytes: bytes, messages: object, partition_for: object, /
 ) -> tuple[int, list[tuple[int, int, bytes]], list[tuple[int, int]]]: ...
+def diff_record(
+    version: int,
+    min_message: QueueKey,
+    max_message: QueueKey,
+    shards_messages_count: object,
+    diff_hash: bytes,
+    processed_to: object,
+    router_src: object,
+    router_dst: object,
+    seqno: int,
+    prev_hash: bytes | None,
+    partitions: object,
+    /,
+) -> bytes: ...
 def sources_in_shard(messages: object, workchain: int, prefix: int, prefix_len: int, /) -> bool: ...
 def strictly_ascending(messages: object, message_type: type, /) -> bool: ...
 def chunk_check(data: bytes | bytearray, offs: bytes | bytearray, /) -> tuple[int, int, bool]: ...

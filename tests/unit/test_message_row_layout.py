@@ -22,6 +22,7 @@ PINNED = {
     "HEADER_LEN": codec.MESSAGE_VALUE_HEADER_LEN,
     "STAT_ENTRY_LEN": codec.STAT_ENTRY_LEN,
     "ROUTE_LEN": cache.ROUTE_LEN,
+    "SHARD_LEN": codec.SHARD_LEN,
 }
 
 

@@ -42,6 +42,7 @@ def pure_write_path() -> Iterator[None]:
         mock.patch.object(codec, "_c_put_rows", None),
         mock.patch.object(codec, "_c_stat_value", None),
         mock.patch.object(codec, "_c_encode_diff", None),
+        mock.patch.object(codec, "_c_diff_record", None),
         mock.patch.object(apply, "_c_sources_in_shard", None),
         mock.patch.object(diff, "_c_strictly_ascending", None),
     ):
@@ -50,6 +51,7 @@ def pure_write_path() -> Iterator[None]:
 
 def test_the_compiled_write_path_is_in_use() -> None:
     assert codec._c_encode_diff is not None
+    assert codec._c_diff_record is not None
     assert apply._c_sources_in_shard is not None
     assert diff._c_strictly_ascending is not None
 
@@ -163,6 +165,71 @@ shards = st.sampled_from(
         ShardIdent(5, 0xA000_0000_0000_0000),
     ]
 )
+
+
+any_shards = st.builds(
+    ShardIdent,
+    st.integers(-(2**31), 2**31 - 1).filter(lambda wc: wc != -1),
+    st.integers(1, 2**61 - 1).map(lambda p: p << 3),
+) | st.just(ShardIdent.MASTERCHAIN)
+# Every msgpack int form: fixint, uint8..uint64, around each boundary.
+edge_ints = st.sampled_from([0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1])
+counts = st.integers(0, 2**64 - 1) | edge_ints
+
+
+@settings(max_examples=300)
+@given(
+    min_message=keys,
+    max_message=keys,
+    shards_messages_count=st.dictionaries(any_shards, counts, max_size=20),
+    diff_hash=st.binary(min_size=32, max_size=32),
+    processed_to=st.dictionaries(any_shards, keys, max_size=20),
+    router_src=st.dictionaries(st.integers(0, 255), st.frozensets(addresses(), max_size=20)),
+    router_dst=st.dictionaries(st.integers(0, 255), st.frozensets(addresses(), max_size=20)),
+    seqno=st.integers(0, 2**32 - 1) | edge_ints.filter(lambda n: n < 2**32),
+    prev_hash=st.none() | st.binary(min_size=32, max_size=32),
+    partitions=st.dictionaries(st.integers(0, 255), counts, max_size=20),
+)
+def test_diff_record_compiled_equals_msgpack(**fields: Any) -> None:
+    """The C packing of a diff's record is msgpack's, byte for byte (every int form,
+    arrays of 16 and more, shards and addresses sorted as their values sort)."""
+    record = codec.diff_record_value(**fields)
+    assert record == codec._diff_record_value_py(**fields)
+    span = codec.decode_diff_span(b"k", record)
+    assert span[:2] == (fields["min_message"], fields["max_message"])
+
+
+def test_diff_record_refuses_what_is_not_a_record() -> None:
+    """The C packing raises on a field it cannot pack (the apply path hands it checked
+    fields; ``diff_record_value`` takes the Python packing for mappings of other types)."""
+    key = QueueKey(1, bytes(32))
+    good: dict[str, Any] = {
+        "min_message": key,
+        "max_message": key,
+        "shards_messages_count": {},
+        "diff_hash": bytes(32),
+        "processed_to": {},
+        "router_src": {},
+        "router_dst": {},
+        "seqno": 1,
+        "prev_hash": None,
+        "partitions": {0: 1},
+    }
+    assert codec.diff_record_value(**good) == codec._diff_record_value_py(**good)
+    for field, bad in (
+        ("min_message", (1, b"short")),
+        ("shards_messages_count", {(0,): 1}),
+        ("processed_to", {SHARD: "key"}),
+        ("router_dst", {0: [Address(0, bytes(32))]}),
+        ("router_dst", {0: frozenset({"not an address"})}),
+        ("seqno", True),
+        ("seqno", -(2**64)),
+        ("prev_hash", "hash"),
+        ("partitions", {"0": 1}),
+        ("partitions", [0]),
+    ):
+        with pytest.raises((TypeError, ValueError, OverflowError)):
+            codec._c_diff_record(codec._RECORD_VERSION, *{**good, field: bad}.values())
 
 
 @st.composite
