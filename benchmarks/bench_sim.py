@@ -200,15 +200,15 @@ def main() -> None:
             key=lambda d: abs(100 * d[0].queue_seconds / d[0].seconds - statistics.median(shares)),
         )
         share = statistics.median(shares)
-        spread = f" ({', '.join(f'{x:.0f}' for x in shares)})" if len(shares) > 1 else ""
+        spread = f" ({', '.join(f'{x:.1f}' for x in shares)})" if len(shares) > 1 else ""
         with_gc = 100 * min(r.seconds, r.queue_seconds + gc_cpu) / r.seconds
         prep = percentiles(r.latencies["prepare_diff"])
         read = percentiles(r.latencies["read"])
         lines.append(
             f"| {shards} | {'frozen' if frozen else 'walked'} | {rounds:,} | {r.blocks:,} "
             f"| {r.messages_delivered:,} "
-            f"| {r.seconds:.1f} | {r.messages_per_second:,.0f} | {share:.0f}%{spread} "
-            f"| {with_gc:.0f}% "
+            f"| {r.seconds:.1f} | {r.messages_per_second:,.0f} | {share:.1f}%{spread} "
+            f"| {with_gc:.1f}% "
             f"| {prep[0] * 1e3:.2f} / {prep[1] * 1e3:.2f} "
             f"| {read[0] * 1e3:.2f} / {read[1] * 1e3:.2f} "
             f"| {'verified' if all(d[0].verified for d in done) else 'FAILED'} |"
