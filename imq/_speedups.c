@@ -1355,19 +1355,22 @@ fail:
     return NULL;
 }
 
-/* [[shard, count], ...] or [[shard, key], ...]: a dict keyed by shards, sorted. */
+/*
+ * A dict as an array of [key, value] pairs sorted by key: keys of `kind` ('s': shards,
+ * packed as bin; 'i': ints), values queue keys (bin) when `values_are_keys`, else ints.
+ */
 static int
-mp_shard_map(Buf *o, PyObject *d, int values_are_keys)
+mp_pairs(Buf *o, PyObject *d, char kind, int values_are_keys)
 {
     Py_ssize_t n;
-    Entry *e = sorted_entries(d, 's', &n);
+    Entry *e = sorted_entries(d, kind, &n);
     if (e == NULL && PyErr_Occurred())
         return -1;
     int r = mp_array(o, (size_t)n);
     for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
         r = mp_array(o, 2);
         if (r == 0)
-            r = mp_bin(o, e[i].key, SHARD_LEN);
+            r = kind == 's' ? mp_bin(o, e[i].key, SHARD_LEN) : mp_ll(o, e[i].ikey);
         if (r == 0)
             r = values_are_keys ? mp_queue_key(o, e[i].value) : mp_int(o, e[i].value);
     }
@@ -1431,26 +1434,6 @@ mp_router(Buf *o, PyObject *d)
     return r;
 }
 
-/* [[partition, count], ...] sorted by partition. */
-static int
-mp_partitions(Buf *o, PyObject *d)
-{
-    Py_ssize_t n;
-    Entry *e = sorted_entries(d, 'i', &n);
-    if (e == NULL && PyErr_Occurred())
-        return -1;
-    int r = mp_array(o, (size_t)n);
-    for (Py_ssize_t i = 0; r == 0 && i < n; i++) {
-        r = mp_array(o, 2);
-        if (r == 0)
-            r = mp_ll(o, e[i].ikey);
-        if (r == 0)
-            r = mp_int(o, e[i].value);
-    }
-    PyMem_Free(e);
-    return r;
-}
-
 static PyObject *
 diff_record(PyObject *self, PyObject *args)
 {
@@ -1470,11 +1453,11 @@ diff_record(PyObject *self, PyObject *args)
     if (r == 0)
         r = mp_queue_key(&o, max_message);
     if (r == 0)
-        r = mp_shard_map(&o, counts, 0);
+        r = mp_pairs(&o, counts, 's', 0);
     if (r == 0)
         r = mp_bytes(&o, diff_hash);
     if (r == 0)
-        r = mp_shard_map(&o, processed_to, 1);
+        r = mp_pairs(&o, processed_to, 's', 1);
     if (r == 0)
         r = mp_router(&o, router_src);
     if (r == 0)
@@ -1484,7 +1467,7 @@ diff_record(PyObject *self, PyObject *args)
     if (r == 0)
         r = prev_hash == Py_None ? mp_put(&o, &nil, 1) : mp_bytes(&o, prev_hash);
     if (r == 0)
-        r = mp_partitions(&o, partitions);
+        r = mp_pairs(&o, partitions, 'i', 0);
     PyObject *out = r == 0 ? PyBytes_FromStringAndSize((const char *)o.b, (Py_ssize_t)o.n) : NULL;
     PyMem_Free(o.b);
     return out;

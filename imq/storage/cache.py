@@ -654,6 +654,31 @@ class MessageCache:
         length, prefix), only the rows the merge can tell apart come: every row the reader
         accepts and of each run of rows it rejects the last one (see
         :class:`imq._speedups.ChunkRows`)."""
+        found = self._span(lo, hi)
+        if found is None:
+            return None
+        segment, k0, k1, start, stop = found
+        if k0 >= k1:
+            return ChunkRows([], [], 0, 0, reader)
+        return ChunkRows(segment.datas[k0:k1], segment.offss[k0:k1], start, stop, reader)
+
+    def count(self, lo: bytes, hi: bytes) -> int | None:
+        """The number of stored rows with ``lo <= key < hi`` when the cache can tell
+        them all (as :meth:`scan`), by bisection: no row is visited. Else ``None``."""
+        found = self._span(lo, hi)
+        if found is None:
+            return None
+        segment, k0, k1, start, stop = found
+        if k0 >= k1:
+            return 0
+        chunks = segment.chunks
+        return sum(chunks[k].n for k in range(k0, k1 - 1)) + stop - start
+
+    def _span(self, lo: bytes, hi: bytes) -> tuple[_Segment, int, int, int, int] | None:
+        """Where ``[lo, hi)`` lies in the cache: its segment, the chunks ``k0:k1`` that
+        hold its rows, the first row in chunk ``k0`` and the end row in chunk ``k1 - 1``;
+        ``None`` when the cache cannot tell all its rows (``lo`` at or below a known
+        segment's floor, or ``hi`` past the segment)."""
         prefix = lo[: self._prefix_len]
         segment = self._segments.get(prefix)
         if (
@@ -665,35 +690,11 @@ class MessageCache:
         k0 = bisect_left(segment.lasts, lo)  # the first chunk not wholly below lo
         k1 = bisect_left(segment.firsts, hi)  # the first chunk wholly at or above hi
         if k0 >= k1:
-            return ChunkRows([], [], 0, 0, reader)
+            return segment, k0, k1, 0, 0
         first, last = segment.chunks[k0], segment.chunks[k1 - 1]
         start = first.bisect(lo) if first.first < lo else 0
         stop = last.bisect(hi) if last.last >= hi else last.n
-        return ChunkRows(segment.datas[k0:k1], segment.offss[k0:k1], start, stop, reader)
-
-    def count(self, lo: bytes, hi: bytes) -> int | None:
-        """The number of stored rows with ``lo <= key < hi`` when the cache can tell
-        them all (as :meth:`scan`), by bisection: no row is visited. Else ``None``."""
-        prefix = lo[: self._prefix_len]
-        segment = self._segments.get(prefix)
-        if (
-            segment is None
-            or lo <= segment.floor
-            or (hi[: self._prefix_len] != prefix and hi != _prefix_end(prefix))
-        ):
-            return None
-        k0 = bisect_left(segment.lasts, lo)
-        k1 = bisect_left(segment.firsts, hi)
-        if k0 >= k1:
-            return 0
-        chunks = segment.chunks
-        total = sum(chunks[k].n for k in range(k0, k1))
-        first, last = chunks[k0], chunks[k1 - 1]
-        if first.first < lo:
-            total -= first.bisect(lo)
-        if last.last >= hi:
-            total -= last.n - last.bisect(hi)
-        return total
+        return segment, k0, k1, start, stop
 
     def scan_many(self, bounds: list[tuple[bytes, bytes]], reader: Reader | None) -> list[Any]:
         """:meth:`scan` of each ``(lo, hi)`` of ``bounds`` (an iterator's ranges), in one

@@ -562,25 +562,7 @@ def diff_record_value(  # noqa: PLR0917 - one argument per field of the record
     (the apply path, whose fields are checked already). One C call when
     ``imq._speedups`` is built and the mappings are dicts (:func:`_diff_record_value_py`
     packs the same bytes)."""
-    if _c_diff_record is not None and all(
-        type(m) is dict
-        for m in (shards_messages_count, processed_to, router_src, router_dst, partitions)
-    ):
-        record: bytes = _c_diff_record(
-            _RECORD_VERSION,
-            min_message,
-            max_message,
-            shards_messages_count,
-            diff_hash,
-            processed_to,
-            router_src,
-            router_dst,
-            seqno,
-            prev_hash,
-            partitions,
-        )
-        return record
-    return _diff_record_value_py(
+    fields = (
         min_message,
         max_message,
         shards_messages_count,
@@ -592,6 +574,13 @@ def diff_record_value(  # noqa: PLR0917 - one argument per field of the record
         prev_hash,
         partitions,
     )
+    if _c_diff_record is not None and all(
+        type(m) is dict
+        for m in (shards_messages_count, processed_to, router_src, router_dst, partitions)
+    ):
+        record: bytes = _c_diff_record(_RECORD_VERSION, *fields)
+        return record
+    return _diff_record_value_py(*fields)
 
 
 def _diff_record_value_py(  # noqa: PLR0917 - one argument per field of the record
