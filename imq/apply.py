@@ -31,7 +31,7 @@ __all__ = [
     "check_above_pointer",
     "check_sources",
     "resting_key",
-    "skipped_by_sequence",
+    "sequence_skips",
     "stage_diff",
 ]
 
@@ -103,16 +103,6 @@ def already_applied(view: ops.View, block: BlockIdShort, diff_hash: bytes) -> bo
             f"not {diff_hash.hex()}"
         )
     return True
-
-
-def skipped_by_sequence(
-    view: ops.View, seqno: int | None, block: BlockIdShort, zone: DiffZone
-) -> bool:
-    """True if the sequence rule skips the diff: it is at or below the last one visible
-    in ``zone`` (``seqno`` is the shard's highest stored one, the view's answer to
-    ``LastSeqno(block.shard)``); a gap is an error."""
-    top = None if seqno is None else view.diff_top(block.shard, seqno)
-    return sequence_skips(top, view.state.pointers.get(block.shard), block, zone)
 
 
 def sequence_skips(

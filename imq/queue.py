@@ -282,8 +282,13 @@ class Queue(QueueReads):
             if (
                 known
                 and stats is not None
-                and (top is None or block.seqno > top.seqno)
-                and (top is None or store.get_latest(Table.DIFF_INFO, top.key) == top.record)
+                and (
+                    top is None
+                    or (
+                        block.seqno > top.seqno
+                        and store.get_latest(Table.DIFF_INFO, top.key) == top.record
+                    )
+                )
             ):
                 # A collator's next block: above the shard's highest stored diff as this
                 # store's writes left it (imq.storage.tops), whose record is still the

@@ -560,42 +560,26 @@ def diff_record_value(  # noqa: PLR0917 - one argument per field of the record
 ) -> bytes:
     """:func:`diff_info_value` of the fields of a :class:`DiffInfo`, without building one
     (the apply path, whose fields are checked already). One C call when
-    ``imq._speedups`` is built and the mappings are dicts (:func:`_diff_record_value_py`
-    packs the same bytes)."""
-    fields = (
-        min_message,
-        max_message,
-        shards_messages_count,
-        diff_hash,
-        processed_to,
-        router_src,
-        router_dst,
-        seqno,
-        prev_hash,
-        partitions,
-    )
+    ``imq._speedups`` is built and the mappings are dicts; else msgpack packs the same
+    bytes here."""
     if _c_diff_record is not None and all(
         type(m) is dict
         for m in (shards_messages_count, processed_to, router_src, router_dst, partitions)
     ):
-        record: bytes = _c_diff_record(_RECORD_VERSION, *fields)
+        record: bytes = _c_diff_record(
+            _RECORD_VERSION,
+            min_message,
+            max_message,
+            shards_messages_count,
+            diff_hash,
+            processed_to,
+            router_src,
+            router_dst,
+            seqno,
+            prev_hash,
+            partitions,
+        )
         return record
-    return _diff_record_value_py(*fields)
-
-
-def _diff_record_value_py(  # noqa: PLR0917 - one argument per field of the record
-    min_message: QueueKey,
-    max_message: QueueKey,
-    shards_messages_count: Mapping[ShardIdent, int],
-    diff_hash: bytes,
-    processed_to: Mapping[ShardIdent, QueueKey],
-    router_src: Mapping[int, frozenset[Address]],
-    router_dst: Mapping[int, frozenset[Address]],
-    seqno: int,
-    prev_hash: bytes | None,
-    partitions: Mapping[int, int],
-) -> bytes:
-    """:func:`diff_record_value` packed by msgpack (the pure-Python form)."""
     return bytes(
         _pack(
             [

@@ -77,10 +77,10 @@ def test_the_pre_write_checks(store: MemoryStore) -> None:
             apply.already_applied(view, block, bytes(32))
     last = ops.LastSeqno(S1)
     with ops.view(store, last, diffs=True) as view:
-        assert apply.skipped_by_sequence(view, view[last], block, DiffZone.BOTH)
-    last = ops.LastSeqno(S1)
-    with ops.view(store, last, diffs=True) as view, pytest.raises(DiffSequenceError):
-        apply.skipped_by_sequence(view, view[last], BlockIdShort(S1, 3), DiffZone.BOTH)
+        top = view.diff_top(S1, view[last])
+        assert apply.sequence_skips(top, None, block, DiffZone.BOTH)
+        with pytest.raises(DiffSequenceError):
+            apply.sequence_skips(top, None, BlockIdShort(S1, 3), DiffZone.BOTH)
     previous = ops.LastSeqno(S1, below=5)
     with ops.view(store, previous, diffs=True) as view:
         assert apply.resting_key(view, previous, BlockIdShort(S1, 5), None) == key(10).next_value()
