@@ -287,18 +287,19 @@ class GarbageCollector:
         # holds them (bisection, no RocksDB seek; this thread holds the GIL meanwhile),
         # else by one RocksDB cursor for all that remain.
         store = self._store
-        counts: dict[int, int] = {}
+        counts = {p: counted for p, (counted, _gaps) in plans.items()}
+        gaps = [
+            (p, *ops.count_range(p, shard, lo_key, hi_key, inclusive=inc))
+            for p, (_counted, ranges) in plans.items()
+            for lo_key, hi_key, inc in ranges
+        ]
+        cached = store.cached_counts([(lo, hi) for _p, lo, hi in gaps]) if gaps else []
         remaining: list[tuple[int, bytes, bytes]] = []
-        for p, (counted, gaps) in plans.items():
-            total = counted
-            for lo_key, hi_key, inc in gaps:
-                lo, hi = ops.count_range(p, shard, lo_key, hi_key, inclusive=inc)
-                cached = store.cached_count(lo, hi)
-                if cached is None:
-                    remaining.append((p, lo, hi))
-                else:
-                    total += cached
-            counts[p] = total
+        for gap, n in zip(gaps, cached, strict=True):
+            if n is None:
+                remaining.append(gap)
+            else:
+                counts[gap[0]] += n
         if remaining:
             rows = ops.MessageCounter()
             with ops.view(store, rows) as view:

@@ -153,9 +153,10 @@ class StoreProtocol(Protocol):
         self, points: Iterable[Table] = (), scans: Sequence[Scan] = ()
     ) -> SnapshotProtocol: ...
 
-    def cached_count(self, lo: bytes, hi: bytes) -> int | None:
-        """The message rows with ``lo <= key < hi`` (inside one segment) when a cache of
-        fresh rows holds them all; ``None`` when the rows must be counted in the tables."""
+    def cached_counts(self, ranges: Sequence[tuple[bytes, bytes]]) -> list[int | None]:
+        """For each ``(lo, hi)`` (inside one segment), the message rows with
+        ``lo <= key < hi`` when a cache of fresh rows holds them all; ``None`` when they
+        must be counted in the tables."""
         ...
 
     def message_cache_stats(self) -> dict[str, int]:

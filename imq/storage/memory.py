@@ -238,10 +238,10 @@ class MemoryStore:
         rows = self._tables[scan.table]
         return MemoryCursor([(k, rows[k]) for k in selected])
 
-    def cached_count(self, lo: bytes, hi: bytes) -> int | None:
-        """No cache in front of these tables: always ``None``."""
+    def cached_counts(self, ranges: Sequence[tuple[bytes, bytes]]) -> list[int | None]:
+        """No cache in front of these tables: ``None`` for every range."""
         self._check_open()
-        return None
+        return [None] * len(ranges)
 
     def message_cache_stats(self) -> dict[str, int]:
         return {}  # no cache of fresh rows: the rows are in memory already

@@ -832,12 +832,16 @@ class Store:
         cache.misses += 1
         return None
 
-    def cached_count(self, lo: bytes, hi: bytes) -> int | None:
-        """The message rows with ``lo <= key < hi`` (inside one segment) when the cache
-        of fresh rows holds them all, else ``None`` (count them in RocksDB)."""
+    def cached_counts(self, ranges: Sequence[tuple[bytes, bytes]]) -> list[int | None]:
+        """For each ``(lo, hi)`` (inside one segment), the message rows with
+        ``lo <= key < hi`` when the cache of fresh rows holds them all, else ``None``
+        (count them in RocksDB). One pass under the gate for all of them."""
         with self._gate:
             self._check_open()
-            return self.cache.count(lo, hi) if self.cache.enabled else None
+            if not self.cache.enabled:
+                return [None] * len(ranges)
+            count = self.cache.count
+            return [count(lo, hi) for lo, hi in ranges]
 
     def message_cache_stats(self) -> dict[str, int]:
         """The cache of fresh rows: see :meth:`imq.storage.cache.MessageCache.stats`."""
