@@ -91,25 +91,15 @@ def timed_nogc(run: Callable[[], Any]) -> tuple[tuple[float, float], Any]:
 
 
 def imq_write(
-    path: Path, prepared: Sequence[Prepared], config: QueueConfig = CONFIG
+    path: Path,
+    prepared: Sequence[Prepared],
+    config: QueueConfig = CONFIG,
+    warm: Sequence[Prepared] = (),
 ) -> tuple[float, float]:
+    """Apply ``prepared`` (timed) on a fresh queue that first applied ``warm`` (untimed:
+    with as many rows as the default cache holds, its cache of fresh rows is full and
+    evicts, as a long-running collator's is, instead of filling fresh memory)."""
     queue = Queue.open(path, config)
-    try:
-        apply = queue.apply_diff
-        timing, written = timed_nogc(lambda: [apply(p.diff, p.block, p.hash) for p in prepared])
-    finally:
-        queue.close()
-    assert all(written)
-    return timing
-
-
-def imq_write_steady(
-    path: Path, warm: Sequence[Prepared], prepared: Sequence[Prepared]
-) -> tuple[float, float]:
-    """``imq_write`` of ``prepared`` on a queue that first wrote ``warm`` (untimed, as
-    many rows as the default cache holds): its cache of fresh rows is full and evicts,
-    as a long-running collator's is, instead of filling fresh memory."""
-    queue = Queue.open(path, CONFIG)
     try:
         for p in warm:
             queue.apply_diff(p.diff, p.block, p.hash)
@@ -251,7 +241,7 @@ def run(args: Any, workdir: Path) -> str:
         last = r == repeats - 1
         paths = {n: workdir / f"w-{n}-{r}" for n in ("imq", "steady", "nocache", "enc", "raw")}
         w_imq.add(imq_write(paths["imq"], prepared))
-        w_steady.add(imq_write_steady(paths["steady"], prepared, later))
+        w_steady.add(imq_write(paths["steady"], later, warm=prepared))
         w_nocache.add(imq_write(paths["nocache"], prepared, NO_CACHE))
         w_raw_enc.add(raw_encoded_write(paths["enc"], prepared))
         w_raw.add(raw_pre_encoded_write(paths["raw"], prepared))
