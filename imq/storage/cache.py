@@ -54,6 +54,8 @@ import sys
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import chain, compress, islice, repeat
+from operator import or_, sub
 from typing import Any, NamedTuple
 
 from imq._native import speedups
@@ -142,13 +144,53 @@ def _chunk_bisect_py(data: Buffer, offs: Buffer, key: bytes) -> int:
     return lo
 
 
+def _part_rows(
+    data: Buffer, offs: Buffer, start: int, stop: int
+) -> tuple[bytes, list[int], list[int]]:
+    """Rows ``start..stop`` (``start < stop``) of a chunk as one bytes copy of their span
+    and each row's start and end in it (slicing a bytes object gives bytes, where a
+    bytearray's slice would need a second copy)."""
+    o = _offsets(offs)
+    base = o[start]
+    end = o[stop] if stop < len(o) else len(data)
+    with memoryview(data) as view, view[base:end] as span:
+        buf = bytes(span)
+    starts = list(map(sub, o[start:stop], repeat(base)))
+    ends = starts[1:]
+    ends.append(end - base)
+    return buf, starts, ends
+
+
 def _rows_of(data: Buffer, offs: Buffer, start: int, stop: int) -> Iterator[Row]:
     """Rows ``start..stop`` of a chunk."""
-    o = _offsets(offs)
-    n = len(o)
-    for i in range(start, stop):
-        at, end = o[i], o[i + 1] if i + 1 < n else len(data)
-        yield bytes(data[at : at + _KEY_LEN]), bytes(data[at + _KEY_LEN : end])
+    if start >= stop:
+        return iter(())
+    buf, starts, ends = _part_rows(data, offs, start, stop)
+    k = _KEY_LEN
+    return ((buf[at : at + k], buf[at + k : end]) for at, end in zip(starts, ends, strict=True))
+
+
+def _accepted(buf: bytes, starts: list[int], lo: bytes, hi: bytes) -> list[bool]:
+    """Per row (starting at ``starts``), whether its route (:data:`ROUTE_LEN` bytes after
+    the key) lies in ``[lo, hi)``: a reader's destination test (its workchain byte, then
+    its account prefix) as one range of routes, compared as bytes."""
+    a, b = _KEY_LEN, _KEY_LEN + ROUTE_LEN
+    return [lo <= buf[at + a : at + b] < hi for at in starts]
+
+
+def _route_range(wc_byte: int, prefix_len: int, want: int) -> tuple[bytes, bytes]:
+    """The routes a reader accepts, ``[lo, hi)``: its workchain byte and account prefix
+    as the first :data:`ROUTE_LEN` bytes of a big-endian number, and the next prefix. A
+    workchain no stored byte can name (-1: a reader outside every workchain imq stores)
+    accepts nothing."""
+    if not 0 <= wc_byte <= 0xFF:
+        return b"", b""  # no bytes are below b""
+    shift = 64 - prefix_len
+    lo = (wc_byte << 64) | (want << shift)  # want is 0 when prefix_len is 0
+    hi = lo + (1 << shift)
+    # Past the last route (workchain byte 255, the last prefix): above every 9-byte route.
+    top = hi.to_bytes(ROUTE_LEN, "big") if hi < 1 << 8 * ROUTE_LEN else b"\xff" * (ROUTE_LEN + 1)
+    return lo.to_bytes(ROUTE_LEN, "big"), top
 
 
 class _PyChunkRows:
@@ -211,22 +253,45 @@ class _PyChunkRows:
             yield from _rows_of(d, o, start, stop)
 
     def _filter(self, parts: list[Part], wc_byte: int, prefix_len: int, want: int) -> Iterator[Row]:
-        pending: Row | None = None
-        shift = 64 - prefix_len
-        for row in self._walk(parts):
-            value = row[1]
-            if value[0] == wc_byte and (
-                prefix_len == 0 or int.from_bytes(value[1:ROUTE_LEN], "big") >> shift == want
-            ):
-                if pending is not None:
+        """The rows ``reader`` accepts and the last row of each run it rejects. Each
+        chunk's destination tests run in ``map``s over the whole part; Python code runs
+        only for the rows yielded. ``dropped`` grows just before the row that follows
+        what it counts is yielded, as C's does."""
+        lo, hi = _route_range(wc_byte, prefix_len, want)
+        pending: Row | None = None  # a part's last row, rejected: kept if the run ends there
+        gap = 0  # rows left out since the last row yielded
+        for d, o, start, stop in parts:
+            if start >= stop:
+                continue
+            buf, starts, ends = _part_rows(d, o, start, stop)
+            accepted = _accepted(buf, starts, lo, hi)
+            if pending is not None:
+                if accepted[0]:  # the run ended with the previous part
+                    self.dropped += gap
+                    gap = 0
                     yield pending
-                    pending = None
-                yield row
-            else:
-                if pending is not None:
-                    self.dropped += 1
-                pending = row
+                else:
+                    gap += 1
+                pending = None
+            last = len(accepted) - 1
+            # A row is yielded when accepted or followed by an accepted row; the part's
+            # last row, when rejected, waits for the next part's first verdict.
+            shown = map(or_, accepted, chain(islice(accepted, 1, None), (True,)))
+            previous = -1
+            for i in compress(range(last + 1), shown):
+                gap += i - previous - 1
+                previous = i
+                at = starts[i]
+                key_end = at + _KEY_LEN
+                row = buf[at:key_end], buf[key_end : ends[i]]
+                if i == last and not accepted[i]:
+                    pending = row
+                else:
+                    self.dropped += gap
+                    gap = 0
+                    yield row
         if pending is not None:
+            self.dropped += gap
             yield pending
 
 
