@@ -55,7 +55,7 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain, compress, islice, repeat
-from operator import or_, sub
+from operator import lt, or_, sub
 from typing import Any, NamedTuple
 
 from imq._native import speedups
@@ -110,24 +110,23 @@ def _chunk_check_py(data: Buffer, offs: Buffer) -> tuple[int, int, bool]:
     the keys strictly ascend); ``ValueError`` unless every row is a message row."""
     if len(offs) % 4:
         raise ValueError("a chunk's offsets must be uint32s")
-    o = _offsets(offs)
-    n = len(o)
-    if (n and o[0] != 0) or (not n and len(data)):  # rows start at 0; no rows, no bytes
+    starts = list(_offsets(offs))
+    n = len(starts)
+    if (n and starts[0] != 0) or (not n and len(data)):  # rows start at 0; no rows, no bytes
         raise ValueError("a cached chunk must hold message rows")
-    ascending = True
-    value_bytes = 0
-    for i in range(n):
-        start, end = o[i], o[i + 1] if i + 1 < n else len(data)
-        if end > len(data) or end - start < _KEY_LEN + _HEADER_LEN:
-            raise ValueError("a cached chunk must hold message rows")
-        value_bytes += end - start - _KEY_LEN
-        if (
-            i
-            and ascending
-            and data[o[i - 1] : o[i - 1] + _KEY_LEN] >= data[start : start + _KEY_LEN]
-        ):
-            ascending = False
-    return n, value_bytes, ascending
+    if not n:
+        return 0, 0, True
+    ends = starts[1:]
+    ends.append(len(data))
+    # Every row at least a key and a value header long: the offsets then ascend, and the
+    # last row (to the data's end) holds them all inside the data.
+    if min(map(sub, ends, starts)) < _KEY_LEN + _HEADER_LEN:
+        raise ValueError("a cached chunk must hold message rows")
+    buf = bytes(data)
+    k = _KEY_LEN
+    keys = [buf[at : at + k] for at in starts]
+    ascending = all(map(lt, keys, islice(keys, 1, None)))
+    return n, len(data) - n * k, ascending
 
 
 def _chunk_bisect_py(data: Buffer, offs: Buffer, key: bytes) -> int:
