@@ -252,8 +252,8 @@ class _PyChunkRows:
             yield from _rows_of(d, o, start, stop)
 
     def _filter(self, parts: list[Part], wc_byte: int, prefix_len: int, want: int) -> Iterator[Row]:
-        """The rows ``reader`` accepts and the last row of each run it rejects. Each
-        chunk's destination tests run in ``map``s over the whole part; Python code runs
+        """The rows ``reader`` accepts and the last row of each run it rejects. A part's
+        destination tests run as one list comprehension over its rows; the loop runs
         only for the rows yielded. ``dropped`` grows just before the row that follows
         what it counts is yielded, as C's does."""
         lo, hi = _route_range(wc_byte, prefix_len, want)
