@@ -1254,6 +1254,17 @@ mp_bytes(Buf *o, PyObject *v)
 
 #define SHARD_LEN 12 /* codec._SHARD: workchain + 2**31 (u32), prefix (u64), big-endian */
 
+/* codec.shard_bytes of a checked (i32 workchain, u64 prefix): SHARD_LEN bytes at out. */
+static void
+shard_bytes_at(unsigned char *out, long long wc, unsigned long long prefix)
+{
+    unsigned long long w = (unsigned long long)(wc + 2147483648LL); /* codec._I32_OFFSET */
+    for (int i = 0; i < 4; i++)
+        out[i] = (unsigned char)(w >> (24 - 8 * i));
+    for (int i = 0; i < 8; i++)
+        out[4 + i] = (unsigned char)(prefix >> (56 - 8 * i));
+}
+
 /* A ShardIdent (workchain, prefix) as codec.shard_bytes encodes it. */
 static int
 put_shard(unsigned char *out, PyObject *shard)
@@ -1272,11 +1283,7 @@ put_shard(unsigned char *out, PyObject *shard)
         PyErr_SetString(PyExc_OverflowError, "a shard's workchain must fit in 32 bits");
         return -1;
     }
-    unsigned long long w = (unsigned long long)(wc + 2147483648LL);
-    for (int i = 0; i < 4; i++)
-        out[i] = (unsigned char)(w >> (24 - 8 * i));
-    for (int i = 0; i < 8; i++)
-        out[4 + i] = (unsigned char)(prefix >> (56 - 8 * i));
+    shard_bytes_at(out, wc, prefix);
     return 0;
 }
 
@@ -2767,13 +2774,9 @@ range_bounds(unsigned int partition, PyObject *r)
         PyErr_SetString(PyExc_ValueError, "a shard's workchain must be an i32");
         return NULL;
     }
-    unsigned long long uwc = (unsigned long long)(wc + 2147483648LL); /* codec._I32_OFFSET */
     lo[0] = (unsigned char)(partition >> 8);
     lo[1] = (unsigned char)partition;
-    for (int i = 0; i < 4; i++)
-        lo[2 + i] = (unsigned char)(uwc >> (24 - 8 * i));
-    for (int i = 0; i < 8; i++)
-        lo[6 + i] = (unsigned char)(prefix >> (56 - 8 * i));
+    shard_bytes_at(lo + 2, wc, prefix);
     memcpy(hi, lo, QK_AT);
     if (put_queue_key_attr(lo + QK_AT, r, s_from_key) < 0 ||
         put_queue_key_attr(hi + QK_AT, r, s_to_key) < 0)
