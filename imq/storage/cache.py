@@ -110,19 +110,16 @@ def _chunk_check_py(data: Buffer, offs: Buffer) -> tuple[int, int, bool]:
     the keys strictly ascend); ``ValueError`` unless every row is a message row."""
     if len(offs) % 4:
         raise ValueError("a chunk's offsets must be uint32s")
-    starts = list(_offsets(offs))
-    n = len(starts)
-    if (n and starts[0] != 0) or (not n and len(data)):  # rows start at 0; no rows, no bytes
+    n = len(offs) // 4
+    if (n and _offsets(offs)[0] != 0) or (not n and len(data)):  # rows start at 0; none, no bytes
         raise ValueError("a cached chunk must hold message rows")
     if not n:
         return 0, 0, True
-    ends = starts[1:]
-    ends.append(len(data))
+    buf, starts, ends = _part_rows(data, offs, 0, n)
     # Every row at least a key and a value header long: the offsets then ascend, and the
     # last row (to the data's end) holds them all inside the data.
     if min(map(sub, ends, starts)) < _KEY_LEN + _HEADER_LEN:
         raise ValueError("a cached chunk must hold message rows")
-    buf = bytes(data)
     k = _KEY_LEN
     keys = [buf[at : at + k] for at in starts]
     ascending = all(map(lt, keys, islice(keys, 1, None)))
