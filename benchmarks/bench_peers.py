@@ -32,6 +32,7 @@ import argparse
 import gc
 import os
 import random
+import resource
 import shutil
 import sqlite3
 import statistics
@@ -109,7 +110,18 @@ class Result:
     @property
     def seconds(self) -> dict[str, float]:
         """The median of the runs, per step."""
-        return {step: statistics.median(r[step] for r in self.runs) for step in self.runs[0]}
+        return {
+            step: statistics.median(r[step] for r in self.runs)
+            for step in self.runs[0]
+            if step in STEPS
+        }
+
+    @property
+    def read_faults(self) -> float | None:
+        """The median of the runs' minor page faults during the read, where recorded."""
+        if READ_FAULTS not in self.runs[0]:
+            return None
+        return statistics.median(r[READ_FAULTS] for r in self.runs)
 
     def rate(self, step: str) -> float:
         count = self.n // 2 if step == "delete" else self.n
@@ -124,18 +136,27 @@ class Result:
         return f"{min(rates):,.0f}..{max(rates):,.0f}"
 
 
+_last_faults = [0]  # the minor page faults of the last timed() call
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     gc.collect()
     gc.disable()
     try:
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         started = perf_counter()
         out = fn()
-        return perf_counter() - started, out
+        seconds = perf_counter() - started
+        _last_faults[0] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        return seconds, out
     finally:
         gc.enable()
 
 
 STEPS = ("append", "read", "delete", "reopen")
+# Recorded beside the steps by the systems at the full N: the process's minor page faults
+# (every thread's, RocksDB's included) during the read, i.e. fresh memory touched.
+READ_FAULTS = "read faults"
 REOPENS = 5  # reopens per run of the systems at the full N; the step is their median
 
 
@@ -202,6 +223,7 @@ def run_imq(
 
     out["append"], _ = timed(append)
     out["read"], count = timed(read)
+    out[READ_FAULTS] = _last_faults[0]
     assert count == len(msgs), count
     out["delete"], executed = timed(delete)
     assert executed > 0
@@ -247,6 +269,7 @@ def run_raw(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[st
 
     out["append"], _ = timed(append)
     out["read"], count = timed(read)
+    out[READ_FAULTS] = _last_faults[0]
     assert count == len(items)
     out["delete"], _ = timed(delete)
     cf = handle = None  # a live column family keeps RocksDB open
@@ -297,6 +320,7 @@ def run_sqlite(
 
     out["append"], _ = timed(append)
     out["read"], count = timed(read)
+    out[READ_FAULTS] = _last_faults[0]
     assert count == len(items)
     out["delete"], _ = timed(delete)
     conn.close()
@@ -612,6 +636,16 @@ def render(
             f"{f' ({spread})' if spread else ''} | {r.rate('read'):,.0f} | "
             f"{r.rate('delete'):,.0f} | {r.seconds['reopen'] * 1e3:.1f} |"
         )
+    faults = [(r.system, r.read_faults) for r in results if r.read_faults is not None]
+    if faults:
+        out += [
+            "",
+            "Minor page faults during the read (the median of the runs; the whole process, "
+            "RocksDB's threads included), i.e. memory the read touched for the first time: "
+            + ", ".join(f"{name} {count:,.0f}" for name, count in faults)
+            + ". The systems run one after another in one process, so a later one may "
+            "reuse memory an earlier one freed.",
+        ]
     out += [
         "",
         "## Append at equal durability",
