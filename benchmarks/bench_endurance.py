@@ -8,12 +8,14 @@ s) and collects everything the consumer has read and the commits cover. Rounds a
 to a fixed message rate, so throughput measures whether the queue keeps up, and latency
 whether it slows down.
 
-The full run warms up until the block cache is full (about 10 minutes; RSS grows until
-then), then measures 30 minutes of steady state (``--quick``: 20 s, then 100 s). Every
-sample interval (60 s in the full run, 10 s in ``--quick``) the benchmark records: apply
-and read throughput (messages/s), p50 and p99 latency of ``apply_diff`` and of one
-consumer read, L0 file count and live SST size of each column family, disk use of the
-directory, the process RSS and RocksDB's own memory.
+The full run warms up for 10 minutes, then measures 30 minutes of steady state
+(``--quick``: 20 s, then 100 s). Every sample interval (60 s in the full run, 10 s in
+``--quick``) the benchmark records: apply and read throughput (messages/s), p50 and p99
+latency of ``apply_diff`` and of one consumer read, L0 file count and live SST size of
+each column family, disk use of the directory, the process RSS and RocksDB's own memory,
+and the time of a fixed reference task that does not touch the queue (the machine's own
+speed at that moment: a shared machine's speed drifts over 40 minutes, and the trend
+reports imq's latencies both as measured and relative to it).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import math
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -70,19 +73,24 @@ CONFIG = QueueConfig()  # production defaults: GC worker on
 class Plan:
     seconds: float  # the steady state measured after the warm-up
     interval: float
-    warmup: float  # the warm-up lasts at least this long ...
-    max_warmup: float  # ... and at most this long
+    warmup: float
     rate: int  # target messages/s, all shards together
     diff_size: int  # messages per shard diff
 
 
-# The full run's warm-up ends once the block cache is full (WARM_CACHE of its capacity):
-# until then the process is still growing its memory (RSS rises with the cache), which is
-# start-up, not the steady state. At 20,000 messages/s the 256 MiB cache fills in about 10
-# minutes; the 30 minutes of steady state come after that.
-FULL = Plan(seconds=1800, interval=60, warmup=120, max_warmup=1200, rate=20_000, diff_size=500)
-QUICK = Plan(seconds=100, interval=10, warmup=20, max_warmup=20, rate=20_000, diff_size=500)
-WARM_CACHE = 0.9
+# The full run's warm-up: two periods of the messages table's flush-and-compaction cycle
+# (about 5 minutes here: L0 1 -> 3 files, then compacted) and 120 GC passes. Until
+# 2026-12-04 the warm-up waited for the block cache to fill (90%, 540 s in the runs of
+# 2026-12-02). With the current read path it no longer fills: the consumer's reads come
+# from the cache of fresh rows, the block cache takes only GC's scans and the small
+# tables' blocks (23 of 256 MiB after 50 minutes in the run of 2026-12-04, whose warm-up
+# ran to its 20-minute limit).
+FULL = Plan(seconds=1800, interval=60, warmup=600, rate=20_000, diff_size=500)
+QUICK = Plan(seconds=100, interval=10, warmup=20, rate=20_000, diff_size=500)
+# The reference task: a fixed mix of Python object work, a sort, memory copies and C
+# hashing, about 15-20 ms here, timed REFERENCE_RUNS times at every sample (the median is kept).
+REFERENCE_ROWS = 5_000
+REFERENCE_RUNS = 5
 
 
 @dataclass
@@ -102,6 +110,40 @@ class Sample:
     memtables_mb: float = 0.0
     cache_mb: float = 0.0
     readers_mb: float = 0.0
+    reference_ms: float = 0.0  # the reference task's median time at the sample
+
+
+# The reference task, run in a child process so that it shares no interpreter lock, heap
+# or cache of the queue's (imq's GC thread would otherwise stretch it): it competes for
+# the machine's cores as any other process does. It prints the median of its runs, ms.
+_REFERENCE_TASK = """
+import hashlib, random, statistics, sys, time
+rows_n, runs, seed = map(int, sys.argv[1:])
+data = random.Random(seed).randbytes(1 << 16)
+times = []
+for _ in range(runs):
+    t0 = time.perf_counter()
+    rows = [(i.to_bytes(8, "big"), data[(i * 7919) % 65000 :][:200]) for i in range(rows_n)]
+    rows.sort(key=lambda row: row[1])
+    hashlib.blake2b(b"".join(k + v for k, v in rows)).digest()
+    times.append(time.perf_counter() - t0)
+print(statistics.median(times) * 1e3)
+"""
+
+
+def reference_ms(runs: int = REFERENCE_RUNS) -> float:
+    """The median time (ms) of a fixed task that does not touch the queue, timed inside a
+    child process: the machine's speed at this moment, against which latencies taken at
+    different times compare."""
+    args = [str(REFERENCE_ROWS), str(runs), str(SEED)]
+    done = subprocess.run(
+        [sys.executable, "-c", _REFERENCE_TASK, *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return float(done.stdout)
 
 
 def rss_mb() -> float:
@@ -237,12 +279,8 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[str, list[Sample]]:
 
 
 def warmed_up(plan: Plan, sample: Sample) -> bool:
-    """Whether the warm-up ends with ``sample``: past the minimum, and the block cache
-    full (or the maximum reached)."""
-    if sample.t < plan.warmup:
-        return False
-    full = sample.cache_mb * 1e6 >= WARM_CACHE * CONFIG.block_cache_size
-    return full or sample.t >= plan.max_warmup
+    """Whether the warm-up ends with ``sample``."""
+    return sample.t >= plan.warmup
 
 
 def finish_sample(s: Sample, queue: Queue, path: Path, now: float, ahead: float) -> None:
@@ -260,6 +298,7 @@ def finish_sample(s: Sample, queue: Queue, path: Path, now: float, ahead: float)
     s.cache_mb = store.property_int(Table.MESSAGES, "rocksdb.block-cache-usage") / 1e6
     s.disk_mb = disk_mb(path)
     s.rss_mb = rss_mb()
+    s.reference_ms = reference_ms()
     s.t = now
 
 
@@ -277,9 +316,8 @@ def render(
     out = ["# imq endurance benchmark: producer-consumer steady state, GC on", ""]
     if args.quick:
         out += [
-            "**Quick run: 2 minutes instead of 30 after the warm-up; a fixed 20 s warm-up "
-            "(the block cache does not fill); the trend comparison covers seconds, not the "
-            "issue's 10-minute windows.**",
+            "**Quick run: 2 minutes instead of 30 after the warm-up; a 20 s warm-up; the "
+            "trend comparison covers seconds, not the issue's 10-minute windows.**",
             "",
         ]
     out += machine_lines(
@@ -290,15 +328,16 @@ def render(
         f"Target rate {plan.rate:,} messages/s: rounds of {len(SHARDS)} shard diffs of "
         f"{plan.diff_size} messages, an empty masterchain diff and a commit carrying the "
         f"consumer's positions, then one consumer read of the new messages. "
-        f"A warm-up of {warm_at:.0f} s (until the block cache held {WARM_CACHE:.0%} of its "
-        f"{CONFIG.block_cache_size >> 20} MiB, at least {plan.warmup:.0f} s and at most "
-        f"{plan.max_warmup:.0f} s), then {plan.seconds:.0f} s of steady state; "
-        f"a sample every {plan.interval:.0f} s. Warm-up samples are marked *w*.",
+        f"A warm-up of {warm_at:.0f} s, then {plan.seconds:.0f} s of steady state; "
+        f"a sample every {plan.interval:.0f} s. Warm-up samples are marked *w*. "
+        f"*Reference ms*: the median time of a fixed task that does not touch the queue "
+        f"({REFERENCE_RUNS} runs in a child process at the sample), the machine's own "
+        "speed at that moment.",
         "",
         "| t s | apply msgs/s | read msgs/s | apply p50 / p99 ms | read p99 ms | behind s | "
         "L0 files msgs/stats/tail/info | SST MB msgs/stats | disk MB | RSS MB | "
-        "memtables / block cache / table readers MB |",
-        "|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|",
+        "memtables / block cache / table readers MB | reference ms |",
+        "|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|---:|",
     ]
     for s in samples:
         dur = plan.interval
@@ -310,7 +349,8 @@ def render(
             f"{'/'.join(str(v) for v in s.l0.values())} | "
             f"{s.sst_mb.get('messages', 0):.0f}/{s.sst_mb.get('statistics', 0):.1f} | "
             f"{s.disk_mb:.0f} | {s.rss_mb:.0f} | "
-            f"{s.memtables_mb:.0f} / {s.cache_mb:.0f} / {s.readers_mb:.1f} |"
+            f"{s.memtables_mb:.0f} / {s.cache_mb:.0f} / {s.readers_mb:.1f} | "
+            f"{s.reference_ms:.1f} |"
         )
     steady = [s for s in samples if s.t > warm_at]
     verdict: list[str] = []
@@ -332,6 +372,9 @@ def render(
         thr_b = mean([s.applied / plan.interval for s in last])
         p_a, p_b = p99_of(first), p99_of(last)
         r_a, r_b = p99_of(first, read=True), p99_of(last, read=True)
+        ref_a = statistics.median(s.reference_ms for s in first)
+        ref_b = statistics.median(s.reference_ms for s in last)
+        speed = ref_b / ref_a  # > 1: the machine was slower at the end
         verdict += [
             "",
             f"Trend (first third of the steady samples vs the last third, the warm-up's "
@@ -340,6 +383,10 @@ def render(
             f"- apply throughput {thr_a:,.0f} → {thr_b:,.0f} msgs/s {verdict_of(thr_a, thr_b)}",
             f"- apply p99 {p_a:.2f} → {p_b:.2f} ms {verdict_of(p_a, p_b)}",
             f"- consumer read p99 {r_a:.2f} → {r_b:.2f} ms {verdict_of(r_a, r_b)}",
+            f"- the machine's reference task {ref_a:.1f} → {ref_b:.1f} ms ({speed - 1:+.1%}, "
+            "median of each window's samples); the p99s divided by it:",
+            f"  - apply p99 relative to the machine {verdict_of(p_a, p_b / speed)}",
+            f"  - consumer read p99 relative to the machine {verdict_of(r_a, r_b / speed)}",
             f"- disk {steady[0].disk_mb:.0f} → {steady[-1].disk_mb:.0f} MB, RSS "
             f"{steady[0].rss_mb:.0f} → {steady[-1].rss_mb:.0f} MB, L0 files of messages "
             f"max {max(s.l0.get('messages', 0) for s in steady)}",
@@ -365,6 +412,12 @@ METHOD = """## Method
   `rocksdb.block-cache-usage` of the one cache they share. Their configured ceilings
   (`QueueConfig()`): 64 MiB memtables, two per bulk table; a 256 MiB block cache.
 - Python's cyclic GC is off inside a round and runs between rounds.
+- Reference task: at every sample, a fixed piece of work that does not touch the queue
+  (5,000 small tuples built and sorted, their 1 MB joined and hashed with BLAKE2b), run
+  5 times in a child process (no interpreter lock or heap shared with the queue); the
+  median says how fast the machine was then. A shared machine's speed
+  drifts by more than 10% over 40 minutes, so each p99 trend is given twice: as
+  measured, and divided by the reference's change between the same windows.
 """
 
 
@@ -389,6 +442,7 @@ def write_plot(samples: list[Sample], path: Path) -> str:
     ax = axes[0][1]
     ax.plot(t, [pct(s.apply_ns, 0.99) for s in samples], marker="o", label="apply_diff p99")
     ax.plot(t, [pct(s.read_ns, 0.99) for s in samples], marker="x", label="consumer read p99")
+    ax.plot(t, [s.reference_ms / 4 for s in samples], linestyle=":", label="reference task / 4")
     ax.set_ylabel("ms")
     ax.legend()
     ax = axes[1][0]
