@@ -375,6 +375,8 @@ def render(
         ref_a = statistics.median(s.reference_ms for s in first)
         ref_b = statistics.median(s.reference_ms for s in last)
         speed = ref_b / ref_a  # > 1: the machine was slower at the end
+        ref_lo = min(s.reference_ms for s in steady)
+        ref_hi = max(s.reference_ms for s in steady)
         verdict += [
             "",
             f"Trend (first third of the steady samples vs the last third, the warm-up's "
@@ -384,9 +386,10 @@ def render(
             f"- apply p99 {p_a:.2f} → {p_b:.2f} ms {verdict_of(p_a, p_b)}",
             f"- consumer read p99 {r_a:.2f} → {r_b:.2f} ms {verdict_of(r_a, r_b)}",
             f"- the machine's reference task {ref_a:.1f} → {ref_b:.1f} ms ({speed - 1:+.1%}, "
-            "median of each window's samples); the p99s divided by it:",
-            f"  - apply p99 relative to the machine {verdict_of(p_a, p_b / speed)}",
-            f"  - consumer read p99 relative to the machine {verdict_of(r_a, r_b / speed)}",
+            f"median of each window's samples; single steady samples {ref_lo:.1f}-"
+            f"{ref_hi:.1f} ms); the p99s divided by it, for information (the target is the "
+            f"lines above): apply {p_b / speed / p_a - 1:+.1%}, consumer read "
+            f"{r_b / speed / r_a - 1:+.1%}",
             f"- disk {steady[0].disk_mb:.0f} → {steady[-1].disk_mb:.0f} MB, RSS "
             f"{steady[0].rss_mb:.0f} → {steady[-1].rss_mb:.0f} MB, L0 files of messages "
             f"max {max(s.l0.get('messages', 0) for s in steady)}",
@@ -415,9 +418,11 @@ METHOD = """## Method
 - Reference task: at every sample, a fixed piece of work that does not touch the queue
   (5,000 small tuples built and sorted, their 1 MB joined and hashed with BLAKE2b), run
   5 times in a child process (no interpreter lock or heap shared with the queue); the
-  median says how fast the machine was then. A shared machine's speed
-  drifts by more than 10% over 40 minutes, so each p99 trend is given twice: as
-  measured, and divided by the reference's change between the same windows.
+  median says how fast the machine was then, and each p99 trend is also given divided by
+  the reference's change between the same windows. For information only: the target is
+  the trend as measured, and the reference moves by up to half from one sample to the
+  next on this shared VM (its window medians by 7-16% in the runs of 2026-12-04), which
+  is as much as the drifts it would correct.
 """
 
 
