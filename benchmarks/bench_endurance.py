@@ -114,7 +114,7 @@ class Sample:
 
 
 # The reference task, run in a child process so that it shares no interpreter lock, heap
-# or cache of the queue's (imq's GC thread would otherwise stretch it): it competes for
+# or cache with the queue (imq's GC thread could otherwise stretch it): it competes for
 # the machine's cores as any other process does. It prints the median of its runs, ms.
 _REFERENCE_TASK = """
 import hashlib, random, statistics, sys, time
