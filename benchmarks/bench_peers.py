@@ -136,10 +136,8 @@ class Result:
         return f"{min(rates):,.0f}..{max(rates):,.0f}"
 
 
-_last_faults = [0]  # the minor page faults of the last timed() call
-
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+def timed_faults(fn: Callable[[], Any]) -> tuple[float, int, Any]:
+    """(seconds, the process's minor page faults meanwhile, ``fn()``), cyclic GC off."""
     gc.collect()
     gc.disable()
     try:
@@ -147,10 +145,14 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
         started = perf_counter()
         out = fn()
         seconds = perf_counter() - started
-        _last_faults[0] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
-        return seconds, out
+        return seconds, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults, out
     finally:
         gc.enable()
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    seconds, _, out = timed_faults(fn)
+    return seconds, out
 
 
 STEPS = ("append", "read", "delete", "reopen")
@@ -222,8 +224,7 @@ def run_imq(
         return queue.run_gc()
 
     out["append"], _ = timed(append)
-    out["read"], count = timed(read)
-    out[READ_FAULTS] = _last_faults[0]
+    out["read"], out[READ_FAULTS], count = timed_faults(read)
     assert count == len(msgs), count
     out["delete"], executed = timed(delete)
     assert executed > 0
@@ -268,8 +269,7 @@ def run_raw(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[st
         cf.delete_range(items[0][0], items[half][0])
 
     out["append"], _ = timed(append)
-    out["read"], count = timed(read)
-    out[READ_FAULTS] = _last_faults[0]
+    out["read"], out[READ_FAULTS], count = timed_faults(read)
     assert count == len(items)
     out["delete"], _ = timed(delete)
     cf = handle = None  # a live column family keeps RocksDB open
@@ -319,8 +319,7 @@ def run_sqlite(
         conn.execute("COMMIT")
 
     out["append"], _ = timed(append)
-    out["read"], count = timed(read)
-    out[READ_FAULTS] = _last_faults[0]
+    out["read"], out[READ_FAULTS], count = timed_faults(read)
     assert count == len(items)
     out["delete"], _ = timed(delete)
     conn.close()
