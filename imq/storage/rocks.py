@@ -69,6 +69,8 @@ __all__ = [
 ]
 
 LOCK_FILE = "imq.lock"
+INFO_LOG_FILES = 10  # RocksDB's text logs kept (LOG and LOG.old.*), at most
+INFO_LOG_FILE_SIZE = 16 << 20  # bytes; past it the LOG rolls over
 _SEGMENT = codec.MESSAGE_PREFIX_LEN  # a message key's (partition, source shard) prefix
 
 
@@ -535,6 +537,11 @@ def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) ->
     # files (level compaction keeps L0 short), so one thread opens them; the threads
     # would only help a cold page cache on a large store.
     db_opts.set_max_file_opening_threads(1)
+    # RocksDB's own text log (``LOG`` in the directory) starts a new file at every open and
+    # by default keeps 1,000 old ones, each unbounded in size: a node that restarts often
+    # would fill its queue directory with them.
+    db_opts.set_keep_log_file_num(INFO_LOG_FILES)
+    db_opts.set_max_log_file_size(INFO_LOG_FILE_SIZE)
     cfs = {t.value: table_options(spec, cache, options) for t, spec in TABLES.items()}
     access = AccessType.read_only() if read_only else AccessType.read_write()
     return Rdict(str(path), options=db_opts, column_families=cfs, access_type=access)

@@ -44,6 +44,7 @@ from imq import (
     SchemaVersionError,
 )
 from imq.storage import Table, codec
+from imq.storage.rocks import INFO_LOG_FILES
 
 S = split_shard(0, 1, 0)
 OTHER = split_shard(0, 1, 1)
@@ -153,6 +154,15 @@ def test_reopen_keeps_everything(db_path: Path) -> None:
         assert queue.get_diff_info(S, 1, DiffZone.COMMITTED) is not None
         assert queue.get_diff_info(S, 2, DiffZone.UNCOMMITTED) is not None
         assert all(v for v in messages.values())
+
+
+def test_restarts_keep_a_bounded_number_of_rocksdb_text_logs(db_path: Path) -> None:
+    # RocksDB starts a new LOG at every open and by default keeps 1,000 old ones.
+    for _ in range(INFO_LOG_FILES + 5):
+        Queue.open(db_path).close()
+    logs = sorted(p.name for p in db_path.iterdir() if p.name.startswith("LOG"))
+    assert "LOG" in logs
+    assert len(logs) == INFO_LOG_FILES, logs
 
 
 # -- locking ----------------------------------------------------------------------------------
