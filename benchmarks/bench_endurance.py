@@ -21,6 +21,7 @@ reports imq's latencies both as measured and relative to it).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import gc
 import math
@@ -111,6 +112,11 @@ class Sample:
     cache_mb: float = 0.0
     readers_mb: float = 0.0
     reference_ms: float = 0.0  # the reference task's median time at the sample
+    # Where the rest of the RSS is: the queue's cache of fresh rows, and glibc's heap
+    # (every malloc of the process, RocksDB's and Python's): in use, and free but kept.
+    fresh_mb: float = 0.0
+    malloc_used_mb: float = float("nan")
+    malloc_free_mb: float = float("nan")
 
 
 # The reference task, run in a child process so that it shares no interpreter lock, heap
@@ -152,6 +158,36 @@ def rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def malloc_mb() -> tuple[float, float]:
+    """glibc's heap, MB: (in use, including mmapped blocks; free but kept), or NaNs where
+    ``mallinfo2`` is missing (not glibc, or glibc before 2.33)."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return float("nan"), float("nan")
+    fn.restype = _Mallinfo2
+    info = fn()
+    return (info.uordblks + info.hblkhd) / 1e6, info.fordblks / 1e6
 
 
 def disk_mb(path: Path) -> float:
@@ -209,7 +245,10 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[str, list[Sample]]:
         plan = dataclasses.replace(plan, seconds=args.minutes * 60)
     load_start = os.getloadavg()
     path = workdir / "q"
-    queue = Queue.open(path, CONFIG)
+    config = CONFIG
+    if getattr(args, "block_cache_mib", None) is not None:
+        config = dataclasses.replace(CONFIG, block_cache_size=args.block_cache_mib << 20)
+    queue = Queue.open(path, config)
     prod = Producer()
     positions: dict[ShardIdent, QueueKey] = {}
     round_msgs = plan.diff_size * len(SHARDS)
@@ -298,6 +337,8 @@ def finish_sample(s: Sample, queue: Queue, path: Path, now: float, ahead: float)
     s.cache_mb = store.property_int(Table.MESSAGES, "rocksdb.block-cache-usage") / 1e6
     s.disk_mb = disk_mb(path)
     s.rss_mb = rss_mb()
+    s.malloc_used_mb, s.malloc_free_mb = malloc_mb()
+    s.fresh_mb = queue.message_cache_stats().get("bytes", 0) / 1e6
     s.reference_ms = reference_ms()
     s.t = now
 
@@ -336,8 +377,9 @@ def render(
         "",
         "| t s | apply msgs/s | read msgs/s | apply p50 / p99 ms | read p99 ms | behind s | "
         "L0 files msgs/stats/tail/info | SST MB msgs/stats | disk MB | RSS MB | "
-        "memtables / block cache / table readers MB | reference ms |",
-        "|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|---:|",
+        "memtables / block cache / table readers MB | fresh rows MB | "
+        "malloc in use / free MB | reference ms |",
+        "|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---|---:|---|---:|",
     ]
     for s in samples:
         dur = plan.interval
@@ -350,6 +392,7 @@ def render(
             f"{s.sst_mb.get('messages', 0):.0f}/{s.sst_mb.get('statistics', 0):.1f} | "
             f"{s.disk_mb:.0f} | {s.rss_mb:.0f} | "
             f"{s.memtables_mb:.0f} / {s.cache_mb:.0f} / {s.readers_mb:.1f} | "
+            f"{s.fresh_mb:.1f} | {s.malloc_used_mb:.0f} / {s.malloc_free_mb:.0f} | "
             f"{s.reference_ms:.1f} |"
         )
     steady = [s for s in samples if s.t > warm_at]
@@ -391,8 +434,11 @@ def render(
             f"lines above): apply {p_b / speed / p_a - 1:+.1%}, consumer read "
             f"{r_b / speed / r_a - 1:+.1%}",
             f"- disk {steady[0].disk_mb:.0f} → {steady[-1].disk_mb:.0f} MB, RSS "
-            f"{steady[0].rss_mb:.0f} → {steady[-1].rss_mb:.0f} MB, L0 files of messages "
-            f"max {max(s.l0.get('messages', 0) for s in steady)}",
+            f"{steady[0].rss_mb:.0f} → {steady[-1].rss_mb:.0f} MB (steady samples "
+            f"{min(s.rss_mb for s in steady):.0f}-{max(s.rss_mb for s in steady):.0f}; "
+            f"malloc in use {steady[0].malloc_used_mb:.0f} → {steady[-1].malloc_used_mb:.0f} "
+            f"MB, block cache {steady[0].cache_mb:.0f} → {steady[-1].cache_mb:.0f} MB), "
+            f"L0 files of messages max {max(s.l0.get('messages', 0) for s in steady)}",
         ]
     out += verdict
     out += ["", METHOD]
@@ -413,7 +459,12 @@ METHOD = """## Method
 - RocksDB's memory: `rocksdb.cur-size-all-mem-tables` and
   `rocksdb.estimate-table-readers-mem` summed over the six tables, and
   `rocksdb.block-cache-usage` of the one cache they share. Their configured ceilings
-  (`QueueConfig()`): 64 MiB memtables, two per bulk table; a 256 MiB block cache.
+  (`QueueConfig()`): 64 MiB memtables, two per bulk table; a 256 MiB block cache
+  (`--block-cache-mib` sets another, to watch the RSS once the cache is full).
+- The rest of the RSS: the queue's cache of fresh rows (`message_cache_stats()`, bytes;
+  64 MiB at most), and glibc's `mallinfo2()`: the bytes every allocation of the process
+  holds (Python's and RocksDB's, mmapped blocks included) and the free bytes the heap
+  keeps rather than returning them to the system.
 - Python's cyclic GC is off inside a round and runs between rounds.
 - Reference task: at every sample, a fixed piece of work that does not touch the queue
   (5,000 small tuples built and sorted, their 1 MB joined and hashed with BLAKE2b), run
@@ -471,9 +522,11 @@ def write_plot(samples: list[Sample], path: Path) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     extra = argparse.ArgumentParser(add_help=False)
     extra.add_argument("--minutes", type=float, default=None)
+    extra.add_argument("--block-cache-mib", type=int, default=None)
     known, rest = extra.parse_known_args(argv)
     args = parse_args(rest, "endurance", "producer-consumer steady state", "unused")
     args.minutes = known.minutes
+    args.block_cache_mib = known.block_cache_mib
     quiet_logs()
     with temp_workdir(args, "endurance") as work:
         text, samples = run(args, work)

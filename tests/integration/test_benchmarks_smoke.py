@@ -20,7 +20,7 @@ QUICK_FLAGS = {
     "benchmarks.bench_floor": [],
     "benchmarks.bench_peers": [],
     "benchmarks.bench_scaling": [],
-    "benchmarks.bench_endurance": ["--minutes", "0.1"],
+    "benchmarks.bench_endurance": ["--minutes", "0.1", "--block-cache-mib", "8"],
     "benchmarks.bench_sim": [],
 }
 
