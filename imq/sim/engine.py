@@ -603,8 +603,9 @@ class Simulation:
         merged by key. Each partition's iterator is read up to ``limit`` on its own (a
         collator buffers its partitions separately), and only that is timed as the
         queue's ``read``; merging the two is the collator's work. (Merging the iterators
-        lazily put a Python key call a message inside the queue's time: ``heapq.merge``
-        with a key costs about 250 ns a message here, more than a tenth of ``read``.)"""
+        lazily put the merge's generator step and Python key call, about 250 ns a message
+        here, inside the queue's time: ``read`` took a tenth less without them,
+        ``benchmarks/results/sim-analysis.md``, Stop 24.)"""
         if not ranges:
             return []
         started = time.perf_counter()
