@@ -43,8 +43,9 @@ def _thread_cpu(native_id: int | None) -> float:
 
 class _GcCpuQueue(Queue):
     """A queue that, when closed, adds the CPU time its background GC thread ran to
-    ``gc_cpu``: the time that thread held the GIL (its RocksDB calls hold it too), during
-    which the collator's thread could not run."""
+    ``gc_cpu``: mostly time that thread held the GIL (its Python code and rocksdict's
+    reads hold it; rocksdict's writes let it go), during which the collator's thread could
+    not run."""
 
     gc_cpu = 0.0
 
@@ -60,12 +61,15 @@ def _open(path: Path, config: QueueConfig) -> Queue:
     return _GcCpuQueue.open(path, config)
 
 
-def _run(shards: int, rounds: int, where: Path | None, frozen: bool) -> tuple[SimResult, float]:
+def _run(
+    shards: int, rounds: int, where: Path | None, frozen: bool, gc_every: int = 0
+) -> tuple[SimResult, float]:
     """The run's result and the CPU seconds imq's background GC threads ran; ``frozen``:
-    with the start-up heap frozen out of the cyclic GC, as ``imq simulate`` runs."""
+    with the start-up heap frozen out of the cyclic GC, as ``imq simulate`` runs;
+    ``gc_every``: no GC thread, a ``run_gc`` (timed as a queue call) every so many rounds."""
     _GcCpuQueue.gc_cpu = 0.0
     with tempfile.TemporaryDirectory(prefix="imq-bench-sim-", dir=where) as tmp:
-        config = SimConfig(directory=Path(tmp), shards=shards, rounds=rounds)
+        config = SimConfig(directory=Path(tmp), shards=shards, rounds=rounds, gc_every=gc_every)
         with frozen_startup_heap() if frozen else contextlib.nullcontext():
             result = Simulation(config, opener=_open).run()
     return result, _GcCpuQueue.gc_cpu
@@ -153,6 +157,9 @@ def _engine_share(
     return owners, imq_c, rows[:15]
 
 
+GC_PASSES = 36  # GC passes a run when the collator runs them (the thread's 0.25 s, 9 s)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_sim")
     parser.add_argument("--rounds-4", type=int, default=1500)
@@ -180,19 +187,26 @@ def main() -> None:
         + (f" --repeats {args.repeats}" if args.repeats != 3 and not args.quick else "")
         + "`",
         "",
-        "| shards | start-up heap | rounds | blocks | messages delivered | wall s "
-        "| messages/s | inside queue calls (runs) | with GC thread | prepare p50/p99 ms "
-        "| read p50/p99 ms | verdict |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| shards | start-up heap | GC | rounds | blocks | messages delivered | wall s "
+        "| messages/s | inside queue calls (runs) | of it, restarts | with GC thread "
+        "| prepare p50/p99 ms | read p50/p99 ms | verdict |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    # (shards, rounds, frozen, gc_every): GC in the background thread (0), as `imq
+    # simulate` runs, and in the collator's thread, so that all of it is timed.
     configs = [
-        (s, r, f) for s, r in ((4, args.rounds_4), (16, args.rounds_16)) for f in (True, False)
+        (s, r, f, 0) for s, r in ((4, args.rounds_4), (16, args.rounds_16)) for f in (True, False)
     ]
-    runs: dict[tuple[int, int, bool], list[tuple[SimResult, float]]] = {c: [] for c in configs}
+    configs += [
+        (s, r, True, max(1, r // GC_PASSES)) for s, r in ((4, args.rounds_4), (16, args.rounds_16))
+    ]
+    runs: dict[tuple[int, int, bool, int], list[tuple[SimResult, float]]] = {c: [] for c in configs}
     for _ in range(max(1, args.repeats)):  # round-robin: a slow minute hits every config
-        for shards, rounds, frozen in configs:
-            runs[shards, rounds, frozen].append(_run(shards, rounds, args.dir, frozen))
-    for (shards, rounds, frozen), done in runs.items():
+        for shards, rounds, frozen, gc_every in configs:
+            runs[shards, rounds, frozen, gc_every].append(
+                _run(shards, rounds, args.dir, frozen, gc_every)
+            )
+    for (shards, rounds, frozen, gc_every), done in runs.items():
         shares = sorted(100 * r.queue_seconds / r.seconds for r, _ in done)
         # the run with the median share speaks for the configuration
         r, gc_cpu = min(
@@ -202,13 +216,17 @@ def main() -> None:
         share = statistics.median(shares)
         spread = f" ({', '.join(f'{x:.1f}' for x in shares)})" if len(shares) > 1 else ""
         with_gc = 100 * min(r.seconds, r.queue_seconds + gc_cpu) / r.seconds
+        restarts = sum(sum(r.latencies.get(op, ())) for op in ("open", "close"))
+        gc_mode = f"every {gc_every} rounds, timed" if gc_every else "background"
         prep = percentiles(r.latencies["prepare_diff"])
         read = percentiles(r.latencies["read"])
         lines.append(
-            f"| {shards} | {'frozen' if frozen else 'walked'} | {rounds:,} | {r.blocks:,} "
+            f"| {shards} | {'frozen' if frozen else 'walked'} | {gc_mode} | {rounds:,} "
+            f"| {r.blocks:,} "
             f"| {r.messages_delivered:,} "
             f"| {r.seconds:.1f} | {r.messages_per_second:,.0f} | {share:.1f}%{spread} "
-            f"| {with_gc:.1f}% "
+            f"| {100 * restarts / r.seconds:.1f}% ({r.restarts}) "
+            f"| {f'{with_gc:.1f}%' if not gc_every else '—'} "
             f"| {prep[0] * 1e3:.2f} / {prep[1] * 1e3:.2f} "
             f"| {read[0] * 1e3:.2f} / {read[1] * 1e3:.2f} "
             f"| {'verified' if all(d[0].verified for d in done) else 'FAILED'} |"
@@ -220,10 +238,19 @@ def main() -> None:
         "with the median share of wall time inside queue calls, with every run's share in "
         "brackets (a shared machine moves single runs by several points). "
         "*Inside queue calls*: wall time in queue calls (the simulation times each) over "
-        "wall time. *With GC thread*: the same plus the CPU time of imq's background GC "
-        "thread (which holds the GIL while it runs, so the collator's thread may wait for "
-        "it): an upper bound of imq's share, since some of that CPU time overlapped queue "
-        "calls. *Start-up heap*: *frozen*, the objects that exist before the run (the "
+        "wall time. *Of it, restarts*: the part spent in `Queue.open` and `close`, the "
+        "first open and the last close included (the number of restarts in brackets: "
+        "the simulation restarts its node after 2% of its "
+        "rounds, to exercise recovery, far more often than a node restarts). "
+        "*With GC thread*: the same plus the CPU time of imq's background GC "
+        "thread (it holds the GIL but in rocksdict's writes, so the collator's thread may "
+        "wait for it): an upper bound of imq's share, since some of that CPU time "
+        "overlapped queue calls. *GC*: *background*, imq's GC thread collects every "
+        "0.25 s (`imq simulate`'s setting); *every N rounds, timed*: no GC thread, the "
+        "collator calls `run_gc` every "
+        f"N rounds (about {GC_PASSES} passes a run, as many as the thread makes in about 9 s), "
+        "so all of GC's work is inside the timed queue calls: the share without the "
+        "bounds' guesswork. *Start-up heap*: *frozen*, the objects that exist before the run (the "
         "imports' modules, classes and functions, about 28,000) are kept out of Python's "
         "full cyclic-GC passes, as `imq simulate` runs (`imq.sim.engine."
         "frozen_startup_heap`, `gc.freeze`), the way a long-running Python host would; "
