@@ -339,9 +339,11 @@ def run(args: Any, workdir: Path) -> str:
         "collator's reads of recent diffs do; RocksDB is not read at all there.",
         "",
         "CPU time: the reading thread's own (`time.thread_time`, user + system; RocksDB "
-        "reads run in the calling thread), median of the runs. Other processes on a shared "
-        "machine stretch wall time far more than a thread's CPU time, so these ratios are "
-        "the steadier ones; the wall-clock ratios before them are the result.",
+        "reads run in the calling thread), median of the runs. A read runs on the CPU "
+        "throughout, so its CPU time is its wall time, less only what other processes took "
+        "of its core; on this VM the two ratios mostly agree, because what slows a run down "
+        "(neighbours sharing the CPU's caches and cores) slows its CPU time as much. The "
+        "wall-clock ratios before them are the result.",
         "",
         "imq yields decoded `IteratedMessage` values; raw yields `(key, value)` byte pairs. "
         "Iterator creation is inside the timing on both sides. imq decodes every field of "
