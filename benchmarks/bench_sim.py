@@ -242,7 +242,7 @@ def main() -> None:
         "first open and the last close included (the number of restarts in brackets: "
         "the simulation restarts its node after 2% of its "
         "rounds, to exercise recovery, far more often than a node restarts). "
-        "*With GC thread*: the same plus the CPU time of imq's background GC "
+        "*With GC thread*: the share inside queue calls plus the CPU time of imq's GC "
         "thread (it holds the GIL but in rocksdict's writes, so the collator's thread may "
         "wait for it): an upper bound of imq's share, since some of that CPU time "
         "overlapped queue calls. *GC*: *background*, imq's GC thread collects every "
