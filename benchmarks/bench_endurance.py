@@ -246,7 +246,7 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[str, list[Sample]]:
     load_start = os.getloadavg()
     path = workdir / "q"
     config = CONFIG
-    if getattr(args, "block_cache_mib", None) is not None:
+    if args.block_cache_mib is not None:
         config = dataclasses.replace(CONFIG, block_cache_size=args.block_cache_mib << 20)
     queue = Queue.open(path, config)
     prod = Producer()
