@@ -45,13 +45,14 @@ class DiffSpan:
 
 @dataclass(frozen=True, slots=True)
 class DeletedDiffs:
+    """What :func:`stage_delete` staged: the seqnos of every diff whose tail row it
+    deletes, their records as spans (unless the caller asked for none) and the partitions
+    whose rows it deletes."""
+
     shard: ShardIdent
+    seqnos: tuple[int, ...]
     diffs: tuple[DiffSpan, ...]
     partitions: frozenset[int]
-
-    @property
-    def seqnos(self) -> tuple[int, ...]:
-        return tuple(d.seqno for d in self.diffs)
 
     @property
     def total_messages(self) -> int:
@@ -64,15 +65,17 @@ def tail_rows(r: DeleteRange) -> ops.TailRows:
 
 
 def stage_delete(
-    view: ops.View, tail: ops.TailRows, txn: Transaction, r: DeleteRange
+    view: ops.View, tail: ops.TailRows, txn: Transaction, r: DeleteRange, *, spans: bool = True
 ) -> DeletedDiffs:
     """Stage the deletion of ``r``; ``view`` answers ``tail`` (``tail_rows(r)``) and
-    point reads of diff records."""
+    point reads of diff records. ``spans=False`` (GC, when it counts the deleted messages
+    without the records) reads no diff record: the result lists seqnos only."""
+    if not spans and r.include_diff_partitions:
+        raise ValueError("a clear needs the deleted diffs' records")
     partitions = set(r.partitions)
     diffs: list[DiffSpan] = []
-    seqnos: list[int] = []
-    for _max_message, seqno in view[tail]:
-        seqnos.append(seqno)
+    seqnos = [seqno for _max_message, seqno in view[tail]]
+    for seqno in seqnos if spans else ():
         span = view.diff_span(r.shard, seqno)
         if span is None:
             continue
@@ -83,4 +86,4 @@ def stage_delete(
     ops.delete_diff_rows(txn, r.shard, seqnos, r.first, r.last)
     for partition in sorted(partitions):
         ops.delete_partition_rows(txn, r.shard, partition, r.first, r.last)
-    return DeletedDiffs(r.shard, tuple(diffs), frozenset(partitions))
+    return DeletedDiffs(r.shard, tuple(seqnos), tuple(diffs), frozenset(partitions))

@@ -911,3 +911,44 @@ def test_compaction_debt_compacts_once_enough_is_collected(db_path: Path) -> Non
         third = collect_through(6)
         assert (third.messages, third.compaction_seconds, queue._gc.debt) == (1_000, 0.0, 1_000)
         assert message_keys(queue, 0, A) == [k for a in applied[7:] for k in keys_of(a)]
+
+
+@pytest.mark.parametrize("rows_from", ["cache", "records", "records after a reopen"])
+def test_each_deletion_reports_the_rows_and_diffs_it_removed(db_path: Path, rows_from: str) -> None:
+    """A deletion counts its messages from the cache of fresh rows when the cache holds
+    them all, else from the deleted diffs' records plus a row count of the partial diffs
+    at the ends. Either way a report says exactly what went, bounds inside diffs
+    included: compared here with the rows and tail entries stored before and after."""
+    cache = 0 if rows_from == "records" else 64 << 20
+    config = quiet_config(message_cache_size=cache)
+    queue = Queue.open(db_path, config)
+    try:
+        chain = Chain(queue)
+        router = PartitionRouter(dst={1: [HOT]})
+        dsts = [address_in(A, 1), HOT, address_in(A, 2), HOT, address_in(A, 3), address_in(A, 4)]
+        diffs = [chain.apply(A, dsts, router=router) for _ in range(4)]
+        # Bounds: inside the first diff, inside the third, then past the last.
+        bounds = [diffs[0].messages[2].key, diffs[2].messages[3].key, diffs[3].max_message]
+        for i, bound in enumerate(bounds):
+            mc = chain.apply(MC, 0, processed_to={A: bound})
+            if i == 0:
+                commit(queue, mc, diffs[-1])
+            else:
+                commit(queue, mc, idle=[diffs[-1]])
+            if rows_from == "records after a reopen":  # the cache starts empty
+                queue.close()
+                queue = chain.queue = Queue.open(db_path, config)
+            before = {p: message_keys(queue, p, A) for p in (0, 1)}
+            tails = queue.get_diffs_tail_len(A, QueueKey.MIN)
+
+            report = queue.run_gc_report()
+
+            ranges = [r for r in report.ranges if r.shard == A]
+            assert sorted(r.partition for r in ranges) == [0, 1]
+            for r in ranges:
+                gone = set(before[r.partition]) - set(message_keys(queue, r.partition, A))
+                assert gone and r.messages == len(gone), (i, r)
+                assert r.diffs == tails - queue.get_diffs_tail_len(A, QueueKey.MIN), (i, r)
+        assert message_keys(queue, 0, A) == message_keys(queue, 1, A) == []
+    finally:
+        queue.close()
