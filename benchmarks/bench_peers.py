@@ -797,7 +797,7 @@ METHOD = """## Method
   521 MB from files against raw's 123 MB (`/proc/self/io`, the background work's reads
   included) and imq read at 0.40x of raw rocksdict; with the wait, 0.69x. Against sqlite3
   the ratio barely moved (0.82x before, 0.78x after, in runs at different hours): sqlite3
-  builds three objects a row, imq six.
+  builds three objects a row, imq about twice as many.
 - Reopen, for imq, raw rocksdict and sqlite3: the median of 5 reopens (`REOPENS`) in each run
   (each closed before the next), then the median over the runs; the queue libraries
   reopen once.
