@@ -41,13 +41,21 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from time import perf_counter, sleep
+from time import perf_counter
 from typing import Any
 
 from rocksdict import ReadOptions, WriteBatch
 
 from benchmarks.bench_core import machine_lines
-from benchmarks.common import RawDb, parse_args, quiet_logs, temp_workdir, write_report
+from benchmarks.common import (
+    ROCKSDB_BUSY,
+    RawDb,
+    parse_args,
+    quiet_logs,
+    temp_workdir,
+    wait_for_background,
+    write_report,
+)
 from imq import (
     Address,
     BlockId,
@@ -178,24 +186,19 @@ STEPS = ("append", "read", "delete", "reopen")
 # The read starts once they are done, so that it measures the read, not the read sharing
 # two cores with a compaction of the data just appended.
 SETTLE = "settle"
-_BUSY = (
-    "rocksdb.num-running-compactions",
-    "rocksdb.num-running-flushes",
-    "rocksdb.compaction-pending",
-    "rocksdb.num-immutable-mem-table",
-)
 SETTLE_LIMIT = 300.0  # seconds
 
 
 def settle(busy: Callable[[str], int]) -> float:
-    """Wait until no table has a flush or compaction running or pending (``busy(name)``:
-    a RocksDB integer property summed over the tables); the seconds waited."""
-    started = perf_counter()
-    while any(busy(name) for name in _BUSY):
-        if perf_counter() - started > SETTLE_LIMIT:
-            raise RuntimeError(f"RocksDB still busy {SETTLE_LIMIT:.0f} s after the append")
-        sleep(0.01)
-    return perf_counter() - started
+    """Wait until no table has a flush or compaction running or pending, nor a memtable
+    waiting to be flushed (``busy(name)``: a RocksDB integer property summed over the
+    tables); the seconds waited."""
+    waited, idle = wait_for_background(
+        busy, (*ROCKSDB_BUSY, "rocksdb.num-immutable-mem-table"), SETTLE_LIMIT, poll=0.01
+    )
+    if not idle:
+        raise RuntimeError(f"RocksDB still busy {SETTLE_LIMIT:.0f} s after the append")
+    return waited
 
 
 # Recorded beside the steps by the systems at the full N: the process's minor page faults

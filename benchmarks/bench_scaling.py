@@ -30,7 +30,6 @@ import os
 import random
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,14 @@ from time import perf_counter, perf_counter_ns
 from typing import Any
 
 from benchmarks.bench_core import machine_lines
-from benchmarks.common import account_in, parse_args, quiet_logs, temp_workdir, write_report
+from benchmarks.common import (
+    account_in,
+    parse_args,
+    quiet_logs,
+    temp_workdir,
+    wait_for_background,
+    write_report,
+)
 from imq import (
     Address,
     BlockId,
@@ -158,25 +164,16 @@ class Grower:
         return out
 
 
-_BUSY = (
-    "rocksdb.num-running-compactions",
-    "rocksdb.num-running-flushes",
-    "rocksdb.compaction-pending",
-)
-
-
 def settle(queue: Queue, limit: float = 300.0) -> float:
     """Wait until RocksDB runs no flush or compaction and has none pending in any table
     (the growth just wrote up to 10^7 messages; its compaction debt is paid in the
     background); seconds waited. The latencies are then those of the stored size, not of
     a compaction running beside them (``bench_endurance`` measures that case)."""
-    started = perf_counter()
     store = queue._store
-    while perf_counter() - started < limit:
-        if not any(store.property_int(t, name) for t in Table for name in _BUSY):
-            break
-        time.sleep(0.05)
-    return perf_counter() - started
+    waited, _idle = wait_for_background(
+        lambda name: sum(store.property_int(t, name) for t in Table), limit=limit
+    )
+    return waited
 
 
 @contextlib.contextmanager

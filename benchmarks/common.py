@@ -9,8 +9,9 @@ import random
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from time import perf_counter, sleep
 from typing import Any
 
 from imq import QueueConfig, ShardIdent
@@ -113,6 +114,33 @@ def temp_workdir(args: argparse.Namespace, name: str) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# RocksDB integer properties that are non-zero while a flush or compaction runs or waits.
+ROCKSDB_BUSY = (
+    "rocksdb.num-running-compactions",
+    "rocksdb.num-running-flushes",
+    "rocksdb.compaction-pending",
+)
+
+
+def wait_for_background(
+    busy: Callable[[str], int],
+    names: Sequence[str] = ROCKSDB_BUSY,
+    limit: float = 300.0,
+    poll: float = 0.05,
+) -> tuple[float, bool]:
+    """Poll ``busy(name)`` (a RocksDB integer property, summed over the tables the caller
+    watches) every ``poll`` seconds until every one of ``names`` is 0 or ``limit`` seconds
+    have passed: ``(seconds waited, whether RocksDB went idle)``."""
+    started = perf_counter()
+    while True:
+        waited = perf_counter() - started
+        if not any(busy(name) for name in names):
+            return waited, True
+        if waited >= limit:
+            return waited, False
+        sleep(poll)
 
 
 def account_in(rng: random.Random, shard: ShardIdent) -> bytes:
