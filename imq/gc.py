@@ -111,6 +111,14 @@ class _Deleted:
 Gap = tuple[QueueKey, QueueKey, bool]  # from, to, whether ``to`` itself is included
 
 
+def _first_above(after: QueueKey | None) -> QueueKey | None:
+    """The first key a deletion above the executed bound ``after`` removes (``None``
+    for no bound yet: from the start); ``None`` when nothing lies above it."""
+    if after is None:
+        return QueueKey.MIN
+    return None if after == QueueKey.MAX else after.next_value()
+
+
 def _count_plan(
     partition: int,
     after: QueueKey | None,
@@ -121,8 +129,8 @@ def _count_plan(
     lie wholly inside count by their records; the gaps between them (at most a partial
     diff at each end, when a shard's diffs cover disjoint key ranges as blocks do) are
     counted row by row. Returns (counted from records, gap key ranges to count)."""
-    low = QueueKey.MIN if after is None else after.next_value()
-    if after is not None and after == QueueKey.MAX:
+    low = _first_above(after)
+    if low is None:
         return 0, []
     inside = sorted(
         (d for d in deleted.diffs if low <= d.min_message and d.max_message <= bound),
@@ -284,17 +292,20 @@ class GarbageCollector:
         (as a collector that keeps up with its readers finds them): counted by bisection,
         so no diff record is read. ``None`` when the cache cannot tell one of them."""
         shard, bound = task.shard, task.bound
-        ranges = []
+        counts: dict[int, int] = {}
+        ranges: list[tuple[int, tuple[bytes, bytes]]] = []
         for p in task.partitions:
-            after = executed.get((p, shard))
-            if after is not None and after == QueueKey.MAX:
-                return None  # nothing above it to count: rare, left to the records
-            low = QueueKey.MIN if after is None else after.next_value()
-            ranges.append(ops.count_range(p, shard, low, bound, inclusive=True))
-        counts = [n for n in self._store.cached_counts(ranges) if n is not None]
-        if len(counts) != len(ranges):
-            return None
-        return dict(zip(task.partitions, counts, strict=True))
+            low = _first_above(executed.get((p, shard)))
+            if low is None:
+                counts[p] = 0  # nothing above the executed bound
+            else:
+                ranges.append((p, ops.count_range(p, shard, low, bound, inclusive=True)))
+        cached = self._store.cached_counts([r for _p, r in ranges]) if ranges else []
+        for (p, _r), n in zip(ranges, cached, strict=True):
+            if n is None:
+                return None
+            counts[p] = n
+        return counts
 
     def _count_removed(
         self, task: GcTask, executed: GcBounds, found: DeletedDiffs
