@@ -147,17 +147,46 @@ memo_address(AddrMemo *memo, int role, const unsigned char *raw)
     return addr;
 }
 
+/*
+ * The body of a checked row held as the tuple `row` (key, value): the value bytes object
+ * itself, its header cut off in place, when `row` and its value have no other holder
+ * (a row fresh from a RocksDB cursor): no new object and no free a message, where a copy
+ * costs both. The tuple then holds None in place of the value, and every pointer into
+ * the value is stale. Otherwise (someone else holds either) a copy. A new reference, or
+ * NULL with an exception set.
+ */
+static PyObject *
+take_body(PyObject *row)
+{
+    PyObject *value = PyTuple_GET_ITEM(row, 1);
+    Py_ssize_t n = PyBytes_GET_SIZE(value) - HEADER_LEN;
+    char *s = PyBytes_AS_STRING(value);
+    if (Py_REFCNT(row) != 1 || Py_REFCNT(value) != 1 || !PyBytes_CheckExact(value))
+        return PyBytes_FromStringAndSize(s + HEADER_LEN, n);
+    PyTuple_SET_ITEM(row, 1, Py_NewRef(Py_None)); /* the value is ours alone now */
+    memmove(s, s + HEADER_LEN, (size_t)n);
+    if (_PyBytes_Resize(&value, n) < 0) /* it releases the value on failure */
+        return NULL;
+    return value;
+}
+
 /* One checked row (a KEY_LEN key, a value of vlen >= HEADER_LEN bytes, in memory that
- * stays put meanwhile) -> IteratedMessage, or NULL with an exception set. */
+ * stays put meanwhile) -> IteratedMessage, or NULL with an exception set. With `row`
+ * (the row's (key, value) tuple, k and v pointing into it), its body is taken from the
+ * value when it can be (take_body): v is stale afterwards. */
 static PyObject *
 decode_at(PyObject *shard, const unsigned char *k, const unsigned char *v, Py_ssize_t vlen,
-          AddrMemo *memo)
+          AddrMemo *memo, PyObject *row)
 {
     PyObject *fields[4];
     fields[0] = make_key(k);
     fields[1] = memo_address(memo, 0, v + ADDR_LEN);
     fields[2] = memo_address(memo, 1, v);
-    fields[3] = PyBytes_FromStringAndSize((const char *)v + HEADER_LEN, vlen - HEADER_LEN);
+    fields[3] = NULL; /* last: it may cut the header the addresses were read from */
+    if (fields[0] != NULL && fields[1] != NULL && fields[2] != NULL)
+        fields[3] = row != NULL ? take_body(row)
+                                : PyBytes_FromStringAndSize((const char *)v + HEADER_LEN,
+                                                            vlen - HEADER_LEN);
     if (fields[0] == NULL || fields[1] == NULL || fields[2] == NULL || fields[3] == NULL) {
         for (int j = 0; j < 4; j++)
             Py_XDECREF(fields[j]);
@@ -186,7 +215,7 @@ decode_row(PyObject *shard, PyObject *key_obj, PyObject *value_obj, AddrMemo *me
         return NULL;
     }
     return decode_at(shard, (const unsigned char *)PyBytes_AS_STRING(key_obj),
-                     (const unsigned char *)PyBytes_AS_STRING(value_obj), vlen, memo);
+                     (const unsigned char *)PyBytes_AS_STRING(value_obj), vlen, memo, NULL);
 }
 
 static PyObject *
@@ -636,7 +665,8 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *source = ss[best].src;
         PyObject *shard = PyList_GET_ITEM(shards, best);
         for (;;) {
-            PyObject *item = decode_at(shard, cur.k, cur.v, cur.vlen, &memo);
+            /* cur.v is stale from here: its body may be the row's value, cut in place */
+            PyObject *item = decode_at(shard, cur.k, cur.v, cur.vlen, &memo, cur.row);
             if (item == NULL) {
                 Py_XDECREF(cur.row);
                 goto fail;

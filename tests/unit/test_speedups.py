@@ -6,7 +6,7 @@ import contextlib
 import gc
 import shutil
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from itertools import repeat
 from typing import Any
 
@@ -198,6 +198,59 @@ def test_merge_fill_merges_as_the_model(
         assert sorted(ended) == list(range(len(sources)))
         outs.append(([im for b in batches for im in b], final))
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("fill", FILLS)
+def test_merge_fill_takes_only_what_no_one_else_holds(fill: Callable[..., Any]) -> None:
+    """A row that only the merge holds, as a RocksDB cursor yields them, may give its
+    value to the message as the body (C cuts the header off in place); a row that its
+    source still holds, or whose value someone else holds, stays as it was. Either way
+    the messages are the same, empty bodies included."""
+    other = ShardIdent(0, 0xC000_0000_0000_0000)
+    batches = [
+        [
+            Message(
+                QueueKey(2 * lt + s, bytes([lt]) * 32),
+                Address(0, bytes([s + 1]) * 32),
+                Address(0, bytes([lt]) * 32),
+                b"body %d " % lt * (lt % 4),  # empty for every fourth
+            )
+            for lt in range(1, 40)
+        ]
+        for s in range(2)
+    ]
+    held = codec.message_rows(SHARD, batches[0], None)  # a list: held while merged
+    fresh = codec.message_rows(other, batches[1], None)
+    copies = [(k, bytes(memoryview(v))) for k, v in held + fresh]
+    shared = {v for _, v in fresh[::3]}  # a third of the fresh rows' values held here too
+
+    def rows_nobody_holds() -> Iterator[tuple[bytes, bytes]]:
+        for k, v in fresh:  # a new tuple and, but for the shared ones, a new value
+            yield k, (v if v in shared else bytes(memoryview(v)))
+
+    out = []
+    for _ in range(2):  # the same held rows merged again: nothing of them was taken
+        its: list[Iterator[tuple[bytes, bytes]]] = [iter(held), rows_nobody_holds()]
+        heads: list[object] = [None, None]
+        lastkeys: list[bytes | None] = [None, None]
+        positions: list[object] = [None, None]
+        need = [0, 1]
+        got: list[IteratedMessage] = []
+        while True:
+            batch, positions[:], _records, _ended, need, _skipped = fill(
+                its, heads, lastkeys, need, 7, 128, 0, 0, [SHARD, other], positions
+            )
+            if not batch:
+                break
+            got += batch
+        out.append(got)
+    want = sorted(
+        [IteratedMessage(SHARD, m) for m in batches[0]]
+        + [IteratedMessage(other, m) for m in batches[1]],
+        key=lambda im: im.message.key,
+    )
+    assert out[0] == out[1] == want
+    assert [(k, bytes(memoryview(v))) for k, v in held + fresh] == copies
 
 
 @pytest.mark.parametrize("fill", FILLS)
