@@ -304,6 +304,7 @@ qk_cmp(const unsigned char *a, const unsigned char *b)
     return memcmp(a + QK_AT + LT_LEN, b + QK_AT + LT_LEN, HASH_LEN);
 }
 
+
 /*
  * Pull rows from `source` until one is accepted: *head is then that row (a new reference),
  * or NULL when the rows ran out. Skipped rows are counted; *last_skip is the key of the
@@ -1941,6 +1942,76 @@ strictly_ascending(PyObject *self, PyObject *args)
     return PyBool_FromLong(ok);
 }
 
+/*
+ * tp_dealloc of the value types with the plain tuple layout, set by init() in place of
+ * CPython's generic subtype_dealloc. For an instance of such a type (no finalizer, no
+ * __dict__, no weak references, no slots) subtype_dealloc walks the bases to find
+ * tuple's dealloc and checks for each of those; what it then does is all this does:
+ * untrack the object (when tracked), release its items, free it and release its type
+ * (an instance of a heap type holds one). The trashcan keeps a deep nesting from
+ * exhausting the C stack, as for tuples. A merge frees four such objects a message.
+ */
+static void
+value_dealloc(PyObject *op)
+{
+    PyTypeObject *type = Py_TYPE(op);
+    PyObject_GC_UnTrack(op);
+    Py_TRASHCAN_BEGIN(op, value_dealloc)
+    for (Py_ssize_t i = Py_SIZE(op); --i >= 0;)
+        Py_XDECREF(PyTuple_GET_ITEM(op, i));
+    type->tp_free(op);
+    Py_DECREF(type);
+    Py_TRASHCAN_END
+}
+
+/* Whether value_dealloc may replace the dealloc of `type`: a class (a heap type) with the
+ * plain tuple layout and neither __del__ nor a finalizer; its own subclasses keep
+ * CPython's. */
+static int
+takes_value_dealloc(PyTypeObject *type, int plain)
+{
+    return plain && (type->tp_flags & Py_TPFLAGS_HEAPTYPE) &&
+           (type->tp_flags & Py_TPFLAGS_HAVE_GC) && PyType_IsSubtype(type, &PyTuple_Type) &&
+           type->tp_finalize == NULL && type->tp_del == NULL && type->tp_free == PyObject_GC_Del;
+}
+
+/* The four value types init() registered, and the dealloc each had before (CPython's), so
+ * that value_deallocs(False) can put it back. */
+static PyTypeObject *dealloc_types[4];
+static destructor generic_deallocs[4];
+static int value_deallocs_on;
+
+/* Give each registered type that can take it value_dealloc (on) or its own dealloc back. */
+static void
+set_value_deallocs(int on)
+{
+    value_deallocs_on = on;
+    int plains[4] = {plain_iterated, plain_message, plain_queue_key, plain_address};
+    for (int i = 0; i < 4; i++) {
+        PyTypeObject *type = dealloc_types[i];
+        if (type != NULL && takes_value_dealloc(type, plains[i]))
+            type->tp_dealloc = on ? value_dealloc : generic_deallocs[i];
+    }
+}
+
+/*
+ * value_deallocs(on) -> bool: whether the value types free their instances through
+ * value_dealloc (what init() sets) or through CPython's own dealloc, as on a machine
+ * without this module (imq.iterator.pure_python() switches it off, so that a pure-Python
+ * read measured in the same process costs what it costs there); returns the previous
+ * setting. Either frees any instance correctly, whichever made it.
+ */
+static PyObject *
+value_deallocs(PyObject *self, PyObject *on)
+{
+    int flag = PyObject_IsTrue(on);
+    if (flag < 0)
+        return NULL;
+    int was = value_deallocs_on;
+    set_value_deallocs(flag);
+    return PyBool_FromLong(was);
+}
+
 static int
 take_type(PyObject *obj, PyTypeObject **slot)
 {
@@ -3072,6 +3143,8 @@ init(PyObject *self, PyObject *args)
     PyObject *iterated, *message, *queue_key, *address;
     if (!PyArg_ParseTuple(args, "OOOO:init", &iterated, &message, &queue_key, &address))
         return NULL;
+    set_value_deallocs(0); /* the types registered before, if any, get their own back */
+    memset(dealloc_types, 0, sizeof(dealloc_types));
     if (take_type(iterated, &t_iterated) || take_type(message, &t_message) ||
         take_type(queue_key, &t_queue_key) || take_type(address, &t_address))
         return NULL;
@@ -3079,6 +3152,12 @@ init(PyObject *self, PyObject *args)
     plain_message = plain_layout(t_message);
     plain_queue_key = plain_layout(t_queue_key);
     plain_address = plain_layout(t_address);
+    PyTypeObject *types[4] = {t_iterated, t_message, t_queue_key, t_address};
+    for (int i = 0; i < 4; i++) {
+        dealloc_types[i] = types[i]; /* borrowed: t_* hold them */
+        generic_deallocs[i] = types[i]->tp_dealloc;
+    }
+    set_value_deallocs(1);
     Py_RETURN_NONE;
 }
 
@@ -3127,6 +3206,9 @@ value_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyMethodDef methods[] = {
+    {"value_deallocs", value_deallocs, METH_O,
+     "value_deallocs(on): free the value types' instances through imq's dealloc (on) or "
+     "CPython's own"},
     {"init", init, METH_VARARGS,
      "init(IteratedMessage, Message, QueueKey, Address): register the value types."},
     {"decode_run", decode_run, METH_VARARGS,

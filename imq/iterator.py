@@ -583,10 +583,16 @@ COMPILED = _speedups_module is not None
 
 @contextlib.contextmanager
 def pure_python() -> Iterator[None]:
-    """Within this block, new iterators use the pure-Python path (benchmarks, tests)."""
+    """Within this block, new iterators use the pure-Python path and the value types free
+    their instances through CPython's own dealloc, as on a machine without the compiled
+    module (benchmarks, tests)."""
     global _merge_fill  # noqa: PLW0603 - the switch tests and benchmarks flip
     saved, _merge_fill = _merge_fill, None
+    module = _speedups_module
+    deallocs = module is not None and module.value_deallocs(False)
     try:
         yield
     finally:
         _merge_fill = saved
+        if module is not None:
+            module.value_deallocs(deallocs)

@@ -6,6 +6,8 @@ import contextlib
 import gc
 import shutil
 import struct
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from itertools import repeat
 from typing import Any
@@ -35,6 +37,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 SHARD = ShardIdent(0, 0x4000_0000_0000_0000)
+ADDR2 = (Address(0, b"\x01" * 32), Address(-1, b"\x02" * 32))
 
 addresses = st.builds(Address, st.integers(-128, 127), st.binary(min_size=32, max_size=32))
 messages = st.builds(
@@ -49,6 +52,56 @@ messages = st.builds(
 def test_the_compiled_decode_is_in_use() -> None:
     # A compiler is present (the skip above), so `pip install` must have built it.
     assert iterator.COMPILED
+
+
+def test_value_types_free_what_they_hold_however_they_were_made() -> None:
+    """The value types free their instances through imq's dealloc: every item and the
+    type itself are released, for instances the constructors made (tracked by the
+    cyclic GC) and those the C decode made (not tracked), and the same through CPython's
+    own dealloc, which ``pure_python()`` switches back to (and then restores)."""
+    module = iterator._speedups_module
+    body = b"a body shared by every message " + bytes(8)
+    row = codec.message_rows(SHARD, [Message(QueueKey(7, bytes(32)), *ADDR2, body)], None)[0]
+    with contextlib.ExitStack() as stack:
+        for pure in (False, True):
+            if pure:
+                stack.enter_context(iterator.pure_python())
+                assert module.value_deallocs(False) is False  # what pure_python() set
+            before = [sys.getrefcount(t) for t in (IteratedMessage, Message, QueueKey, Address)]
+            made = [
+                IteratedMessage(SHARD, Message(QueueKey(i, bytes(32)), *ADDR2, body))
+                for i in range(500)
+            ]
+            decoded = iterator._c_decode([row[0]] * 500, [row[1]] * 500, SHARD)
+            assert gc.is_tracked(made[0]) and not gc.is_tracked(decoded[0])
+            shared = sys.getrefcount(body)
+            assert shared >= 500
+            del made, decoded
+            assert sys.getrefcount(body) == shared - 500
+            after = [sys.getrefcount(t) for t in (IteratedMessage, Message, QueueKey, Address)]
+            assert after == before
+    assert module.value_deallocs(True) is True  # pure_python() put it back
+
+
+def test_a_deep_nesting_of_value_types_is_freed_without_exhausting_the_stack() -> None:
+    """imq's dealloc goes through CPython's trashcan, as tuples do: freeing a million
+    nested values (built past the constructors' checks) must not crash the process."""
+    code = (
+        "from imq import iterator\n"
+        "from imq.types import Address, Message, QueueKey\n"
+        "assert iterator.COMPILED\n"
+        "k, a = QueueKey(1, bytes(32)), Address(0, bytes(32))\n"
+        "x = b''\n"
+        "for _ in range(1_000_000):\n"
+        "    x = tuple.__new__(Message, (k, a, a, x))\n"
+        "del x\n"
+        "print('freed')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "freed\n"
 
 
 @given(st.lists(messages, min_size=1, max_size=80), st.integers(0, 65535))
