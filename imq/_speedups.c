@@ -304,7 +304,6 @@ qk_cmp(const unsigned char *a, const unsigned char *b)
     return memcmp(a + QK_AT + LT_LEN, b + QK_AT + LT_LEN, HASH_LEN);
 }
 
-
 /*
  * Pull rows from `source` until one is accepted: *head is then that row (a new reference),
  * or NULL when the rows ran out. Skipped rows are counted; *last_skip is the key of the
