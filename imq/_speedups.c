@@ -91,12 +91,21 @@ make_address(const unsigned char *raw)
     return pack(t_address, plain_address, items, 2);
 }
 
+/* Big-endian bytes (at most 8) as an unsigned integer, as int.from_bytes(v, "big"); with
+ * a constant n, compilers make it one load and a byte swap. */
+static inline unsigned long long
+be_prefix(const unsigned char *p, Py_ssize_t n)
+{
+    unsigned long long x = 0;
+    for (Py_ssize_t i = 0; i < n && i < 8; i++)
+        x = (x << 8) | p[i];
+    return x;
+}
+
 static PyObject *
 make_key(const unsigned char *k)
 {
-    unsigned long long lt = 0;
-    for (int i = 0; i < LT_LEN; i++)
-        lt = (lt << 8) | k[QK_AT + i];
+    unsigned long long lt = be_prefix(k + QK_AT, LT_LEN);
     PyObject *items[2];
     items[0] = PyLong_FromUnsignedLongLong(lt);
     if (items[0] == NULL)
@@ -249,16 +258,6 @@ decode_run(PyObject *self, PyObject *args)
     return out;
 }
 
-/* Big-endian bytes (at most 8) as an unsigned integer, as int.from_bytes(v, "big"). */
-static unsigned long long
-be_prefix(const unsigned char *p, Py_ssize_t n)
-{
-    unsigned long long x = 0;
-    for (Py_ssize_t i = 0; i < n && i < 8; i++)
-        x = (x << 8) | p[i];
-    return x;
-}
-
 static PyObject *
 row_error(PyObject *exc, const char *what, PyObject *key)
 {
@@ -280,17 +279,6 @@ accepts(const unsigned char *vb, Py_ssize_t vlen, long wc_byte, long prefix_len,
     return prefix_len == 0 || (be_prefix(vb + 1, vlen - 1) >> shift) == want;
 }
 
-/* The 8 bytes at `p` as a big-endian integer (compilers make this one load and a byte
- * swap). */
-static inline uint64_t
-load_be64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 /* Negative, zero or positive as the queue key (lt, hash) of the message key at `a` orders
  * before, with or after the one at `b`: memcmp's order over their 40 bytes, with the lt
  * compared as one integer first (it nearly always decides) and the hash only on a tie,
@@ -298,7 +286,7 @@ load_be64(const unsigned char *p)
 static inline int
 qk_cmp(const unsigned char *a, const unsigned char *b)
 {
-    uint64_t x = load_be64(a + QK_AT), y = load_be64(b + QK_AT);
+    unsigned long long x = be_prefix(a + QK_AT, LT_LEN), y = be_prefix(b + QK_AT, LT_LEN);
     if (x != y)
         return x < y ? -1 : 1;
     return memcmp(a + QK_AT + LT_LEN, b + QK_AT + LT_LEN, HASH_LEN);
