@@ -1020,6 +1020,26 @@ route_message(PyObject *partition_for, PyObject *src, PyObject *dst)
     return p;
 }
 
+/* The Tee (below): put_rows and encode_diff tell it what they are about to put. */
+static PyTypeObject TeeType;
+static void tee_expect(PyObject *put, Py_ssize_t bytes, Py_ssize_t rows);
+
+/* When put is a Tee: the bytes and rows the messages of seq will put (tee_expect). */
+static void
+expect_rows_of(PyObject *put, PyObject *seq)
+{
+    if (!Py_IS_TYPE(put, &TeeType))
+        return;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), bytes = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *msg = PySequence_Fast_GET_ITEM(seq, i);
+        if (PyTuple_Check(msg) && PyTuple_GET_SIZE(msg) == 4 &&
+            PyBytes_Check(PyTuple_GET_ITEM(msg, 3)))
+            bytes += KEY_LEN + HEADER_LEN + PyBytes_GET_SIZE(PyTuple_GET_ITEM(msg, 3));
+    }
+    tee_expect(put, bytes, n);
+}
+
 /*
  * put_rows(put, target, shard_bytes, messages, partition_for, counts) -> rows
  *
@@ -1041,6 +1061,7 @@ put_rows(PyObject *self, PyObject *args)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
+    expect_rows_of(put, seq);
     long current = 0;
     Py_ssize_t in_current = 0; /* rows counted for `current` not yet added to counts */
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -1077,9 +1098,11 @@ put_rows(PyObject *self, PyObject *args)
     }
     if (in_current && add_count(counts, current, in_current) < 0)
         goto fail;
+    tee_expect(put, 0, 0);
     Py_DECREF(seq);
     return PyLong_FromSsize_t(n);
 fail:
+    tee_expect(put, 0, 0);
     Py_DECREF(seq);
     return NULL;
 }
@@ -1675,6 +1698,7 @@ encode_diff(PyObject *self, PyObject *args)
     long last_partition = -1;
     Dest *last = NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    expect_rows_of(put, seq);
     for (Py_ssize_t i = 0; i < n; i++) {
         /* seq may be a list that put() mutates: re-read its size and hold the item */
         if (i >= PySequence_Fast_GET_SIZE(seq)) {
@@ -1798,6 +1822,7 @@ encode_diff(PyObject *self, PyObject *args)
     }
     out = Py_BuildValue("(nOO)", n, parts, wcs);
 done:
+    tee_expect(put, 0, 0);
     Py_XDECREF(spares[0]);
     Py_XDECREF(spares[1]);
     Py_XDECREF(last_dst);
@@ -2932,12 +2957,13 @@ message_bounds(PyObject *self, PyObject *args)
  * loops (put_rows, encode_diff, the pure-Python encoders) that calls put(key, value,
  * target) and then keeps the row in the chunk of its segment: segments[key[:prefix_len]]
  * is a [data, offs] pair of bytearrays (created on first use) that the row's bytes and
- * its offset are appended to (a memcpy; no objects). The RocksDB store hands one to a
- * batch that writes message rows, so that once the batch is written its rows can join
- * the store's cache of fresh rows. The previous row's segment is remembered, so a run of
- * rows of one segment costs a prefix comparison and two appends. `unordered` turns 1
- * when a row's key is not above the previous row of its chunk; `invalid` when a row is
- * not a message row (the store then forgets its cache instead of keeping the batch).
+ * its offset are appended to (a memcpy; no objects; see bytearray_add and tee_expect for
+ * how their buffers grow). The RocksDB store hands one to a batch that writes message
+ * rows, so that once the batch is written its rows can join the store's cache of fresh
+ * rows. The previous row's segment is remembered, so a run of rows of one segment costs
+ * a prefix comparison and two appends. `unordered` turns 1 when a row's key is not above
+ * the previous row of its chunk; `invalid` when a row is not a message row (the store
+ * then forgets its cache instead of keeping the batch).
  */
 typedef struct {
     PyObject_HEAD
@@ -2946,19 +2972,111 @@ typedef struct {
     PyObject *segments;     /* dict: prefix bytes -> [data, offs] */
     PyObject *data, *offs;  /* the previous row's chunk, or NULL */
     Py_ssize_t prefix_len;
+    Py_ssize_t expect_bytes, expect_rows; /* what the caller is about to put (tee_expect) */
     int unordered, invalid;
     char last_prefix[64];
 } Tee;
 
-/* Append n bytes to a bytearray (which over-allocates as it grows); 0 or -1. */
+/*
+ * Append n bytes to a bytearray; 0 or -1. Its buffer at least doubles when it must grow:
+ * PyByteArray_Resize grows it by an eighth, and a realloc that cannot grow in place
+ * copies the whole buffer, so a chunk of a few MB built row by row was copied about
+ * eight times over (measured: most of what the Tee itself cost, beside the put it
+ * calls). tee_expect sizes a diff's chunk ahead; chunk_trim gives the slack back
+ * once the chunk is complete. A bytearray that is exported or offset (never one of a
+ * Tee's) takes CPython's path.
+ */
 static inline int
 bytearray_add(PyObject *ba, const void *src, Py_ssize_t n)
 {
-    Py_ssize_t old = PyByteArray_GET_SIZE(ba);
-    if (PyByteArray_Resize(ba, old + n) < 0)
+    PyByteArrayObject *b = (PyByteArrayObject *)ba;
+    Py_ssize_t old = Py_SIZE(b);
+    if (b->ob_exports > 0 || b->ob_start != b->ob_bytes) {
+        if (PyByteArray_Resize(ba, old + n) < 0)
+            return -1;
+        memcpy(PyByteArray_AS_STRING(ba) + old, src, (size_t)n);
+        return 0;
+    }
+    if (n > PY_SSIZE_T_MAX / 2 - old - 1) {
+        PyErr_NoMemory();
         return -1;
-    memcpy(PyByteArray_AS_STRING(ba) + old, src, (size_t)n);
+    }
+    Py_ssize_t need = old + n + 1; /* the trailing NUL a bytearray keeps */
+    if (need > b->ob_alloc) {
+        Py_ssize_t alloc = b->ob_alloc > PY_SSIZE_T_MAX / 2 ? need : 2 * b->ob_alloc;
+        if (alloc < need)
+            alloc = need;
+        char *grown = PyObject_Realloc(b->ob_bytes, (size_t)alloc);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->ob_bytes = b->ob_start = grown;
+        b->ob_alloc = alloc;
+    }
+    memcpy(b->ob_start + old, src, (size_t)n);
+    Py_SET_SIZE(b, old + n);
+    b->ob_start[old + n] = '\0';
     return 0;
+}
+
+/*
+ * chunk_trim(buffer): give back what a bytearray holds beyond its bytes (the slack
+ * bytearray_add leaves), so a cached chunk costs its size (glibc shrinks a large
+ * buffer in place). Anything else, or an exported or offset bytearray, is left as it is.
+ */
+static PyObject *
+chunk_trim(PyObject *self, PyObject *arg)
+{
+    if (PyByteArray_CheckExact(arg)) {
+        PyByteArrayObject *b = (PyByteArrayObject *)arg;
+        Py_ssize_t want = Py_SIZE(b) + 1;
+        if (b->ob_exports == 0 && b->ob_start == b->ob_bytes && b->ob_bytes != NULL &&
+            b->ob_alloc > want) {
+            char *p = PyObject_Realloc(b->ob_bytes, (size_t)want);
+            if (p != NULL) { /* a failed shrink leaves the buffer as it was */
+                b->ob_bytes = b->ob_start = p;
+                b->ob_alloc = want;
+            }
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+/* Make room for n more bytes in a bytearray without changing its size; 0 or -1. */
+static int
+bytearray_reserve(PyObject *ba, Py_ssize_t n)
+{
+    PyByteArrayObject *b = (PyByteArrayObject *)ba;
+    Py_ssize_t need = Py_SIZE(b) + n + 1;
+    if (b->ob_exports > 0 || b->ob_start != b->ob_bytes || n > PY_SSIZE_T_MAX / 2 ||
+        need <= b->ob_alloc)
+        return 0;
+    char *grown = PyObject_Realloc(b->ob_bytes, (size_t)need);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->ob_bytes = b->ob_start = grown;
+    b->ob_alloc = need;
+    return 0;
+}
+
+/*
+ * Tell a Tee (put, when it is one) that about `bytes` bytes of rows in `rows` rows come
+ * next (0, 0: nothing expected): a chunk it starts from empty meanwhile is allocated at
+ * that size at once, so it never grows (a growth copies and touches fresh memory). A
+ * diff whose rows go to two partitions reserves the whole diff for each chunk;
+ * chunk_trim gives the rest back once the batch is written, and pages never written
+ * cost nothing.
+ */
+static void
+tee_expect(PyObject *put, Py_ssize_t bytes, Py_ssize_t rows)
+{
+    if (Py_IS_TYPE(put, &TeeType)) {
+        ((Tee *)put)->expect_bytes = bytes;
+        ((Tee *)put)->expect_rows = rows;
+    }
 }
 
 static PyObject *
@@ -3023,6 +3141,11 @@ tee_vectorcall(PyObject *self_obj, PyObject *const *args, size_t nargsf, PyObjec
         Py_INCREF(PyList_GET_ITEM(pair, 1));
         Py_XSETREF(self->offs, PyList_GET_ITEM(pair, 1));
         memcpy(self->last_prefix, kb, (size_t)self->prefix_len);
+        if (self->expect_bytes > 0 && PyByteArray_GET_SIZE(self->data) == 0 &&
+            (bytearray_reserve(self->data, self->expect_bytes) < 0 ||
+             bytearray_reserve(self->offs, self->expect_rows * (Py_ssize_t)sizeof(uint32_t)) <
+                 0))
+            return NULL;
     }
     Py_ssize_t at = PyByteArray_GET_SIZE(self->data);
     Py_ssize_t nrows = PyByteArray_GET_SIZE(self->offs) / (Py_ssize_t)sizeof(uint32_t);
@@ -3037,6 +3160,11 @@ tee_vectorcall(PyObject *self_obj, PyObject *const *args, size_t nargsf, PyObjec
                sizeof(uint32_t));
         if (memcmp(PyByteArray_AS_STRING(self->data) + prev, kb, KEY_LEN) >= 0)
             self->unordered = 1;
+    }
+    if (((PyByteArrayObject *)self->data)->ob_exports > 0 ||
+        ((PyByteArrayObject *)self->offs)->ob_exports > 0) { /* fail before changing either */
+        PyErr_SetString(PyExc_BufferError, "a chunk the Tee fills is exported: it cannot grow");
+        return NULL;
     }
     uint32_t off = (uint32_t)at;
     if (bytearray_add(self->offs, &off, sizeof(off)) < 0 ||
@@ -3217,6 +3345,8 @@ static PyMethodDef methods[] = {
     {"chunk_check", chunk_check, METH_VARARGS,
      "chunk_check(data, offs) -> (rows, value_bytes, ascending)"},
     {"chunk_bisect", chunk_bisect, METH_VARARGS, "chunk_bisect(data, offs, key) -> int"},
+    {"chunk_trim", chunk_trim, METH_O,
+     "chunk_trim(buffer): a bytearray's slack given back (what Tee's appends leave)"},
     {"chunk_cut", chunk_cut, METH_VARARGS,
      "chunk_cut(data, offs, i, j) -> (data, offs): the chunk without its rows [i, j)"},
     {"chunk_pack", chunk_pack, METH_O, "chunk_pack(rows) -> (data, offs): a chunk of rows"},

@@ -366,6 +366,9 @@ Tee: Any = _PyTee if _C is None else _C.Tee
 _chunk_check: Callable[[Buffer, Buffer], tuple[int, int, bool]] = (
     _chunk_check_py if _C is None else _C.chunk_check
 )
+_chunk_trim: Callable[[Buffer], None] = (lambda buffer: None) if _C is None else _C.chunk_trim
+"""Give back a bytearray's slack (the C Tee sizes a chunk's buffer for a whole diff, and
+doubles it when it must grow)."""
 _chunk_bisect: Callable[[Buffer, Buffer, bytes], int] = (
     _chunk_bisect_py if _C is None else _C.chunk_bisect
 )
@@ -634,6 +637,8 @@ class MessageCache:
                 segment = self._segments.get(prefix)
                 if segment is None or not offs:
                     continue
+                _chunk_trim(data)
+                _chunk_trim(offs)
                 n, _, ascending = _chunk_check(data, offs)  # before anything changes
                 chunk = _Chunk(data, offs, n)
                 if not (in_order and ascending):  # sort; the last put of a key wins

@@ -5,6 +5,7 @@ blind writes, reopens and concurrent snapshots."""
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from builders import Chain, address_in, quarter_shards, quiet_config
 
-from imq import PartitionRouter, Queue, QueueKey, QueueShardRange, ShardIdent
+from imq import PartitionRouter, Queue, QueueKey, QueueShardRange, ShardIdent, iterator
 from imq.errors import StorageError
 from imq.storage import Table, codec, ops
 from imq.storage.cache import ChunkRows
@@ -162,6 +163,25 @@ def test_fresh_diffs_are_read_from_the_cache_and_a_restarted_reader_soon_too(
         assert after["segments"] == 3  # partition 0 of shards 0 and 2, partition 1 of shard 2
     finally:
         queue.close()
+
+
+def test_the_cached_chunks_of_a_diff_hold_their_rows_and_no_slack(tmp_path: Path) -> None:
+    """A diff whose rows go to two partitions: the write path allocates each of its two
+    chunks for the whole diff at once; once written, the cache keeps each trimmed to its
+    own rows, so what it counts against its budget is what it holds."""
+    empty = sys.getsizeof(bytearray())
+    with Queue.open(tmp_path / "db", quiet_config()) as queue:
+        chain = Chain(queue)
+        dsts = [address_in(SHARDS[1], i % 5) for i in range(200)]
+        built = chain.apply(SHARDS[0], dsts, router=PartitionRouter(dst={1: [dsts[0]]}))
+        segments = queue._store.cache._segments  # type: ignore[attr-defined]
+        chunks = [c for segment in segments.values() for c in segment.chunks]
+        assert len(chunks) == 2 and sum(c.n for c in chunks) == len(built.messages)
+        for chunk in chunks:
+            for buffer in (chunk.data, chunk.offs):
+                assert type(buffer) is bytearray
+                if iterator.COMPILED:  # the pure-Python Tee grows them as CPython does
+                    assert sys.getsizeof(buffer) - empty == len(buffer) + 1
 
 
 @pytest.mark.parametrize("fits", [True, False])

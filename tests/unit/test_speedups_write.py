@@ -1,6 +1,7 @@
 """The compiled write path (``imq._speedups``: ``encode_diff``, ``sources_in_shard``,
 ``strictly_ascending``) gives exactly what its pure-Python forms give: the same rows,
-statistics, totals, verdicts and errors, and the same stored bytes through the queue.
+statistics, totals, verdicts and errors, and the same stored bytes through the queue;
+the compiled ``Tee`` keeps what the encoders put in chunks sized ahead.
 
 The pure-Python forms run in the same process by setting the module globals that hold
 the compiled functions to ``None`` (what ``IMQ_PURE_PYTHON=1`` does at import)."""
@@ -10,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import shutil
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
@@ -24,6 +26,7 @@ from imq.diff import DiffStatistics, QueueDiff
 from imq.queue import Queue
 from imq.router import PartitionRouter
 from imq.storage import Table, codec
+from imq.storage import cache as cache_mod
 from imq.testing import MemoryDatabase
 from imq.types import Address, BlockIdShort, Message, QueueKey, ShardIdent
 
@@ -382,3 +385,87 @@ def test_rows_through_a_rocksdb_batch_are_intact(
         assert queue.apply_diff(d, BlockIdShort(SHARD, 1), H[1])
         stored = queue._store.load_table(Table.MESSAGES)
     assert stored == codec.message_rows(SHARD, d.messages)
+
+
+# -- the Tee's chunks: sized ahead by the encoders, trimmed by the cache --------------------
+
+_EMPTY = sys.getsizeof(bytearray())
+
+
+def _allocated(buffer: bytearray) -> int:
+    """What a bytearray has allocated (``sys.getsizeof`` counts its whole buffer)."""
+    return sys.getsizeof(buffer) - _EMPTY
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(messages, min_size=1, max_size=60, unique_by=lambda m: m.key),
+    routers(),
+    st.booleans(),
+)
+def test_a_tee_keeps_what_an_encoder_puts_in_chunks_allocated_once(
+    batch: list[Message], router: PartitionRouter, derived: bool
+) -> None:
+    """``encode_diff`` (statistics derived) and ``put_message_rows`` (given) tell a
+    compiled Tee how many bytes of rows come, so every chunk it starts is allocated once
+    at that size, however the rows split over partitions, and never grows (a growth
+    copies the chunk); the cache's trim then leaves each holding its bytes alone. The
+    chunks hold exactly the rows put, in order."""
+    d = QueueDiff(batch, router=router)
+    partition_for = None if d.router.is_empty else d.router.partition_for
+    put: list[tuple[bytes, bytes]] = []
+    kept: dict[bytes, list[bytearray]] = {}
+    tee = cache_mod.Tee(lambda k, v, _t: put.append((k, v)), kept, codec.MESSAGE_PREFIX_LEN)
+    encode = codec.encode_diff if derived else codec.put_message_rows
+    encode(tee, None, SHARD, d.messages, partition_for)
+    assert put == codec.message_rows(SHARD, d.messages, partition_for)
+    whole = sum(len(k) + len(v) for k, v in put)
+    by_segment = itertools.groupby(
+        sorted(put, key=lambda r: r[0][: codec.MESSAGE_PREFIX_LEN]),
+        key=lambda r: r[0][: codec.MESSAGE_PREFIX_LEN],
+    )
+    expected = {pre: list(rows) for pre, rows in by_segment}
+    assert set(kept) == set(expected)
+    for pre, (data, offs) in kept.items():
+        assert _allocated(data) == whole + 1  # the whole batch, and its trailing NUL
+        assert _allocated(offs) == 4 * len(put) + 1
+        cache_mod._chunk_trim(data)
+        cache_mod._chunk_trim(offs)
+        assert (_allocated(data), _allocated(offs)) == (len(data) + 1, len(offs) + 1)
+        rows = list(cache_mod.ChunkRows([data], [offs], 0, len(offs) // 4))
+        assert rows == expected[pre]
+    assert not tee.unordered and not tee.invalid
+    # the next batch through the same Tee, row by row: the chunk grows (doubling) and
+    # still holds every row
+    more = [(k[:-1] + b"\xff", v) for k, v in put]
+    for k, v in more:
+        tee(k, v, None)
+    for pre, (data, offs) in kept.items():
+        n = len(offs) // 4
+        assert len(offs) == 4 * (len(expected[pre]) + sum(k[:14] == pre for k, _ in more))
+        assert _allocated(data) < 2 * (len(data) + 1)
+        got = list(cache_mod.ChunkRows([data], [offs], 0, n))
+        assert got[: len(expected[pre])] == expected[pre]
+        assert got[len(expected[pre]) :] == [r for r in more if r[0][:14] == pre]
+
+
+def test_a_tee_and_the_trim_leave_a_buffer_someone_reads_as_it_is() -> None:
+    """A chunk buffer exported to a reader (a memoryview) is never moved: appending to it
+    raises ``BufferError`` (as CPython does) and leaves the chunk as it was, and the trim
+    leaves it alone; anything but a bytearray is not trimmed."""
+    kept: dict[bytes, list[bytearray]] = {}
+    tee = cache_mod.Tee(lambda *_: None, kept, codec.MESSAGE_PREFIX_LEN)
+    rows = codec.message_rows(
+        SHARD, [Message(QueueKey(lt, bytes(32)), *POOL[:2], b"x") for lt in (1, 2)]
+    )
+    tee(*rows[0], None)
+    [(data, offs)] = kept.values()
+    before = bytes(data), bytes(offs)
+    with memoryview(data) as view:
+        with pytest.raises(BufferError):
+            tee(*rows[1], None)
+        assert (bytes(view), bytes(offs)) == before
+        cache_mod._chunk_trim(data)
+        assert bytes(data) == before[0]
+    cache_mod._chunk_trim(b"bytes")  # no-op
+    cache_mod._chunk_trim(None)  # type: ignore[arg-type]
