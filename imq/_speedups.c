@@ -2986,6 +2986,20 @@ typedef struct {
  * once the chunk is complete. A bytearray that is exported or offset (never one of a
  * Tee's) takes CPython's path.
  */
+/* Give a bytearray a buffer of `alloc` bytes (its bytes and size kept); 0 or -1. */
+static int
+bytearray_set_alloc(PyByteArrayObject *b, Py_ssize_t alloc)
+{
+    char *p = PyObject_Realloc(b->ob_bytes, (size_t)alloc);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->ob_bytes = b->ob_start = p;
+    b->ob_alloc = alloc;
+    return 0;
+}
+
 static inline int
 bytearray_add(PyObject *ba, const void *src, Py_ssize_t n)
 {
@@ -3006,13 +3020,8 @@ bytearray_add(PyObject *ba, const void *src, Py_ssize_t n)
         Py_ssize_t alloc = b->ob_alloc > PY_SSIZE_T_MAX / 2 ? need : 2 * b->ob_alloc;
         if (alloc < need)
             alloc = need;
-        char *grown = PyObject_Realloc(b->ob_bytes, (size_t)alloc);
-        if (grown == NULL) {
-            PyErr_NoMemory();
+        if (bytearray_set_alloc(b, alloc) < 0)
             return -1;
-        }
-        b->ob_bytes = b->ob_start = grown;
-        b->ob_alloc = alloc;
     }
     memcpy(b->ob_start + old, src, (size_t)n);
     Py_SET_SIZE(b, old + n);
@@ -3032,13 +3041,8 @@ chunk_trim(PyObject *self, PyObject *arg)
         PyByteArrayObject *b = (PyByteArrayObject *)arg;
         Py_ssize_t want = Py_SIZE(b) + 1;
         if (b->ob_exports == 0 && b->ob_start == b->ob_bytes && b->ob_bytes != NULL &&
-            b->ob_alloc > want) {
-            char *p = PyObject_Realloc(b->ob_bytes, (size_t)want);
-            if (p != NULL) { /* a failed shrink leaves the buffer as it was */
-                b->ob_bytes = b->ob_start = p;
-                b->ob_alloc = want;
-            }
-        }
+            b->ob_alloc > want && bytearray_set_alloc(b, want) < 0)
+            PyErr_Clear(); /* a failed shrink leaves the buffer as it was */
     }
     Py_RETURN_NONE;
 }
@@ -3048,18 +3052,11 @@ static int
 bytearray_reserve(PyObject *ba, Py_ssize_t n)
 {
     PyByteArrayObject *b = (PyByteArrayObject *)ba;
-    Py_ssize_t need = Py_SIZE(b) + n + 1;
-    if (b->ob_exports > 0 || b->ob_start != b->ob_bytes || n > PY_SSIZE_T_MAX / 2 ||
-        need <= b->ob_alloc)
+    if (b->ob_exports > 0 || b->ob_start != b->ob_bytes ||
+        n > PY_SSIZE_T_MAX / 2 - Py_SIZE(b) - 1)
         return 0;
-    char *grown = PyObject_Realloc(b->ob_bytes, (size_t)need);
-    if (grown == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    b->ob_bytes = b->ob_start = grown;
-    b->ob_alloc = need;
-    return 0;
+    Py_ssize_t need = Py_SIZE(b) + n + 1;
+    return need <= b->ob_alloc ? 0 : bytearray_set_alloc(b, need);
 }
 
 /*
