@@ -2977,15 +2977,13 @@ typedef struct {
     char last_prefix[64];
 } Tee;
 
-/*
- * Append n bytes to a bytearray; 0 or -1. Its buffer at least doubles when it must grow:
- * PyByteArray_Resize grows it by an eighth, and a realloc that cannot grow in place
- * copies the whole buffer, so a chunk of a few MB built row by row was copied about
- * eight times over (measured: most of what the Tee itself cost, beside the put it
- * calls). tee_expect sizes a diff's chunk ahead; chunk_trim gives the slack back
- * once the chunk is complete. A bytearray that is exported or offset (never one of a
- * Tee's) takes CPython's path.
- */
+/* Whether this code may reallocate a bytearray's buffer: nothing exported, no offset. */
+static inline int
+buffer_movable(const PyByteArrayObject *b)
+{
+    return b->ob_exports == 0 && b->ob_start == b->ob_bytes;
+}
+
 /* Give a bytearray a buffer of `alloc` bytes (its bytes and size kept); 0 or -1. */
 static int
 bytearray_set_alloc(PyByteArrayObject *b, Py_ssize_t alloc)
@@ -3000,12 +2998,21 @@ bytearray_set_alloc(PyByteArrayObject *b, Py_ssize_t alloc)
     return 0;
 }
 
+/*
+ * Append n bytes to a bytearray; 0 or -1. Its buffer at least doubles when it must grow:
+ * PyByteArray_Resize grows it by an eighth, and a realloc that cannot grow in place
+ * copies the whole buffer, so a chunk of a few MB built row by row was copied about
+ * eight times over (measured: most of what the Tee itself cost, beside the put it
+ * calls). tee_expect sizes a diff's chunk ahead; chunk_trim gives the slack back
+ * once the chunk is complete. A bytearray that is exported or offset (never one of a
+ * Tee's) takes CPython's path.
+ */
 static inline int
 bytearray_add(PyObject *ba, const void *src, Py_ssize_t n)
 {
     PyByteArrayObject *b = (PyByteArrayObject *)ba;
     Py_ssize_t old = Py_SIZE(b);
-    if (b->ob_exports > 0 || b->ob_start != b->ob_bytes) {
+    if (!buffer_movable(b)) {
         if (PyByteArray_Resize(ba, old + n) < 0)
             return -1;
         memcpy(PyByteArray_AS_STRING(ba) + old, src, (size_t)n);
@@ -3040,8 +3047,8 @@ chunk_trim(PyObject *self, PyObject *arg)
     if (PyByteArray_CheckExact(arg)) {
         PyByteArrayObject *b = (PyByteArrayObject *)arg;
         Py_ssize_t want = Py_SIZE(b) + 1;
-        if (b->ob_exports == 0 && b->ob_start == b->ob_bytes && b->ob_bytes != NULL &&
-            b->ob_alloc > want && bytearray_set_alloc(b, want) < 0)
+        if (buffer_movable(b) && b->ob_bytes != NULL && b->ob_alloc > want &&
+            bytearray_set_alloc(b, want) < 0)
             PyErr_Clear(); /* a failed shrink leaves the buffer as it was */
     }
     Py_RETURN_NONE;
@@ -3052,8 +3059,7 @@ static int
 bytearray_reserve(PyObject *ba, Py_ssize_t n)
 {
     PyByteArrayObject *b = (PyByteArrayObject *)ba;
-    if (b->ob_exports > 0 || b->ob_start != b->ob_bytes ||
-        n > PY_SSIZE_T_MAX / 2 - Py_SIZE(b) - 1)
+    if (!buffer_movable(b) || n > PY_SSIZE_T_MAX / 2 - Py_SIZE(b) - 1)
         return 0;
     Py_ssize_t need = Py_SIZE(b) + n + 1;
     return need <= b->ob_alloc ? 0 : bytearray_set_alloc(b, need);
