@@ -247,11 +247,22 @@ class DiffStatistics:
                     raise TypeError("statistics must be keyed by Address values")
                 if not isinstance(count, int) or isinstance(count, bool):
                     raise TypeError(f"statistics count for {address} must be an int")
-                if count <= 0:
-                    raise ValueError(f"statistics count for {address} must be positive")
+                if not 0 < count <= U64_MAX:
+                    raise ValueError(
+                        f"statistics count for {address} must be a positive u64, got {count}"
+                    )
                 counts[address] = count
             if counts:
                 checked[partition] = counts
+        per_workchain: dict[int, int] = {}
+        for counts in checked.values():
+            for (workchain, _account), count in counts.items():
+                per_workchain[workchain] = per_workchain.get(workchain, 0) + count
+        for workchain, total in per_workchain.items():
+            if total > U64_MAX:  # a diff's record keeps each destination shard's sum as a u64
+                raise ValueError(
+                    f"statistics counts for workchain {workchain} sum to {total}, past a u64"
+                )
         object.__setattr__(self, "shard", shard)
         object.__setattr__(self, "min_message", min_message)
         object.__setattr__(self, "max_message", max_message)

@@ -7,6 +7,9 @@ alone. Invalid arguments raise the builtin ``ValueError`` / ``TypeError`` instea
 
 from __future__ import annotations
 
+import errno
+import os
+
 __all__ = [
     "CommitError",
     "ConfigError",
@@ -15,6 +18,7 @@ __all__ = [
     "DiffBelowCommitPointerError",
     "DiffConflictError",
     "DiffSequenceError",
+    "FileAccessError",
     "ImqError",
     "QueueClosedError",
     "SchemaVersionError",
@@ -107,6 +111,39 @@ class StorageError(ImqError):
         self.path = path
         self.operation = operation
         self.reason = reason
+
+
+class FileAccessError(ImqError, OSError):
+    """A file or directory imq was given cannot be used: it is missing, of the wrong kind
+    (a directory where a file belongs, or the reverse), not permitted, on a read-only file
+    system, or the disk is full.
+
+    It is also an ``OSError``: ``errno`` and ``filename`` are the operating system's,
+    ``operation`` is what imq was doing. The message ends with what to do about it.
+    """
+
+    def __init__(self, path: object, operation: str, exc: OSError, hint: str = "") -> None:
+        reason = exc.strerror or str(exc)
+        hint = hint or _ERRNO_HINTS.get(exc.errno or 0, "check the path and retry")
+        super().__init__(exc.errno, f"cannot {operation} {path}: {reason}; {hint}")
+        self.filename = os.fspath(path) if isinstance(path, (str, os.PathLike)) else path
+        self.operation = operation
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+_ERRNO_HINTS = {
+    errno.ENOENT: "check the path (it, or a directory on the way to it, does not exist)",
+    errno.ENOTDIR: "a part of the path is a file, not a directory: check the path",
+    errno.EISDIR: "it is a directory: pass a file",
+    errno.EACCES: "check the permissions of the file and its directory",
+    errno.EPERM: "check the permissions of the file and its directory",
+    errno.EROFS: "the file system is read-only: use a writable location",
+    errno.ENOSPC: "the disk is full: free space (or choose another disk) and retry",
+    errno.EDQUOT: "the disk quota is exhausted: free space and retry",
+    errno.ENAMETOOLONG: "the path is too long: use a shorter one",
+}
 
 
 class SchemaVersionError(ImqError):

@@ -22,7 +22,9 @@ class RWLock:
     __slots__ = ("_cond", "_readers", "_writer", "_writers_waiting")
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # Re-entrant: a dropped pending diff releases its read lock from ``__del__``, which
+        # cyclic GC may run inside one of these sections (imq.pending).
+        self._cond = threading.Condition(threading.RLock())
         self._readers = 0
         self._writer = False
         self._writers_waiting = 0

@@ -1,9 +1,16 @@
 """A prepared, unwritten diff and the locks it holds (SEMANTICS §4).
 
-A pending diff holds the facade's read lock and its shard's mutex until it is written
-or discarded. The registry remembers which thread prepared which shard, so the two
-calls that would deadlock are refused instead: a second prepare of the same shard by
-the thread that holds it, and a commit or clear by a thread holding a pending diff.
+A pending diff holds the facade's read lock and its shard's mutex until it is written,
+discarded or dropped (the last reference to an unwritten one gone: a rollback). The
+registry remembers which thread prepared which shard, so the two calls that would
+deadlock are refused instead: a second prepare of the same shard by the thread that
+holds it, and a commit or clear by a thread holding a pending diff. A diff handed to
+another thread still counts as its preparing thread's until written or discarded.
+
+A dropped diff releases its locks from ``__del__``, which cyclic GC may run in the
+middle of any allocation, including inside this module's own critical sections: so the
+registry's mutex and the read lock's condition are re-entrant, and every section leaves
+its state consistent at each allocation.
 """
 
 from __future__ import annotations
@@ -24,15 +31,16 @@ class PendingRegistry:
     __slots__ = ("_held", "_mutex")
 
     def __init__(self) -> None:
-        self._mutex = threading.Lock()
-        self._held: dict[int, list[ShardIdent]] = {}
+        self._mutex = threading.RLock()  # re-entrant: see the module's docstring
+        # Keyed by the thread object, not its ident: a new thread may reuse a dead one's.
+        self._held: dict[threading.Thread, list[ShardIdent]] = {}
 
     def hold_shard(self, rw: RWLock, shard_locks: ShardLocks, shard: ShardIdent) -> LockGuard:
         """Take the read lock and ``shard``'s mutex for this thread and remember it:
         what a pending diff holds until written or discarded, and what an export holds
         while it reads the shard (so neither can be followed by a commit or clear, or a
         second hold of the shard, in the same thread)."""
-        thread = threading.get_ident()
+        thread = threading.current_thread()
         with self._mutex:
             held = list(self._held.get(thread, ()))
         if shard in held:
@@ -51,7 +59,7 @@ class PendingRegistry:
             self._held.setdefault(thread, []).append(shard)
         return LockGuard(self, rw, lock, thread, shard)
 
-    def _forget(self, thread: int, shard: ShardIdent) -> None:
+    def _forget(self, thread: threading.Thread, shard: ShardIdent) -> None:
         with self._mutex:
             shards = self._held.get(thread)
             if shards is not None:
@@ -61,11 +69,13 @@ class PendingRegistry:
 
     def check_no_pending(self, operation: str) -> None:
         with self._mutex:
-            held = self._held.get(threading.get_ident())
+            held = self._held.get(threading.current_thread())
         if held:
             raise ImqError(
-                f"{operation} would deadlock: this thread holds pending diffs of "
-                f"{', '.join(map(str, held))}; write or discard them first"
+                f"{operation} would deadlock: this thread prepared pending diffs of "
+                f"{', '.join(map(str, held))} that are not written yet; write or discard "
+                "them first (a pending diff handed to another thread counts as its "
+                "preparing thread's until then)"
             )
 
 
@@ -79,7 +89,7 @@ class LockGuard:
         registry: PendingRegistry,
         rw: RWLock,
         lock: threading.Lock,
-        thread: int,
+        thread: threading.Thread,
         shard: ShardIdent,
     ) -> None:
         self._registry = registry
@@ -103,10 +113,12 @@ class PendingDiff:
 
     ``write()`` writes it atomically; ``discard()`` drops it. Either releases the locks;
     using the object afterwards raises ``ImqError``. As a context manager it discards on
-    exit unless written.
+    exit unless written. Dropped unwritten (its last reference gone), it is discarded:
+    the batch is rolled back and the locks released, with a warning logged, since a
+    caller that forgets one would otherwise hold every commit up.
     """
 
-    __slots__ = ("_guard", "_state", "_write", "block", "messages", "txn")
+    __slots__ = ("_guard", "_on_drop", "_state", "_write", "block", "messages", "txn")
 
     def __init__(
         self,
@@ -115,10 +127,14 @@ class PendingDiff:
         guard: LockGuard,
         block: BlockIdShort,
         messages: int,
+        *,
+        on_drop: Callable[[PendingDiff], None] = lambda pending: None,
     ) -> None:
         """``write(self)`` writes ``txn`` (the queue's writer); it runs while the locks
-        are held."""
+        are held. ``on_drop(self)`` runs when it is dropped unwritten (after the locks
+        are released)."""
         self._write = write
+        self._on_drop = on_drop
         self.txn = txn
         self._guard = guard
         self.block = block
@@ -146,6 +162,16 @@ class PendingDiff:
     def discard(self) -> None:
         self._finish("discarded")
         self._guard.release()
+
+    def __del__(self) -> None:
+        if getattr(self, "_state", None) != "pending":
+            return
+        self._state = "discarded"
+        try:
+            self._guard.release()
+            self._on_drop(self)
+        except Exception:  # pragma: no cover -- interpreter shutdown: nothing to release to
+            pass
 
     def __enter__(self) -> PendingDiff:
         return self

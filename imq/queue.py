@@ -129,6 +129,8 @@ class Queue(QueueReads):
         check_type("config", config, QueueConfig)
         if not isinstance(zerostate_seqno, int) or not 0 <= zerostate_seqno <= 0xFFFF_FFFF:
             raise ValueError(f"zerostate_seqno must be a u32, got {zerostate_seqno!r}")
+        if not os.fspath(path):  # Path("") is the working directory
+            raise ValueError("the queue database path is empty; pass its directory")
         store = Store(Path(path), store_options(config), read_only=read_only)
         return cls._on_store(store, config, zerostate_seqno=zerostate_seqno)
 
@@ -332,7 +334,19 @@ class Queue(QueueReads):
         except BaseException:
             guard.release()
             raise
-        return PendingDiff(self._write_pending, txn, guard, block, len(diff.messages))
+        return PendingDiff(
+            self._write_pending, txn, guard, block, len(diff.messages), on_drop=self._dropped
+        )
+
+    def _dropped(self, pending: PendingDiff) -> None:
+        """A pending diff dropped unwritten: discarded, its locks released (a caller bug
+        that would otherwise hold every commit up). No metrics counter: ``__del__`` may
+        run inside the metrics' own (non-re-entrant) lock."""
+        self._log.warning(
+            "pending_diff_dropped",
+            block=str(pending.block),
+            hint="write() or discard() every prepared diff, or use it as a context manager",
+        )
 
     def _skipped(self, guard: LockGuard, block: BlockIdShort) -> None:
         """A prepare that writes nothing: the diff is already applied, or the sequence
@@ -464,10 +478,14 @@ class Queue(QueueReads):
         partitions: Iterable[int] = _DEFAULT_PARTITIONS,
     ) -> None:
         """The node-start sequence: check the last committed masterchain block against the
-        last applied one, then clear the uncommitted zone. A failed check changes nothing."""
+        last applied one, then clear the uncommitted zone of the masterchain and
+        ``top_shards`` (listed or not, the masterchain is a top shard: SEMANTICS §14.2).
+        A failed check changes nothing."""
         self._check_writable("startup")
         check_type("last_applied_mc_block", last_applied_mc_block, BlockId)
         tops = list(top_shards)
+        if ShardIdent.MASTERCHAIN not in tops:
+            tops.insert(0, ShardIdent.MASTERCHAIN)
         with self.metrics.time("startup"):
             committed = self.get_last_committed_mc_block_id()
             if committed is not None and not (

@@ -58,8 +58,14 @@ class PartitionRouter:
         partition = self._dst.get(dst)
         if partition is not None:
             return partition
+        if type(dst) is not Address:  # checked only here: a routed dst is an Address
+            raise TypeError(f"dst must be an Address, got {type(dst).__name__}")
         if src is not None:
-            return self._src.get(src, DEFAULT_PARTITION)
+            partition = self._src.get(src)
+            if partition is not None:
+                return partition
+            if type(src) is not Address:
+                raise TypeError(f"src must be an Address or None, got {type(src).__name__}")
         return DEFAULT_PARTITION
 
     @property

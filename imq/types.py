@@ -257,9 +257,12 @@ class ShardIdent(_ShardFields):
 
     def contains(self, address: Address) -> bool:
         """True if ``address`` belongs to this shard."""
-        if address.workchain != self.workchain:
-            return False
-        return self.contains_prefix(address.prefix)
+        try:
+            if address.workchain != self.workchain:
+                return False
+            return self.contains_prefix(address.prefix)
+        except AttributeError:
+            raise TypeError(f"contains takes an Address, got {type(address).__name__}") from None
 
     def contains_prefix(self, account_prefix: int) -> bool:
         """True if an account whose first 8 bytes are ``account_prefix`` is in this shard

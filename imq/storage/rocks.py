@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import stat
 import threading
 import weakref
@@ -45,6 +46,7 @@ from rocksdict import (
 from imq.errors import (
     CorruptDataError,
     DatabaseLockedError,
+    FileAccessError,
     ImqError,
     QueueClosedError,
     SchemaVersionError,
@@ -512,6 +514,32 @@ class Transaction:
         return int(self.batch.size_in_bytes())
 
 
+# What RocksDB (and rocksdict, and imq's lock) leave in a database directory, also when a
+# crash interrupted its creation before CURRENT was written.
+_ROCKSDB_FILE = re.compile(
+    r"LOCK|LOG(\.old\.\d+)?|IDENTITY|MANIFEST-\d+|OPTIONS-\d+(\.dbtmp)?|\d+\.(log|sst|blob)"
+    r"|\d+\.dbtmp|rocksdict-config\.json|" + re.escape(LOCK_FILE)
+)
+
+_DAMAGED_HINT = (
+    "if the files are damaged, restore the directory from a copy or rebuild it from a "
+    "persistent state; run `imq verify` on it for details"
+)
+
+
+def _open_hint(reason: str) -> str:
+    """What to do about a failed RocksDB open, from its reason."""
+    if "No space left" in reason or "Disk quota" in reason:
+        return "the disk is full: free space and open the queue again (nothing was lost)"
+    if "Read-only file system" in reason or "Permission denied" in reason:
+        return (
+            "the directory is not writable (rocksdict rewrites its rocksdict-config.json at "
+            "every open, read-only ones too): fix the permissions or mount, or copy the "
+            "directory somewhere writable and open the copy"
+        )
+    return _DAMAGED_HINT
+
+
 def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) -> Any:
     """Open the rocksdict database with imq's six column families and options (raw mode,
     one block cache shared by all tables). ``Store`` opens through this; so does the raw
@@ -563,21 +591,29 @@ class Store:
         lock is taken, nothing can be written, and the view is the state at open
         (including the writer's unflushed log).
         """
+        if not os.fspath(path):
+            raise ValueError("the queue database path is empty; pass its directory")
         self.path = Path(path)
         self.options = options or StoreOptions()
         self.read_only = read_only
+        self._lock_fd = -1
         if read_only:
             if not (self.path / "CURRENT").is_file():
                 raise ImqError(f"no queue database at {self.path}")
-            self._lock_fd = -1
-        else:
-            if self.path.exists() and not self.path.is_dir():
-                raise ImqError(
-                    f"cannot open queue database {self.path}: it is a file, not a directory; "
-                    "pass the directory that holds (or will hold) the queue"
-                )
-            self.path.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = self._acquire_lock()
+        elif self.path.exists() and not self.path.is_dir():
+            raise ImqError(
+                f"cannot open queue database {self.path}: it is a file, not a directory; "
+                "pass the directory that holds (or will hold) the queue"
+            )
+        # Before anything touches the directory: RocksDB would adopt a foreign database
+        # and, at open, delete the table files a damaged MANIFEST no longer lists.
+        self._tables_before = self._check_directory() if self.path.is_dir() else 0
+        if not read_only:
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                self._lock_fd = self._acquire_lock()
+            except OSError as exc:
+                raise FileAccessError(self.path, "open queue database", exc) from exc
         try:
             self._db, self._tables, self._handles = self._open_rocksdb()
         except BaseException:
@@ -622,6 +658,45 @@ class Store:
         with contextlib.suppress(OSError):
             os.close(fd)
 
+    def _check_directory(self) -> int:
+        """Refuse a directory that is not (yet) an imq queue: one holding a RocksDB
+        database without imq's tables (another program's, or one whose MANIFEST lost the
+        records that created them), or other files and no database at all. Nothing in it
+        is changed. The number of table (``.sst``) files it holds."""
+        try:
+            names = os.listdir(self.path)
+        except OSError as exc:
+            raise FileAccessError(self.path, "open queue database", exc) from exc
+        tables = sum(name.endswith(".sst") for name in names)
+        if "CURRENT" in names:
+            try:
+                families = set(Rdict.list_cf(str(self.path)))
+            except Exception as exc:
+                raise StorageError(
+                    self.path,
+                    "open",
+                    f"cannot read its list of tables: {exc}",
+                    hint=_DAMAGED_HINT,
+                ) from exc
+            missing = [t.value for t in Table if t.value not in families]
+            if missing:
+                raise StorageError(
+                    self.path,
+                    "open",
+                    f"it is a RocksDB database without imq's tables {', '.join(missing)}",
+                    hint="either it is not an imq queue (pass the queue's own directory, or "
+                    "a new or empty one) or its MANIFEST is damaged (restore the directory "
+                    "from a copy); nothing in it was changed",
+                )
+        elif not self.read_only and any(not _ROCKSDB_FILE.fullmatch(n) for n in names):
+            raise StorageError(
+                self.path,
+                "open",
+                "the directory holds other files but no queue database",
+                hint="pass a new or empty directory, or the queue's own; nothing in it was changed",
+            )
+        return tables
+
     def _open_rocksdb(self) -> tuple[Any, dict[Table, Any], dict[Table, Any]]:
         try:
             db = open_rdict(self.path, self.options, read_only=self.read_only)
@@ -629,13 +704,7 @@ class Store:
             text = str(exc)
             if "While lock file" in text or "lock hold by" in text or "/LOCK:" in text:
                 raise DatabaseLockedError(f"queue database {self.path} is locked: {exc}") from exc
-            raise StorageError(
-                self.path,
-                "open",
-                str(exc),
-                hint="if the files are damaged, restore the directory from a copy or rebuild "
-                "it from a persistent state; run `imq verify` on it for details",
-            ) from exc
+            raise StorageError(self.path, "open", str(exc), hint=_open_hint(str(exc))) from exc
         tables = {t: db.get_column_family(t.value) for t in Table}
         handles = {t: db.get_column_family_handle(t.value) for t in Table}
         return db, tables, handles
@@ -645,9 +714,15 @@ class Store:
         if raw is None and self.read_only:
             raise SchemaVersionError(f"queue database {self.path} has no schema version")
         if raw is None:
-            if any(self._has_rows(t) for t in Table if t is not Table.VARS):
+            if self._tables_before or any(self._has_rows(t) for t in Table if t is not Table.VARS):
+                # imq writes the version (synced) when it creates the tables, before any
+                # table file can exist: table files without it mean a damaged MANIFEST
+                # (RocksDB dropped the files it no longer lists) or a foreign database.
                 raise SchemaVersionError(
-                    f"queue database {self.path} holds data but no schema version"
+                    f"queue database {self.path} holds data ({self._tables_before} table "
+                    "files before this open) but no schema version: its files are damaged "
+                    "or it is not an imq queue; restore the directory from a copy or "
+                    "rebuild it from a persistent state (import_state)"
                 )
             self._tables[Table.VARS].put(
                 codec.SCHEMA_VERSION_KEY, codec.u32_value(codec.SCHEMA_VERSION), self._sync

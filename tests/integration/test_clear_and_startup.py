@@ -304,6 +304,20 @@ def test_startup_without_any_commit_clears_top_shards(queue: Queue) -> None:
     assert rows(queue, Table.COMMIT_POINTERS) == []
 
 
+def test_startup_clears_the_masterchain_even_when_top_shards_leave_it_out(queue: Queue) -> None:
+    """SEMANTICS 14.2: the top shards are the masterchain plus the shard table's. A
+    masterchain diff applied before the restart and never committed must go, or
+    collating that block again with another hash would conflict."""
+    chain = Chain(queue)
+    chain.apply(MC, 1)
+    chain.apply(S1, 2)
+    queue.startup(block_id(MC, 1), top_shards=[S1])
+    assert queue.get_last_applied_seqno(MC) is None
+    assert queue.get_last_applied_seqno(S1) is None
+    again = chain.build(MC, 1, seqno=1, hash_label="re-collated")
+    assert queue.apply_diff(again.diff, again.block, again.hash) is True
+
+
 def test_startup_argument_type(queue: Queue) -> None:
     with pytest.raises(TypeError):
         queue.startup(block(MC, 1), top_shards=[])  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ instead of hanging the run.
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 import time
 from collections.abc import Callable
@@ -241,6 +242,88 @@ def test_second_prepare_of_a_thread_passes_a_waiting_writer(queue: Queue, chain:
     worker.outcome()
     assert committer.outcome() is True
     assert queue.get_last_applied_seqno(S) == queue.get_last_applied_seqno(OTHER) == 1
+
+
+# -- dropped and handed-off pending diffs -----------------------------------------------------
+
+
+def test_a_dropped_pending_diff_releases_its_locks(queue: Queue, chain: Chain) -> None:
+    """SEMANTICS 5.3: dropping a pending diff unwritten discards its batch and releases
+    its locks; a commit elsewhere then runs, and its thread may prepare the shard again."""
+    mc = chain.apply(MC, 1)
+    a, b = chain.build(S, 2), chain.build(S, 1, seqno=1, hash_label="b")
+
+    def drop() -> None:
+        pending = queue.prepare_diff(a.diff, a.block, a.hash)
+        assert pending is not None
+        del pending  # neither written nor discarded
+        # This thread holds nothing now: it may commit, and prepare the shard again.
+        assert queue.commit_diff([mc.top()]) is True
+        assert queue.apply_diff(b.diff, b.block, b.hash) is True
+
+    started(drop, "dropper").outcome()
+    assert started(lambda: queue.commit_diff([mc.top()]), "committer").outcome() is False
+    assert queue.get_diff_info(S, 1).hash == b.hash  # a's batch was never written
+
+
+def test_a_pending_diff_dropped_in_a_reference_cycle_releases_its_locks_at_collection(
+    queue: Queue, chain: Chain
+) -> None:
+    """Cyclic GC runs ``__del__`` wherever an allocation triggers it, possibly inside
+    the locks' own sections: the release must not deadlock there."""
+    mc = chain.apply(MC, 1)
+    a = chain.build(S, 2)
+    pending = queue.prepare_diff(a.diff, a.block, a.hash)
+    assert pending is not None
+    cycle: list[object] = [pending]
+    cycle.append(cycle)
+    del pending, cycle
+    committer = started(lambda: queue.commit_diff([mc.top()]), "committer")
+    assert not committer.finished.wait(BLOCKED), "commit ran past an uncollected pending diff"
+    gc.collect()
+    assert committer.outcome() is True
+    assert queue.get_diff_info(S, 1) is None
+
+
+def test_a_dropped_pending_diff_released_by_cyclic_gc_inside_the_read_lock(
+    queue: Queue, chain: Chain
+) -> None:
+    """The worst place for a collection: inside the read lock's own critical section,
+    in the thread that drops the diff. Forced here by collecting from within it."""
+    a, b = chain.build(S, 2), chain.build(OTHER, 1)
+    pending = queue.prepare_diff(a.diff, a.block, a.hash)
+    assert pending is not None
+    cycle: list[object] = [pending]
+    cycle.append(cycle)
+    del pending, cycle
+    rw = queue._rw
+
+    def collect_inside() -> None:
+        with rw._cond:  # what acquire_read holds while it waits
+            gc.collect()  # runs the pending diff's __del__: release_read re-enters
+
+    started(collect_inside, "collector").outcome()
+    assert rw.readers == 0
+    assert queue.apply_diff(b.diff, b.block, b.hash) is True
+    assert queue.apply_diff(a.diff, a.block, a.hash) is True  # the shard's mutex is free
+
+
+def test_a_thread_that_handed_its_pending_diff_off_and_ended_does_not_refuse_a_new_thread(
+    queue: Queue, chain: Chain
+) -> None:
+    """The refusal of a commit follows the thread that prepared a pending diff, not its
+    ident: a new thread may get a dead one's ident back (CPython reuses them), and it
+    holds nothing, so its commit waits for the diff's write instead of being refused."""
+    mc = chain.apply(MC, 1)
+    for i in range(4):  # several rounds: an ident is reused in about half of them
+        a = chain.build(S, 1)
+        preparer = started(lambda a=a: queue.prepare_diff(a.diff, a.block, a.hash), "preparer")
+        pending = preparer.outcome()
+        assert pending is not None
+        committer = started(lambda: queue.commit_diff([mc.top()]), f"committer-{i}")
+        assert not committer.finished.wait(BLOCKED / 3), "commit refused or ran early"
+        pending.write()
+        committer.outcome()
 
 
 # -- stress -----------------------------------------------------------------------------------

@@ -19,11 +19,12 @@ from typing import Any
 
 import pytest
 from builders import BASE, Chain, full_range, open_queue, quarter_shards, quiet_config
+from rocksdict import Options, Rdict
 from state_fixtures import write_state
 
 from imq import DiffZone, ImqError, Queue, QueueKey
 from imq import iterator as iterator_module
-from imq.errors import CorruptDataError, StorageError
+from imq.errors import CorruptDataError, SchemaVersionError, StorageError
 from imq.state.synth import synth_state
 from imq.storage import Table, codec
 from imq.storage.rocks import Cursor, Scan
@@ -300,3 +301,75 @@ def test_a_log_cut_short_at_its_end_opens_with_a_prefix(tmp_path: Path) -> None:
         assert seen == [k for k in want if k <= seen[-1]]
     finally:
         q.close()
+
+
+# -- the MANIFEST, and directories that are not (yet) a queue ---------------------------------
+
+
+def _listing(path: Path) -> dict[str, bytes]:
+    return {n: (path / n).read_bytes() for n in sorted(os.listdir(path))}
+
+
+@pytest.mark.parametrize("damage", ["cut", "flip"])
+def test_a_damaged_manifest_never_opens_as_a_smaller_queue(
+    intact: tuple[Path, dict[Table, str]], expected: dict[str, Any], tmp_path: Path, damage: str
+) -> None:
+    """RocksDB reads a MANIFEST cut short (or with a record length flipped so that it
+    points past the end) as an older, valid one: it lists fewer tables or table files,
+    and the open deletes the files it no longer lists. imq must refuse such a directory,
+    never open it as a smaller (or empty, fresh) queue."""
+    path, _ = intact
+    (manifest,) = (n for n in os.listdir(path) if n.startswith("MANIFEST-"))
+    size = (path / manifest).stat().st_size
+    opened = refused = 0
+    for at in sorted({size * i // 24 for i in range(24)} | {size - 1, size - 7}):
+        work = tmp_path / f"{damage}-{at}"
+        copy = work / "db"
+        shutil.copytree(path, copy)
+        if damage == "cut":
+            os.truncate(copy / manifest, at)
+        else:  # one bit of the byte at `at`
+            data = bytearray((copy / manifest).read_bytes())
+            data[at] ^= 0x10
+            (copy / manifest).write_bytes(bytes(data))
+        kind, result = _run(copy, "iterate", work)
+        if kind == "error":
+            refused += 1
+            assert isinstance(result, StorageError | SchemaVersionError), repr(result)
+        else:
+            opened += 1
+            assert result == expected["iterate"], f"opened short with the MANIFEST {damage} at {at}"
+    assert refused > 0
+
+
+def test_a_foreign_rocksdb_directory_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "other"
+    db = Rdict(str(path), Options(raw_mode=True))
+    db[b"their key"] = b"their value"
+    db.close()
+    before = _listing(path)
+    with pytest.raises(StorageError, match="without imq's tables"):
+        Queue.open(path)
+    after = _listing(path)
+    assert after == before
+    db = Rdict(str(path), Options(raw_mode=True))
+    try:
+        assert db[b"their key"] == b"their value"
+    finally:
+        db.close()
+
+
+def test_a_directory_of_other_files_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    path = tmp_path / "mine"
+    path.mkdir()
+    (path / "notes.txt").write_text("not a queue")
+    with pytest.raises(StorageError, match="other files but no queue database"):
+        Queue.open(path)
+    assert os.listdir(path) == ["notes.txt"]
+
+
+def test_an_empty_path_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="empty"):
+        Queue.open("")
+    assert os.listdir(tmp_path) == []

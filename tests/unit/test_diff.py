@@ -6,7 +6,7 @@ import pytest
 
 from imq.diff import DiffStatistics, QueueDiff
 from imq.router import PartitionRouter
-from imq.types import Address, Message, QueueKey, ShardIdent
+from imq.types import U64_MAX, Address, Message, QueueKey, ShardIdent
 
 H = bytes(32)
 LEFT = ShardIdent(0, 0x4000_0000_0000_0000)
@@ -253,6 +253,19 @@ def test_statistics_max_below_min() -> None:
 def test_statistics_non_positive_count(count: int) -> None:
     with pytest.raises(ValueError):
         DiffStatistics(LEFT, key(1), key(2), {0: {A: count}})
+
+
+def test_statistics_counts_fit_the_u64_a_diff_record_keeps() -> None:
+    """A count, and a workchain's sum of them (a diff's record keeps it per destination
+    shard), is a u64: past it the constructor refuses, instead of apply_diff failing
+    with an OverflowError."""
+    assert DiffStatistics(LEFT, key(1), key(2), {0: {A: U64_MAX}}).total == U64_MAX
+    with pytest.raises(ValueError, match="u64"):
+        DiffStatistics(LEFT, key(1), key(2), {0: {A: U64_MAX + 1}})
+    with pytest.raises(ValueError, match="u64"):
+        DiffStatistics(LEFT, key(1), key(2), {0: {A: U64_MAX, B: 1}})
+    with pytest.raises(ValueError, match="u64"):
+        DiffStatistics(LEFT, key(1), key(2), {0: {A: U64_MAX}, 1: {B: 1}})
 
 
 @pytest.mark.parametrize("count", [True, 1.0, "1", None])

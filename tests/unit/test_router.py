@@ -45,6 +45,16 @@ def test_lookup_order_dst_src_default(src: Address | None, dst: Address, expecte
     assert router.partition_for(src, dst) == expected
 
 
+@pytest.mark.parametrize(
+    ("src", "dst"), [(None, "0:" + "02" * 32), (A, None), ("0:" + "01" * 32, C), (7, C)]
+)
+def test_partition_for_rejects_what_is_not_an_address(src: object, dst: object) -> None:
+    """API.md: values of the wrong type raise TypeError (not a silent partition 0)."""
+    router = PartitionRouter(src={1: [A]}, dst={2: [B]})
+    with pytest.raises(TypeError, match="Address"):
+        router.partition_for(src, dst)  # type: ignore[arg-type]
+
+
 def test_insert_overwrites() -> None:
     router = PartitionRouter()
     router.insert_dst(A, 3)

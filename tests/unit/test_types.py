@@ -372,6 +372,12 @@ def test_contains(shard: ShardIdent, address: Address, expected: bool) -> None:
     assert shard.contains(address) is expected
 
 
+@pytest.mark.parametrize("address", ["0:" + "00" * 32, None, (0, ZERO32)])
+def test_contains_rejects_what_is_not_an_address(address: object) -> None:
+    with pytest.raises(TypeError, match="Address"):
+        ShardIdent.BASECHAIN.contains(address)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("shard", "account_prefix", "expected"),
     [
