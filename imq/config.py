@@ -30,18 +30,27 @@ _MIB = 1024**2
 
 # Seconds per duration unit. A compound duration must use strictly smaller units from left
 # to right ("1h30m" is fine, "30m1h" and "1s2s" are not).
+# The units of the original's config (Rust's humantime): short and long forms. A month
+# and a year are humantime's 30.44 and 365.25 days.
 _DURATION_UNITS: dict[str, float] = {
-    "d": 86_400.0,
-    "h": 3_600.0,
-    "m": 60.0,
-    "s": 1.0,
-    "ms": 1e-3,
-    "us": 1e-6,
-    "µs": 1e-6,
-    "ns": 1e-9,
+    **dict.fromkeys(("years", "year", "y"), 31_557_600.0),
+    **dict.fromkeys(("months", "month", "M"), 2_630_016.0),
+    **dict.fromkeys(("weeks", "week", "w"), 604_800.0),
+    **dict.fromkeys(("days", "day", "d"), 86_400.0),
+    **dict.fromkeys(("hours", "hour", "hrs", "hr", "h"), 3_600.0),
+    **dict.fromkeys(("minutes", "minute", "mins", "min", "m"), 60.0),
+    **dict.fromkeys(("seconds", "second", "secs", "sec", "s"), 1.0),
+    **dict.fromkeys(("msec", "ms"), 1e-3),
+    **dict.fromkeys(("usec", "us", "µs"), 1e-6),
+    **dict.fromkeys(("nsec", "ns"), 1e-9),
 }
 _BARE_NUMBER = re.compile(r"\d+(?:\.\d+)?")
-_DURATION_PART = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ns|us|µs|ms|s|m|h|d)")
+# Longest unit first, so that "5ms" is not 5 m and an "s"; a unit ends where letters do.
+_DURATION_PART = re.compile(
+    r"\s*(\d+(?:\.\d+)?)\s*("
+    + "|".join(sorted(map(re.escape, _DURATION_UNITS), key=len, reverse=True))
+    + r")(?![A-Za-zµ])"
+)
 
 _SIZE_UNITS: dict[str, int] = {
     "b": 1,
@@ -60,8 +69,11 @@ _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)")
 def parse_duration(text: str) -> float:
     """Parse a human duration (``"500ms"``, ``"1m30s"``, ``"2h"``, ``"250us"``) into seconds.
 
-    Units: ``ns``, ``us`` (or ``µs``), ``ms``, ``s``, ``m``, ``h``, ``d``, lowercase. A unit
-    is required; compound parts go from the largest unit to the smallest, each unit once.
+    Units: ``ns``, ``us`` (or ``µs``), ``ms``, ``s``, ``m``, ``h``, ``d``, ``w``, ``M``
+    (month), ``y``, and the long forms of the original's humantime (``nsec``, ``usec``,
+    ``msec``, ``sec``/``second(s)``, ``min``/``minute(s)``, ``hr``/``hour(s)``,
+    ``day(s)``, ``week(s)``, ``month(s)``, ``year(s)``). A unit is required; compound
+    parts go from the largest unit to the smallest, each unit once.
     Raises ``ValueError`` on an empty, negative or malformed duration.
     """
     if not isinstance(text, str):
@@ -81,7 +93,8 @@ def parse_duration(text: str) -> float:
         if match is None:
             raise ValueError(
                 f"malformed duration {text!r}: expected <number><unit> parts with units "
-                "ns, us, ms, s, m, h, d (e.g. '500ms', '1m30s')"
+                "ns, us, ms, s, m, h, d, w (or their long forms: sec, min, hours, ...; "
+                "e.g. '500ms', '1m30s', '5sec')"
             )
         number, unit = match.groups()
         seconds = _DURATION_UNITS[unit]
@@ -299,6 +312,8 @@ class QueueConfig:
                 document = tomllib.load(fh)
         except OSError as exc:
             raise ConfigError(f"{source}: cannot read config file: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{source}: not UTF-8 text, so not TOML: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{source}: malformed TOML: {exc}") from exc
         table = document.get(TABLE, {})

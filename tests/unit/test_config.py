@@ -45,6 +45,19 @@ def load_table(tmp_path: Path, body: str) -> QueueConfig:
         ("1h 30m", 5400.0),
         ("1d2h3m4s5ms", 86400 + 7200 + 180 + 4 + 0.005),
         ("  5s  ", 5.0),
+        # the long forms of the original's humantime
+        ("5sec", 5.0),
+        ("5 seconds", 5.0),
+        ("1min", 60.0),
+        ("2 minutes 3 secs", 123.0),
+        ("1hr 30min", 5400.0),
+        ("2days", 172800.0),
+        ("1w", 604800.0),
+        ("1M", 2_630_016.0),  # humantime's month: 30.44 days; "m" is a minute
+        ("1y", 31_557_600.0),
+        ("500msec", 0.5),
+        ("250usec", 250e-6),
+        ("10nsec", 10e-9),
     ],
 )
 def test_parse_duration(text: str, seconds: float) -> None:
@@ -59,8 +72,10 @@ def test_parse_duration(text: str, seconds: float) -> None:
         ("-5s", "negative"),
         ("5", "needs a unit"),
         ("1.5", "needs a unit"),
-        ("5sec", "malformed"),
         ("5S", "malformed"),
+        ("5secx", "malformed"),
+        ("5mss", "malformed"),
+        ("1min1m", "largest to smallest"),
         ("five seconds", "malformed"),
         ("s", "malformed"),
         ("1e3s", "malformed"),
@@ -271,6 +286,13 @@ def test_unknown_key(tmp_path: Path) -> None:
         QueueConfig.from_toml(path)
     assert str(path) in str(info.value)
     assert "gc_interval" in str(info.value)  # lists the known keys
+
+
+def test_a_config_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_bytes(b"[internal_queue]\ngc_interval = '\xff\xfe'\n")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        QueueConfig.from_toml(path)
 
 
 def test_malformed_toml(tmp_path: Path) -> None:
