@@ -35,6 +35,13 @@ class ImqError(Exception):
 class DiffConflictError(ImqError):
     """A diff for the same block is already stored with a different hash."""
 
+    def __init__(self, message: str) -> None:
+        super().__init__(
+            f"{message}; the block was collated again differently: clear the uncommitted "
+            "zone (clear_uncommitted_state, or startup after a restart) before applying "
+            "the new diff, or check that the block id and hash belong together"
+        )
+
 
 class DiffSequenceError(ImqError):
     """``check_sequence`` is set and the diff's seqno is not the next one."""
@@ -60,9 +67,19 @@ class StateFormatError(ImqError):
 class QueueClosedError(ImqError):
     """A call on a closed queue."""
 
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{message}; open the queue again (Queue.open) to go on")
+
 
 class DatabaseLockedError(ImqError):
     """The database directory is already open by a writer."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(
+            f"{message}; one writer at a time: close the other handle (or stop the process "
+            "that holds it), or look at the live queue with Queue.open(path, "
+            "read_only=True) or `imq inspect`"
+        )
 
 
 class ConfigError(ImqError):
@@ -81,7 +98,11 @@ class CorruptDataError(ImqError):
     """
 
     def __init__(self, table: str, key: bytes, reason: str) -> None:
-        super().__init__(f"corrupt row in table {table!r} at key {key.hex()}: {reason}")
+        super().__init__(
+            f"corrupt row in table {table!r} at key {key.hex()}: {reason}; the database files "
+            "are damaged: run `imq verify` on the directory, then restore it from a copy or "
+            "rebuild it from a persistent state"
+        )
         self.table = table
         self.key = key
         self.reason = reason
