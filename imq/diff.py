@@ -198,7 +198,12 @@ class QueueDiff:
             and self.max_key == other.max_key
         )
 
-    __hash__ = None  # type: ignore[assignment]
+    def __hash__(self) -> int:
+        # Over the fields that cannot change: the router (the one mutable value type) is
+        # left out, so mutating it never moves a diff in a set. Equal diffs hash equal.
+        processed = frozenset(self.processed_to.items())
+        span = (self.start_lt, self.end_lt, self.min_key, self.max_key)
+        return hash((self.messages, processed, self.prev_hash, span))
 
     def __repr__(self) -> str:
         extra = ""
@@ -317,4 +322,7 @@ class DiffStatistics:
             and self.partitions == other.partitions
         )
 
-    __hash__ = None  # type: ignore[assignment]
+    def __hash__(self) -> int:
+        # The counts are left out (equal statistics still hash equal): a value type's
+        # hash must not move if someone mutates the dicts it hands out.
+        return hash((self.shard, self.min_message, self.max_message))

@@ -527,6 +527,11 @@ class DiffInfo:
                 ):
                     raise TypeError("DiffInfo routers must map partitions to frozensets of Address")
 
+    def __hash__(self) -> int:
+        # The dataclass hash would hash the dict fields and fail: hash the scalar fields
+        # (equal infos still hash equal, and mutating a handed-out dict moves nothing).
+        return hash((self.min_message, self.max_message, self.hash, self.seqno, self.prev_hash))
+
     @property
     def partitions(self) -> frozenset[int]:
         """Every partition this diff's router names, plus the default one."""

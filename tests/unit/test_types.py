@@ -734,6 +734,9 @@ def test_diff_info_compares_structurally() -> None:
     assert a.prev_hash is None
     assert a != make_info({2: frozenset({SRC})}, {})
     assert a != dataclasses.replace(a, prev_hash=H1)
+    # API.md: value types are hashable (equal infos hash equal, dict fields and all).
+    assert hash(a) == hash(b)
+    assert len({a, b, dataclasses.replace(a, seqno=5)}) == 2
 
 
 @pytest.mark.parametrize(
