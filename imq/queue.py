@@ -89,6 +89,7 @@ class Queue(QueueReads):
         self._shard_locks = ShardLocks()
         self._pending = PendingRegistry()
         self._close_lock = threading.Lock()
+        self._close_error: str | None = None
         self.metrics = Metrics()
         self._log = get_logger("queue", db=str(store.path))
         if importer.rollback_import_at_open(store, self._log):
@@ -161,7 +162,9 @@ class Queue(QueueReads):
         return self._store.closed
 
     def close(self) -> None:
-        """Close the database (idempotent). Open iterators stop with ``QueueClosedError``."""
+        """Close the database (idempotent; never raises). Open iterators stop with
+        ``QueueClosedError``. What RocksDB reported while closing, if anything, is logged
+        and kept in :attr:`close_error`."""
         with self._close_lock:
             if self._store.closed:
                 return
@@ -174,7 +177,15 @@ class Queue(QueueReads):
             if failure is None:
                 self._log.info("queue_closed")
             else:  # the directory is released all the same; a reopen replays the log
+                self._close_error = failure
                 self._log.warning("queue_closed_with_error", error=failure)
+
+    @property
+    def close_error(self) -> str | None:
+        """RocksDB's error while the queue closed (``None``: closed cleanly, or still
+        open). A background job that failed (a compaction that met a damaged table file)
+        shows here: a caller that must know its work was done checks it after ``close``."""
+        return self._close_error
 
     def __enter__(self) -> Queue:
         return self

@@ -6,7 +6,12 @@ checks what the tables must agree on:
 
 - every diff info has its tail row and every tail row its diff info;
 - the statistics of each diff count as many messages as the diff stored, and the
-  messages stored inside the diff's key span are that many;
+  messages stored inside the diff's key span are that many -- but for what GC deleted.
+  GC deletes a (partition, source shard) up to its bound, which may stop inside a diff's
+  span (at a ``processed_to``): in a partition whose bound reaches the span only more
+  messages than the diff stored is a problem (no record says how many of them lay at or
+  below the bound), and a message outside every stored diff is one only above its
+  shard's bounds (GC deletes a diff's records once any partition's bound passes it);
 - every commit pointer names a stored diff whose ``max_message`` it equals, or one that
   GC collected (then a requested GC bound of the shard reaches the pointer);
 - a masterchain pointer comes with a last committed block.
@@ -31,6 +36,7 @@ from typing import Any
 from imq.errors import CorruptDataError, ImqError
 from imq.storage import Scan, Store, StoreOptions, Table, codec, ops
 from imq.storage.backend import StoreProtocol
+from imq.storage.queue_state import GcBounds
 from imq.types import CommitPointer, QueueKey, ShardIdent
 
 __all__ = ["Report", "state_problems", "verify"]
@@ -125,25 +131,26 @@ def _verify(store: Store, report: Report) -> None:
                         f"messages, the diff stored {stored}"
                     )
 
-    # Messages inside each diff's span.
-    message_rows = tables[Table.MESSAGES]
-    if message_rows is not None:
-        _check_messages(message_rows, infos, report)
-
-    # Commit pointers, the last committed block, the GC bounds.
-    pointers = dict(
-        v for _, v in _decode_all(tables[Table.COMMIT_POINTERS] or [], codec.decode_pointer, report)
-    )
+    # The GC bounds, the last committed block.
     values = dict(tables[Table.VARS] or [])
-    requested: Mapping[Any, QueueKey] = {}
+    requested = _gc_bounds(values, codec.GC_REQUESTED, report)
+    executed = _gc_bounds(values, codec.GC_EXECUTED, report)
     last_mc = None
     try:
-        raw = values.get(codec.GC_REQUESTED)
-        requested = codec.decode_gc_bounds(codec.GC_REQUESTED, raw) if raw is not None else {}
         raw = values.get(codec.LAST_COMMITTED_MC_BLOCK)
         last_mc = codec.decode_block_id(raw) if raw is not None else None
     except CorruptDataError as exc:
         report.problems.append(str(exc))
+
+    # Messages inside each diff's span.
+    message_rows = tables[Table.MESSAGES]
+    if message_rows is not None:
+        _check_messages(message_rows, infos, _gc_reach(requested, executed), report)
+
+    # Commit pointers.
+    pointers = dict(
+        v for _, v in _decode_all(tables[Table.COMMIT_POINTERS] or [], codec.decode_pointer, report)
+    )
     for shard, pointer in sorted(pointers.items(), key=str):
         found = infos.get((shard, pointer.seqno))
         problem = _pointer_problem(
@@ -173,11 +180,39 @@ def state_problems(store: StoreProtocol) -> list[str]:
     return problems
 
 
+def _gc_bounds(values: Mapping[bytes, bytes], name: bytes, report: Report) -> GcBounds:
+    """The GC bounds stored under ``name`` in the vars table (none: empty)."""
+    raw = values.get(name)
+    if raw is None:
+        return {}
+    try:
+        return codec.decode_gc_bounds(name, raw)
+    except CorruptDataError as exc:
+        report.problems.append(str(exc))
+        return {}
+
+
+def _gc_reach(requested: GcBounds, executed: GcBounds) -> GcBounds:
+    """Per (partition, source shard), the highest key up to which GC may have deleted
+    messages: the executed bound, or the requested one when it is higher. A pass writes
+    its deletes before it marks their bound executed, in a later batch, so a snapshot
+    taken between the two (``verify`` beside a live node) or a crash there finds rows
+    gone up to a bound that is still only requested."""
+    reach = dict(executed)
+    for entry, bound in requested.items():
+        if entry not in reach or bound > reach[entry]:
+            reach[entry] = bound
+    return reach
+
+
 def _check_messages(
     rows: list[tuple[bytes, bytes]],
     infos: Mapping[tuple[ShardIdent, int], tuple[Any, dict[int, int]]],
+    reach: GcBounds,
     report: Report,
 ) -> None:
+    """Count the stored messages inside each diff's span, per partition, against the
+    diff's record; ``reach`` (:func:`_gc_reach`) says where GC may have deleted."""
     spans: dict[ShardIdent, list[tuple[bytes, bytes, int]]] = defaultdict(list)
     for (shard, seqno), (info, _) in infos.items():
         lo, hi = codec.key_bytes(info.min_message), codec.key_bytes(info.max_message)
@@ -186,6 +221,12 @@ def _check_messages(
     for shard, items in spans.items():
         items.sort()
         starts[shard] = [lo for lo, _, _ in items]
+    # GC deletes a diff's records once its max_message is at or below the bound of any
+    # partition (stage_delete): rows of the other partitions up to there are left behind.
+    orphan_reach: dict[ShardIdent, bytes] = {}
+    for (_partition, shard), bound in reach.items():
+        key = codec.key_bytes(bound)
+        orphan_reach[shard] = max(key, orphan_reach.get(shard, key))
     found: dict[tuple[ShardIdent, int, int], int] = defaultdict(int)
     prefix_len = codec.MESSAGE_PREFIX_LEN
     stray = 0
@@ -199,19 +240,38 @@ def _check_messages(
         of_shard = spans.get(known, [])
         i = bisect.bisect_right(starts[known], qk) - 1 if of_shard else -1
         if i < 0 or qk > of_shard[i][1]:
-            stray += 1
+            if qk > orphan_reach.get(known, b""):
+                stray += 1
             continue
         found[(known, of_shard[i][2], int.from_bytes(key[:2], "big"))] += 1
     if stray:
-        report.problems.append(f"{stray} stored messages belong to no stored diff")
-    for (shard, seqno), (_info, parts) in sorted(infos.items(), key=str):
+        report.problems.append(
+            f"{stray} stored messages belong to no stored diff (above every GC bound of "
+            "their shard)"
+        )
+    for (shard, seqno), (info, parts) in sorted(infos.items(), key=str):
         for partition, stored in parts.items():
             got = found.get((shard, seqno, partition), 0)
-            if got != stored:
-                report.problems.append(
-                    f"diff {shard}:{seqno} partition {partition}: {got} messages stored in its "
-                    f"span, the diff record says {stored}"
-                )
+            problem = _count_problem(info, stored, got, reach.get((partition, shard)))
+            if problem is not None:
+                report.problems.append(f"diff {shard}:{seqno} partition {partition}: {problem}")
+
+
+def _count_problem(info: Any, stored: int, got: int, gc_bound: QueueKey | None) -> str | None:
+    """What is wrong with ``got`` messages in the span of a diff that stored ``stored`` in
+    the partition, whose GC bound is ``gc_bound``. Below the span, nothing of the diff
+    was collected: the count must match. Inside or above it, GC deleted the part at or
+    below the bound, and no record says how many of the diff's messages lay there: only
+    an excess shows."""
+    if gc_bound is None or gc_bound < info.min_message:
+        if got != stored:
+            return f"{got} messages stored in its span, the diff record says {stored}"
+    elif got > stored:
+        return (
+            f"{got} messages stored in its span, more than the {stored} the diff record "
+            f"says (GC bound {gc_bound} lies inside the span)"
+        )
+    return None
 
 
 def _pointer_problem(

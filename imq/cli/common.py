@@ -1,5 +1,6 @@
-"""What the ``imq`` subcommands share: the argument parser, value types, path checks and
-a progress heartbeat.
+"""What the ``imq`` subcommands share: the argument parser, value types, path checks, the
+replacement of a database directory, the check of a queue's close, and a progress
+heartbeat.
 
 Ids that start with ``-``. Masterchain shards, block ids and file names start with
 ``-1``: ``--shard -1:8000000000000000``, ``--block-id -1:8000000000000000:57``,
@@ -13,18 +14,24 @@ wherever they appear. A ``--`` right before one of them is accepted and dropped
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import os
 import re
 import sys
 import textwrap
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from time import monotonic
 from types import TracebackType
 from typing import Any, Protocol, TextIO
 
-from imq.errors import ImqError
+from imq.config import QueueConfig
+from imq.errors import DatabaseLockedError, FileAccessError, ImqError, StorageError
+from imq.queue import Queue
 from imq.state.block import parse_block_id_name
+from imq.storage.rocks import LOCK_FILE
 from imq.types import BlockId, ShardIdent
 
 __all__ = [
@@ -33,12 +40,14 @@ __all__ = [
     "Parser",
     "PathError",
     "block_id_arg",
+    "checked_queue",
     "database_dir",
     "input_file",
     "new_database_dir",
     "normalize_argv",
     "output_file",
     "shard_arg",
+    "wipe_database",
 ]
 
 # A plain negative number, or -<digits> then ':', '_' or '.' and anything: an id or a file
@@ -156,6 +165,113 @@ def output_file(path: Path) -> Path:
     if not parent.is_dir():
         raise PathError(f"cannot write {path}: directory {parent} does not exist")
     return path
+
+
+# -- replacing a database -----------------------------------------------------------------------
+
+# What a queue database directory holds: RocksDB's files (temporary ones included), the
+# config rocksdict writes, and imq's lock. Anything else is someone's, and is never deleted.
+_DATABASE_FILE = re.compile(
+    r"CURRENT|IDENTITY|LOCK|LOG(\.old\.\d+)?|(MANIFEST|OPTIONS)-\d+(\.dbtmp)?"
+    r"|\d+\.(sst|log|blob|dbtmp)|rocksdict-config\.json|" + re.escape(LOCK_FILE)
+)
+
+
+def _not_database_files(path: Path) -> list[str]:
+    return sorted(
+        e.name
+        for e in os.scandir(path)
+        if not (_DATABASE_FILE.fullmatch(e.name) and e.is_file(follow_symlinks=False))
+    )
+
+
+def _check_replaceable(path: Path) -> bool:
+    """Whether ``path`` holds a database to delete (``False``: nothing to delete), or one
+    clear :class:`PathError` when it holds anything that is not an imq database's."""
+    if not path.exists():
+        return False
+    if not path.is_dir():
+        raise PathError(f"{path} is a file, not a queue database directory; it is not deleted")
+    others = _not_database_files(path)
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise PathError(
+            f"{path} holds other files than a queue database's ({shown}); it is not "
+            "deleted: give a new or empty directory, or a queue database's"
+        )
+    names = os.listdir(path)
+    if names and LOCK_FILE not in names:  # imq writes its lock file into every database
+        raise PathError(
+            f"{path} holds a RocksDB database that imq did not create; it is not deleted"
+        )
+    return bool(names)
+
+
+def wipe_database(path: Path) -> None:
+    """Empty ``path`` so that a new queue database can be made there (the demo's). Only a
+    directory that holds nothing but an imq queue database's files is emptied, and only
+    under the database's lock: never beside a live writer, which holds it
+    (:class:`~imq.errors.DatabaseLockedError`). The lock file itself stays, so a writer
+    that opens the directory meanwhile still locks the same file."""
+    if not _check_replaceable(path):
+        return
+    lock = path / LOCK_FILE
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError as exc:
+        raise FileAccessError(lock, "open the lock of queue database", exc) from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DatabaseLockedError(
+                f"queue database {path} is already open (in this or another process); "
+                "it is not deleted: stop that process first"
+            ) from None
+        _check_replaceable(path)  # again, now that no writer can add to it
+        for name in os.listdir(path):
+            if name != LOCK_FILE:
+                try:
+                    (path / name).unlink(missing_ok=True)
+                except OSError as exc:
+                    raise FileAccessError(path / name, "delete", exc) from exc
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# -- a queue's close ------------------------------------------------------------------------------
+
+
+def _damaged_hint(path: Path) -> str:
+    return (
+        f"run `imq verify {path}`, and if the files are damaged restore the directory from "
+        "a copy (or rebuild it from a persistent state)"
+    )
+
+
+@contextlib.contextmanager
+def checked_queue(path: Path, operation: str) -> Iterator[Queue]:
+    """The queue at ``path``, opened for a command that writes (GC off), whose work must
+    be known done: when RocksDB reports an error as the queue closes
+    (:attr:`Queue.close_error`), raise :class:`~imq.errors.StorageError`. A failed
+    background job shows only there: a manual compaction that met a damaged table file
+    returns as if it had succeeded. A :class:`~imq.errors.StorageError` raised inside
+    for damaged files (a write refused after a background job met them, say) gets the
+    same advice instead of the library's "open it again", which would not help."""
+    try:
+        with Queue.open(path, QueueConfig(gc_enabled=False)) as queue:
+            yield queue
+    except StorageError as exc:
+        if "Corruption" not in exc.reason:
+            raise
+        raise StorageError(path, exc.operation, exc.reason, _damaged_hint(path)) from exc
+    if queue.close_error is not None:
+        raise StorageError(
+            path,
+            operation,
+            f"RocksDB failed as the queue closed: {queue.close_error}",
+            hint=f"the {operation} may not be done; {_damaged_hint(path)}",
+        )
 
 
 # -- progress -----------------------------------------------------------------------------------

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
 from pathlib import Path
 from typing import TextIO
 
-from imq.cli.common import Commands, PathError
+from imq.cli.common import Commands, wipe_database
 from imq.config import QueueConfig
 from imq.diff import QueueDiff
 from imq.queue import Queue
@@ -45,7 +44,8 @@ def register(commands: Commands) -> None:
         "demo",
         help="run a short scripted scenario on an embedded database and show what it holds",
         description="Apply, commit, read, clear and reopen on a small queue, printing each "
-        "step. The database is wiped first (only if it is a queue database or empty).",
+        "step. The database is wiped first: only a directory that holds nothing but an imq "
+        "queue database (or nothing), and never one that a running process has open.",
         epilog=EXAMPLES,
     )
     demo.add_argument(
@@ -54,7 +54,10 @@ def register(commands: Commands) -> None:
         default=DEFAULT_DB,
         help=f"database directory, wiped first (default: {DEFAULT_DB})",
     )
-    demo.set_defaults(run=_run_args)
+    demo.set_defaults(
+        run=_run_args,
+        interrupted="the demo database is left part way: `imq demo` again starts it over",
+    )
 
 
 def _run_args(args: argparse.Namespace, out: TextIO) -> None:
@@ -64,15 +67,6 @@ def _run_args(args: argparse.Namespace, out: TextIO) -> None:
 def _short(key: QueueKey) -> str:
     """A key for the narrative: lt and the first 4 hash bytes (``str(key)`` is lossless)."""
     return f"{key.lt}:{key.hash[:4].hex()}.."
-
-
-def _check_wipeable(db: Path) -> None:
-    if not db.exists():
-        return
-    if not db.is_dir():
-        raise PathError(f"{db} is a file, not a database directory")
-    if any(db.iterdir()) and not (db / "CURRENT").is_file():
-        raise PathError(f"{db} holds other files but no queue database; it is not wiped")
 
 
 MC = ShardIdent.MASTERCHAIN
@@ -167,9 +161,7 @@ def run(db: Path, out: TextIO) -> None:
     """Run the demo on ``db`` (wiped first)."""
     scenario = _Scenario(out)
     say = scenario.say
-    _check_wipeable(db)
-    if db.exists():
-        shutil.rmtree(db)
+    wipe_database(db)
     config = QueueConfig(gc_enabled=False)  # the demo runs GC itself, at a chosen step
     say(f"imq demo: database {db}")
     with Queue.open(db, config) as queue:

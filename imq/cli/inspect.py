@@ -33,7 +33,7 @@ def register(commands: Commands) -> None:
     )
     show.add_argument("db", type=Path, help="database directory")
     show.add_argument("--json", action="store_true", help="print the summary as JSON")
-    show.set_defaults(run=_run_args)
+    show.set_defaults(run=_run_args, interrupted="nothing was changed")
 
 
 def _run_args(args: argparse.Namespace, out: TextIO) -> None:

@@ -26,6 +26,15 @@ __all__ = ["register", "run"]
 DEFAULT_DIR = Path("var") / "sim"
 DEFAULT_ROUNDS = 4000
 
+EXAMPLES = """\
+Exit status 1 when a committed message was not executed exactly once.
+
+examples (from the repository root):
+  imq simulate --fresh --rounds 200 --no-plot
+  imq simulate --fresh --rounds 100 --kill --no-plot
+  imq simulate --fresh --rounds 20 --shards 2 --no-plot --record var/sim/ops.jsonl
+"""
+
 
 def register(commands: Any) -> None:
     """Add ``simulate`` to the ``imq`` sub-command parser."""
@@ -35,6 +44,7 @@ def register(commands: Any) -> None:
         description="Masterchain plus N basechain shards collate on one queue: read, execute, "
         "write diffs, commit, reset, restart and collect garbage; then drain and verify that "
         "every committed message was executed exactly once.",
+        epilog=EXAMPLES,
     )
     sim.add_argument(
         "--dir",
@@ -74,7 +84,11 @@ def register(commands: Any) -> None:
         help="record every queue call to this JSON-lines log (with --nodes: node 0's queue)",
     )
     sim.add_argument("--no-plot", action="store_true", help="do not draw report.png")
-    sim.set_defaults(run=run)
+    sim.set_defaults(
+        run=run,
+        interrupted="the run stopped part way and was not verified; its queue stays in "
+        "the run directory (`imq simulate --fresh` starts over)",
+    )
 
 
 class _Progress:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO, cast
 
 from imq.cli.common import (
     Commands,
     block_id_arg,
+    checked_queue,
     database_dir,
     input_file,
     new_database_dir,
@@ -17,7 +18,7 @@ from imq.cli.common import (
     shard_arg,
 )
 from imq.config import QueueConfig
-from imq.errors import StateFormatError
+from imq.errors import FileAccessError, StateFormatError
 from imq.queue import Queue
 from imq.state.block import check_block_id, parse_block_id_name, read_block_top_update
 from imq.state.exporter import MAX_TAIL_LEN
@@ -45,7 +46,8 @@ _TOP_90 = "5795ca5d1b8d0c1ce96394eef851bde718ff2e14fd2840098ed2bb7640f278c5"
 IMPORT_EXAMPLES = f"""\
 The block id comes from the file's name (a node names its states
 wc_shard_seqno_roothash_filehash.queue) unless --block-id gives it. A masterchain name
-or id starts with '-': it is a value all the same (or put the file after '--').
+or id starts with '-': it is a value all the same (or put the file after '--'). The
+file may be a pipe (/dev/stdin, a FIFO, <(...)): it is read once.
 
 examples (from the repository root):
   imq import var/state-db {_SHARD_160} --block-id 0:8000000000000000:160 --top-update {_TOP_160}:3
@@ -92,7 +94,11 @@ def register(commands: Commands) -> None:
         "--block", type=Path, help="a block file whose out_msg_queue_updates the state must match"
     )
     load.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
-    load.set_defaults(run=_import_command)
+    load.set_defaults(
+        run=_import_command,
+        interrupted="the import was rolled back (or is, at the database's next open): "
+        "the database keeps nothing of the state",
+    )
 
     save = commands.add_parser(
         "export",
@@ -111,7 +117,11 @@ def register(commands: Commands) -> None:
     )
     save.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     save.add_argument("out", type=Path, help="output file")
-    save.set_defaults(run=_export_command)
+    save.set_defaults(
+        run=_export_command,
+        interrupted="nothing was written to the output (a partial file is removed) and "
+        "the database is unchanged",
+    )
 
     dump = commands.add_parser(
         "dump-diff",
@@ -121,7 +131,7 @@ def register(commands: Commands) -> None:
     )
     dump.add_argument("file", type=Path, help="queue diff (.bin) or queue state file")
     dump.add_argument("--json", action="store_true", help="print JSON (a list of diffs)")
-    dump.set_defaults(run=_dump_command)
+    dump.set_defaults(run=_dump_command, interrupted="nothing was changed")
 
 
 def _tail_len(text: str) -> int:
@@ -225,9 +235,15 @@ def run_import(
             f"top update from {block_file.name}: {update.diff_hash.hex()}:{update.tail_len}",
             file=out,
         )
-    _check_header(file, block_id, top_update)
-    with Queue.open(db, QueueConfig(gc_enabled=False)) as queue:
-        report = queue.import_state(file, block_id, top_update, progress=progress)
+    try:
+        raw = open(file, "rb")  # noqa: SIM115 - closed below, after the import
+    except OSError as exc:
+        raise FileAccessError(file, "read state file", exc) from exc
+    with raw:
+        state = _StateInput(raw)
+        _check_header(state, file.name, block_id, top_update)
+        with checked_queue(db, "import") as queue:
+            report = queue.import_state(state.again(), block_id, top_update, progress=progress)
     rate = report.messages / report.seconds if report.seconds else 0.0
     print(
         f"imported {file.name} into {db}: {report.diffs} diffs ({report.written_diffs} written, "
@@ -237,15 +253,51 @@ def run_import(
     )
 
 
-def _check_header(file: Path, block_id: BlockId, top_update: tuple[bytes, int] | None) -> None:
-    """Open the state and check its header (block, top update) before any database exists;
-    the import checks it again, with everything else."""
-    with open_source(file) as src:
+class _StateInput:
+    """The state file, opened once and read twice: by the header check, before any
+    database exists, then from its start again by the import. A file that can seek is
+    rewound; a pipe (a FIFO, ``/dev/stdin``, ``<(...)``) cannot be, and opening its path
+    again would find it drained, so the bytes the check read are kept and read first."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self._seekable = raw.seekable()
+        self._start = raw.tell() if self._seekable else 0
+        self._kept: bytearray | None = None if self._seekable else bytearray()
+        self._replay = b""
+        self._pos = 0
+
+    def read(self, n: int = -1, /) -> bytes:
+        if self._pos < len(self._replay):
+            end = len(self._replay) if n < 0 else min(len(self._replay), self._pos + n)
+            data = self._replay[self._pos : end]
+            self._pos = end
+            return data + self._raw.read() if n < 0 else data
+        data = self._raw.read(n)
+        if self._kept is not None:
+            self._kept += data
+        return data
+
+    def again(self) -> BinaryIO:
+        """The input from its start once more (call it once, after the check)."""
+        if self._seekable:
+            self._raw.seek(self._start)
+            return self._raw
+        self._replay, self._kept, self._pos = bytes(self._kept or b""), None, 0
+        return cast("BinaryIO", self)  # read() is all that open_source uses
+
+
+def _check_header(
+    state: _StateInput, name: str, block_id: BlockId, top_update: tuple[bytes, int] | None
+) -> None:
+    """Check the state's header (block, top update) before any database exists; the
+    import checks it again, with everything else."""
+    with open_source(cast("BinaryIO", state)) as src:
         reader = StateReader(src)
         header = reader.header
         if (header.shard, header.seqno) != (block_id.shard, block_id.seqno):
             raise StateFormatError(
-                f"{file.name}: the state belongs to block {header.shard}:{header.seqno}, "
+                f"{name}: the state belongs to block {header.shard}:{header.seqno}, "
                 f"not to {block_id.short}"
             )
         if top_update is not None:

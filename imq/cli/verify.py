@@ -10,6 +10,15 @@ from imq.verify import verify
 
 __all__ = ["register", "run"]
 
+EXAMPLES = """\
+Exit status 1 when a problem is found: stop the node, then restore the directory from a
+copy or rebuild it from a persistent state (`imq import`).
+
+examples (from the repository root, after `imq demo` and the `imq import` examples):
+  imq verify var/demo-db
+  imq verify var/state-db
+"""
+
 
 def register(commands: Any) -> None:
     """Add the ``verify`` subcommand to the CLI's subparsers."""
@@ -17,9 +26,14 @@ def register(commands: Any) -> None:
         "verify",
         help="check a queue database: every block's checksum and imq's cross-checks "
         "(read-only; exits 1 when something is wrong)",
+        description="Read every row of every table through checksum-verified reads and "
+        "cross-check the tables: diff records, tail rows, statistics, the messages in each "
+        "diff's span (up to what GC has deleted), commit pointers. A read-only open: safe "
+        "beside a live node.",
+        epilog=EXAMPLES,
     )
     check.add_argument("db", type=Path, help="database directory")
-    check.set_defaults(run=run)
+    check.set_defaults(run=run, interrupted="nothing was changed")
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:

@@ -1,8 +1,8 @@
 """The CLI keeps its word: every example in README.md and in every ``--help`` text runs as
 written, from a directory laid out like the repository root.
 
-The working directory is a fresh ``tmp_path`` holding a copy of ``tests/data/tycho`` (the
-examples' input files) and an ``imq`` command (a two-line shim that runs this
+The working directory is a fresh ``tmp_path`` holding a copy of ``tests/data/tycho`` and
+``tests/replays`` (the examples' input files) and an ``imq`` command (a two-line shim that runs this
 interpreter's ``python -m imq``, standing in for the script ``pip install`` puts in
 ``.venv/bin``). Two README commands are not run: ``make test`` is this very suite, and
 ``make run`` is ``python -m imq simulate --fresh`` (Makefile), which runs here as a short
@@ -11,6 +11,7 @@ simulation of the same kind.
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
@@ -24,6 +25,7 @@ import pytest
 import structlog
 from tycho_data import TYCHO
 
+import imq
 from imq.cli.main import build_parser, main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +41,7 @@ _MAKE_STANDS_FOR = {"make run": "imq simulate --fresh --rounds 40 --no-plot"}
 def root(tmp_path: Path) -> Path:
     """A directory laid out like the repository root for the examples."""
     shutil.copytree(TYCHO, tmp_path / "tests" / "data" / "tycho")
+    shutil.copytree(REPO / "tests" / "replays", tmp_path / "tests" / "replays")
     for bin_dir in (tmp_path / "bin", tmp_path / ".venv" / "bin"):
         bin_dir.mkdir(parents=True)
         shim = bin_dir / "imq"
@@ -98,16 +101,21 @@ def test_readme_python_example_runs_as_written(root: Path) -> None:
     assert "0:4000000000000000" in done.stdout  # it printed the message's source
 
 
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    subparsers = next(
+        a for a in parser._actions if isinstance(a.choices, dict) and "demo" in a.choices
+    )
+    return dict(subparsers.choices)
+
+
 def _help_examples() -> list[tuple[str, str]]:
     """(command, example line) of the top-level help and every subcommand's help, in the
     order the commands are registered (each command's examples may use what an earlier
     one made), the top-level ones last."""
     parser = build_parser()
-    subparsers = next(
-        a for a in parser._actions if isinstance(a.choices, dict) and "demo" in a.choices
-    )
     out = []
-    for name, sub in subparsers.choices.items():
+    for name, sub in _subcommands().items():
         out += [(name, line) for line in _HELP_EXAMPLE.findall(sub.format_help())]
     out += [("imq", line) for line in _HELP_EXAMPLE.findall(parser.format_help())]
     return out
@@ -125,7 +133,7 @@ def test_every_help_example_runs_as_written(
 ) -> None:
     examples = _help_examples()
     named = {name for name, _ in examples}
-    assert {"demo", "inspect", "import", "export", "dump-diff", "gc", "compact"} <= named
+    assert set(_subcommands()) <= named  # every command has examples
     monkeypatch.chdir(root)
     for _, line in examples:
         argv = shlex.split(line)
@@ -141,3 +149,18 @@ def test_help_examples_run_as_a_real_command(root: Path) -> None:
     done = _shell(root, "\n".join(lines))
     assert done.returncode == 0, done.stderr
     assert "ranges deleted" in done.stdout
+
+
+def test_every_command_help_ends_with_examples() -> None:
+    """README: every `imq COMMAND --help` ends with examples (simulate, replay and verify
+    had none)."""
+    for name, sub in _subcommands().items():
+        lines = sub.format_help().rstrip().splitlines()
+        assert _HELP_EXAMPLE.fullmatch(lines[-1]), f"imq {name} --help ends with {lines[-1]!r}"
+        assert any(line.startswith("examples (") for line in lines), name
+
+
+def test_version_names_the_package_version(root: Path) -> None:
+    done = _shell(root, "imq --version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"imq {imq.__version__}\n"

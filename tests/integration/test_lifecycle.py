@@ -78,6 +78,13 @@ def test_close_is_idempotent(db_path: Path) -> None:
     assert queue.closed is True
 
 
+def test_a_clean_close_has_no_close_error(db_path: Path) -> None:
+    queue = open_queue(db_path)
+    assert queue.close_error is None  # still open
+    queue.close()
+    assert queue.close_error is None  # closed cleanly (the CLI's damaged-file case sets it)
+
+
 def test_context_manager_closes(db_path: Path) -> None:
     with open_queue(db_path) as queue:
         assert not queue.closed
