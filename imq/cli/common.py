@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import os
 import re
 import sys
 import textwrap
@@ -28,10 +26,10 @@ from types import TracebackType
 from typing import Any, Protocol, TextIO
 
 from imq.config import QueueConfig
-from imq.errors import DatabaseLockedError, FileAccessError, ImqError, StorageError
+from imq.errors import ImqError, StorageError
 from imq.queue import Queue
 from imq.state.block import parse_block_id_name
-from imq.storage.rocks import LOCK_FILE
+from imq.storage.rocks import wipe_database
 from imq.types import BlockId, ShardIdent
 
 __all__ = [
@@ -165,78 +163,6 @@ def output_file(path: Path) -> Path:
     if not parent.is_dir():
         raise PathError(f"cannot write {path}: directory {parent} does not exist")
     return path
-
-
-# -- replacing a database -----------------------------------------------------------------------
-
-# What a queue database directory holds: RocksDB's files (temporary ones included), the
-# config rocksdict writes, and imq's lock. Anything else is someone's, and is never deleted.
-_DATABASE_FILE = re.compile(
-    r"CURRENT|IDENTITY|LOCK|LOG(\.old\.\d+)?|(MANIFEST|OPTIONS)-\d+(\.dbtmp)?"
-    r"|\d+\.(sst|log|blob|dbtmp)|rocksdict-config\.json|" + re.escape(LOCK_FILE)
-)
-
-
-def _not_database_files(path: Path) -> list[str]:
-    return sorted(
-        e.name
-        for e in os.scandir(path)
-        if not (_DATABASE_FILE.fullmatch(e.name) and e.is_file(follow_symlinks=False))
-    )
-
-
-def _check_replaceable(path: Path) -> bool:
-    """Whether ``path`` holds a database to delete (``False``: nothing to delete), or one
-    clear :class:`PathError` when it holds anything that is not an imq database's."""
-    if not path.exists():
-        return False
-    if not path.is_dir():
-        raise PathError(f"{path} is a file, not a queue database directory; it is not deleted")
-    others = _not_database_files(path)
-    if others:
-        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-        raise PathError(
-            f"{path} holds other files than a queue database's ({shown}); it is not "
-            "deleted: give a new or empty directory, or a queue database's"
-        )
-    names = os.listdir(path)
-    if names and LOCK_FILE not in names:  # imq writes its lock file into every database
-        raise PathError(
-            f"{path} holds a RocksDB database that imq did not create; it is not deleted"
-        )
-    return bool(names)
-
-
-def wipe_database(path: Path) -> None:
-    """Empty ``path`` so that a new queue database can be made there (the demo's). Only a
-    directory that holds nothing but an imq queue database's files is emptied, and only
-    under the database's lock: never beside a live writer, which holds it
-    (:class:`~imq.errors.DatabaseLockedError`). The lock file itself stays, so a writer
-    that opens the directory meanwhile still locks the same file."""
-    if not _check_replaceable(path):
-        return
-    lock = path / LOCK_FILE
-    try:
-        fd = os.open(lock, os.O_RDWR)
-    except OSError as exc:
-        raise FileAccessError(lock, "open the lock of queue database", exc) from exc
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DatabaseLockedError(
-                f"queue database {path} is already open (in this or another process); "
-                "it is not deleted: stop that process first"
-            ) from None
-        _check_replaceable(path)  # again, now that no writer can add to it
-        for name in os.listdir(path):
-            if name != LOCK_FILE:
-                try:
-                    (path / name).unlink(missing_ok=True)
-                except OSError as exc:
-                    raise FileAccessError(path / name, "delete", exc) from exc
-    finally:
-        os.close(fd)  # releases the lock
 
 
 # -- a queue's close ------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import contextlib
 import gc
 import heapq
 import itertools
-import shutil
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -41,6 +40,7 @@ from imq import (
     TopBlock,
 )
 from imq.sim.world import ZERO_HASH, World, busiest_router, derive_rng, diff_hash_of, message_key
+from imq.storage.rocks import wipe_database
 
 __all__ = [
     "MessageId",
@@ -444,11 +444,11 @@ class Simulation:
     def run(self) -> SimResult:
         directory = self.config.directory
         for path in self.db_paths:
-            if self.config.fresh and path.exists():
-                shutil.rmtree(path)
+            if self.config.fresh:  # only a queue database, and never a live one
+                wipe_database(path)
         directory.mkdir(parents=True, exist_ok=True)
         for path in self.db_paths:
-            if path.exists() and any(path.iterdir()):
+            if (path / "CURRENT").exists():
                 raise SimulationError(
                     f"{path} holds the queue of a previous run; use --fresh to start over"
                 )

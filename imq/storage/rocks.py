@@ -61,6 +61,7 @@ from imq.storage.tops import DiffTop, DiffTops
 from imq.types import ShardIdent
 
 __all__ = [
+    "DATABASE_FILE",
     "Closable",
     "Cursor",
     "Scan",
@@ -68,6 +69,7 @@ __all__ = [
     "Store",
     "Transaction",
     "open_rdict",
+    "wipe_database",
 ]
 
 LOCK_FILE = "imq.lock"
@@ -514,12 +516,76 @@ class Transaction:
         return int(self.batch.size_in_bytes())
 
 
-# What RocksDB (and rocksdict, and imq's lock) leave in a database directory, also when a
-# crash interrupted its creation before CURRENT was written.
-_ROCKSDB_FILE = re.compile(
-    r"LOCK|LOG(\.old\.\d+)?|IDENTITY|MANIFEST-\d+|OPTIONS-\d+(\.dbtmp)?|\d+\.(log|sst|blob)"
-    r"|\d+\.dbtmp|rocksdict-config\.json|" + re.escape(LOCK_FILE)
+# What a queue database directory holds: RocksDB's files (temporary ones included, and
+# those a crash during its creation leaves before CURRENT exists), the config rocksdict
+# writes, and imq's lock. Anything else is someone else's: never adopted, never deleted.
+DATABASE_FILE = re.compile(
+    r"CURRENT|IDENTITY|LOCK|LOG(\.old\.\d+)?|(MANIFEST|OPTIONS)-\d+(\.dbtmp)?"
+    r"|\d+\.(sst|log|blob|dbtmp)|rocksdict-config\.json|" + re.escape(LOCK_FILE)
 )
+
+
+def _foreign_files(path: Path) -> list[str]:
+    return sorted(
+        e.name
+        for e in os.scandir(path)
+        if not (DATABASE_FILE.fullmatch(e.name) and e.is_file(follow_symlinks=False))
+    )
+
+
+def _check_replaceable(path: Path) -> bool:
+    """Whether ``path`` holds a database to delete (``False``: nothing to delete); an
+    :class:`ImqError` when it holds anything that is not an imq database's."""
+    if not path.exists():
+        return False
+    if not path.is_dir():
+        raise ImqError(f"{path} is a file, not a queue database directory; it is not deleted")
+    others = _foreign_files(path)
+    if others:
+        shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+        raise ImqError(
+            f"{path} holds other files than a queue database's ({shown}); it is not "
+            "deleted: give a new or empty directory, or a queue database's"
+        )
+    names = os.listdir(path)
+    if names and LOCK_FILE not in names:  # imq writes its lock file into every database
+        raise ImqError(
+            f"{path} holds a RocksDB database that imq did not create; it is not deleted"
+        )
+    return bool(names)
+
+
+def wipe_database(path: Path) -> None:
+    """Empty ``path`` so that a new queue database can be made there (the demo's, a
+    simulation's ``--fresh``). Only a directory that holds nothing but an imq queue
+    database's files is emptied, and only under the database's lock: never beside a live
+    writer, which holds it (:class:`DatabaseLockedError`). The lock file itself stays, so
+    a writer that opens the directory meanwhile still locks the same file."""
+    if not _check_replaceable(path):
+        return
+    lock = path / LOCK_FILE
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError as exc:
+        raise FileAccessError(lock, "open the lock of queue database", exc) from exc
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DatabaseLockedError(
+                f"queue database {path} is already open (in this or another process); "
+                "it is not deleted"
+            ) from None
+        _check_replaceable(path)  # again, now that no writer can add to it
+        for name in os.listdir(path):
+            if name != LOCK_FILE:
+                try:
+                    (path / name).unlink(missing_ok=True)
+                except OSError as exc:
+                    raise FileAccessError(path / name, "delete", exc) from exc
+    finally:
+        os.close(fd)  # releases the lock
+
 
 _DAMAGED_HINT = (
     "if the files are damaged, restore the directory from a copy or rebuild it from a "
@@ -688,7 +754,7 @@ class Store:
                     "a new or empty one) or its MANIFEST is damaged (restore the directory "
                     "from a copy); nothing in it was changed",
                 )
-        elif not self.read_only and any(not _ROCKSDB_FILE.fullmatch(n) for n in names):
+        elif not self.read_only and any(not DATABASE_FILE.fullmatch(n) for n in names):
             raise StorageError(
                 self.path,
                 "open",

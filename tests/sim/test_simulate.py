@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 
-from imq import IteratedMessage, Message, Queue, QueueConfig, QueueShardRange, ShardIdent
+from imq import (
+    ImqError,
+    IteratedMessage,
+    Message,
+    Queue,
+    QueueConfig,
+    QueueShardRange,
+    ShardIdent,
+)
 from imq.cli.main import main
 from imq.sim import SimConfig, SimQueue, Simulation, SimulationError
 from imq.sim.child import ChildQueue
@@ -80,6 +88,25 @@ class _DroppingQueue:
                 inner.close()
 
         return _It()
+
+
+def test_fresh_never_deletes_a_live_queue_or_other_files(tmp_path: Path) -> None:
+    """``--fresh`` empties the run's queue directory only when it holds an imq database
+    that no process has open (it used to rmtree whatever was there)."""
+    queue_dir = tmp_path / "queue"
+    live = Queue.open(queue_dir, QueueConfig(gc_enabled=False))
+    try:
+        with pytest.raises(ImqError, match="already open"):
+            Simulation(SimConfig(directory=tmp_path, rounds=5, fresh=True)).run()
+        assert (queue_dir / "CURRENT").is_file()
+    finally:
+        live.close()
+    other = tmp_path / "mine"
+    (other / "queue").mkdir(parents=True)
+    (other / "queue" / "notes.txt").write_text("not a queue")
+    with pytest.raises(ImqError, match="other files"):
+        Simulation(SimConfig(directory=other, rounds=5, fresh=True)).run()
+    assert (other / "queue" / "notes.txt").read_text() == "not a queue"
 
 
 def test_a_lost_message_is_named(tmp_path: Path) -> None:
