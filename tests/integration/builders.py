@@ -334,3 +334,14 @@ def state(queue: Queue, shards: Sequence[ShardIdent]) -> dict[str, Any]:
         "gc_requested": dict(queue.gc_bounds()[0]),
         "commit_record": dict(queue.commit_record()),
     }
+
+
+def damage_largest_table_file(db: Path) -> Path:
+    """Flip 48 bytes a third of the way into the largest SST file of a closed database (a
+    data block of its biggest table): the file's name."""
+    sst = max(db.glob("*.sst"), key=lambda p: p.stat().st_size)
+    data = bytearray(sst.read_bytes())
+    for i in range(len(data) // 3, len(data) // 3 + 48):
+        data[i] ^= 0xFF
+    sst.write_bytes(bytes(data))
+    return sst

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from builders import MC, Chain, open_queue, quarter_shards, top
+from builders import MC, Chain, damage_largest_table_file, open_queue, quarter_shards, top
 from state_fixtures import SHARD_BIN, SHARD_TOP_HASH
 
 from imq.state.synth import synth_state, write_synth_state
@@ -207,31 +207,22 @@ def test_import_reads_a_fifo_once(compressed: bool, tmp_path: Path) -> None:
     assert _imq("verify", db).returncode == 0
 
 
-def test_import_reads_stdin(tmp_path: Path) -> None:
-    db = tmp_path / "db"
-    done = _imq(
-        "import",
-        db,
-        "/dev/stdin",
-        "--block-id",
-        SHARD_ID,
-        "--no-progress",
+def _import_stdin(db: Path, block_id: str) -> subprocess.CompletedProcess[str]:
+    return _imq(
+        "import", db, "/dev/stdin", "--block-id", block_id, "--no-progress",
         stdin=SHARD_BIN.read_bytes(),
-    )
+    )  # fmt: skip
+
+
+def test_import_reads_stdin(tmp_path: Path) -> None:
+    done = _import_stdin(tmp_path / "db", SHARD_ID)
     assert done.returncode == 0, done.stderr
     assert "3 diffs (3 written" in done.stdout
 
 
 def test_a_bad_header_on_stdin_creates_no_database(tmp_path: Path) -> None:
     db = tmp_path / "db"
-    done = _imq(
-        "import",
-        db,
-        "/dev/stdin",
-        "--block-id",
-        "0:8000000000000000:161",
-        stdin=SHARD_BIN.read_bytes(),
-    )
+    done = _import_stdin(db, "0:8000000000000000:161")
     assert "belongs to block" in _error_line(done)
     assert not db.exists()
 
@@ -250,11 +241,7 @@ def _damaged(db: Path) -> None:
         q.commit_diff([top(MC, seqno)] + [top(s, seqno, seqno) for s in SHARDS])
     q._store.flush(list(Table))
     q.close()
-    sst = max(db.glob("*.sst"), key=lambda p: p.stat().st_size)
-    data = bytearray(sst.read_bytes())
-    for i in range(len(data) // 3, len(data) // 3 + 48):
-        data[i] ^= 0xFF
-    sst.write_bytes(bytes(data))
+    damage_largest_table_file(db)
 
 
 def test_compact_of_a_damaged_database_fails(tmp_path: Path) -> None:

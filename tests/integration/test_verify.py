@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from builders import MC, Chain, open_queue, quarter_shards, top
+from builders import MC, Chain, damage_largest_table_file, open_queue, quarter_shards, top
 
 from imq.cli.main import main
 from imq.observability import capture_events
@@ -113,11 +113,7 @@ def test_a_damaged_table_file_is_reported(db: Path, tmp_path: Path) -> None:
     q = open_queue(db)
     q._store.flush([Table.MESSAGES])
     q.close()
-    sst = max(db.glob("*.sst"), key=lambda p: p.stat().st_size)
-    data = bytearray(sst.read_bytes())
-    for i in range(len(data) // 3, len(data) // 3 + 48):
-        data[i] ^= 0xFF
-    sst.write_bytes(bytes(data))
+    damage_largest_table_file(db)
     out = io.StringIO()
     report = verify(db)
     assert not report.ok, out.getvalue()
