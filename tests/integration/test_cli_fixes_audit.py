@@ -244,31 +244,32 @@ def _damaged(db: Path) -> None:
     damage_largest_table_file(db)
 
 
+def _fails_on_a_damaged_database(tmp_path: Path, command: str) -> str:
+    """Run ``command`` on a damaged database: exit 1, no traceback, nothing on stdout;
+    the last stderr line (the library's own warning event, queue_closed_with_error,
+    may come before it)."""
+    db = tmp_path / "db"
+    _damaged(db)
+    done = _imq(command, db)
+    assert done.returncode == 1, done
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("imq: error: ") and f"imq verify {db}" in line
+    return line
+
+
 def test_compact_of_a_damaged_database_fails(tmp_path: Path) -> None:
     """RocksDB's manual compaction meets the damaged block and returns as if it had
     succeeded; the failure shows only when the queue closes. It used to print 'compacted
     ... 6 tables' and exit 0."""
-    db = tmp_path / "db"
-    _damaged(db)
-    done = _imq("compact", db)
-    assert done.returncode == 1, done
-    assert "Traceback" not in done.stderr
-    # The library's own warning event (queue_closed_with_error) may come first.
-    line = done.stderr.strip().splitlines()[-1]
-    assert done.stdout == ""
-    assert line.startswith(f"imq: error: storage error in queue database {db} during compaction")
-    assert "Corruption" in line
-    assert f"imq verify {db}" in line and "restore" in line
+    line = _fails_on_a_damaged_database(tmp_path, "compact")
+    assert line.startswith(f"imq: error: storage error in queue database {tmp_path / 'db'}")
+    assert "during compaction" in line and "Corruption" in line and "restore" in line
 
 
 def test_gc_of_a_damaged_database_fails(tmp_path: Path) -> None:
-    db = tmp_path / "db"
-    _damaged(db)
-    done = _imq("gc", db)
-    assert done.returncode == 1, done
-    assert "Traceback" not in done.stderr
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("imq: error: ") and f"imq verify {db}" in last
+    _fails_on_a_damaged_database(tmp_path, "gc")
 
 
 def test_compact_of_a_sound_database_still_succeeds(tmp_path: Path) -> None:
