@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import Any
 
 __all__ = [
     "CommitError",
@@ -29,13 +30,26 @@ __all__ = [
 
 
 class ImqError(Exception):
-    """Base class of every error imq raises on purpose."""
+    """Base class of every error imq raises on purpose.
+
+    A subclass that builds its message from its constructor's arguments keeps them in
+    ``_made_with``, and pickles by them: the default pickling (the message alone) would
+    rebuild it wrongly, and an error must cross a process boundary as it was raised.
+    """
+
+    _made_with: tuple[Any, ...] | None = None
+
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        if self._made_with is None:
+            return super().__reduce__()
+        return type(self), self._made_with
 
 
 class DiffConflictError(ImqError):
     """A diff for the same block is already stored with a different hash."""
 
     def __init__(self, message: str) -> None:
+        self._made_with = (message,)
         super().__init__(
             f"{message}; the block was collated again differently: clear the uncommitted "
             "zone (clear_uncommitted_state, or startup after a restart) before applying "
@@ -68,6 +82,7 @@ class QueueClosedError(ImqError):
     """A call on a closed queue."""
 
     def __init__(self, message: str) -> None:
+        self._made_with = (message,)
         super().__init__(f"{message}; open the queue again (Queue.open) to go on")
 
 
@@ -75,6 +90,7 @@ class DatabaseLockedError(ImqError):
     """The database directory is already open by a writer."""
 
     def __init__(self, message: str) -> None:
+        self._made_with = (message,)
         super().__init__(
             f"{message}; one writer at a time: close the other handle (or stop the process "
             "that holds it), or look at the live queue with Queue.open(path, "
@@ -98,6 +114,7 @@ class CorruptDataError(ImqError):
     """
 
     def __init__(self, table: str, key: bytes, reason: str) -> None:
+        self._made_with = (table, key, reason)
         super().__init__(
             f"corrupt row in table {table!r} at key {key.hex()}: {reason}; the database files "
             "are damaged: run `imq verify` on the directory, then restore it from a copy or "
@@ -126,6 +143,7 @@ class StorageError(ImqError):
         hint: str = "close the queue and open it again (after a failed write this handle "
         "is dead; nothing the failed call staged was written)",
     ) -> None:
+        self._made_with = (path, operation, reason, hint)
         super().__init__(
             f"storage error in queue database {path} during {operation}: {reason}; {hint}"
         )
@@ -144,6 +162,7 @@ class FileAccessError(ImqError, OSError):
     """
 
     def __init__(self, path: object, operation: str, exc: OSError, hint: str = "") -> None:
+        self._made_with = (path, operation, exc, hint)
         reason = exc.strerror or str(exc)
         hint = hint or _ERRNO_HINTS.get(exc.errno or 0, "check the path and retry")
         super().__init__(exc.errno, f"cannot {operation} {path}: {reason}; {hint}")
@@ -152,6 +171,10 @@ class FileAccessError(ImqError, OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)
+
+
+def _rebuild(cls: type[ImqError], args: tuple[Any, ...], kwargs: dict[str, Any]) -> ImqError:
+    return cls(*args, **kwargs)
 
 
 _ERRNO_HINTS = {

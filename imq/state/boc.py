@@ -429,9 +429,11 @@ def _leaf_cell_of(boc: bytes) -> bytes | None:
     return boc[11:]
 
 
-def join_roots(bocs: Sequence[bytes]) -> bytes:
+def join_roots(bocs: Sequence[bytes], hashes: list[bytes] | None = None) -> bytes:
     """One multi-root BOC holding the level-0 roots of the one-root BOCs ``bocs`` in
-    order, identical cells stored once; byte-identical to tycho's encoder."""
+    order, identical cells stored once; byte-identical to tycho's encoder. ``hashes``,
+    when given, gets each root's cell hash appended, in order (one ``sha256`` of the
+    cell for a leaf)."""
     if not bocs:
         raise ValueError("join_roots needs at least one BOC")
     position: dict[bytes, int] = {}
@@ -440,8 +442,15 @@ def join_roots(bocs: Sequence[bytes]) -> bytes:
     for boc in bocs:
         cell = leaf_of(boc)
         if cell is None:
-            return encode_boc(_decode_each(bocs))
+            roots = _decode_each(bocs)
+            if hashes is not None:
+                hashes.extend([root.hash for root in roots])
+            return encode_boc(roots)
         order.append(position.setdefault(cell, len(position)))
+    if hashes is not None:
+        sha = _sha256
+        digests = [sha(cell).digest() for cell in position]  # a leaf's bytes are its repr
+        hashes.extend(digests if len(digests) == len(order) else [digests[k] for k in order])
     n = len(position)
     return _assemble(n, [n - 1 - k for k in order], b"".join(reversed(position)), _fit(n))
 

@@ -11,6 +11,12 @@ is known, as after an import.
 Memory: the message hashes of the exported diffs (32 bytes each), the messages of one
 diff at a time, and one chunk; the chunks are spooled to a temporary file because the
 header that precedes them lists every message hash and the chunk count.
+
+Nothing is written to the destination before every message is spooled and every diff
+encoded: a message the format cannot hold -- a body that is no message BOC, a body whose
+root does not hash to its key's hash, two messages of one diff with the same hash --
+raises :class:`~imq.errors.StateFormatError` naming the block and the message's key, and
+the destination is not touched (a file is not created, a FIFO not opened).
 """
 
 from __future__ import annotations
@@ -21,14 +27,14 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import BinaryIO
 
-from imq.errors import ImqError
+from imq.errors import ImqError, StateFormatError
 from imq.observability import ImqLogger
-from imq.state.boc import BocError
 from imq.state.tl import TlDiff, diff_hash, encode_diff
-from imq.state.writer import ChunkSpool, open_sink, write_state
+from imq.state.writer import BadMessageError, ChunkSpool, open_sink, write_state
+from imq.storage import CursorProtocol as Cursor
 from imq.storage import StoreProtocol as Store
-from imq.storage import ops
-from imq.types import DiffInfo, ShardIdent
+from imq.storage import codec, ops
+from imq.types import DiffInfo, QueueKey, ShardIdent
 
 __all__ = ["ExportReport", "export_state"]
 
@@ -72,19 +78,18 @@ def export_state(
     try:
         total = sum(sum(parts.values()) for _, parts in records)
         hash_lists = []
-        for i, (info, parts) in enumerate(records, start=1):
-            hash_lists.append(_spool_messages(store, shard, info, parts, spool))
-            if progress is not None and (spool.messages < total or i == len(records)):
-                progress(spool.messages, total)  # all done is reported once, at the end
-        tls, exact = _encode_chain(shard, [info for info, _ in records], hash_lists)
+        try:
+            for i, (info, parts) in enumerate(records, start=1):
+                hash_lists.append(_spool_messages(store, shard, info, parts, spool))
+                if progress is not None and (spool.messages < total or i == len(records)):
+                    progress(spool.messages, total)  # all done is reported once, at the end
+            spool.finish()  # the last chunk: its messages are checked before dest is opened
+        except BadMessageError as exc:
+            raise _bad_message(store, shard, seqno, records, exc) from None
+        tls, exact = _encode_chain(shard, seqno, [info for info, _ in records], hash_lists)
         with open_sink(dest) as (_, out):
             write_state(out, shard, seqno, tls, spool)
         written = out.count
-    except BocError as exc:
-        raise ImqError(
-            f"cannot export the state of {shard}:{seqno}: a stored message body is not a "
-            f"message BOC ({exc.check}: {exc})"
-        ) from None
     finally:
         spool.close()
     report = ExportReport(
@@ -125,16 +130,23 @@ def _load_infos(
     return records
 
 
-def _spool_messages(
-    store: Store, shard: ShardIdent, info: DiffInfo, parts: dict[int, int], spool: ChunkSpool
-) -> bytes:
-    """Spool one diff's messages in hash order; return their hashes, concatenated."""
-    expected = sum(parts.values())
-    reads = [
+def _message_reads(
+    shard: ShardIdent, info: DiffInfo, parts: dict[int, int]
+) -> list[ops.DiffMessages]:
+    return [
         ops.DiffMessages(partition, shard, info.min_message, info.max_message)
         for partition, count in sorted(parts.items())
         if count
     ]
+
+
+def _spool_messages(
+    store: Store, shard: ShardIdent, info: DiffInfo, parts: dict[int, int], spool: ChunkSpool
+) -> bytes:
+    """Spool one diff's messages in hash order, each to be checked against its key's
+    hash; return their hashes, concatenated."""
+    expected = sum(parts.values())
+    reads = _message_reads(shard, info, parts)
     with ops.view(store, *reads) as view:
         rows = [row for read in reads for row in view[read]]
     if len(rows) != expected:
@@ -143,20 +155,86 @@ def _spool_messages(
             f"{len(rows)} are still stored (collected by GC?)"
         )
     rows.sort()
-    for _, body in rows:
-        spool.add(body)
-    return b"".join([h for h, _ in rows])
+    hashes = [h for h, _ in rows]
+    if len(set(hashes)) != len(hashes):
+        twin = next(h for h, prev in zip(hashes[1:], hashes, strict=False) if h == prev)
+        keys = _keys_of(store, shard, info, parts, twin)
+        raise StateFormatError(
+            f"cannot export the diff of {shard}:{info.seqno}: its messages {_keys_text(keys)} "
+            f"have the same hash; a state lists each message hash of a diff once"
+        )
+    spool.add_checked(rows)
+    return b"".join(hashes)
+
+
+class _MessageKeys(ops.Read[list[QueueKey]]):
+    """The keys of the messages of one (partition, shard) in a diff's span that have a
+    given hash (only for an error message: a rare, second scan)."""
+
+    __slots__ = ("_hash",)
+
+    def __init__(self, rows: ops.DiffMessages, hash_: bytes) -> None:
+        super().__init__(rows.scan)
+        self._hash = hash_
+
+    def answer(self, cursor: Cursor) -> list[QueueKey]:
+        keys = [codec.decode_message(k, v).key for k, v in cursor]
+        return [key for key in keys if key.hash == self._hash]
+
+
+def _keys_of(
+    store: Store, shard: ShardIdent, info: DiffInfo, parts: dict[int, int], hash_: bytes
+) -> list[QueueKey]:
+    """The stored keys of the diff's messages with hash ``hash_``, ascending."""
+    reads = [_MessageKeys(rows, hash_) for rows in _message_reads(shard, info, parts)]
+    with ops.view(store, *reads) as view:
+        return sorted(key for read in reads for key in view[read])
+
+
+def _keys_text(keys: list[QueueKey]) -> str:
+    return ", ".join(f"(lt {key.lt}, hash {key.hash.hex()})" for key in keys)
+
+
+def _bad_message(
+    store: Store,
+    shard: ShardIdent,
+    seqno: int,
+    records: list[tuple[DiffInfo, dict[int, int]]],
+    exc: BadMessageError,
+) -> StateFormatError:
+    """The error for a stored message the state cannot hold, naming its diff and key."""
+    where = "a message"
+    if exc.hash is not None:
+        for info, parts in records:
+            keys = _keys_of(store, shard, info, parts, exc.hash)
+            if keys:
+                where = f"message {_keys_text(keys)} of the diff of {shard}:{info.seqno}"
+                break
+    if exc.check == "message hash":
+        problem = (
+            f"{where} is stored with a body whose root cell does not hash to the key's "
+            f"hash ({exc.detail}); the state's import would reject it"
+        )
+    else:
+        problem = f"the stored body of {where} is not a message BOC ({exc.detail})"
+    return StateFormatError(f"cannot export the state of {shard}:{seqno}: {problem}")
 
 
 def _encode_chain(
-    shard: ShardIdent, infos: list[DiffInfo], hash_lists: list[bytes]
+    shard: ShardIdent, seqno: int, infos: list[DiffInfo], hash_lists: list[bytes]
 ) -> tuple[list[bytes], bool]:
     """TL of every diff (newest first), chained oldest to newest by hash."""
     tls: list[bytes] = [b""] * len(infos)
     exact = True
     prev = infos[-1].prev_hash or _ZERO_HASH
     for i in range(len(infos) - 1, -1, -1):
-        tl = encode_diff(_tl_diff(shard, infos[i], prev, hash_lists[i]))
+        try:
+            tl = encode_diff(_tl_diff(shard, infos[i], prev, hash_lists[i]))
+        except ValueError as exc:
+            raise StateFormatError(
+                f"cannot export the state of {shard}:{seqno}: the diff of "
+                f"{shard}:{infos[i].seqno} does not fit the state format: {exc}"
+            ) from None
         tls[i] = tl
         prev = diff_hash(tl)
         exact = exact and prev == infos[i].hash

@@ -17,7 +17,7 @@ from typing import BinaryIO, Protocol, cast
 
 import zstandard
 
-from imq.errors import StateFormatError
+from imq.errors import FileAccessError, StateFormatError
 
 __all__ = [
     "BUFFER_SIZE",
@@ -36,6 +36,7 @@ BUFFER_SIZE = 1 << 20
 _MAX_PULL = 8 << 20
 """Largest single read from the stream: readers allocate the size asked for up front, and a
 corrupt length field must not make them allocate hundreds of megabytes for a short file."""
+_READ = "read the state file"
 
 
 class _Readable(Protocol):
@@ -299,27 +300,51 @@ def _remaining_size(f: BinaryIO) -> int | None:
         return None
 
 
+class _FileInput:
+    """A state file imq opened: its read errors become :class:`FileAccessError` naming
+    the path."""
+
+    __slots__ = ("_file", "_path")
+
+    def __init__(self, file: BinaryIO, path: str | os.PathLike[str]) -> None:
+        self._file = file
+        self._path = path
+
+    def read(self, n: int = -1, /) -> bytes:
+        try:
+            return self._file.read(n)
+        except OSError as exc:
+            raise FileAccessError(self._path, _READ, exc) from exc
+
+
 def open_source(source: str | os.PathLike[str] | BinaryIO) -> ByteSource:
     """Open a path (closed with the source) or wrap a binary file object (left open).
 
     zstd is detected by its magic; any other first bytes are left for the TL reader to judge.
+    A path that cannot be opened or read (missing, a directory, not permitted, an I/O
+    error) raises :class:`FileAccessError`; a file object's own errors pass unchanged.
     """
     owned: BinaryIO | None = None
+    raw: _Readable
     if isinstance(source, (str, os.PathLike)):
-        f: BinaryIO = open(source, "rb")  # noqa: SIM115 - closed by ByteSource.close
+        try:
+            f: BinaryIO = open(source, "rb")  # noqa: SIM115 - closed by ByteSource.close
+        except OSError as exc:
+            raise FileAccessError(source, _READ, exc) from exc
         owned = f
+        raw = _FileInput(f, source)
     else:
-        f = source
+        f = raw = source
     try:
         total = _remaining_size(f)
         head = b""
         while len(head) < 4:
-            chunk = f.read(4 - len(head))
+            chunk = raw.read(4 - len(head))
             if not chunk:
                 break
             head += chunk
         return ByteSource(
-            f,
+            raw,
             head=head,
             compressed=head == ZSTD_MAGIC,
             owned=owned,

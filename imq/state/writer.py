@@ -6,30 +6,41 @@ fewer chunks than it holds and cannot be read back (§16.1). Here chunks are cut
 rules and spooled to a temporary file; the header, the true count and the chunks are
 written once the count is known.
 
-``.queue`` destinations are zstd-compressed (level 9, as the node writes them); a path
-is written to ``<dest>.temp`` and renamed when complete, so a reader never sees half a
-file.
+``.queue`` destinations are zstd-compressed (level 9, as the node writes them). A regular
+file (or one that does not exist yet) is written to ``<file>.temp`` beside it, synced and
+renamed over it when complete, so a reader never sees half a file; through a symlink, that
+happens beside the symlink's target, which the symlink keeps pointing to. Anything else
+that exists -- a FIFO, a character device, a socket, or a file descriptor's alias such as
+``/dev/stdout`` -- is opened and written in place: renaming over it would replace it with a
+regular file nobody reads. File-system failures raise :class:`~imq.errors.FileAccessError`
+naming the destination the caller gave (never the temporary file); a failed write leaves
+no temporary file and a replaced file as it was (a file written in place may have
+received part of the state).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-import shutil
+import re
+import stat
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, cast
 
 import zstandard
 
-from imq.state.boc import join_roots
+from imq.errors import FileAccessError
+from imq.state.boc import BocError, join_roots
 from imq.state.tl import MAX_CHUNK_ROOTS, encode_chunk, encode_state_header
 from imq.types import ShardIdent
 
 __all__ = [
     "MAX_CHUNK_BYTES",
     "ZSTD_LEVEL",
+    "BadMessageError",
     "ChunkSpool",
     "Writable",
     "open_sink",
@@ -39,20 +50,50 @@ __all__ = [
 MAX_CHUNK_BYTES = 10 * 2**20  # a chunk is closed before it would pass this size
 ZSTD_LEVEL = 9
 _COPY_BUFFER = 1 << 20
+_WRITE = "write the state file"
+_SPOOL = "write a temporary file (the chunks of a state being written) in"
+_PIPE_HINT = "the reader of the pipe closed it before the state was complete"
+# A file descriptor's alias: opening it opens what the descriptor refers to.
+_FD_ALIAS = re.compile(
+    r"/dev/(stdin|stdout|stderr|fd/\d+)"
+    r"|/proc/(self|thread-self|\d+)(/task/\d+)?/fd/\d+"
+)
 
 
 class Writable(Protocol):
     def write(self, data: bytes, /) -> int: ...
 
 
+class BadMessageError(ValueError):
+    """A message added to a :class:`ChunkSpool` cannot go into a chunk: its BOC is
+    malformed (``check`` is the :class:`~imq.state.boc.BocError`'s check) or its root does
+    not hash to the hash it was added with (``check`` is ``"message hash"``). ``hash`` is
+    the hash it was added with (``None`` if none was)."""
+
+    def __init__(self, hash_: bytes | None, check: str, detail: str) -> None:
+        super().__init__(f"{check}: {detail}")
+        self.hash = hash_
+        self.check = check
+        self.detail = detail
+
+
 class ChunkSpool:
-    """Message BOCs in state order, cut into chunks and spooled to a temporary file."""
+    """Message BOCs in state order, cut into chunks and spooled to a temporary file.
+
+    Messages given with their hashes (:meth:`add_checked`) are checked when their chunk is
+    cut: each root must hash to its hash (a leaf costs one ``sha256``), else
+    :class:`BadMessageError`, as for a malformed BOC.
+    """
 
     def __init__(
         self, *, max_roots: int = MAX_CHUNK_ROOTS, max_bytes: int = MAX_CHUNK_BYTES
     ) -> None:
-        self._file: BinaryIO = tempfile.TemporaryFile()  # noqa: SIM115 -- closed in close()
+        try:
+            self._file: BinaryIO = tempfile.TemporaryFile()  # noqa: SIM115 -- closed in close()
+        except OSError as exc:
+            raise _spool_error(exc) from exc
         self._bocs: list[bytes] = []
+        self._hashes: list[bytes] = []
         self._size = 0
         self._max_roots = max_roots
         self._max_bytes = max_bytes
@@ -69,22 +110,88 @@ class ChunkSpool:
         self._size += len(boc)
         self.messages += 1
 
+    def add_checked(self, rows: Sequence[tuple[bytes, bytes]]) -> None:
+        """Append the next messages, given as ``(hash, one-root BOC)``: each root must hash
+        to its hash. One call per batch: the export's hot path. Do not mix with :meth:`add`
+        in one chunk."""
+        max_roots, max_bytes = self._max_roots, self._max_bytes
+        count, size, start = len(self._bocs), self._size, 0
+        for i, (_, boc) in enumerate(rows):
+            n = len(boc)
+            if count and (count >= max_roots or size + n > max_bytes):
+                self._take(rows[start:i])
+                self._cut()
+                start, count, size = i, 0, 0
+            count += 1
+            size += n
+        self._take(rows[start:])
+        self._size = size
+        self.messages += len(rows)
+
+    def _take(self, rows: Sequence[tuple[bytes, bytes]]) -> None:
+        self._hashes += [h for h, _ in rows]
+        self._bocs += [boc for _, boc in rows]
+
     def _cut(self) -> None:
-        self._file.write(encode_chunk(join_roots(self._bocs)))
+        bocs, expected = self._bocs, self._hashes
+        if expected and len(expected) != len(bocs):
+            raise ValueError("ChunkSpool: a chunk mixes add() and add_checked() messages")
+        got: list[bytes] | None = [] if expected else None
+        try:
+            chunk = encode_chunk(join_roots(bocs, got))
+        except BocError:
+            raise _malformed(bocs, expected) from None
+        if got is not None and got != expected:
+            k = next(k for k, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e)
+            raise BadMessageError(
+                expected[k], "message hash", f"its root cell hashes to {got[k].hex()}"
+            )
+        try:
+            self._file.write(chunk)
+        except OSError as exc:
+            raise _spool_error(exc) from exc
         self.chunks += 1
         self._bocs = []
+        self._hashes = []
         self._size = 0
 
     def finish(self) -> None:
+        """Cut the last chunk (the last check of the messages); the spool is ready to
+        copy. Calling it again changes nothing."""
         if self._bocs:
             self._cut()
-        self._file.seek(0)
+        try:
+            self._file.seek(0)
+        except OSError as exc:
+            raise _spool_error(exc) from exc
 
     def copy_to(self, out: Writable) -> None:
-        shutil.copyfileobj(self._file, out, _COPY_BUFFER)
+        read = self._file.read
+        while True:
+            try:
+                data = read(_COPY_BUFFER)
+            except OSError as exc:
+                raise _spool_error(exc) from exc
+            if not data:
+                return
+            out.write(data)
 
     def close(self) -> None:
         self._file.close()
+
+
+def _malformed(bocs: list[bytes], expected: list[bytes]) -> BadMessageError:
+    """The first message of a chunk whose BOC :func:`join_roots` rejects."""
+    for k, boc in enumerate(bocs):
+        try:
+            join_roots([boc])
+        except BocError as exc:
+            return BadMessageError(expected[k] if expected else None, exc.check, str(exc))
+    raise AssertionError("unreachable: join_roots rejected a chunk but none of its BOCs")
+
+
+def _spool_error(exc: OSError) -> FileAccessError:
+    return FileAccessError(tempfile.gettempdir(), _SPOOL, exc)
 
 
 def write_state(
@@ -112,31 +219,123 @@ class _Counting:
         return self._inner.write(data)
 
 
+class _Output:
+    """The opened destination of a state: its write errors become
+    :class:`~imq.errors.FileAccessError` naming the path the caller gave."""
+
+    __slots__ = ("_file", "_path")
+
+    def __init__(self, file: BinaryIO, path: Path) -> None:
+        self._file = file
+        self._path = path
+
+    def write(self, data: bytes, /) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as exc:
+            raise _write_error(self._path, exc) from exc
+
+    def flush(self) -> None:
+        try:
+            self._file.flush()
+        except OSError as exc:
+            raise _write_error(self._path, exc) from exc
+
+
+def _write_error(path: Path, exc: OSError) -> FileAccessError:
+    return FileAccessError(path, _WRITE, exc, _PIPE_HINT if exc.errno == errno.EPIPE else "")
+
+
 @contextlib.contextmanager
 def open_sink(dest: str | os.PathLike[str] | BinaryIO) -> Iterator[tuple[BinaryIO, _Counting]]:
     """Yield ``(file, counter)``: write the state to ``counter`` (it counts the bytes of
     the state); ``file`` is the underlying output. A path ending in ``.queue`` is
-    compressed; a path is written to a temporary name and renamed on success."""
+    compressed. A regular or missing file is written to a temporary name beside it (or
+    beside a symlink's target) and renamed on success; a FIFO, a device or ``/dev/stdout``
+    is written in place. File-system errors raise :class:`~imq.errors.FileAccessError`."""
     if not isinstance(dest, (str, os.PathLike)):
         counter = _Counting(dest)
         yield dest, counter
         return
     path = Path(dest)
-    temp = path.with_name(path.name + ".temp")
-    try:
-        with open(temp, "wb") as raw:
-            if path.suffix == ".queue":
-                compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-                with compressor.stream_writer(raw, closefd=False) as zout:
-                    counter = _Counting(zout)
-                    yield raw, counter
-            else:
-                counter = _Counting(raw)
+    target = _target(path)
+    with _in_place(path) if target is None else _replacing(path, target) as (raw, out):
+        if path.suffix == ".queue":
+            compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+            with compressor.stream_writer(cast("BinaryIO", out), closefd=False) as zout:
+                counter = _Counting(zout)
                 yield raw, counter
-            raw.flush()
-            os.fsync(raw.fileno())
-        temp.replace(path)
+        else:
+            counter = _Counting(out)
+            yield raw, counter
+
+
+def _target(path: Path) -> Path | None:
+    """The file a state written to ``path`` replaces: the real path of a regular file, or
+    of one still missing (a dangling symlink's target); ``None`` for a file written in
+    place: an existing FIFO, device or socket, or a file descriptor's alias."""
+    try:
+        mode: int | None = os.stat(path).st_mode  # through symlinks
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise _write_error(path, exc) from exc
+    if mode is not None and stat.S_ISDIR(mode):
+        is_dir = IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        raise _write_error(path, is_dir) from is_dir
+    if mode is not None and (not stat.S_ISREG(mode) or _FD_ALIAS.fullmatch(os.path.abspath(path))):
+        return None
+    return Path(os.path.realpath(path))
+
+
+@contextlib.contextmanager
+def _in_place(path: Path) -> Iterator[tuple[BinaryIO, _Output]]:
+    """Open ``path`` itself (a FIFO blocks here until a reader opens it). A regular file
+    behind a descriptor's alias (``imq export ... /dev/stdout >> file``) is appended to."""
+    try:
+        raw = open(path, "ab" if stat.S_ISREG(os.stat(path).st_mode) else "wb")  # noqa: SIM115
+    except OSError as exc:
+        raise _write_error(path, exc) from exc
+    try:
+        yield raw, _Output(raw, path)
+        _close(raw, path)
     except BaseException:
+        with contextlib.suppress(OSError):
+            raw.close()
+        raise
+
+
+@contextlib.contextmanager
+def _replacing(path: Path, target: Path) -> Iterator[tuple[BinaryIO, _Output]]:
+    """Write ``<target>.temp``, then sync it and rename it over ``target``; on any failure
+    remove it, leaving ``target`` as it was."""
+    temp = target.with_name(target.name + ".temp")
+    try:
+        raw = open(temp, "wb")  # noqa: SIM115 -- closed in _close or below
+    except OSError as exc:
+        raise _write_error(path, exc) from exc
+    try:
+        yield raw, _Output(raw, path)
+        _close(raw, path)
+        try:
+            temp.replace(target)
+        except OSError as exc:
+            raise _write_error(path, exc) from exc
+    except BaseException:
+        with contextlib.suppress(OSError):
+            raw.close()
         with contextlib.suppress(OSError):
             temp.unlink()
         raise
+
+
+def _close(raw: BinaryIO, path: Path) -> None:
+    """Flush, sync (a regular file: the state must be on disk before it is renamed into
+    place) and close."""
+    try:
+        raw.flush()
+        if stat.S_ISREG(os.fstat(raw.fileno()).st_mode):
+            os.fsync(raw.fileno())
+        raw.close()
+    except OSError as exc:
+        raise _write_error(path, exc) from exc

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import address_in, dump, message, open_queue, top
+from builders import address_in, block, dump, message, open_queue, top
 from state_fixtures import (
     BASE,
     MC,
@@ -40,6 +40,7 @@ from imq import (
     Queue,
     QueueDiff,
     QueueKey,
+    StateFormatError,
 )
 from imq.state.boc import encode_boc
 from imq.state.message import build_internal_message
@@ -281,10 +282,71 @@ def test_a_body_that_is_no_message_fails_without_leaving_a_file(
     existing.write_bytes(b"previous export")
 
     for dest in (tmp_path / "new.queue", tmp_path / "new.bin", existing):
-        with pytest.raises(ImqError, match="not a message BOC"):
+        with pytest.raises(StateFormatError, match="not a message BOC") as info:
             queue.export_state(BASE, 1, 1, dest)
+        assert f"message (lt 1000, hash {'01' * 32}) of the diff of {BASE}:1" in str(info.value)
 
     assert not (tmp_path / "new.queue").exists()
     assert not (tmp_path / "new.bin").exists()
     assert existing.read_bytes() == b"previous export"
     assert _no_leftovers(tmp_path) == []
+
+
+def _refused_everywhere(queue: Queue, tmp_path: Path, seqno: int, says: str) -> None:
+    """The export of ``seqno`` raises ``StateFormatError`` saying ``says`` for every kind of
+    destination, which it leaves untouched: nothing created, nothing written, the old file
+    as it was."""
+    existing = tmp_path / "old.queue"
+    existing.write_bytes(b"previous export")
+    buffer = io.BytesIO()
+    for dest in (tmp_path / "new.queue", tmp_path / "new.bin", existing, buffer):
+        with pytest.raises(StateFormatError) as info:
+            queue.export_state(BASE, seqno, 1, dest)
+        assert says in str(info.value)
+    assert buffer.getvalue() == b""
+    assert existing.read_bytes() == b"previous export"
+    assert not (tmp_path / "new.queue").exists()
+    assert not (tmp_path / "new.bin").exists()
+    assert _no_leftovers(tmp_path) == []
+
+
+def test_two_messages_with_one_hash_refuse_the_export(tmp_path: Path, queue: Queue) -> None:
+    src, dst = address_in(BASE, 1), address_in(BASE, 2)
+    cell = build_internal_message(src, dst, 1_000)
+    twins = [
+        Message(QueueKey(lt, cell.hash), src, dst, encode_boc([cell])) for lt in (1_000, 1_001)
+    ]
+    queue.apply_diff(QueueDiff([*_real_messages(900, [dst]), *twins]), block(BASE, 1), b"\x01" * 32)
+    h = cell.hash.hex()
+    _refused_everywhere(
+        queue,
+        tmp_path,
+        1,
+        f"the diff of {BASE}:1: its messages (lt 1000, hash {h}), (lt 1001, hash {h}) have "
+        "the same hash",
+    )
+
+
+@pytest.mark.parametrize("body_in_ref", [False, True], ids=["one-cell", "multi-cell"])
+def test_a_body_that_does_not_hash_to_its_key_refuses_the_export(
+    body_in_ref: bool, tmp_path: Path, queue: Queue
+) -> None:
+    src, dst = address_in(BASE, 1), address_in(BASE, 2)
+    good = _real_messages(1_000, [dst, dst])
+    cell = build_internal_message(src, dst, 1_100, body=b"x" * 40, body_in_ref=body_in_ref)
+    assert bool(cell.refs) == body_in_ref
+    wrong = Message(QueueKey(1_100, b"\x01" * 32), src, dst, encode_boc([cell]))
+    queue.apply_diff(QueueDiff([*good, wrong]), block(BASE, 1), b"\x01" * 32)
+    queue.apply_diff(QueueDiff(_real_messages(2_000, [dst])), block(BASE, 2), b"\x02" * 32)
+
+    _refused_everywhere(
+        queue,
+        tmp_path,
+        1,
+        f"message (lt 1100, hash {'01' * 32}) of the diff of {BASE}:1 is stored with a body "
+        f"whose root cell does not hash to the key's hash (its root cell hashes to "
+        f"{cell.hash.hex()})",
+    )
+    with pytest.raises(StateFormatError, match=f"of the diff of {BASE}:1 is stored"):
+        queue.export_state(BASE, 2, 2, io.BytesIO())  # found in an older diff of the tail
+    assert queue.export_state(BASE, 2, 1, io.BytesIO()).messages == 1  # the newer diff alone

@@ -190,6 +190,9 @@ def test_real_chunk_is_reproduced_byte_for_byte() -> None:
     chunk = real_chunk()
     assert chunk[:6] == MAGIC + b"\x02\x03"
     assert join_roots([v.boc for v in split_roots(chunk)]) == chunk
+    hashes: list[bytes] = []
+    assert join_roots([v.boc for v in split_roots(chunk)], hashes) == chunk
+    assert hashes == real_state()[0][0]  # the leaf path's root hashes: the diff's list
     assert encode_boc(decode_boc(chunk)) == chunk
     assert split_roots(memoryview(chunk)) == split_roots(chunk)
 
@@ -288,6 +291,9 @@ def test_multi_cell_messages_split_and_join() -> None:
     joined = join_roots(bocs)
     views = split_roots(joined)
     assert [v.hash for v in views] == [m.hash for m in messages]
+    hashes: list[bytes] = [b"kept"]
+    assert join_roots(bocs, hashes) == joined
+    assert hashes == [b"kept"] + [m.hash for m in messages]  # appended, duplicates too
     assert [(v.data, v.bits) for v in views] == [(m.data, m.bits) for m in messages]
     assert [v.boc for v in views] == bocs
     assert join_roots([v.boc for v in views]) == joined
@@ -304,6 +310,9 @@ def test_join_split_round_trip(roots: list[Cell]) -> None:
     bocs = [encode_boc([r]) for r in roots]
     joined = join_roots(bocs)
     assert joined == encode_boc(roots)
+    hashes: list[bytes] = []
+    assert join_roots(bocs, hashes) == joined
+    assert hashes == [r.hash for r in roots]
     views = split_roots(joined)
     assert [v.hash for v in views] == [r.hash for r in roots]
     assert [v.bits for v in views] == [r.bits for r in roots]

@@ -12,7 +12,7 @@ import pytest
 import zstandard
 from tycho_data import TYCHO
 
-from imq.errors import StateFormatError
+from imq.errors import FileAccessError, ImqError, StateFormatError
 from imq.state.source import BUFFER_SIZE, STATE_MAGIC, ZSTD_MAGIC, ByteSource, open_source
 
 SHARD_BIN = TYCHO / "persistent_state" / "shard.bin"
@@ -315,3 +315,36 @@ def test_temp_file_path(tmp_path: Path) -> None:
         assert src.compressed
         assert src.read(1000, "all") == data
         assert src.at_eof()
+
+
+def test_a_path_that_cannot_be_opened_is_a_file_access_error(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.queue"
+    for path, cause in ((missing, FileNotFoundError), (tmp_path, IsADirectoryError)):
+        with pytest.raises(FileAccessError) as info:
+            open_source(path)
+        assert isinstance(info.value, ImqError)
+        assert isinstance(info.value.__cause__, cause)
+        assert info.value.errno == info.value.__cause__.errno
+        assert info.value.filename == str(path)
+        assert str(info.value).startswith(f"cannot read the state file {path}: ")
+
+
+def test_a_failing_read_of_an_opened_path_is_a_file_access_error() -> None:
+    # /proc/self/mem opens, and its first page (address 0, never mapped) fails to read
+    with pytest.raises(FileAccessError) as info:
+        open_source("/proc/self/mem")
+    assert isinstance(info.value.__cause__, OSError)
+    assert info.value.filename == "/proc/self/mem"
+
+
+def test_a_file_objects_own_errors_pass_unchanged() -> None:
+    class Failing(io.RawIOBase):
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer: object) -> int:
+            raise OSError(5, "injected")
+
+    with pytest.raises(OSError) as info:
+        open_source(Failing())  # type: ignore[arg-type]
+    assert not isinstance(info.value, FileAccessError)
