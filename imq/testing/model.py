@@ -388,7 +388,10 @@ class QueueModel:
             committed == last_applied_mc_block or committed.seqno < last_applied_mc_block.seqno
         ):
             raise StartupError(f"committed {committed} is ahead of {last_applied_mc_block}")
-        self.clear(partitions, top_shards)
+        tops = list(top_shards)
+        if ShardIdent.MASTERCHAIN not in tops:  # the masterchain is a top shard (§14.2)
+            tops.insert(0, ShardIdent.MASTERCHAIN)
+        self.clear(partitions, tops)
 
     # -- queries -------------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from imq import (
     StartupError,
 )
 from imq.storage import Table
+from imq.testing.model import DiffInput, QueueModel
 
 S1 = split_shard(0, 1, 0)  # has a commit pointer
 S2 = split_shard(0, 1, 1)  # no pointer, listed in top_shards
@@ -330,3 +331,17 @@ def test_startup_logs_the_clear(db_path: Path, logs: list[MutableMapping[str, An
     cleared = [e for e in logs if e["event"] == "uncommitted_cleared"]
     assert len(cleared) == 1
     assert cleared[0]["diffs"] == 3
+
+
+def test_the_model_clears_the_masterchain_at_startup_as_the_queue_does(queue: Queue) -> None:
+    """The state machine found the model (imq.testing.model) still clearing only the
+    listed top shards once the queue cleared the masterchain too."""
+    model = QueueModel()
+    chain = Chain(queue)
+    for applied in (chain.apply(MC, 1), chain.apply(S1, 2)):
+        model.apply(DiffInput(applied.block, applied.hash, applied.messages), check_sequence=None)
+    queue.startup(block_id(MC, 1), top_shards=[S1])
+    model.startup(block_id(MC, 1), [S1], (0, 1))
+    for shard in (MC, S1):
+        assert queue.get_diff_info(shard, 1) is None
+        assert model.get_diff_info(shard, 1) is None
