@@ -745,7 +745,14 @@ class Store:
                     hint=_DAMAGED_HINT,
                 ) from exc
             missing = [t.value for t in Table if t.value not in families]
-            if missing:
+            # imq's own creation cut short (killed between RocksDB's CURRENT and the
+            # last of its tables): imq's lock file, no foreign table, no table file yet.
+            interrupted = (
+                LOCK_FILE in names
+                and families <= {"default", *(t.value for t in Table)}
+                and tables == 0
+            )
+            if missing and not interrupted:
                 raise StorageError(
                     self.path,
                     "open",

@@ -373,3 +373,17 @@ def test_an_empty_path_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     with pytest.raises(ValueError, match="empty"):
         Queue.open("")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_creation_cut_short_before_imqs_tables_opens(tmp_path: Path) -> None:
+    """Killed during the very first open, after RocksDB wrote CURRENT and before it made
+    imq's tables: imq's lock file is there, no table file: the next open completes it."""
+    path = tmp_path / "new"
+    db = Rdict(str(path), Options(raw_mode=True))  # RocksDB's part of a creation
+    db.close()
+    (path / "imq.lock").touch()  # imq takes its lock before RocksDB creates anything
+    q = Queue.open(path)
+    try:
+        assert _iterate(q) == []
+    finally:
+        q.close()
