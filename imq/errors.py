@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = [
     "CommitError",
@@ -38,6 +38,14 @@ class ImqError(Exception):
     """
 
     _made_with: tuple[Any, ...] | None = None
+    next_step: ClassVar[str] = ""
+    """What to do about it, appended to a one-string message by the subclasses that set it."""
+
+    def __init__(self, *args: object) -> None:
+        if self.next_step and len(args) == 1 and isinstance(args[0], str):
+            self._made_with = args
+            args = (f"{args[0]}; {self.next_step}",)
+        super().__init__(*args)
 
     def __reduce__(self) -> str | tuple[Any, ...]:
         if self._made_with is None:
@@ -48,13 +56,11 @@ class ImqError(Exception):
 class DiffConflictError(ImqError):
     """A diff for the same block is already stored with a different hash."""
 
-    def __init__(self, message: str) -> None:
-        self._made_with = (message,)
-        super().__init__(
-            f"{message}; the block was collated again differently: clear the uncommitted "
-            "zone (clear_uncommitted_state, or startup after a restart) before applying "
-            "the new diff, or check that the block id and hash belong together"
-        )
+    next_step = (
+        "the block was collated again differently: clear the uncommitted zone "
+        "(clear_uncommitted_state, or startup after a restart) before applying the new diff, "
+        "or check that the block id and hash belong together"
+    )
 
 
 class DiffSequenceError(ImqError):
@@ -81,21 +87,16 @@ class StateFormatError(ImqError):
 class QueueClosedError(ImqError):
     """A call on a closed queue."""
 
-    def __init__(self, message: str) -> None:
-        self._made_with = (message,)
-        super().__init__(f"{message}; open the queue again (Queue.open) to go on")
+    next_step = "open the queue again (Queue.open) to go on"
 
 
 class DatabaseLockedError(ImqError):
     """The database directory is already open by a writer."""
 
-    def __init__(self, message: str) -> None:
-        self._made_with = (message,)
-        super().__init__(
-            f"{message}; one writer at a time: close the other handle (or stop the process "
-            "that holds it), or look at the live queue with Queue.open(path, "
-            "read_only=True) or `imq inspect`"
-        )
+    next_step = (
+        "one writer at a time: close the other handle (or stop the process that holds it), "
+        "or look at the live queue with Queue.open(path, read_only=True) or `imq inspect`"
+    )
 
 
 class ConfigError(ImqError):
@@ -171,10 +172,6 @@ class FileAccessError(ImqError, OSError):
 
     def __str__(self) -> str:
         return str(self.strerror)
-
-
-def _rebuild(cls: type[ImqError], args: tuple[Any, ...], kwargs: dict[str, Any]) -> ImqError:
-    return cls(*args, **kwargs)
 
 
 _ERRNO_HINTS = {
