@@ -525,14 +525,6 @@ DATABASE_FILE = re.compile(
 )
 
 
-def _foreign_files(path: Path) -> list[str]:
-    return sorted(
-        e.name
-        for e in os.scandir(path)
-        if not (DATABASE_FILE.fullmatch(e.name) and e.is_file(follow_symlinks=False))
-    )
-
-
 def _check_replaceable(path: Path) -> bool:
     """Whether ``path`` holds a database to delete (``False``: nothing to delete); an
     :class:`ImqError` when it holds anything that is not an imq database's."""
@@ -540,14 +532,19 @@ def _check_replaceable(path: Path) -> bool:
         return False
     if not path.is_dir():
         raise ImqError(f"{path} is a file, not a queue database directory; it is not deleted")
-    others = _foreign_files(path)
+    entries = list(os.scandir(path))
+    names = [e.name for e in entries]
+    others = sorted(
+        e.name
+        for e in entries
+        if not (DATABASE_FILE.fullmatch(e.name) and e.is_file(follow_symlinks=False))
+    )
     if others:
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
         raise ImqError(
             f"{path} holds other files than a queue database's ({shown}); it is not "
             "deleted: give a new or empty directory, or a queue database's"
         )
-    names = os.listdir(path)
     if names and LOCK_FILE not in names:  # imq writes its lock file into every database
         raise ImqError(
             f"{path} holds a RocksDB database that imq did not create; it is not deleted"
