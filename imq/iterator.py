@@ -61,7 +61,7 @@ from itertools import chain, islice, repeat, starmap
 from types import TracebackType
 from typing import Any, NoReturn, cast
 
-from imq.errors import CorruptDataError, QueueClosedError
+from imq.errors import CorruptDataError, ImqError, QueueClosedError
 from imq.storage import SnapshotProtocol as Snapshot
 from imq.storage import codec
 from imq.types import (
@@ -95,6 +95,33 @@ class _Closed:
         raise QueueClosedError("the queue was closed while this iterator was open")
 
 
+class _Failed:
+    """What the merge hands the chain once a read failed: every pull raises that error
+    again (a chain keeps an iterator that raised, so the iterator stays failed instead of
+    ending as if its ranges were complete), until :meth:`QueueIterator.close` ends it."""
+
+    __slots__ = ("error", "raised")
+
+    def __init__(self, error: ImqError) -> None:
+        self.error: ImqError | None = error
+        self.raised = False
+
+    def __iter__(self) -> _Failed:
+        return self
+
+    def __next__(self) -> NoReturn:
+        error = self.error
+        if error is None:
+            raise StopIteration
+        if self.raised:  # again: a fresh traceback (the first one shows where it failed)
+            error = error.with_traceback(None)
+        self.raised = True
+        raise error
+
+
+_EXHAUSTED: Iterator[Any] = iter(())  # what a source becomes once the merge has run out
+
+
 class QueueIterator(chain[IteratedMessage]):
     """Messages of one partition from several source shards, merged by key.
 
@@ -108,13 +135,15 @@ class QueueIterator(chain[IteratedMessage]):
     # Per source, the last stored key consumed before the current batch
     _positions: list[bytes | QueueKey | None]
     _for_shard: ShardIdent
-    _on_done: Callable[[int, int], None] | None
     _sources: list[Iterator[Any]]
-    _finish: list[Callable[[bytes | None], None]]
     _closed_by_queue: bool
-    # The batch the consumer is inside: (the batch, its list iterator, the merge's skip
-    # records; see current_position)
-    _run: tuple[list[IteratedMessage], Iterator[IteratedMessage], list[Any]] | None
+    # Shared with the merge generator (which holds no reference to the iterator, so that
+    # a dropped iterator is freed at once, with its cursors, by reference counting):
+    # [0] the batch the consumer is inside: (the batch, its list iterator, the merge's
+    # skip records; see current_position), or None; [1] how many messages of that batch
+    # the consumer had taken when the iterator closed inside it (for the metrics); [2]
+    # the read error the merge stopped on (a _Failed), or None
+    _box: list[Any]
     # What the consumer took of the batch it was inside when the iterator closed, and that
     # batch's skip records: replayed onto _positions only if current_position() asks
     # (a bounded read closes inside a batch every time; few ask where it stopped)
@@ -128,24 +157,24 @@ class QueueIterator(chain[IteratedMessage]):
         for_shard: ShardIdent,
         on_done: Callable[[int, int], None] | None = None,
     ) -> QueueIterator:
-        cell: list[QueueIterator] = []
         merge_fill = _merge_fill
         if merge_fill is None:  # the pure-Python merge caches source addresses per iterator
             merge_fill = partial(_py_merge_fill, _cache=_AddressCache())
-        producer = _merged(cell, merge_fill)
-        self = cast(QueueIterator, cls.from_iterable(producer))
-        cell.append(self)
-        self._snap = snap
-        self._shards = [r.shard for r in ranges]
-        self._positions = [None] * len(ranges)
-        self._for_shard = for_shard
-        self._on_done = on_done
+        shards = [r.shard for r in ranges]
+        positions: list[bytes | QueueKey | None] = [None] * len(ranges)
         # The bare rows: the merge knows the last key it read from each source, so it
         # runs each cursor's end check itself when its rows run out (``finish``).
-        self._sources = [c.rows for c in snap.cursors]
-        self._finish = [c.finish for c in snap.cursors]
+        sources = [c.rows for c in snap.cursors]
+        box: list[Any] = [None, 0, None]
+        producer = _merged(box, merge_fill, for_shard, shards, positions, sources, snap, on_done)
+        self = cast(QueueIterator, cls.from_iterable(producer))
+        self._snap = snap
+        self._shards = shards
+        self._positions = positions
+        self._for_shard = for_shard
+        self._sources = sources
         self._closed_by_queue = False
-        self._run = None
+        self._box = box
         self._kept = None
         self._producer = producer
         return self
@@ -175,8 +204,9 @@ class QueueIterator(chain[IteratedMessage]):
         before the batch the consumer is (or was, when closed) inside, plus what it took
         of that batch."""
         positions: list[bytes | QueueKey | None] = list(self._positions)
-        if self._run is not None:  # inside a batch: replay what the consumer took of it
-            batch, run, records = self._run
+        current = self._box[0]
+        if current is not None:  # inside a batch: replay what the consumer took of it
+            batch, run, records = current
             self._replay(positions, batch, len(batch) - operator.length_hint(run), records)
         elif self._kept is not None:  # closed inside a batch
             taken, records = self._kept
@@ -205,6 +235,9 @@ class QueueIterator(chain[IteratedMessage]):
     def close(self) -> None:
         """Release the cursors; the iterator is then exhausted."""
         self._stop_run()
+        failed = self._box[2]
+        if failed is not None:  # a read error: the iterator ends now instead
+            failed.error = None
         # ValueError: another thread is producing a batch right now; dropping the sources
         # below still ends it at its next pull.
         with contextlib.suppress(ValueError):
@@ -225,11 +258,14 @@ class QueueIterator(chain[IteratedMessage]):
         # What the consumer took of the batch is kept first (a copy of that part; the
         # replay waits for a current_position() call): current_position() counts the
         # taken part of a live batch from the batch's length, which emptying it zeroes.
-        run = self._run
+        box = self._box
+        run = box[0]
         if run is not None:
             batch, it, records = run
-            self._kept = (batch[: len(batch) - operator.length_hint(it)], records)
-            self._run = None
+            taken = len(batch) - operator.length_hint(it)
+            self._kept = (batch[:taken], records)
+            box[0] = None
+            box[1] = taken
             batch.clear()
 
     def _release(self, replacement: Iterator[Any]) -> None:
@@ -272,65 +308,115 @@ def destination_test(for_shard: ShardIdent) -> tuple[int, int, int]:
     return (-1 if wc_byte is None else wc_byte), prefix_len, want
 
 
-def _merged(
-    cell: list[QueueIterator], merge_fill: Callable[..., Any]
+def _merged(  # noqa: PLR0917 - the iterator's state, shared with it
+    box: list[Any],
+    merge_fill: Callable[..., Any],
+    for_shard: ShardIdent,
+    shards: list[ShardIdent],
+    positions: list[Any],
+    sources: list[Iterator[Any]],
+    snap: Snapshot,
+    on_done: Callable[[int, int], None] | None,
 ) -> Generator[Iterator[IteratedMessage], None, None]:
     """The merge: yields list iterators of merged batches, which the chain hands out.
 
     ``merge_fill`` (C, or its Python twin) fills each batch from every source; this
     generator keeps the state between batches, runs each source's end check when its rows
-    run out, and applies a batch's positions once the consumer has taken all of it."""
-    self = cell.pop()
-    wc_byte, prefix_len, want = destination_test(self._for_shard)
-    positions = self._positions
-    shards = self._shards
-    sources = self._sources
-    finish = self._finish
+    run out, and applies a batch's positions once the consumer has taken all of it. It
+    shares the iterator's lists (and ``box``) but never refers to the iterator itself, so
+    the two form no reference cycle. Once every source has run out it releases the
+    cursors: an iterator kept for its position pins no RocksDB version."""
+    wc_byte, prefix_len, want = destination_test(for_shard)
+    counts = [0, 0]  # messages yielded, rows skipped
+    try:
+        try:
+            yield from _merge_batches(
+                box,
+                merge_fill,
+                wc_byte,
+                prefix_len,
+                want,
+                shards,
+                positions,
+                sources,
+                snap,
+                counts,
+            )
+        except ImqError as exc:
+            if isinstance(exc, QueueClosedError):  # the iterator raises it by itself now
+                raise
+            # The chain drops a producer that raised and then reports the end: hand it an
+            # iterator that raises instead, so that asking again never reads as the end.
+            failed = box[2] = _Failed(exc)
+            yield failed
+    finally:
+        current, box[0] = box[0], None
+        if current is not None:  # dropped inside a batch: what the consumer took of it
+            counts[0] += len(current[0]) - operator.length_hint(current[1])
+        else:  # closed inside a batch (its part taken), or between batches (0)
+            counts[0] += box[1]
+        if on_done is not None:
+            # with the rows cached scans left out (runs of other shards' rows that the
+            # merge would have skipped, see imq.storage.cache)
+            on_done(counts[0], counts[1] + sum(c.dropped for c in snap.cursors))
+
+
+def _merge_batches(  # noqa: PLR0917 - the merge's state
+    box: list[Any],
+    merge_fill: Callable[..., Any],
+    wc_byte: int,
+    prefix_len: int,
+    want: int,
+    shards: list[ShardIdent],
+    positions: list[Any],
+    sources: list[Iterator[Any]],
+    snap: Snapshot,
+    counts: list[int],
+) -> Generator[Iterator[IteratedMessage], None, None]:
+    """The batches of :func:`_merged`; ``counts``: messages yielded, rows skipped."""
+    finish = [c.finish for c in snap.cursors]
     n = len(sources)
     heads: list[tuple[bytes, bytes] | None] = [None] * n
     lastkeys: list[bytes | None] = [None] * n
     need = list(range(n))
-    yielded = skipped = 0
     limit = min(_RUN_FIRST, _RUN)  # batches grow: the first message comes soon
-    try:
-        while True:
-            try:
-                batch, final, records, ended, need, n_skipped = merge_fill(
-                    sources,
-                    heads,
-                    lastkeys,
-                    need,
-                    limit,
-                    wc_byte,
-                    prefix_len,
-                    want,
-                    shards,
-                    positions,
-                )
-            except (ValueError, TypeError) as exc:
-                bad = exc.args[1] if len(exc.args) > 1 else b""
-                raise CorruptDataError("messages", bad, str(exc.args[0])) from None
-            skipped += n_skipped
-            for idx in ended:  # rows ran out: raises unless at the range's end
-                finish[idx](lastkeys[idx])
-            if not batch:
-                positions[:] = final
-                return
-            limit = min(2 * limit, _RUN)
-            run = iter(batch)
-            self._run = (batch, run, records)
-            yield run
-            # The consumer asked for the next message: the batch is consumed.
-            self._run = None
-            yielded += len(batch)
+    while True:
+        try:
+            batch, final, records, ended, need, n_skipped = merge_fill(
+                sources,
+                heads,
+                lastkeys,
+                need,
+                limit,
+                wc_byte,
+                prefix_len,
+                want,
+                shards,
+                positions,
+            )
+        except (ValueError, TypeError) as exc:
+            bad = exc.args[1] if len(exc.args) > 1 else b""
+            raise CorruptDataError("messages", bad, str(exc.args[0])) from None
+        counts[1] += n_skipped
+        for idx in ended:  # rows ran out: raises unless at the range's end
+            finish[idx](lastkeys[idx])
+        if not batch:
             positions[:] = final
-    finally:
-        self._run = None
-        if self._on_done is not None:
-            on_done, self._on_done = self._on_done, None
-            # with the rows cached scans left out (runs of other shards' rows that the
-            # merge would have skipped, see imq.storage.cache)
-            on_done(yielded, skipped + sum(c.dropped for c in self._snap.cursors))
+            # Every source ran out: nothing more is read (a close() or a queue's
+            # close racing this from another thread has swapped them already).
+            for idx in range(n):
+                if type(sources[idx]) is not _Closed:
+                    sources[idx] = _EXHAUSTED
+            snap.close()
+            return
+        limit = min(2 * limit, _RUN)
+        run = iter(batch)
+        box[0] = (batch, run, records)
+        yield run
+        # The consumer asked for the next message: the batch is consumed.
+        box[0] = None
+        counts[0] += len(batch)
+        positions[:] = final
 
 
 _NO_BOUND = b"\xff" * (_KEY_LEN + 1)  # above every message key

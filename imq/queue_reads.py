@@ -58,8 +58,19 @@ class QueueReads:
         with self.metrics.time("iterator_create"):
             reads.check_ranges(ranges)
             snap = ops.open_messages(self._store, partition, ranges, destination_test(for_shard))
-            it = QueueIterator(snap, ranges, for_shard, self._iterator_done)
+            try:
+                it = QueueIterator(snap, ranges, for_shard, self._iterator_done)
+            except BaseException:
+                snap.close()
+                raise
             self._store.register(it)
+            # close() may have run between the snapshot and the registration: it then
+            # did not see this iterator, whose cursors would keep RocksDB (and its lock)
+            # open and serve the closed queue. close() marks the store closed before it
+            # lists the iterators, so one of the two always releases them.
+            if self._store.closed:
+                it.close_for_queue()
+                raise QueueClosedError(f"queue {self._store.path} was closed")
         return it
 
     def _iterator_done(self, yielded: int, skipped: int) -> None:
