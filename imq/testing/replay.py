@@ -8,7 +8,11 @@ stored diff's info and zone, the statistics, and every stored message as the ite
 yields it. The first difference raises :class:`ReplayDivergenceError`.
 
 ``kill`` is replayed as a close: RocksDB keeps every written batch either way, and a
-prepared, unwritten diff dies with the process (it is dropped here too).
+prepared, unwritten diff dies with the process (the model drops it too). A call the host
+made after closing its queue (a queue call, or a pending diff written or discarded) is
+replayed on the closed queue, and the model, closed as well, answers
+``QueueClosedError``. A log that is not one (a step without an argument the replay reads,
+an undecodable value) raises :class:`OpLogError` naming the step.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ from imq import (
     QueueShardRange,
     ShardIdent,
 )
+from imq.errors import ImqError, QueueClosedError
 from imq.testing import codec as c
 from imq.testing.model import DiffInput, QueueModel
 
 __all__ = [
+    "OpLogError",
     "Opener",
     "ReplayDivergenceError",
     "ReplayReport",
@@ -69,6 +75,25 @@ class ReplayDivergenceError(AssertionError):
         self.difference = difference
 
 
+class OpLogError(ImqError, ValueError):
+    """The op log is not one (a malformed line or step): the message names the file or
+    the step; check the log against docs/replay-format.md."""
+
+
+class _ClosedModel:
+    """The model while the log's queue is closed: every call raises QueueClosedError, as
+    the closed queue's do."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        def closed(*args: object, **kwargs: object) -> Any:
+            raise QueueClosedError("the queue is closed")
+
+        return closed
+
+
+_CLOSED_MODEL: Any = _ClosedModel()
+
+
 @dataclass(frozen=True)
 class ReplayReport:
     steps: int
@@ -78,12 +103,17 @@ class ReplayReport:
 def read_log(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     lines = path.read_text(encoding="utf-8").splitlines()
     if not lines:
-        raise ValueError(f"{path} is empty")
-    header = json.loads(lines[0])
-    if header.get("imq_ops") != c.FORMAT_VERSION:
-        raise ValueError(f"{path}: not an imq op log of version {c.FORMAT_VERSION}")
-    steps = [json.loads(line) for line in lines[1:] if line.strip()]
-    return header, sorted(steps, key=lambda line: int(line["step"]))
+        raise OpLogError(f"{path} is empty")
+    try:
+        header = json.loads(lines[0])
+        if not isinstance(header, dict) or header.get("imq_ops") != c.FORMAT_VERSION:
+            raise OpLogError(f"{path}: not an imq op log of version {c.FORMAT_VERSION}")
+        steps = [json.loads(line) for line in lines[1:] if line.strip()]
+        return header, sorted(steps, key=lambda line: int(line["step"]))
+    except (ValueError, TypeError, KeyError) as exc:  # JSON, or a step without its number
+        if isinstance(exc, OpLogError):
+            raise
+        raise OpLogError(f"{path}: not an op log ({type(exc).__name__}: {exc})") from None
 
 
 def _outcome(fn: Any, enc: Any) -> dict[str, Any]:
@@ -132,15 +162,23 @@ class _Replayer:
         )
         self.model = QueueModel(zerostate_seqno)
         self.queue: Queue | None = None
+        self.closed: Queue | None = None  # the last queue the log closed
         self.real_pending: dict[int, Any] = {}
         self.model_pending: dict[int, DiffInput] = {}
         self.shards: set[ShardIdent] = set()
         self.checks = 0
 
     def q(self) -> Queue:
-        if self.queue is None:
-            raise RuntimeError("the log uses the queue before opening it")
-        return self.queue
+        """The open queue, or the one the log closed last (its calls raise
+        QueueClosedError, as the host's did)."""
+        queue = self.queue if self.queue is not None else self.closed
+        if queue is None:
+            raise OpLogError("the log uses the queue before opening it")
+        return queue
+
+    def m(self) -> QueueModel:
+        """The model, or while the log's queue is closed one that answers QueueClosedError."""
+        return self.model if self.queue is not None else _CLOSED_MODEL
 
     def step(self, line: dict[str, Any]) -> None:
         op, args, step = line["op"], line.get("args", {}), line["step"]
@@ -162,21 +200,24 @@ class _Replayer:
         return _outcome(real, enc), _outcome(model, enc)
 
     def _run(self, op: str, a: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:  # noqa: PLR0915 - one branch per op
-        m = self.model
+        m = self.m()
         none = _outcome(lambda: None, lambda v: v)
         if op == "open":
             config = QueueConfig(gc_enabled=False, sync_commits=False)
+            if self.queue is not None:  # the host opened a second queue: refused here
+                raise OpLogError("the log opens a queue while one is open; a replay has one")
             self.queue = self.opener(config, self.zerostate)
+            self.closed = None
             return none, none
         if op in ("close", "kill"):
             if self.queue is None:  # closing a closed queue is a no-op
                 return none, none
-            for token in self.model_pending:
-                self.real_pending[token].discard()
-            self.real_pending.clear()
+            # The model's staged diffs die with the queue; the real pending diffs are
+            # kept, so that a write or discard the host tried after the close replays
+            # to what it got then (QueueClosedError).
             self.model_pending.clear()
-            self.q().close()
-            self.queue = None
+            self.queue.close()
+            self.closed, self.queue = self.queue, None
             return none, none
         if op in ("prepare_diff", "apply_diff"):
             diff, stats, inp = _diff_input(a)
@@ -208,7 +249,9 @@ class _Replayer:
             )
         if op in ("write", "discard"):
             token = int(a["pending"])
-            pending = self.real_pending[token]
+            pending = self.real_pending.get(token)
+            if pending is None:
+                raise OpLogError(f"pending diff {token} was not returned by a prepare_diff")
             staged = self.model_pending.pop(token, None)  # None: already written or discarded
             real = _outcome(pending.write if op == "write" else pending.discard, lambda v: None)
             if op == "write" and "error" not in real and staged is not None:
@@ -238,15 +281,19 @@ class _Replayer:
                 lambda: m.startup(block, shards, parts),
             )
         if op == "run_gc":
-            return self._both(self.q().run_gc, m.run_gc)
+            return self._both(lambda: self.q().run_gc(), m.run_gc)
         if op == "iterate":
             return self._iterate(a)
         if op == "get_commit_pointers":
-            return self._both(self.q().get_commit_pointers, m.get_commit_pointers, c.enc_pointers)
+            return self._both(
+                lambda: self.q().get_commit_pointers(), m.get_commit_pointers, c.enc_pointers
+            )
         if op == "get_last_committed_mc_block_id":
             enc = lambda b: None if b is None else str(b)  # noqa: E731
             return self._both(
-                self.q().get_last_committed_mc_block_id, m.get_last_committed_mc_block_id, enc
+                lambda: self.q().get_last_committed_mc_block_id(),
+                m.get_last_committed_mc_block_id,
+                enc,
             )
         if op == "get_diff_info":
             shard, seqno, zone = c.dec_shard(a["shard"]), int(a["seqno"]), DiffZone[a["zone"]]
@@ -274,7 +321,7 @@ class _Replayer:
                 lambda: m.load_diff_statistics(p, r),
                 c.enc_stats_map,
             )
-        raise ValueError(f"unknown op {op!r} in the log")
+        raise OpLogError(f"unknown op {op!r} (the ops are listed in docs/replay-format.md)")
 
     _token = 0
     _line: dict[str, Any] = {}  # noqa: RUF012 - the line being replayed
@@ -299,15 +346,18 @@ class _Replayer:
             return {"messages": seen, "exhausted": exhausted, "position": position}
 
         limit = 1 << 62 if want is None else want
-        real_it = self.q().iterator(partition, ranges, for_shard)
+        model = _outcome(
+            lambda: run(self.m().iterator(partition, ranges, for_shard), lambda: None),
+            lambda v: v,
+        )
+        try:
+            real_it = self.q().iterator(partition, ranges, for_shard)
+        except Exception as exc:  # a closed queue, say: as the model's
+            return {"error": type(exc).__name__}, model
         try:
             real = _outcome(lambda: run(real_it, real_it.close), lambda v: v)
         finally:
             real_it.close()
-        model = _outcome(
-            lambda: run(self.model.iterator(partition, ranges, for_shard), lambda: None),
-            lambda v: v,
-        )
         return real, model
 
     def _compare_state(self) -> str | None:
@@ -413,7 +463,15 @@ def _replay(
     r = _Replayer(db, int(header.get("zerostate_seqno", 0)), opener)
     try:
         for line in lines:
-            r.step(line)
+            try:
+                r.step(line)
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+                step, op = line.get("step"), line.get("op")
+                what = f"missing {exc}" if type(exc) is KeyError else str(exc)
+                raise OpLogError(
+                    f"step {step} ({op}): the log cannot be replayed: {what}; check it "
+                    "against docs/replay-format.md"
+                ) from exc
     finally:
         if r.queue is not None:
             for token in r.model_pending:
