@@ -24,7 +24,7 @@ from imq.commit import masterchain_block, plan_commit, stage_commit
 from imq.config import QueueConfig
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_rows
 from imq.diff import DiffStatistics, QueueDiff
-from imq.errors import ImqError, StartupError
+from imq.errors import ImqError, StartupError, StateFormatError
 from imq.gc import GarbageCollector, GcReport, GcWorker
 from imq.locks import RWLock, ShardLocks
 from imq.observability import Metrics, ProgressLine, get_logger
@@ -540,6 +540,14 @@ class Queue(QueueReads):
                 report = importer.import_state(
                     self._store, source, block_id, top_update, log=self._log, progress=callback
                 )
+        except StateFormatError as exc:
+            if not isinstance(source, str | os.PathLike):
+                raise  # a file object: the caller knows what it is
+            # The readers name the offset; the caller asked for a file: name it too.
+            raise StateFormatError(
+                f"{os.fsdecode(source)}: {exc}; the file is not the queue state of "
+                f"{block_id.short}, or it is damaged: check the path, or fetch it again"
+            ) from exc
         finally:
             if line is not None:
                 line.close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO, cast
 
@@ -239,9 +241,9 @@ def run_import(
         raw = open(file, "rb")  # noqa: SIM115 - closed below, after the import
     except OSError as exc:
         raise FileAccessError(file, "read state file", exc) from exc
-    with raw:
+    with raw, _naming(file, f"the queue state of {block_id.short}"):
         state = _StateInput(raw)
-        _check_header(state, file.name, block_id, top_update)
+        _check_header(state, block_id, top_update)
         with checked_queue(db, "import") as queue:
             report = queue.import_state(state.again(), block_id, top_update, progress=progress)
     rate = report.messages / report.seconds if report.seconds else 0.0
@@ -287,8 +289,21 @@ class _StateInput:
         return cast("BinaryIO", self)  # read() is all that open_source uses
 
 
+@contextlib.contextmanager
+def _naming(file: Path, what: str) -> Iterator[None]:
+    """A :class:`StateFormatError` from reading ``file`` names it (the readers name only
+    the offset) and says what to do."""
+    try:
+        yield
+    except StateFormatError as exc:
+        raise StateFormatError(
+            f"{file}: {exc}; the file is not {what}, or it is damaged: check the path, "
+            "or fetch the file again"
+        ) from exc
+
+
 def _check_header(
-    state: _StateInput, name: str, block_id: BlockId, top_update: tuple[bytes, int] | None
+    state: _StateInput, block_id: BlockId, top_update: tuple[bytes, int] | None
 ) -> None:
     """Check the state's header (block, top update) before any database exists; the
     import checks it again, with everything else."""
@@ -297,8 +312,7 @@ def _check_header(
         header = reader.header
         if (header.shard, header.seqno) != (block_id.shard, block_id.seqno):
             raise StateFormatError(
-                f"{name}: the state belongs to block {header.shard}:{header.seqno}, "
-                f"not to {block_id.short}"
+                f"the state belongs to block {header.shard}:{header.seqno}, not to {block_id.short}"
             )
         if top_update is not None:
             reader.check_top_update(*top_update)
@@ -355,11 +369,12 @@ def dump_diff(file: Path, *, as_json: bool, out: TextIO) -> None:
         head = f.read(4)
     if head == DIFF_MAGIC:
         data = file.read_bytes()
-        diff = decode_diff(data)
+        with _naming(file, "a queue diff"):
+            diff = decode_diff(data)
         entries = [diff_json(diff, diff_hash(data))]
         title = f"queue diff {file.name}"
     else:
-        with open_source(file) as src:
+        with _naming(file, "a queue diff or a queue state"), open_source(file) as src:
             header = read_state_header(src)
         entries = [diff_json(d, h) for d, h in zip(header.diffs, header.diff_hashes, strict=True)]
         title = f"queue state {file.name}: {header.shard}:{header.seqno}, {header.n_chunks} chunks"

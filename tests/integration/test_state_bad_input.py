@@ -887,3 +887,18 @@ def test_a_kept_import_error_does_not_keep_the_database_open(db_path: Path) -> N
     assert len(errors) == 1
     with open_queue(db_path) as again:
         assert again.get_commit_pointers() == {}
+
+
+def test_a_bad_file_given_by_path_is_named_with_what_to_do(prior: Queue, tmp_path: Path) -> None:
+    """The readers name an offset; a caller who passed a path gets the path and the next
+    step too (a file object passes the error through as the readers raise it)."""
+    cut = tmp_path / "shard-cut.bin"
+    cut.write_bytes(SHARD_BIN[: len(SHARD_BIN) // 2])
+    error = rejected(prior, cut, SHARD_BLOCK, SHARD_TOP, match="offset")
+    message = str(error)
+    assert message.startswith(f"{cut}: "), message
+    assert f"not the queue state of {SHARD_BLOCK.short}" in message
+    assert message.endswith("check the path, or fetch it again"), message
+    bare = rejected(prior, SHARD_BIN[: len(SHARD_BIN) // 2], SHARD_BLOCK, SHARD_TOP, match="offset")
+    assert not str(bare).startswith(str(cut))
+    assert "fetch it again" not in str(bare)
