@@ -25,10 +25,15 @@ class ProgressLine:
         self._started = monotonic()
         self._last = -self._every
         self._line = ""
+        self._finished = False  # the line of done == total is printed once
 
     def __call__(self, done: int, total: int) -> None:
         now = monotonic()
-        if now - self._last < self._every and done < total:
+        if done >= total:
+            if self._finished:
+                return
+            self._finished = True
+        elif now - self._last < self._every:
             return
         self._last = now
         elapsed = max(now - self._started, 1e-9)

@@ -170,6 +170,7 @@ def test_progress_goes_to_stderr_unless_turned_off(imq: Imq, tmp_path: Path) -> 
     shown = imq("import", tmp_path / "a", SHARD_BIN, "--block-id", SHARD_ID)
     assert shown.code == 0
     assert "import 0:8000000000000000:160: 4,300/4,300 messages (100.0%)" in shown.err
+    assert shown.err.count("4,300/4,300") == 1, shown.err  # the final line once
     assert "4,300/4,300" not in shown.out
     quiet = imq("import", tmp_path / "b", SHARD_BIN, "--block-id", SHARD_ID, "--no-progress")
     assert quiet.code == 0

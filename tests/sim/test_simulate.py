@@ -39,6 +39,14 @@ def test_short_runs_verify_exactly_once(tmp_path: Path, seed: int) -> None:
     assert result.verdict().startswith("exactly-once: verified, ")
 
 
+def test_the_queue_share_of_a_short_run_is_within_its_time(tmp_path: Path) -> None:
+    """Every timed queue call, the final close too, lies inside the run's time (a run of
+    three rounds reported 125% when the close was timed after the run's clock stopped)."""
+    result = Simulation(SimConfig(directory=tmp_path, rounds=3, seed=1)).run()
+    assert result.verified, result.verdict()
+    assert 0 < result.queue_seconds <= result.seconds
+
+
 def test_explicit_gc_and_two_shards(tmp_path: Path) -> None:
     config = SimConfig(directory=tmp_path, rounds=80, seed=9, shards=2, gc_every=3, **FAULTY)
     result = Simulation(config).run()
