@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from imq.cli.common import PathError
 from imq.config import QueueConfig
 from imq.observability import configure_for_cli
 from imq.sim import SimConfig, SimQueue, SimResult, Simulation
@@ -53,13 +54,19 @@ def register(commands: Any) -> None:
         help=f"run directory: queue/, report.json, report.png (default: {DEFAULT_DIR})",
     )
     sim.add_argument("--fresh", action="store_true", help="delete a previous run's queue first")
-    sim.add_argument("--shards", type=int, default=4, help="basechain shards, a power of 2")
+    sim.add_argument(
+        "--shards", type=int, default=4, help="basechain shards, a power of 2 (default 4)"
+    )
     length = sim.add_mutually_exclusive_group()
     length.add_argument("--rounds", type=int, default=None, help="rounds (default 4000)")
     length.add_argument("--duration", type=float, default=None, help="seconds instead of rounds")
     sim.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
-    sim.add_argument("--fanout", type=int, default=2, help="max messages sent per executed one")
-    sim.add_argument("--commit-every", type=int, default=4, help="rounds per masterchain block")
+    sim.add_argument(
+        "--fanout", type=int, default=2, help="max messages sent per executed one (default 2)"
+    )
+    sim.add_argument(
+        "--commit-every", type=int, default=4, help="rounds per masterchain block (default 4)"
+    )
     sim.add_argument(
         "--gc-every",
         type=int,
@@ -150,6 +157,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         gc_every=args.gc_every or (5 if args.record is not None else 0),
         nodes=args.nodes,
     )
+    if args.dir.exists() and not args.dir.is_dir():
+        raise PathError(
+            f"--dir {args.dir} is a file; give a directory (the run's queue/, report.json "
+            "and report.png go there)"
+        )
     progress = _Progress(rounds, args.duration, err)
     with contextlib.ExitStack() as stack:
         log = None

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any, TextIO
 
+from imq.cli.common import Heartbeat
 from imq.verify import verify
 
 __all__ = ["register", "run"]
@@ -33,11 +34,14 @@ def register(commands: Any) -> None:
         epilog=EXAMPLES,
     )
     check.add_argument("db", type=Path, help="database directory")
+    check.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     check.set_defaults(run=run, interrupted="nothing was changed")
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    report = verify(args.db)
+    with Heartbeat("verify", enabled=not args.no_progress) as beat:
+        beat.update(f"reading and cross-checking {args.db}")
+        report = verify(args.db)
     rows = ", ".join(f"{t} {n}" for t, n in sorted(report.rows.items()))
     print(f"queue database {report.path}: rows read: {rows or '-'}", file=out)
     for problem in report.problems:
