@@ -1044,7 +1044,13 @@ class Store:
                 for prefix in cache.unknown(txn.kept):
                     self._establish(prefix)
             try:
-                self._db.write(txn.batch, self._sync) if sync else self._db.write(txn.batch)
+                self._db.write(txn.batch)
+                if sync:
+                    # The same guarantee as a write with sync set (the log synced up to
+                    # and with this batch before the call returns), but rocksdict holds
+                    # the GIL through a write, fsync included, and releases it in
+                    # flush_wal: the host's other threads run while the disk syncs.
+                    self._db.flush_wal(True)
             except Exception as exc:  # rocksdict raises a bare Exception("IO error: ...")
                 cache.forget()  # whatever the batch did, the cache must not vouch for it
                 self.diff_tops.forget()

@@ -25,6 +25,7 @@ from builders import (
     key,
     make_diff,
     open_queue,
+    quiet_config,
     rows,
     split_shard,
     state,
@@ -530,3 +531,52 @@ def test_log_events_have_their_fields(db_path: Path, logs: list[MutableMapping[s
         "queue_opened",
         "queue_closed",
     ]
+
+
+# -- synced writes ----------------------------------------------------------------------------
+
+
+class _RecordingDb:
+    """Forwards everything to the real rocksdict handle, noting writes and WAL syncs."""
+
+    def __init__(self, db: Any, calls: list[str]) -> None:
+        self._db = db
+        self._calls = calls
+
+    def write(self, batch: Any, *opts: Any) -> None:
+        self._calls.append("write(sync)" if opts and opts[0].sync else "write")
+        self._db.write(batch, *opts)
+
+    def flush_wal(self, sync: bool) -> None:
+        self._calls.append(f"flush_wal({sync})")
+        self._db.flush_wal(sync)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+@pytest.mark.parametrize("sync_commits", [True, False])
+def test_a_synced_commit_syncs_the_log_after_its_write(db_path: Path, sync_commits: bool) -> None:
+    """A synced commit writes its batch, then syncs the log with ``flush_wal(True)``:
+    rocksdict holds the GIL through a write (a sync in it too) and releases it in
+    ``flush_wal``, so the host's other threads run while the disk syncs. The batch is
+    durable when the call returns, as with a synced write. Unsynced commits never sync."""
+    queue = Queue.open(db_path, quiet_config(sync_commits=sync_commits))
+    try:
+        chain = Chain(queue)
+        mc = chain.apply(MC, [address_in(S, 1)])
+        s1 = chain.apply(S, [address_in(S, 2)])
+        store: Any = queue._store
+        calls: list[str] = []
+        store._db = _RecordingDb(store._db, calls)
+        assert queue.commit_diff([mc.top(), s1.top(1)])
+        store._db = store._db._db
+        assert calls == (["write", "flush_wal(True)"] if sync_commits else ["write"])
+        assert queue.get_commit_pointers()[S].key == s1.diff.max_message
+    finally:
+        queue.close()
+    reopened = open_queue(db_path)
+    try:
+        assert reopened.get_commit_pointers()[S].key == s1.diff.max_message
+    finally:
+        reopened.close()
