@@ -43,9 +43,9 @@ def _thread_cpu(native_id: int | None) -> float:
 
 class _GcCpuQueue(Queue):
     """A queue that, when closed, adds the CPU time its background GC thread ran to
-    ``gc_cpu``: mostly time that thread held the GIL (its Python code and rocksdict's
-    reads hold it; rocksdict's writes let it go), during which the collator's thread could
-    not run."""
+    ``gc_cpu``: mostly time that thread held the GIL (its Python code, rocksdict's reads
+    and writes hold it; only a synced write's log sync, ``flush_wal``, lets it go), during
+    which the collator's thread could not run."""
 
     gc_cpu = 0.0
 
@@ -243,9 +243,9 @@ def main() -> None:
         "the simulation restarts its node after 2% of its "
         "rounds, to exercise recovery, far more often than a node restarts). "
         "*With GC thread*: the share inside queue calls plus the CPU time of imq's GC "
-        "thread (it holds the GIL but in rocksdict's writes, so the collator's thread may "
-        "wait for it): an upper bound of imq's share, since some of that CPU time "
-        "overlapped queue calls. *GC*: *background*, imq's GC thread collects every "
+        "thread (it holds the GIL throughout, rocksdict's writes included, so the "
+        "collator's thread may wait for it): an upper bound of imq's share, since some of "
+        "that CPU time overlapped queue calls. *GC*: *background*, imq's GC thread collects every "
         "0.25 s (`imq simulate`'s setting); *every N rounds, timed*: no GC thread, the "
         "collator calls `run_gc` every "
         f"N rounds (about {GC_PASSES} passes a run, as many as the thread makes in about 9 s), "
