@@ -5,6 +5,10 @@ pending diff is written or discarded) against commit and clear (writers): once a
 writer waits, new readers wait behind it. Per-shard mutexes serialize prepares of one
 shard. Neither lock is owned by a thread, so a pending diff may be written from another
 thread than the one that prepared it.
+
+The write lock remembers the thread that holds it, only so that a call from that thread
+which would wait for it (a write call from ``import_state``'s progress callback, which
+runs under the write lock) is refused with ``ImqError`` instead of hanging.
 """
 
 from __future__ import annotations
@@ -13,13 +17,20 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from imq.errors import ImqError
 from imq.types import ShardIdent
 
 __all__ = ["RWLock", "ShardLocks"]
 
 
 class RWLock:
-    __slots__ = ("_cond", "_readers", "_writer", "_writers_waiting")
+    __slots__ = ("_cond", "_owner", "_readers", "_writer", "_writers_waiting")
+
+    # A waiting writer re-checks at least this often (seconds). Its wakeup can be lost:
+    # a dropped pending diff's ``__del__`` may release the last read lock from inside the
+    # writer's own ``Condition.wait`` (cyclic GC runs at the allocation of the waiter's
+    # lock), notifying before the waiter is registered.
+    _WRITER_RECHECK = 0.05
 
     def __init__(self) -> None:
         # Re-entrant: a dropped pending diff releases its read lock from ``__del__``, which
@@ -27,13 +38,26 @@ class RWLock:
         self._cond = threading.Condition(threading.RLock())
         self._readers = 0
         self._writer = False
+        self._owner: threading.Thread | None = None  # the thread holding the write lock
         self._writers_waiting = 0
+
+    def _refuse_self_deadlock(self, what: str) -> None:
+        """Under ``_cond``: raise if this thread holds the write lock (it would wait for
+        itself forever)."""
+        if self._writer and self._owner is threading.current_thread():
+            raise ImqError(
+                f"{what} would deadlock: this thread holds the queue's write lock (it is "
+                "inside commit_diff, clear_uncommitted_state or import_state, e.g. in "
+                "import_state's progress callback); make the call after that one returns"
+            )
 
     def acquire_read(self, *, jump_queue: bool = False, timeout: float | None = None) -> bool:
         """Take a read lock; ``False`` if ``timeout`` seconds passed first. ``jump_queue``
         lets a caller that already holds one pass a waiting writer (otherwise it would
-        wait for a writer that waits for it)."""
+        wait for a writer that waits for it). ``ImqError`` if this thread holds the write
+        lock."""
         with self._cond:
+            self._refuse_self_deadlock("taking the queue's read lock")
             if not self._cond.wait_for(
                 lambda: not (self._writer or (self._writers_waiting and not jump_queue)),
                 timeout,
@@ -51,20 +75,30 @@ class RWLock:
                 self._cond.notify_all()
 
     def acquire_write(self) -> None:
+        """Take the write lock; ``ImqError`` if this thread holds it already."""
         with self._cond:
+            self._refuse_self_deadlock("taking the queue's write lock")
             self._writers_waiting += 1
+            acquired = False
             try:
                 while self._writer or self._readers:
-                    self._cond.wait()
+                    self._cond.wait(self._WRITER_RECHECK)
+                acquired = True
             finally:
                 self._writers_waiting -= 1
+                if not acquired and not self._writers_waiting:
+                    # Left by an exception (KeyboardInterrupt): readers that queued
+                    # behind this writer wait for a notification nobody else sends.
+                    self._cond.notify_all()
             self._writer = True
+            self._owner = threading.current_thread()
 
     def release_write(self) -> None:
         with self._cond:
             if not self._writer:
                 raise RuntimeError("release_write without a matching acquire_write")
             self._writer = False
+            self._owner = None
             self._cond.notify_all()
 
     @contextmanager
@@ -74,6 +108,12 @@ class RWLock:
             yield
         finally:
             self.release_write()
+
+    def write_held_here(self) -> bool:
+        """Whether the calling thread holds the write lock (for a facade call that must
+        be refused there before it takes another lock, such as GC's pass lock)."""
+        with self._cond:
+            return self._writer and self._owner is threading.current_thread()
 
     @property
     def readers(self) -> int:

@@ -28,18 +28,24 @@ __all__ = ["LockGuard", "PendingDiff", "PendingRegistry"]
 
 
 class PendingRegistry:
-    __slots__ = ("_held", "_mutex")
+    __slots__ = ("_held", "_mutex", "_owners", "_waiting")
 
     def __init__(self) -> None:
         self._mutex = threading.RLock()  # re-entrant: see the module's docstring
         # Keyed by the thread object, not its ident: a new thread may reuse a dead one's.
         self._held: dict[threading.Thread, list[ShardIdent]] = {}
+        # Who holds each registered shard, and which shard each thread waits for: the
+        # wait-for graph, to refuse a wait that closes a cycle (two threads, each holding
+        # a shard the other is about to wait for) instead of hanging both.
+        self._owners: dict[ShardIdent, threading.Thread] = {}
+        self._waiting: dict[threading.Thread, ShardIdent] = {}
 
     def hold_shard(self, rw: RWLock, shard_locks: ShardLocks, shard: ShardIdent) -> LockGuard:
         """Take the read lock and ``shard``'s mutex for this thread and remember it:
         what a pending diff holds until written or discarded, and what an export holds
         while it reads the shard (so neither can be followed by a commit or clear, or a
-        second hold of the shard, in the same thread)."""
+        second hold of the shard, in the same thread, nor by a wait for a shard whose
+        holder waits, directly or through others, for one this thread holds)."""
         thread = threading.current_thread()
         with self._mutex:
             held = list(self._held.get(thread, ()))
@@ -51,13 +57,61 @@ class PendingRegistry:
         rw.acquire_read(jump_queue=bool(held))
         lock = shard_locks.get(shard)
         try:
-            lock.acquire()
+            if not lock.acquire(blocking=False):
+                self._wait_for(lock, thread, shard, held)
         except BaseException:
             rw.release_read()
             raise
         with self._mutex:
             self._held.setdefault(thread, []).append(shard)
+            self._owners[shard] = thread
         return LockGuard(self, rw, lock, thread, shard)
+
+    def _wait_for(
+        self,
+        lock: threading.Lock,
+        thread: threading.Thread,
+        shard: ShardIdent,
+        held: list[ShardIdent],
+    ) -> None:
+        """Block on ``shard``'s mutex, unless this thread holds shards and the wait
+        would close a cycle of waits: then ``ImqError``. The check and the registration
+        of this wait are one step, so of two threads closing a cycle the later one sees
+        the earlier one's wait. A diff handed to another thread counts as its preparing
+        thread's, as everywhere in this registry."""
+        if held:
+            with self._mutex:
+                cycle = self._cycle(thread, shard)
+                if cycle is None:
+                    self._waiting[thread] = shard
+            if cycle is not None:
+                raise ImqError(
+                    f"preparing shard {shard} would deadlock: {cycle}; write or discard "
+                    f"this thread's pending diffs of {', '.join(map(str, held))} first"
+                )
+        try:
+            lock.acquire()
+        finally:
+            if held:
+                with self._mutex:
+                    self._waiting.pop(thread, None)
+
+    def _cycle(self, thread: threading.Thread, shard: ShardIdent) -> str | None:
+        """Under ``_mutex``: the chain of waits that leads from ``shard`` back to
+        ``thread``, described, or ``None``."""
+        steps: list[str] = []
+        seen: set[threading.Thread] = set()
+        wanted: ShardIdent | None = shard
+        while wanted is not None:
+            owner = self._owners.get(wanted)
+            if owner is None or owner in seen:
+                return None
+            steps.append(f"shard {wanted} is held by thread {owner.name!r}")
+            if owner is thread:
+                return ", which waits for it; ".join(steps)
+            seen.add(owner)
+            wanted = self._waiting.get(owner)
+        return None
 
     def _forget(self, thread: threading.Thread, shard: ShardIdent) -> None:
         with self._mutex:
@@ -66,6 +120,8 @@ class PendingRegistry:
                 shards.remove(shard)
                 if not shards:
                     del self._held[thread]
+            if self._owners.get(shard) is thread:
+                del self._owners[shard]
 
     def check_no_pending(self, operation: str) -> None:
         with self._mutex:
@@ -80,9 +136,10 @@ class PendingRegistry:
 
 
 class LockGuard:
-    """The read lock and shard mutex of one pending diff; release is idempotent."""
+    """The read lock and shard mutex of one pending diff; release is idempotent, also
+    when two threads release at once (the locks are released exactly once)."""
 
-    __slots__ = ("_lock", "_registry", "_released", "_rw", "_shard", "_thread")
+    __slots__ = ("_lock", "_once", "_registry", "_rw", "_shard", "_thread")
 
     def __init__(
         self,
@@ -97,12 +154,18 @@ class LockGuard:
         self._lock = lock
         self._thread = thread
         self._shard = shard
-        self._released = False
+        # Taken by the first release: an atomic test-and-set (a flag tested, then set,
+        # let two racing releases both pass and release the locks twice, the second
+        # time someone else's hold).
+        self._once = threading.Lock()
+
+    @property
+    def _released(self) -> bool:
+        return self._once.locked()
 
     def release(self) -> None:
-        if self._released:
+        if not self._once.acquire(blocking=False):
             return
-        self._released = True
         self._registry._forget(self._thread, self._shard)
         self._lock.release()
         self._rw.release_read()
@@ -118,7 +181,16 @@ class PendingDiff:
     caller that forgets one would otherwise hold every commit up.
     """
 
-    __slots__ = ("_guard", "_on_drop", "_state", "_write", "block", "messages", "txn")
+    __slots__ = (
+        "_guard",
+        "_on_drop",
+        "_state",
+        "_transition",
+        "_write",
+        "block",
+        "messages",
+        "txn",
+    )
 
     def __init__(
         self,
@@ -139,6 +211,11 @@ class PendingDiff:
         self._guard = guard
         self.block = block
         self.messages = messages
+        # Guards the state's check-and-change: a write and a discard (or two writes)
+        # racing from two threads both passed a bare check, so a discard "succeeded"
+        # while the write went on without locks, or the batch was written twice (which
+        # RocksDB refuses, killing the store's handle).
+        self._transition = threading.Lock()
         self._state = "pending"
 
     @property
@@ -147,9 +224,17 @@ class PendingDiff:
         return self._state
 
     def _finish(self, state: str) -> None:
-        if self._state != "pending":
+        if not self._try_finish(state):
             raise ImqError(f"pending diff of block {self.block} was already {self._state}")
-        self._state = state
+
+    def _try_finish(self, state: str) -> bool:
+        """Move from ``pending`` to ``state``, atomically; ``False`` if it was not
+        pending any more. (No ``__del__`` of this object can run inside: it is alive.)"""
+        with self._transition:
+            if self._state != "pending":
+                return False
+            self._state = state
+            return True
 
     def write(self) -> None:
         self._finish("failed")
@@ -182,5 +267,6 @@ class PendingDiff:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._state == "pending":
-            self.discard()
+        # Unless written meanwhile, possibly by another thread: then nothing to do.
+        if self._try_finish("discarded"):
+            self._guard.release()

@@ -595,18 +595,27 @@ class Queue(QueueReads):
     def run_gc(self) -> int:
         """Run one GC pass now, in the caller's thread; return how many (partition, shard)
         deletions it executed."""
-        self._check_writable("run_gc")
-        self._pending.check_no_pending("run_gc")
+        self._check_gc_call()
         with self.metrics.time("run_gc"):
             return self._gc.run_pass()
 
     def run_gc_report(self) -> GcReport:
         """Like :meth:`run_gc`, and return what the pass deleted: per (partition, shard)
         its bound and the messages and diffs removed."""
-        self._check_writable("run_gc")
-        self._pending.check_no_pending("run_gc")
+        self._check_gc_call()
         with self.metrics.time("run_gc"):
             return self._gc.run_pass_report()
+
+    def _check_gc_call(self) -> None:
+        self._check_writable("run_gc")
+        self._pending.check_no_pending("run_gc")
+        if self._rw.write_held_here():
+            # Inside import_state's progress callback: the pass would wait for this
+            # thread's own write lock (or for the worker's pass, which waits for it).
+            raise ImqError(
+                "run_gc would deadlock: this thread holds the queue's write lock (inside "
+                "import_state's progress callback); call it after the import returns"
+            )
 
     # -- maintenance --------------------------------------------------------------------------
 
