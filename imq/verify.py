@@ -151,10 +151,14 @@ def _verify(store: Store, report: Report) -> None:
     pointers = dict(
         v for _, v in _decode_all(tables[Table.COMMIT_POINTERS] or [], codec.decode_pointer, report)
     )
+    # Against where GC may have deleted (executed or requested, the higher): a requested
+    # bound can fall below an executed one (a later masterchain block reading less, D7),
+    # and the diff the executed bound collected is gone all the same.
+    reach = _gc_reach(requested, executed)
     for shard, pointer in sorted(pointers.items(), key=str):
         found = infos.get((shard, pointer.seqno))
         problem = _pointer_problem(
-            shard, pointer, None if found is None else found[0].max_message, requested
+            shard, pointer, None if found is None else found[0].max_message, reach
         )
         if problem is not None:
             report.problems.append(problem)
@@ -168,11 +172,12 @@ def state_problems(store: StoreProtocol) -> list[str]:
     the last committed block. A few point reads; nothing is decoded beyond the spans."""
     state = store.state
     problems: list[str] = []
+    reach = _gc_reach(state.gc_requested, state.gc_executed)
     with ops.view(store, diffs=True) as view:
         for shard, pointer in sorted(state.pointers.items(), key=str):
             span = view.diff_span(shard, pointer.seqno)
             max_message = None if span is None else span[1]
-            problem = _pointer_problem(shard, pointer, max_message, state.gc_requested)
+            problem = _pointer_problem(shard, pointer, max_message, reach)
             if problem is not None:
                 problems.append(problem)
     if state.last_mc_block is None and ShardIdent.MASTERCHAIN in state.pointers:
@@ -278,15 +283,15 @@ def _pointer_problem(
     shard: ShardIdent,
     pointer: CommitPointer,
     max_message: QueueKey | None,
-    requested: Mapping[tuple[int, ShardIdent], QueueKey],
+    reach: Mapping[tuple[int, ShardIdent], QueueKey],
 ) -> str | None:
     """What is wrong with ``pointer`` given the ``max_message`` of the diff stored under
-    its seqno (``None``: none) and the requested GC bounds (``None`` if nothing is)."""
+    its seqno (``None``: none) and where GC may have deleted (:func:`_gc_reach`)."""
     if max_message == pointer.key:
         return None
     # GC may have collected the diff (and its seqno may hold a newer diff since): only up
-    # to a bound requested for this shard, which is written with the commit.
-    bound = max((k for (_, s), k in requested.items() if s == shard), default=None)
+    # to a bound requested (written with the commit) or executed for this shard.
+    bound = max((k for (_, s), k in reach.items() if s == shard), default=None)
     if bound is not None and bound >= pointer.key:
         return None
     if max_message is None:
