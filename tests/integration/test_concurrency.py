@@ -13,7 +13,6 @@ import gc
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from builders import (
@@ -31,6 +30,7 @@ from builders import (
     split_shard,
     top,
 )
+from threads import TIMEOUT, started
 
 from imq import (
     DiffBelowCommitPointerError,
@@ -47,39 +47,6 @@ from imq import (
 S = split_shard(0, 1, 0)
 OTHER = split_shard(0, 1, 1)
 BLOCKED = 0.3  # how long a thread must stay blocked to count as blocked, seconds
-TIMEOUT = 15.0  # upper bound for anything that should finish, seconds
-
-
-class Worker(threading.Thread):
-    """Runs ``fn`` in a daemon thread and keeps its result or exception."""
-
-    def __init__(self, fn: Callable[[], Any], name: str = "worker") -> None:
-        super().__init__(name=name, daemon=True)
-        self._fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.finished = threading.Event()
-
-    def run(self) -> None:
-        try:
-            self.result = self._fn()
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            self.finished.set()
-
-    def outcome(self) -> Any:
-        assert self.finished.wait(TIMEOUT), f"{self.name} did not finish (deadlock?)"
-        self.join(TIMEOUT)
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def started(fn: Callable[[], Any], name: str = "worker") -> Worker:
-    worker = Worker(fn, name)
-    worker.start()
-    return worker
 
 
 def wait_until(condition: Callable[[], bool], what: str) -> None:

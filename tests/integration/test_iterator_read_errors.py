@@ -1,4 +1,4 @@
-"""Audit of the iterator after a read error: it stays failed (docs/reliability.md: a typed
+"""The iterator after a read error: it stays failed (docs/reliability.md: a typed
 error or the intact result, never a short read that looks like a smaller range)."""
 
 from __future__ import annotations

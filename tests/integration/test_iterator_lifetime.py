@@ -1,4 +1,4 @@
-"""Audit of the iterator's contract around ``close()`` (docs/behaviour.md 5.6, 5.9):
+"""The iterator's contract around ``close()`` (docs/behaviour.md 5.6, 5.9):
 an iterator that raced the queue's close, and what a closed or exhausted iterator holds."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Audit: appliers of four shards, a committer, a clearer (a cancelled collation), a GC
+"""Appliers of four shards, a committer, a clearer (a cancelled collation), a GC
 caller and a reader all race on one real RocksDB queue; the final state must equal the
 plain model (``imq.testing.model.QueueModel``) fed the same writes in the order they
 took effect.
@@ -15,14 +15,11 @@ Every wait is bounded, and ``faulthandler`` dumps the stacks of a hang.
 
 from __future__ import annotations
 
-import faulthandler
 import random
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,10 +30,10 @@ from builders import (
     address_in,
     diff_hash,
     message,
-    open_queue,
     quarter_shards,
     top,
 )
+from threads import hang_guard
 
 from imq import (
     BlockIdShort,
@@ -51,28 +48,14 @@ from imq import (
 from imq.testing.model import DiffInput, QueueModel
 
 SHARDS = quarter_shards()
-DIFFS_PER_SHARD = int(__import__("os").environ.get("AUDIT_DIFFS", "30"))
-AUDIT_ROOT = Path("/tmp/audit_write")
+DIFFS_PER_SHARD = 30
 JOIN = 120.0
 
 
 @pytest.fixture(autouse=True)
 def _hang_guard() -> Iterator[None]:
-    faulthandler.dump_traceback_later(240, exit=False)
-    try:
+    with hang_guard():
         yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-
-
-@pytest.fixture
-def queue() -> Iterator[Queue]:
-    AUDIT_ROOT.mkdir(parents=True, exist_ok=True)
-    q = open_queue(AUDIT_ROOT / f"race-{uuid.uuid4().hex}")
-    try:
-        yield q
-    finally:
-        q.close()
 
 
 _current = threading.local()

@@ -1,4 +1,4 @@
-"""Audit of the write path's locks under real threads, on real RocksDB directories.
+"""The write path's locks under real threads, on real RocksDB directories.
 
 Each test forces one interleaving that the lock design must survive: a dropped pending
 diff released by cyclic GC inside a waiting commit's own ``Condition.wait``, a
@@ -11,19 +11,18 @@ bug fails a test instead of hanging the run.
 
 from __future__ import annotations
 
-import faulthandler
 import gc
 import inspect
 import sys
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import pytest
-from builders import MC, Chain, open_queue, split_shard
+from builders import MC, Chain, split_shard
+from threads import TIMEOUT, Worker, hang_guard, started
 
 from imq import ImqError, PendingDiff, Queue
 from imq import pending as pending_module
@@ -32,59 +31,13 @@ from imq.locks import RWLock
 
 S = split_shard(0, 1, 0)
 OTHER = split_shard(0, 1, 1)
-TIMEOUT = 10.0  # upper bound for anything that must finish, seconds
 BLOCKED = 0.3  # how long something must stay blocked to count as blocked, seconds
-AUDIT_ROOT = Path("/tmp/audit_write")
 
 
 @pytest.fixture(autouse=True)
 def _hang_guard() -> Iterator[None]:
-    """Dump every thread's stack if a test runs far past its own timeouts."""
-    faulthandler.dump_traceback_later(120, exit=False)
-    try:
+    with hang_guard():
         yield
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-
-
-@pytest.fixture
-def queue() -> Iterator[Queue]:
-    AUDIT_ROOT.mkdir(parents=True, exist_ok=True)
-    q = open_queue(AUDIT_ROOT / f"locks-{uuid.uuid4().hex}")
-    try:
-        yield q
-    finally:
-        q.close()
-
-
-@pytest.fixture
-def chain(queue: Queue) -> Chain:
-    return Chain(queue)
-
-
-class Worker(threading.Thread):
-    """Runs ``fn`` in a daemon thread; keeps its result or exception."""
-
-    def __init__(self, fn: Callable[[], Any], name: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self._fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.finished = threading.Event()
-
-    def run(self) -> None:
-        try:
-            self.result = self._fn()
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            self.finished.set()
-
-
-def started(fn: Callable[[], Any], name: str) -> Worker:
-    worker = Worker(fn, name)
-    worker.start()
-    return worker
 
 
 def _poke(rw: RWLock) -> None:

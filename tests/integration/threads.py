@@ -1,0 +1,55 @@
+"""Threads for the concurrency tests: a worker that keeps its result or exception, and a
+guard that dumps every thread's stack when a test hangs far past its own timeouts."""
+
+from __future__ import annotations
+
+import faulthandler
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+TIMEOUT = 15.0  # upper bound for anything that must finish, seconds
+
+
+class Worker(threading.Thread):
+    """Runs ``fn`` in a daemon thread and keeps its result or exception."""
+
+    def __init__(self, fn: Callable[[], Any], name: str = "worker") -> None:
+        super().__init__(name=name, daemon=True)
+        self._fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.finished = threading.Event()
+
+    def run(self) -> None:
+        try:
+            self.result = self._fn()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.finished.set()
+
+    def outcome(self) -> Any:
+        """The result (or the exception, raised) once finished; fails on a hang."""
+        assert self.finished.wait(TIMEOUT), f"{self.name} did not finish (deadlock?)"
+        self.join(TIMEOUT)
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def started(fn: Callable[[], Any], name: str = "worker") -> Worker:
+    worker = Worker(fn, name)
+    worker.start()
+    return worker
+
+
+@contextmanager
+def hang_guard(seconds: float = 240.0) -> Iterator[None]:
+    """Dump every thread's stack (to stderr) if the block runs ``seconds`` or more."""
+    faulthandler.dump_traceback_later(seconds, exit=False)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
