@@ -31,7 +31,7 @@ from typing import BinaryIO, NoReturn
 
 from imq.commit import check_forward
 from imq.delete import DeleteRange, stage_delete, tail_rows
-from imq.errors import DiffConflictError, StateFormatError
+from imq.errors import CommitError, DiffConflictError, StateFormatError
 from imq.observability import ImqLogger
 from imq.state.message import MessageFormatError, parse_internal_header
 from imq.state.reader import Segment, StateReader
@@ -188,7 +188,25 @@ def _plan(store: Store, reader: StateReader, block_id: BlockId) -> list[_DiffWor
                 f"a stored diff of the same shard"
             )
     _check_pointer(store, shard, header.diffs[0])
+    _check_last_committed(store, block_id)
     return works
+
+
+def _check_last_committed(store: Store, block_id: BlockId) -> None:
+    """A masterchain state of the last committed block's seqno must be that block: the
+    import would replace it with another block of the same seqno (a commit of an equal
+    seqno is skipped instead)."""
+    last = store.state.last_mc_block
+    if (
+        block_id.is_masterchain
+        and last is not None
+        and last.seqno == block_id.seqno
+        and last != block_id
+    ):
+        raise CommitError(
+            f"the state of {block_id} is not the last committed masterchain block {last} "
+            "of the same seqno; import the state of that block, or of a later one"
+        )
 
 
 def _routes(diff: TlDiff) -> tuple[dict[tuple[int, bytes], int], dict[tuple[int, bytes], int]]:

@@ -27,7 +27,7 @@ from builders import BASE, MC, Chain, dump, open_queue, shard_rows
 from tycho_data import TYCHO
 
 from imq import Address, BlockId, CommitPointer, Queue, QueueKey, ShardIdent
-from imq.errors import StateFormatError
+from imq.errors import CommitError, StateFormatError
 from imq.state import importer
 from imq.state.boc import BocError, Cell, encode_boc, join_roots
 from imq.state.message import (
@@ -902,3 +902,20 @@ def test_a_bad_file_given_by_path_is_named_with_what_to_do(prior: Queue, tmp_pat
     bare = rejected(prior, SHARD_BIN[: len(SHARD_BIN) // 2], SHARD_BLOCK, SHARD_TOP, match="offset")
     assert not str(bare).startswith(str(cut))
     assert "fetch it again" not in str(bare)
+
+
+def test_a_master_state_of_the_committed_seqno_but_another_block_is_refused(
+    prior: Queue,
+) -> None:
+    """The prior queue's last committed block is the imported master state's. The same
+    state under another block id of that seqno would replace the last committed block
+    with a different one (a commit of an equal seqno is skipped instead): refused before
+    anything is written. The same block again is fine (its diffs are kept)."""
+    assert prior.get_last_committed_mc_block_id() == MASTER_BLOCK
+    other = BlockId(MC, MASTER_BLOCK.seqno, b"\x01" * 32)
+    then = before(prior)
+    with pytest.raises(CommitError, match="not the last committed masterchain block"):
+        prior.import_state(io.BytesIO(MASTER_BIN), other, MASTER_TOP)
+    assert_unchanged(prior, then)
+    prior.import_state(io.BytesIO(MASTER_BIN), MASTER_BLOCK, MASTER_TOP)
+    assert prior.get_last_committed_mc_block_id() == MASTER_BLOCK
