@@ -1,7 +1,7 @@
 """Checks that must fire: each test here makes one of imq's own checks meet the fault it
-exists for (verify's statistics and tail cross-checks, a scan's end check, the import's
-synced marker). Written after a round of hand mutation testing (stop 30): each of these
-checks could be broken without any other test failing.
+exists for (a scan's end check, the import's synced marker). Written after a round of
+hand mutation testing (stop 30): each of these checks could be broken without any other
+test failing (verify's own such tests are in test_verify.py).
 """
 
 from __future__ import annotations
@@ -11,74 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import MC, Chain, open_queue, quarter_shards, top
+from builders import open_queue
 from rocksdict import Options, Rdict
 from state_fixtures import write_state
 
 from imq.errors import CorruptDataError
 from imq.state.synth import synth_state
-from imq.storage import Table, codec, ops
+from imq.storage import Table, ops
 from imq.storage.rocks import Cursor, Scan
-from imq.types import QueueKey
-from imq.verify import verify
-
-SHARDS = quarter_shards()
-
-
-# -- imq verify (imq/verify.py) ------------------------------------------------------------
-
-
-def _build(path: Path) -> None:
-    q = open_queue(path)
-    chain = Chain(q)
-    for seqno in (1, 2, 3):
-        for shard in SHARDS:
-            chain.apply(shard, 20)
-        chain.apply(MC, 0)
-        if seqno < 3:
-            q.commit_diff([top(MC, seqno)] + [top(s, seqno, seqno) for s in SHARDS])
-    q.close()
-
-
-def _tamper(path: Path, fn: Any) -> None:
-    q = open_queue(path)
-    try:
-        txn = q._store.transaction()
-        fn(q, txn)
-        q._store.write(txn)
-    finally:
-        q.close()
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Path:
-    path = tmp_path / "db"
-    _build(path)
-    assert verify(path).ok
-    return path
-
-
-def test_verify_reports_statistics_that_count_more_than_the_diff_stored(db: Path) -> None:
-    """A statistics row counting more messages than its diff stored is a problem (only a
-    shortfall was tested: ``got != stored`` weakened to ``got < stored`` survived)."""
-
-    def inflate(q: Any, txn: Any) -> None:
-        key, value = next(iter(q._store.load_table(Table.STATISTICS)))
-        txn.put(Table.STATISTICS, key, value + value)  # every destination counted twice
-
-    _tamper(db, inflate)
-    problems = verify(db).problems
-    assert any("statistics count" in p for p in problems), problems
-
-
-def test_verify_reports_a_tail_row_without_its_diff_info(db: Path) -> None:
-    """A tail row whose diff info is gone (what a GC that forgets the info rows leaves)
-    is a problem; only the reverse (an info row without its tail) was tested."""
-    orphan = codec.tail_key(SHARDS[0], QueueKey(10**12, bytes(32)), 77)
-    _tamper(db, lambda _q, t: t.put(Table.DIFF_TAIL, orphan, b""))
-    problems = verify(db).problems
-    assert any("has no diff info" in p for p in problems), problems
-
 
 # -- the end check of a scan (imq/storage/rocks.py, _EndCheck) -------------------------------
 

@@ -31,6 +31,7 @@ from builders import (
     top,
 )
 from threads import TIMEOUT, started
+from threads import guarded as guarded_by
 
 from imq import (
     DiffBelowCommitPointerError,
@@ -362,15 +363,7 @@ def test_stress_apply_commit_iterate(queue: Queue) -> None:
             assert all(known[k] == im.source for k, im in zip(keys, got, strict=True))
             iterations[0] += 1
 
-    def guarded(fn: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                fn()
-            except BaseException as exc:
-                errors.append(exc)
-                appliers_done.set()
-
-        return run
+    guarded = functools.partial(guarded_by, errors=errors, stop=appliers_done)
 
     appliers = [
         threading.Thread(target=guarded(functools.partial(applier, s)), daemon=True) for s in shards

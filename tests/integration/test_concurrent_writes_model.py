@@ -15,6 +15,7 @@ Every wait is bounded, and ``faulthandler`` dumps the stacks of a hang.
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import time
@@ -33,6 +34,7 @@ from builders import (
     quarter_shards,
     top,
 )
+from threads import guarded as guarded_by
 from threads import hang_guard
 
 from imq import (
@@ -97,15 +99,7 @@ def test_apply_commit_clear_gc_race_equals_the_model_in_write_order(
     errors: list[BaseException] = []
     counts = {"commit_refused": 0, "commit_skipped": 0}
 
-    def guarded(fn: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                fn()
-            except BaseException as exc:
-                errors.append(exc)
-                done.set()
-
-        return run
+    guarded = functools.partial(guarded_by, errors=errors, stop=done)
 
     def applier(shard: ShardIdent, seed: int) -> None:
         local = random.Random(seed)

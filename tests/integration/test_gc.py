@@ -8,6 +8,7 @@ and space coming back after compaction.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, MutableMapping, Sequence
@@ -36,6 +37,7 @@ from builders import (
     shard_rows,
     split_shard,
 )
+from threads import guarded as guarded_by
 
 from imq import (
     Address,
@@ -722,15 +724,7 @@ def test_gc_in_its_thread_beside_writers_and_readers_matches_gc_alone(tmp_path: 
     errors: list[BaseException] = []
     done = threading.Event()
 
-    def guarded(fn: Callable[[], None]) -> Callable[[], None]:
-        def run() -> None:
-            try:
-                fn()
-            except BaseException as exc:
-                errors.append(exc)
-                done.set()
-
-        return run
+    guarded = functools.partial(guarded_by, errors=errors, stop=done)
 
     def write() -> None:
         try:

@@ -222,3 +222,28 @@ def test_a_stray_message_above_every_gc_bound_is_reported(tmp_path: Path) -> Non
 
     _tamper(db, drop)
     assert any("4 stored messages belong to no stored diff" in p for p in verify(db).problems)
+
+
+def test_statistics_that_count_more_than_the_diff_stored_are_reported(db: Path) -> None:
+    """Only a shortfall was tested: ``got != stored`` weakened to ``got < stored``
+    passed every test (hand mutation testing, stop 30)."""
+    assert verify(db).ok
+    q = open_queue(db)
+    try:
+        key, value = next(iter(q._store.load_table(Table.STATISTICS)))
+    finally:
+        q.close()
+    # every destination of one diff's statistics row counted twice
+    _tamper(db, lambda t: t.put(Table.STATISTICS, key, value + value))
+    problems = verify(db).problems
+    assert any("statistics count" in p for p in problems), problems
+
+
+def test_a_tail_row_without_its_diff_info_is_reported(db: Path) -> None:
+    """What a GC that forgets the info rows would leave; only the reverse (an info row
+    without its tail) was tested (hand mutation testing, stop 30)."""
+    assert verify(db).ok
+    orphan = codec.tail_key(SHARDS[0], QueueKey(10**12, bytes(32)), 77)
+    _tamper(db, lambda t: t.put(Table.DIFF_TAIL, orphan, b""))
+    problems = verify(db).problems
+    assert any("has no diff info" in p for p in problems), problems

@@ -53,3 +53,19 @@ def hang_guard(seconds: float = 240.0) -> Iterator[None]:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+def guarded(
+    fn: Callable[[], None], errors: list[BaseException], stop: threading.Event
+) -> Callable[[], None]:
+    """``fn`` for a thread of a race: an exception is kept in ``errors`` and sets
+    ``stop``, so that the other threads end at their next check of it."""
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+            stop.set()
+
+    return run

@@ -62,12 +62,14 @@ def test_a_previous_queue_needs_fresh(tmp_path: Path) -> None:
     assert Simulation(SimConfig(directory=tmp_path, rounds=5, fresh=True)).run().verified
 
 
-class _DroppingQueue:
-    """A queue whose iterator silently skips one message: a lost delivery."""
+class _FaultyQueue:
+    """A queue whose iterator mishandles one message of the run: skips it (``drop``, a
+    lost delivery) or yields it twice (``repeat``, a duplicated one)."""
 
-    def __init__(self, queue: Queue) -> None:
+    def __init__(self, queue: Queue, fault: str) -> None:
         self._queue = queue
-        self.dropped: IteratedMessage | None = None
+        self._fault = fault
+        self.victim: IteratedMessage | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._queue, name)
@@ -81,9 +83,11 @@ class _DroppingQueue:
         class _It:
             def __iter__(self) -> Iterator[IteratedMessage]:
                 for item in inner:
-                    if outer.dropped is None and not for_shard.is_masterchain:
-                        outer.dropped = item
-                        continue
+                    if outer.victim is None and not for_shard.is_masterchain:
+                        outer.victim = item
+                        if outer._fault == "drop":
+                            continue
+                        yield item  # and again below
                     yield item
 
             def close(self) -> None:
@@ -96,6 +100,24 @@ class _DroppingQueue:
                 inner.close()
 
         return _It()
+
+
+def _run_faulty(tmp_path: Path, fault: str, **config: Any) -> tuple[Any, IteratedMessage]:
+    """A run whose queue mishandles one message (the same one across restarts)."""
+    wrappers: list[_FaultyQueue] = []
+
+    def opener(path: Path, queue_config: QueueConfig) -> Any:
+        wrapper = _FaultyQueue(Queue.open(path, queue_config), fault)
+        if wrappers and wrappers[0].victim is not None:
+            wrapper.victim = wrappers[0].victim  # one message in the whole run
+        wrappers.insert(0, wrapper)
+        return wrapper
+
+    sim = SimConfig(directory=tmp_path, rounds=30, restart_rate=0, reset_rate=0, **config)
+    result = Simulation(sim, opener=opener).run()
+    victim = wrappers[0].victim
+    assert victim is not None
+    return result, victim
 
 
 def test_fresh_never_deletes_a_live_queue_or_other_files(tmp_path: Path) -> None:
@@ -118,23 +140,22 @@ def test_fresh_never_deletes_a_live_queue_or_other_files(tmp_path: Path) -> None
 
 
 def test_a_lost_message_is_named(tmp_path: Path) -> None:
-    wrappers: list[_DroppingQueue] = []
-
-    def opener(path: Path, config: QueueConfig) -> Any:
-        wrapper = _DroppingQueue(Queue.open(path, config))
-        if wrappers and wrappers[0].dropped is not None:
-            wrapper.dropped = wrappers[0].dropped  # drop one message in the whole run
-        wrappers.insert(0, wrapper)
-        return wrapper
-
-    config = SimConfig(directory=tmp_path, rounds=30, restart_rate=0, reset_rate=0)
-    result = Simulation(config, opener=opener).run()
+    result, dropped = _run_faulty(tmp_path, "drop")
     assert not result.verified
-    dropped = wrappers[0].dropped
-    assert dropped is not None
     assert result.lost == 1
     first = str(result.violations[0])
     assert dropped.message.key.hash.hex() in first and "lost" in first
+
+
+def test_a_repeated_message_is_named(tmp_path: Path) -> None:
+    """Breaking the ledger's duplicate count let every other test pass (hand mutation
+    testing, stop 30). No cancelled collations: the block that read the message twice
+    must be committed for the repeat to count."""
+    result, repeated = _run_faulty(tmp_path, "repeat", cancel_rate=0)
+    assert not result.verified, result.verdict()
+    assert result.duplicated >= 1
+    duplicated = [v for v in result.violations if "duplicated" in str(v)]
+    assert duplicated and repeated.message.key.hash.hex() in str(duplicated[0])
 
 
 def test_cli_prints_the_verdict_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
