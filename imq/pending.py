@@ -159,10 +159,6 @@ class LockGuard:
         # time someone else's hold).
         self._once = threading.Lock()
 
-    @property
-    def _released(self) -> bool:
-        return self._once.locked()
-
     def release(self) -> None:
         if not self._once.acquire(blocking=False):
             return

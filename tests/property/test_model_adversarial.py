@@ -727,10 +727,7 @@ class AdversarialMachine(RuleBasedStateMachine):
                 blocks.append(TopBlock(BlockId(MC, mc_seqno + 1), mc_seqno, False))
         if self._refused_while_pending(lambda: self.queue.commit_diff(blocks, partitions)):
             return
-        expected = outcome(lambda: self.model.commit(blocks, partitions))
-        actual = outcome(lambda: self.queue.commit_diff(blocks, partitions))
-        assert actual == expected, f"commit_diff {blocks}: queue {actual}, model {expected}"
-        note("commit_diff", expected)
+        self._commit_both(blocks, partitions, "commit_diff")
         if bounce:
             self.reopen()
 
@@ -771,12 +768,16 @@ class AdversarialMachine(RuleBasedStateMachine):
         mc_seqno = self._mc_seqno("latest", 0)
         blocks = [TopBlock(BlockId(MC, mc_seqno), mc_seqno)]
         blocks += [self._top(Top(n, "latest", 0, True, False), mc_seqno) for n in names]
+        self._commit_both(blocks, partitions, "collate_round commit")
+        if gc_after:
+            self.gc()
+
+    def _commit_both(self, blocks: list[TopBlock], partitions: list[int], label: str) -> None:
+        """Commit ``blocks`` on the model and the queue; both must give the same outcome."""
         expected = outcome(lambda: self.model.commit(blocks, partitions))
         actual = outcome(lambda: self.queue.commit_diff(blocks, partitions))
         assert actual == expected, f"commit_diff {blocks}: queue {actual}, model {expected}"
-        note("collate_round commit", expected)
-        if gc_after:
-            self.gc()
+        note(label, expected)
 
     @rule(partitions=partition_sets, top_shards=shard_sets)
     def clear(self, partitions: list[int], top_shards: list[str]) -> None:
