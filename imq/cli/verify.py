@@ -44,6 +44,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         report = verify(args.db)
     rows = ", ".join(f"{t} {n}" for t, n in sorted(report.rows.items()))
     print(f"queue database {report.path}: rows read: {rows or '-'}", file=out)
+    for note in report.notes:
+        print(f"note: {note}", file=out)
     for problem in report.problems:
         print(f"problem: {problem}", file=out)
     if report.ok:

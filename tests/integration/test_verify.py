@@ -7,10 +7,26 @@ import shutil
 from pathlib import Path
 
 import pytest
-from builders import MC, Chain, damage_largest_table_file, open_queue, quarter_shards, top
+from builders import (
+    MC,
+    Chain,
+    address_in,
+    block,
+    damage_largest_table_file,
+    diff_hash,
+    full_range,
+    key,
+    make_diff,
+    message,
+    open_queue,
+    quarter_shards,
+    stats,
+    top,
+)
 
 from imq.cli.main import main
 from imq.observability import capture_events
+from imq.router import PartitionRouter
 from imq.storage import Table, codec
 from imq.types import CommitPointer, QueueKey
 from imq.verify import verify
@@ -247,3 +263,145 @@ def test_a_tail_row_without_its_diff_info_is_reported(db: Path) -> None:
     _tamper(db, lambda t: t.put(Table.DIFF_TAIL, orphan, b""))
     problems = verify(db).problems
     assert any("has no diff info" in p for p in problems), problems
+
+
+# -- GC of one partition: the other partitions' rows outlive the diff's records ---------------
+
+
+def _gc_of_partition_0(path: Path) -> tuple[bytes, bytes]:
+    """LEFT diff 1 sends two messages to HOT (routed to partition 1) and two to others;
+    a commit requests a GC bound past it for partition 0 only, and GC deletes the diff's
+    records with partition 0's rows: partition 1's messages and statistics stay for
+    their own bound (``test_bounds_are_per_partition`` in test_gc.py). Returns the
+    statistics row partition 1 kept."""
+    hot = address_in(RIGHT, 9)
+    q = open_queue(path)
+    chain = Chain(q)
+    router = PartitionRouter(dst={1: [hot]})
+    first = chain.apply(LEFT, [address_in(LEFT, 1), hot, address_in(LEFT, 2), hot], router=router)
+    chain.apply(MC, 0, processed_to={LEFT: first.max_message})
+    q.commit_diff([top(MC, 1), top(LEFT, 1, 1)], partitions=(0,))
+    assert q.run_gc() == 1
+    assert q.get_diff_info(LEFT, 1) is None
+    kept = list(q._store.load_table(Table.STATISTICS))
+    assert q.load_diff_statistics(1, full_range(LEFT)) == {hot: 2}
+    q.close()
+    assert len(kept) == 1
+    return kept[0]
+
+
+def test_rows_of_a_partition_gc_has_not_reached_are_no_problem(tmp_path: Path) -> None:
+    """Partition 1's two messages and statistics row of a diff whose records GC of
+    partition 0 deleted: legitimate (and present: the report counts them)."""
+    db = tmp_path / "db"
+    _gc_of_partition_0(db)
+    report = verify(db)
+    assert report.ok, report.problems
+    assert report.rows["statistics"] == 1
+    assert report.rows["messages"] == 2
+
+
+def test_statistics_of_no_stored_diff_above_every_gc_bound_are_reported(db: Path) -> None:
+    """A statistics row naming a diff that is not stored, above every GC bound of its
+    shard: nothing deletes a diff's records and keeps its statistics there (hand
+    mutation testing, stop 30, found such rows unreported)."""
+    orphan = codec.stat_key(SHARDS[0], 0, QueueKey(10**12, bytes(32)), 77)
+    _tamper(db, lambda t: t.put(Table.STATISTICS, orphan, b""))
+    problems = verify(db).problems
+    assert problems == [
+        f"statistics of diff {SHARDS[0]}:77 partition 0 (max {QueueKey(10**12, bytes(32))}) "
+        "belong to no stored diff (above every GC bound of the shard)"
+    ], problems
+
+
+def test_statistics_left_above_the_gc_bound_of_a_partition_are_reported(tmp_path: Path) -> None:
+    """The kept partition 1 row moved above partition 0's bound (a stats row of a diff
+    the bound never reached, whose records are gone): reported."""
+    db = tmp_path / "db"
+    kept, value = _gc_of_partition_0(db)
+    moved = codec.stat_key(LEFT, 1, QueueKey(10**12, bytes(32)), 1)
+
+    def move(t: object) -> None:
+        t.delete(Table.STATISTICS, kept)  # type: ignore[attr-defined]
+        t.put(Table.STATISTICS, moved, value)  # type: ignore[attr-defined]
+
+    _tamper(db, move)
+    problems = verify(db).problems
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"statistics of diff {LEFT}:1 partition 1")
+
+
+# -- diffs whose key spans overlap ----------------------------------------------------------
+
+
+def test_a_diff_spanning_an_earlier_one_is_noted_not_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The queue accepts a diff whose span covers an earlier diff's keys (only a commit
+    pointer bounds a new diff from below). ``imq verify`` counted each message in the
+    diff whose span starts last below it and reported a sound queue as damaged: '1
+    stored messages belong to no stored diff' and 'diff ...:2 partition 0: 1 messages
+    stored in its span, the diff record says 2' (found by the state machines once they
+    ran verify at the end of every program). Such diffs may share message keys, so their
+    rows cannot be counted per diff: a note says so, the exit status stays 0."""
+    db = tmp_path / "db"
+    q = open_queue(db)
+    src, dst = address_in(LEFT, 1), address_in(RIGHT, 1)
+    inner = [message(key(103), src, dst)]
+    outer = [message(key(100), src, dst), message(key(107), src, dst)]
+    assert q.apply_diff(make_diff(inner), block(LEFT, 1), diff_hash("inner"))
+    assert q.apply_diff(make_diff(outer), block(LEFT, 2), diff_hash("outer"))
+    q.close()
+    report = verify(db)
+    assert report.ok, report.problems
+    assert report.rows["messages"] == 3
+    assert report.notes == [
+        f"diffs {LEFT}:1, 2 (overlapping spans): messages not counted (a collator never "
+        "writes such diffs: logical time grows within a shard)"
+    ]
+    assert main(["verify", "--no-progress", str(db)]) == 0
+    out = capsys.readouterr().out
+    assert f"note: diffs {LEFT}:1, 2 (overlapping spans)" in out
+    assert "ok: checksums and cross-checks pass" in out
+
+
+def test_statistics_of_an_earlier_diff_of_the_same_seqno_are_not_counted(tmp_path: Path) -> None:
+    """GC of partition 0 collects LEFT diff 1's records; partition 1 keeps its statistics
+    row (its bound has not reached it); seqno 1 is then applied again with other
+    messages. Its statistics are checked against its own rows only: the earlier diff's
+    row (under another max_message) is a legitimate leftover, not a second count."""
+    db = tmp_path / "db"
+    _gc_of_partition_0(db)
+    q = open_queue(db)
+    hot = address_in(RIGHT, 9)
+    again = [message(key(10_000 + i), address_in(LEFT, 1), hot) for i in range(3)]
+    router = PartitionRouter(dst={1: [hot]})
+    assert q.apply_diff(make_diff(again, router=router), block(LEFT, 1), diff_hash("again"))
+    assert len(list(q._store.load_table(Table.STATISTICS))) == 2
+    q.close()
+    report = verify(db)
+    assert report.ok, report.problems
+
+
+def test_an_empty_diff_sharing_the_previous_key_keeps_the_count_checked(tmp_path: Path) -> None:
+    """On a network an empty diff takes the previous diff's max_message as its whole span:
+    the two spans touch, yet the first diff's messages are still counted (a lost one is
+    reported), with no note."""
+    db = tmp_path / "db"
+    q = open_queue(db)
+    chain = Chain(q)
+    first = chain.apply(LEFT, 3)
+    shared = stats(LEFT, first.max_message, first.max_message, {})
+    chain.apply(LEFT, 0, statistics=shared)
+    assert q.get_diff_info(LEFT, 2).min_message == first.max_message  # type: ignore[union-attr]
+    q.close()
+    report = verify(db)
+    assert report.ok and not report.notes, (report.problems, report.notes)
+
+    lost = codec.message_key(0, LEFT, first.messages[1].key)
+    _tamper(db, lambda t: t.delete(Table.MESSAGES, lost))
+    report = verify(db)
+    assert report.problems == [
+        f"diff {LEFT}:1 partition 0: 2 messages stored in its span, the diff record says 3"
+    ]
+    assert not report.notes
