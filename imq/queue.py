@@ -352,7 +352,11 @@ class Queue(QueueReads):
     def _dropped(self, pending: PendingDiff) -> None:
         """A pending diff dropped unwritten: discarded, its locks released (a caller bug
         that would otherwise hold every commit up). No metrics counter: ``__del__`` may
-        run inside the metrics' own (non-re-entrant) lock."""
+        run inside the metrics' own (non-re-entrant) lock. Once the queue is closed the
+        diff could not be written any more and holds nothing up: no warning then (a
+        collection may run this long after, inside whatever the host does next)."""
+        if self.closed:
+            return
         self._log.warning(
             "pending_diff_dropped",
             block=str(pending.block),

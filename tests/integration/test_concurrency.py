@@ -44,6 +44,7 @@ from imq import (
     QueueKey,
     ShardIdent,
 )
+from imq.observability import capture_events
 
 S = split_shard(0, 1, 0)
 OTHER = split_shard(0, 1, 1)
@@ -251,6 +252,26 @@ def test_a_pending_diff_dropped_in_a_reference_cycle_releases_its_locks_at_colle
     gc.collect()
     assert committer.outcome() is True
     assert queue.get_diff_info(S, 1) is None
+
+
+def test_a_dropped_pending_diff_warns_only_while_its_queue_is_open(
+    queue: Queue, chain: Chain
+) -> None:
+    """Dropped on an open queue: a warning (the caller's bug held the shard's locks).
+    Dropped after the queue closed, often at a collection long after: nothing to hold
+    up, no warning (one landed in an unrelated test's stderr, collected there)."""
+    a, b = chain.build(S, 2), chain.build(OTHER, 1)
+    with capture_events() as events:
+        pending = queue.prepare_diff(a.diff, a.block, a.hash)
+        assert pending is not None
+        del pending
+        held = queue.prepare_diff(b.diff, b.block, b.hash)
+        assert held is not None
+        queue.close()
+        del held
+    dropped = [e for e in events if e["event"] == "pending_diff_dropped"]
+    assert [e["block"] for e in dropped] == [str(a.block)]
+    assert dropped[0]["log_level"] == "warning"
 
 
 def test_a_dropped_pending_diff_released_by_cyclic_gc_inside_the_read_lock(
