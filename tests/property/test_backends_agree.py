@@ -71,6 +71,7 @@ class MemoryQueueMachine(QueueMachine):
     the model, without RocksDB, so it runs many more steps in the same time."""
 
     RECORD = False
+    verify_at_end = False  # nothing on disk to verify
 
     def __init__(self) -> None:
         self.memory = MemoryDatabase()
