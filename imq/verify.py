@@ -12,7 +12,9 @@ checks what the tables must agree on:
   messages than the diff stored is a problem (no record says how many of them lay at or
   below the bound), and a message outside every stored diff is one only above its
   shard's bounds (GC deletes a diff's records once any partition's bound passes it);
-  statistics rows of no stored diff likewise;
+  statistics rows of no stored diff likewise. The counts assume a network's history
+  (logical time grows within a shard): diffs whose spans overlap, which the API accepts,
+  are listed in :attr:`Report.notes` and their messages are not counted;
 - every commit pointer names a stored diff whose ``max_message`` it equals, or one that
   GC collected (then a requested GC bound of the shard reaches the pointer);
 - a masterchain pointer comes with a last committed block.
