@@ -6,8 +6,8 @@ grows, so every diff written lies above every key written before it (an empty di
 share the previous diff's key), and seqnos are reused only after a clear, which deletes
 a diff's rows in every partition. The queue also accepts other histories (a diff below
 or across earlier keys, one sharing their keys, a seqno written again after GC of one
-partition collected its diff and left another partition's rows), which
-``docs/behaviour.md`` allows and ``imq verify`` cannot attribute row by row. The state
+partition collected its diff and left another partition's rows), as the original
+does, and ``imq verify`` cannot attribute their rows one by one. The state
 machines run ``imq verify`` at the end of every program and require a clean report
 when :attr:`RegularModel.regular` still holds.
 """
@@ -32,6 +32,11 @@ class RegularModel(QueueModel):
         # Per source shard, the highest max_message of a diff GC collected: rows of other
         # partitions may remain up to there.
         self._collected: dict[ShardIdent, QueueKey] = {}
+        # The blocks of the diffs GC collected: a network commits a seqno once, and GC
+        # collects only committed diffs, so their seqnos never come again (another
+        # partition's statistics row may remain under the same key a new empty diff of
+        # that seqno sharing the collected max_message would own)
+        self._collected_blocks: set[tuple[ShardIdent, int]] = set()
 
     def _floor(self, shard: ShardIdent) -> QueueKey | None:
         """The highest key of ``shard`` a stored diff spans or a collected one left."""
@@ -44,6 +49,7 @@ class RegularModel(QueueModel):
         shard = diff.block.shard
         floor = self._floor(shard)
         replaced = (shard, diff.block.seqno) in self.diffs
+        replaced |= (shard, diff.block.seqno) in self._collected_blocks
         super()._write(diff)
         info = self.diffs[(shard, diff.block.seqno)].info
         above = floor is None or info.min_message > floor
@@ -56,18 +62,24 @@ class RegularModel(QueueModel):
         return self._floor(shard)
 
     def note_import(
-        self, floor: QueueKey | None, spans: Iterable[tuple[QueueKey, QueueKey]]
+        self,
+        shard: ShardIdent,
+        floor: QueueKey | None,
+        diffs: Iterable[tuple[int, QueueKey, QueueKey]],
     ) -> None:
-        """Diffs an import wrote (the model's import writes its fields directly);
-        ``floor``: :meth:`copy_floor` of their shard before it."""
-        if floor is not None and any(lo <= floor for lo, _hi in spans):
-            self.regular = False
+        """The ``(seqno, min_message, max_message)`` of the diffs an import wrote (the
+        model's import writes its fields directly); ``floor``: :meth:`copy_floor` of
+        their shard before it."""
+        for seqno, lo, _hi in diffs:
+            if (floor is not None and lo <= floor) or (shard, seqno) in self._collected_blocks:
+                self.regular = False
 
     def run_gc(self) -> int:
         before = dict(self.diffs)
         executed = super().run_gc()
         for (shard, seqno), diff in before.items():
             if (shard, seqno) not in self.diffs:
+                self._collected_blocks.add((shard, seqno))
                 top = self._collected.get(shard)
                 if top is None or diff.info.max_message > top:
                     self._collected[shard] = diff.info.max_message

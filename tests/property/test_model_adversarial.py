@@ -927,7 +927,7 @@ class AdversarialMachine(RuleBasedStateMachine):
         if self._refused_while_pending(real):
             return
         new_spans = [
-            (d.tl.min_message, d.tl.max_message)
+            (d.seqno, d.tl.min_message, d.tl.max_message)
             for d in state.diffs
             if (state.shard, d.seqno) not in self.model.diffs
         ]
@@ -937,7 +937,7 @@ class AdversarialMachine(RuleBasedStateMachine):
         assert actual == expected, f"import {block_id}: queue {actual}, model {expected}"
         note("import_state", expected)
         if actual[0] == "ok":
-            self.model.note_import(floor_before, new_spans)
+            self.model.note_import(state.shard, floor_before, new_spans)
             self.chains[state.shard] = state.diffs
         if bounce:
             self.reopen()
