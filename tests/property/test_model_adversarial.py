@@ -470,7 +470,7 @@ class AdversarialMachine(RuleBasedStateMachine):
             # invariants missed; otherwise verify must still run through.
             report = verify(self.path)
             if self.model.regular:
-                assert report.ok, report.problems
+                assert report.ok and not report.notes, (report.problems, report.notes)
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
 

@@ -391,7 +391,7 @@ class QueueMachine(RuleBasedStateMachine):
             if self.verify_at_end:
                 report = verify(self.path)
                 if self.model.regular:
-                    assert report.ok, report.problems
+                    assert report.ok and not report.notes, (report.problems, report.notes)
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
