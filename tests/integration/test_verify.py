@@ -405,3 +405,22 @@ def test_an_empty_diff_sharing_the_previous_key_keeps_the_count_checked(tmp_path
         f"diff {LEFT}:1 partition 0: 2 messages stored in its span, the diff record says 3"
     ]
     assert not report.notes
+
+
+def test_a_diff_starting_at_the_previous_diffs_last_key_is_noted(tmp_path: Path) -> None:
+    """Two diffs that share one message key (one row holds both): their spans touch at
+    that key, so they are one cluster, noted and not counted (counted apart, the second
+    would own the shared row and the first come up one short)."""
+    db = tmp_path / "db"
+    q = open_queue(db)
+    src, dst = address_in(LEFT, 1), address_in(RIGHT, 1)
+    first = [message(key(100), src, dst), message(key(103), src, dst)]
+    second = [message(key(103), src, dst), message(key(107), src, dst)]
+    assert q.apply_diff(make_diff(first), block(LEFT, 1), diff_hash("first"))
+    assert q.apply_diff(make_diff(second), block(LEFT, 2), diff_hash("second"))
+    q.close()
+    report = verify(db)
+    assert report.ok, report.problems
+    assert report.rows["messages"] == 3
+    assert len(report.notes) == 1
+    assert report.notes[0].startswith(f"diffs {LEFT}:1, 2 (overlapping spans): ")
