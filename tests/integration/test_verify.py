@@ -29,7 +29,7 @@ from imq.observability import capture_events
 from imq.router import PartitionRouter
 from imq.storage import Table, codec
 from imq.types import CommitPointer, QueueKey
-from imq.verify import verify
+from imq.verify import Report, verify
 
 SHARDS = quarter_shards()
 
@@ -334,6 +334,18 @@ def test_statistics_left_above_the_gc_bound_of_a_partition_are_reported(tmp_path
 # -- diffs whose key spans overlap ----------------------------------------------------------
 
 
+def _two_diffs(path: Path, first: tuple[int, ...], second: tuple[int, ...]) -> Report:
+    """LEFT diffs 1 and 2 with messages at the logical times given (a key per lt), then
+    ``imq verify`` of the database."""
+    q = open_queue(path)
+    src, dst = address_in(LEFT, 1), address_in(RIGHT, 1)
+    for seqno, lts in ((1, first), (2, second)):
+        diff = make_diff([message(key(lt), src, dst) for lt in lts])
+        assert q.apply_diff(diff, block(LEFT, seqno), diff_hash(("two", seqno)))
+    q.close()
+    return verify(path)
+
+
 def test_a_diff_spanning_an_earlier_one_is_noted_not_reported(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -345,14 +357,7 @@ def test_a_diff_spanning_an_earlier_one_is_noted_not_reported(
     ran verify at the end of every program). Such diffs may share message keys, so their
     rows cannot be counted per diff: a note says so, the exit status stays 0."""
     db = tmp_path / "db"
-    q = open_queue(db)
-    src, dst = address_in(LEFT, 1), address_in(RIGHT, 1)
-    inner = [message(key(103), src, dst)]
-    outer = [message(key(100), src, dst), message(key(107), src, dst)]
-    assert q.apply_diff(make_diff(inner), block(LEFT, 1), diff_hash("inner"))
-    assert q.apply_diff(make_diff(outer), block(LEFT, 2), diff_hash("outer"))
-    q.close()
-    report = verify(db)
+    report = _two_diffs(db, (103,), (100, 107))
     assert report.ok, report.problems
     assert report.rows["messages"] == 3
     assert report.notes == [
@@ -411,15 +416,7 @@ def test_a_diff_starting_at_the_previous_diffs_last_key_is_noted(tmp_path: Path)
     """Two diffs that share one message key (one row holds both): their spans touch at
     that key, so they are one cluster, noted and not counted (counted apart, the second
     would own the shared row and the first come up one short)."""
-    db = tmp_path / "db"
-    q = open_queue(db)
-    src, dst = address_in(LEFT, 1), address_in(RIGHT, 1)
-    first = [message(key(100), src, dst), message(key(103), src, dst)]
-    second = [message(key(103), src, dst), message(key(107), src, dst)]
-    assert q.apply_diff(make_diff(first), block(LEFT, 1), diff_hash("first"))
-    assert q.apply_diff(make_diff(second), block(LEFT, 2), diff_hash("second"))
-    q.close()
-    report = verify(db)
+    report = _two_diffs(tmp_path / "db", (100, 103), (103, 107))
     assert report.ok, report.problems
     assert report.rows["messages"] == 3
     assert len(report.notes) == 1
