@@ -258,7 +258,7 @@ class _Cluster:
     lo: QueueKey
     hi: QueueKey
     seqnos: list[int]
-    stored: dict[int, int]  # per partition, the diffs' records summed
+    stored: dict[int, int]  # per partition, the first diff's record (counted: one diff only)
 
     def name(self, shard: ShardIdent) -> str:
         if len(self.seqnos) == 1:
@@ -288,10 +288,8 @@ def _clusters(
                 last = merged[-1]
                 last.hi = max(last.hi, hi)
                 last.seqnos.append(seqno)
-                for partition, n in parts.items():
-                    last.stored[partition] = last.stored.get(partition, 0) + n
             else:
-                merged.append(_Cluster(lo, hi, [seqno], dict(parts)))
+                merged.append(_Cluster(lo, hi, [seqno], parts))
         out[shard] = merged
     return out
 
