@@ -27,6 +27,9 @@ __all__ = [
 TABLE = "internal_queue"
 
 _MIB = 1024**2
+# The longest interval a setting in seconds takes: a thread waits at most
+# ``threading.TIMEOUT_MAX`` (about 292 years) at once.
+MAX_SECONDS = 1e9
 
 # Seconds per duration unit. A compound duration must use strictly smaller units from left
 # to right ("1h30m" is fine, "30m1h" and "1s2s" are not).
@@ -149,6 +152,11 @@ def _check_seconds(name: str, value: object) -> None:
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be finite and > 0 seconds, got {value!r}")
+    if value > MAX_SECONDS:  # a thread's wait takes at most threading.TIMEOUT_MAX
+        raise ValueError(
+            f"{name} must be at most {MAX_SECONDS:.0e} seconds (about 30 years), got "
+            f"{value!r}; to turn background GC off, set gc_enabled to false"
+        )
 
 
 def _check_bool(name: str, value: object) -> None:
@@ -234,8 +242,9 @@ class QueueConfig:
       space of a large collection comes back even on a node that writes nothing more
       (on a node that keeps writing, RocksDB's background compaction reclaims it).
     - ``check_statistics``: debug mode: ``apply_diff``/``prepare_diff`` recount the
-      messages and refuse ``statistics`` that differ in any count (about 6% of an apply,
-      so off by default: statistics are then used as given).
+      messages and refuse ``statistics`` that differ in any count, or whose bounds leave
+      out a message (about 6% of an apply, so off by default: statistics are then used
+      as given).
     - ``message_cache_size``: bytes of freshly written message rows kept in memory, so
       that reads of recent diffs (what collators read) skip RocksDB (0: none; see
       ``imq.storage.cache``). Rows leave it when GC or a clear deletes them, or, past

@@ -425,7 +425,7 @@ class GcWorker:
 
     def __init__(self, collector: GarbageCollector, interval: float, log: ImqLogger) -> None:
         self._collector = collector
-        self._interval = interval
+        self._interval = min(interval, threading.TIMEOUT_MAX)  # what a wait takes
         self._log = log
         self._wake = threading.Event()
         self._progress = threading.Condition()

@@ -17,6 +17,7 @@ object dies, so each :class:`Cursor` keeps its bound and ``ReadOptions`` alive.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
@@ -638,6 +639,24 @@ def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) ->
     return Rdict(str(path), options=db_opts, column_families=cfs, access_type=access)
 
 
+def _unlock(fd: int) -> None:
+    """Release and close the lock file descriptor ``fd``."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _drop_lock(fd: int, owner: int) -> None:
+    """The lock of a store collected unclosed: close ``fd`` (which frees the lock once no
+    other process holds the descriptor) without ``LOCK_UN``, and only in the process that
+    took it. A forked child inherits the descriptor, the lock and this finalizer: an
+    unlock from it, at its exit, would free the parent's lock under the parent."""
+    if os.getpid() == owner:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 class Store:
     """A dedicated RocksDB directory with imq's six column families."""
 
@@ -661,16 +680,23 @@ class Store:
         self.read_only = read_only
         self._lock_fd = -1
         if read_only:
-            if not (self.path / "CURRENT").is_file():
-                raise ImqError(f"no queue database at {self.path}")
-        elif self.path.exists() and not self.path.is_dir():
-            raise ImqError(
-                f"cannot open queue database {self.path}: it is a file, not a directory; "
-                "pass the directory that holds (or will hold) the queue"
+            self._check_database_exists()
+        try:
+            found = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            found = None  # created below (a path under a file fails there, typed)
+        except OSError as exc:  # not permitted to look
+            raise FileAccessError(self.path, "open queue database", exc) from None
+        if found is not None and not stat.S_ISDIR(found.st_mode):
+            raise FileAccessError(
+                self.path,
+                "open queue database",
+                NotADirectoryError(errno.ENOTDIR, "it is a file, not a directory"),
+                "pass the directory that holds (or will hold) the queue",
             )
         # Before anything touches the directory: RocksDB would adopt a foreign database
         # and, at open, delete the table files a damaged MANIFEST no longer lists.
-        self._tables_before = self._check_directory() if self.path.is_dir() else 0
+        self._tables_before = self._check_directory() if found is not None else 0
         if not read_only:
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
@@ -710,16 +736,35 @@ class Store:
             raise DatabaseLockedError(
                 f"queue database {self.path} is already open (in this or another process)"
             ) from None
+        # A store dropped without close() (a REPL, a test, an error path that skipped
+        # ``with``) still frees its lock when it is collected, as RocksDB's own is freed:
+        # else the directory stays locked for the rest of the process.
+        self._lock_finalizer = weakref.finalize(self, _drop_lock, fd, os.getpid())
         return fd
 
     def _release_lock(self) -> None:
         if self._lock_fd < 0:
             return
         fd, self._lock_fd = self._lock_fd, -1
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        with contextlib.suppress(OSError):
-            os.close(fd)
+        self._lock_finalizer.detach()
+        _unlock(fd)
+
+    def _check_database_exists(self) -> None:
+        """For a read-only open, which creates nothing: a database must be there."""
+        operation = "open queue database (read-only)"
+        try:
+            found = os.stat(self.path / "CURRENT")
+        except (FileNotFoundError, NotADirectoryError):
+            found = None
+        except OSError as exc:  # not permitted to look
+            raise FileAccessError(self.path, operation, exc) from None
+        if found is None or not stat.S_ISREG(found.st_mode):
+            raise FileAccessError(
+                self.path,
+                operation,
+                FileNotFoundError(errno.ENOENT, f"no queue database at {self.path}"),
+                "pass the directory of an existing queue (a read-only open creates nothing)",
+            )
 
     def _check_directory(self) -> int:
         """Refuse a directory that is not (yet) an imq queue: one holding a RocksDB
