@@ -7,12 +7,18 @@ written until the pending diff is.
 
 from __future__ import annotations
 
+import struct
 from operator import itemgetter
 from typing import Any
 
 from imq import _native as native
 from imq.diff import DiffStatistics, QueueDiff
-from imq.errors import DiffBelowCommitPointerError, DiffConflictError, DiffSequenceError
+from imq.errors import (
+    DiffBelowCommitPointerError,
+    DiffConflictError,
+    DiffSequenceError,
+    ImqError,
+)
 from imq.storage import TransactionProtocol as Transaction
 from imq.storage import codec, ops
 from imq.storage.tops import DiffTop
@@ -117,9 +123,12 @@ def sequence_skips(
     if block.seqno <= top.seqno:
         return True
     if block.seqno != top.seqno + 1:
+        stored = "stored" if zone is DiffZone.BOTH else zone.value
         raise DiffSequenceError(
-            f"diff of block {block} is not sequential: the last {zone.value} diff of shard "
-            f"{block.shard} has seqno {top.seqno}"
+            f"diff of block {block} is not sequential: the last {stored} diff of shard "
+            f"{block.shard} has seqno {top.seqno}; apply the diffs of seqnos "
+            f"{top.seqno + 1}..{block.seqno - 1} first, in order (or leave check_sequence "
+            "off where diffs may arrive with gaps)"
         )
     return False
 
@@ -133,7 +142,9 @@ def check_above_pointer(
     if first <= pointer.key:
         raise DiffBelowCommitPointerError(
             f"diff of block {block}: its smallest message {first} is not above the commit "
-            f"pointer of shard {block.shard} ({pointer.key}, seqno {pointer.seqno})"
+            f"pointer of shard {block.shard} ({pointer.key}, seqno {pointer.seqno}); that "
+            "part of the shard is committed already: drop this diff, or check that the block "
+            "belongs to this queue's network"
         )
 
 
@@ -151,6 +162,27 @@ def stage_diff(
     counted in the same pass that encodes their rows (``imq.storage.codec.encode_diff``), with
     the counts, rows and bytes ``DiffStatistics.from_diff`` would give. The diff's record
     is what :class:`DiffInfo` would store, packed from the checked parts directly."""
+    try:
+        _stage(txn, diff, block, diff_hash, stats)
+    except ImqError:
+        raise
+    except (struct.error, OverflowError, TypeError, ValueError) as exc:
+        # The values were checked when built; only a dict one of them handed out
+        # (``processed_to``, the statistics' counts), changed since, gets here.
+        raise ValueError(
+            f"diff of block {block} cannot be stored: {exc}; its processed_to or its "
+            "statistics were changed after they were built (value types are immutable: "
+            "build a new QueueDiff or DiffStatistics instead of editing their dicts)"
+        ) from exc
+
+
+def _stage(
+    txn: Transaction,
+    diff: QueueDiff,
+    block: BlockIdShort,
+    diff_hash: bytes,
+    stats: DiffStatistics | tuple[QueueKey, QueueKey],
+) -> None:
     shard, seqno = block.shard, block.seqno
     router = diff.router
     # A router of destinations only (the usual one) is a dict the encoder looks up itself.

@@ -47,7 +47,10 @@ def masterchain_block(top_blocks: Sequence[TopBlock]) -> BlockId:
     for top in top_blocks:
         if top.block_id.is_masterchain:
             return top.block_id
-    raise CommitError("no masterchain block in the top blocks given to commit_diff")
+    raise CommitError(
+        "no masterchain block in the top blocks given to commit_diff; list the masterchain "
+        "block being committed among them, with each shard's top block"
+    )
 
 
 def check_forward(
@@ -57,7 +60,8 @@ def check_forward(
     if old is not None and (new.key < old.key or new.seqno < old.seqno):
         raise CommitError(
             f"{operation} would move the commit pointer of shard {shard} backwards: from "
-            f"({old.key}, seqno {old.seqno}) to ({new.key}, seqno {new.seqno})"
+            f"({old.key}, seqno {old.seqno}) to ({new.key}, seqno {new.seqno}); pass the "
+            "top blocks of a masterchain block newer than the one last committed"
         )
 
 
@@ -103,14 +107,19 @@ def plan_commit(
     for top in top_blocks:
         block = top.block_id
         if block.shard in listed:
-            raise CommitError(f"shard {block.shard} is listed twice in commit_diff (block {block})")
+            raise CommitError(
+                f"shard {block.shard} is listed twice in commit_diff (block {block}); list "
+                "each shard once, with its top block"
+            )
         listed.add(block.shard)
         info = find_diff(block.shard, block.seqno)
         if info is None:
             if top.updated and top.ref_by_mc_seqno > zerostate_seqno:
                 raise CommitError(
                     f"diff not found for block {block.shard}:{block.seqno} "
-                    f"(ref_by_mc_seqno {top.ref_by_mc_seqno}, zerostate seqno {zerostate_seqno})"
+                    f"(ref_by_mc_seqno {top.ref_by_mc_seqno}, zerostate seqno {zerostate_seqno}); "
+                    "apply that block's diff first, then commit again (a top block that did not "
+                    "change since the last masterchain block is passed with updated=False)"
                 )
             if block.shard in record:
                 new_record[block.shard] = record[block.shard]

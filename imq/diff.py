@@ -12,7 +12,15 @@ from typing import Any
 
 from imq import _native as native
 from imq.router import PartitionRouter
-from imq.types import U64_MAX, Address, Message, QueueKey, ShardIdent, check_partition
+from imq.types import (
+    U64_MAX,
+    Address,
+    Message,
+    QueueKey,
+    ShardIdent,
+    check_mapping,
+    check_partition,
+)
 
 __all__ = ["DiffStatistics", "QueueDiff"]
 
@@ -35,6 +43,7 @@ def _strictly_ascending(msgs: list[Message]) -> bool:
 
 
 def _check_processed_to(processed_to: Mapping[ShardIdent, QueueKey]) -> dict[ShardIdent, QueueKey]:
+    check_mapping("QueueDiff.processed_to", processed_to)
     checked: dict[ShardIdent, QueueKey] = {}
     for shard in sorted(processed_to):
         key = processed_to[shard]
@@ -199,11 +208,11 @@ class QueueDiff:
         )
 
     def __hash__(self) -> int:
-        # Over the fields that cannot change: the router (the one mutable value type) is
-        # left out, so mutating it never moves a diff in a set. Equal diffs hash equal.
-        processed = frozenset(self.processed_to.items())
+        # Over the fields that cannot change: the router (the one mutable value type) and
+        # the ``processed_to`` dict the diff hands out are left out, so mutating either
+        # never moves a diff in a set. Equal diffs hash equal.
         span = (self.start_lt, self.end_lt, self.min_key, self.max_key)
-        return hash((self.messages, processed, self.prev_hash, span))
+        return hash((self.messages, self.prev_hash, span))
 
     def __repr__(self) -> str:
         extra = ""
@@ -243,9 +252,11 @@ class DiffStatistics:
             raise TypeError("DiffStatistics bounds must be QueueKey values")
         if max_message < min_message:
             raise ValueError(f"max_message {max_message} is below min_message {min_message}")
+        check_mapping("DiffStatistics.partitions", partitions)
         checked: dict[int, dict[Address, int]] = {}
         for partition in sorted(partitions):
             check_partition(partition)
+            check_mapping(f"statistics of partition {partition}", partitions[partition])
             counts: dict[Address, int] = {}
             for address, count in partitions[partition].items():
                 if type(address) is not Address:
@@ -279,6 +290,8 @@ class DiffStatistics:
     ) -> DiffStatistics:
         """Count ``diff``'s messages per partition (by its router) and destination."""
         # Validate the bounds only: the counted addresses come from validated Messages.
+        if not isinstance(diff, QueueDiff):
+            raise TypeError(f"from_diff takes a QueueDiff, got {type(diff).__name__}")
         cls(shard, min_message, max_message, {})
         partition_for = diff.router.partition_for
         counts: dict[int, dict[Address, int]] = {}

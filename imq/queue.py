@@ -9,6 +9,7 @@ and :mod:`imq.state.exporter` (persistent states). The read calls live in
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import threading
@@ -30,7 +31,7 @@ from imq.locks import RWLock, ShardLocks
 from imq.observability import Metrics, ProgressLine, get_logger
 from imq.pending import LockGuard, PendingDiff, PendingRegistry
 from imq.queue_reads import QueueReads
-from imq.reads import check_type
+from imq.reads import check_masterchain_block, check_type
 from imq.state import exporter, importer
 from imq.state.exporter import ExportReport
 from imq.state.importer import ImportReport, Progress
@@ -53,6 +54,14 @@ _CLEAR_COMPACT_DIFFS = 256  # a clear of at least this many diffs compacts their
 
 def _partitions(partitions: Iterable[int]) -> frozenset[int]:
     return frozenset(check_partition(p) for p in partitions)
+
+
+def _check_progress(progress: object) -> None:
+    if not isinstance(progress, bool) and not callable(progress):
+        raise TypeError(
+            "progress must be a bool (True: a progress line on stderr) or a callable "
+            f"taking (messages done, messages in the state), got {type(progress).__name__}"
+        )
 
 
 def store_options(config: QueueConfig) -> StoreOptions:
@@ -132,6 +141,7 @@ class Queue(QueueReads):
             raise ValueError(f"zerostate_seqno must be a u32, got {zerostate_seqno!r}")
         if not os.fspath(path):  # Path("") is the working directory
             raise ValueError("the queue database path is empty; pass its directory")
+        check_type("read_only", read_only, bool)
         store = Store(Path(path), store_options(config), read_only=read_only)
         return cls._on_store(store, config, zerostate_seqno=zerostate_seqno)
 
@@ -271,13 +281,25 @@ class Queue(QueueReads):
             raise ValueError(f"statistics are for shard {statistics.shard}, the block is {block}")
         # Statistics are used as given (SEMANTICS §5.3); recounting costs about 6% of an
         # apply, so it runs only in the check_statistics (debug) mode.
-        if self._config.check_statistics and statistics != DiffStatistics.from_diff(
+        if not self._config.check_statistics:
+            return statistics
+        if statistics != DiffStatistics.from_diff(
             diff, block.shard, statistics.min_message, statistics.max_message
         ):
             raise ValueError(
                 f"statistics of block {block} contradict its messages ({statistics.total} "
                 f"counted, {len(diff.messages)} messages): pass the diff's own counts, or None"
             )
+        # Their bounds become the diff's span, which commit, clear and GC act on: a
+        # message outside it would be left behind or deleted with another diff.
+        first, last = diff.min_message, diff.max_message
+        if first is not None and last is not None:
+            low, high = statistics.min_message, statistics.max_message
+            if first < low or high < last:
+                raise ValueError(
+                    f"statistics of block {block} span {low}..{high}, which does not hold "
+                    f"its messages {first}..{last}: pass the diff's own bounds, or None"
+                )
         return statistics
 
     def _prepare(
@@ -498,6 +520,7 @@ class Queue(QueueReads):
         A failed check changes nothing."""
         self._check_writable("startup")
         check_type("last_applied_mc_block", last_applied_mc_block, BlockId)
+        check_masterchain_block(last_applied_mc_block)
         tops = list(top_shards)
         if ShardIdent.MASTERCHAIN not in tops:
             tops.insert(0, ShardIdent.MASTERCHAIN)
@@ -508,7 +531,9 @@ class Queue(QueueReads):
             ):
                 raise StartupError(
                     f"the queue was committed on masterchain block {committed}, which is ahead "
-                    f"of the last applied block {last_applied_mc_block}"
+                    f"of the last applied block {last_applied_mc_block}; apply the masterchain "
+                    "blocks up to it first, or restore the queue that belongs to this node's "
+                    "state"
                 )
             self.clear_uncommitted_state(partitions, tops)
 
@@ -532,7 +557,10 @@ class Queue(QueueReads):
             raise TypeError(
                 f"source must be a path or a binary file object, got {type(source).__name__}"
             )
+        if isinstance(source, io.TextIOBase):
+            raise TypeError("source is a text file: open the state file in binary mode ('rb')")
         check_type("block_id", block_id, BlockId)
+        _check_progress(progress)
         self._pending.check_no_pending("import_state")
         line = ProgressLine(f"import {block_id.short}") if progress is True else None
         callback: Progress | None = line
@@ -574,6 +602,15 @@ class Queue(QueueReads):
         ``(messages done, messages in the state)`` after each diff."""
         self._check_open()
         reads.check_block(shard, seqno)
+        if not isinstance(tail_len, int) or isinstance(tail_len, bool):
+            raise TypeError(f"tail_len must be an int, got {type(tail_len).__name__}")
+        if not isinstance(dest, str | os.PathLike) and not callable(getattr(dest, "write", None)):
+            raise TypeError(
+                f"dest must be a path or a binary file object, got {type(dest).__name__}"
+            )
+        if isinstance(dest, io.TextIOBase):
+            raise TypeError("dest is a text file: open it in binary mode ('wb')")
+        _check_progress(progress)
         line = ProgressLine(f"export {shard}:{seqno}") if progress is True else None
         callback: Progress | None = line
         if callable(progress):

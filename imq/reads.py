@@ -9,6 +9,7 @@ from typing import Any
 from imq.storage import ops
 from imq.types import (
     U32_MAX,
+    BlockId,
     DiffInfo,
     DiffZone,
     QueueShardRange,
@@ -18,6 +19,7 @@ from imq.zones import in_zone
 
 __all__ = [
     "check_block",
+    "check_masterchain_block",
     "check_ranges",
     "check_type",
     "diff_info",
@@ -28,6 +30,14 @@ __all__ = [
 def check_type(name: str, value: object, expected: type) -> None:
     if not isinstance(value, expected):
         raise TypeError(f"{name} must be a {expected.__name__}, got {type(value).__name__}")
+
+
+def check_masterchain_block(block: BlockId) -> None:
+    if not block.is_masterchain:
+        raise ValueError(
+            f"last_applied_mc_block must be a masterchain block, got {block}; pass the "
+            "node's last applied masterchain block"
+        )
 
 
 def check_block(shard: ShardIdent, seqno: int) -> None:

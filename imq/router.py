@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from imq.types import DEFAULT_PARTITION, Address, check_partition
+from imq.types import DEFAULT_PARTITION, Address, check_mapping, check_partition
 
 __all__ = ["PartitionRouter"]
 
@@ -33,7 +33,11 @@ class PartitionRouter:
         self._dst: dict[Address, int] = {}
         # Ascending partition order: when an address is listed twice in one half,
         # the highest partition wins, as in the original.
-        for half, insert in ((src or {}, self.insert_src), (dst or {}, self.insert_dst)):
+        for name, half, insert in (
+            ("src", src or {}, self.insert_src),
+            ("dst", dst or {}, self.insert_dst),
+        ):
+            check_mapping(f"PartitionRouter {name}", half)
             for partition in sorted(half):
                 self._check_target(partition)
                 for address in half[partition]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple, TypeVar
 
@@ -70,6 +70,17 @@ def _check_int(name: str, value: object, lo: int, hi: int) -> int:
     if not lo <= value <= hi:
         raise ValueError(f"{name} must be in {lo}..={hi}, got {value}")
     return value
+
+
+def check_mapping(name: str, value: object) -> None:
+    """A ``TypeError`` naming ``name`` unless ``value`` is a mapping (a dict)."""
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a mapping (a dict), got {type(value).__name__}")
+
+
+def _check_text(what: str, text: object) -> None:
+    if not isinstance(text, str):
+        raise TypeError(f"{what}.parse takes a str, got {type(text).__name__}")
 
 
 def _check_bytes32(name: str, value: object) -> bytes:
@@ -134,6 +145,7 @@ class QueueKey(_QueueKeyFields):
     @classmethod
     def parse(cls, text: str) -> QueueKey:
         """Read ``<lt>:<64 hex digits>`` (what ``str(key)`` and the CLI print)."""
+        _check_text("QueueKey", text)
         lt, sep, hexpart = text.partition(":")
         if not sep or not _HEX64.fullmatch(hexpart) or not _UINT.fullmatch(lt):
             raise ValueError(f"invalid queue key {text!r}: expected '<lt>:<64 hex digits>'")
@@ -191,6 +203,7 @@ class Address(_AddressFields):
 
     @classmethod
     def parse(cls, text: str) -> Address:
+        _check_text("Address", text)
         wc, sep, hexpart = text.partition(":")
         if not sep or not _HEX64.fullmatch(hexpart) or not _INT.fullmatch(wc):
             raise ValueError(f"invalid address {text!r}: expected '<workchain>:<64 hex digits>'")
@@ -257,12 +270,11 @@ class ShardIdent(_ShardFields):
 
     def contains(self, address: Address) -> bool:
         """True if ``address`` belongs to this shard."""
-        try:
-            if address.workchain != self.workchain:
-                return False
-            return self.contains_prefix(address.prefix)
-        except AttributeError:
-            raise TypeError(f"contains takes an Address, got {type(address).__name__}") from None
+        if type(address) is not Address:
+            raise TypeError(f"contains takes an Address, got {type(address).__name__}")
+        if address.workchain != self.workchain:
+            return False
+        return self.contains_prefix(address.prefix)
 
     def contains_prefix(self, account_prefix: int) -> bool:
         """True if an account whose first 8 bytes are ``account_prefix`` is in this shard
@@ -275,6 +287,7 @@ class ShardIdent(_ShardFields):
 
     @classmethod
     def parse(cls, text: str) -> ShardIdent:
+        _check_text("ShardIdent", text)
         wc, sep, hexpart = text.partition(":")
         if not sep or not _HEX16.fullmatch(hexpart) or not _INT.fullmatch(wc):
             raise ValueError(f"invalid shard {text!r}: expected '<workchain>:<16 hex digits>'")
@@ -358,6 +371,7 @@ class BlockIdShort:
     @classmethod
     def parse(cls, text: str) -> BlockIdShort:
         """Read ``wc:prefixhex:seqno`` (what ``str(block)`` prints)."""
+        _check_text("BlockIdShort", text)
         shard, seqno = _parse_short(text, "block id")
         return cls(shard, seqno)
 
@@ -411,6 +425,7 @@ class BlockId:
         """Read ``wc:prefixhex:seqno:roothex:filehex`` (what ``str(block_id)`` prints), or
         ``wc:prefixhex:seqno`` without hashes (both hashes are then zero, as when a
         ``BlockId`` is built without them)."""
+        _check_text("BlockId", text)
         parts = text.split(":")
         if len(parts) == 3:
             shard, seqno_ = _parse_short(text, "block id")
@@ -512,6 +527,8 @@ class DiffInfo:
         if self.prev_hash is not None:
             _check_bytes32("DiffInfo.prev_hash", self.prev_hash)
         _check_int("DiffInfo.seqno", self.seqno, 0, U32_MAX)
+        for name in ("shards_messages_count", "processed_to", "router_src", "router_dst"):
+            check_mapping(f"DiffInfo.{name}", getattr(self, name))
         for shard, count in self.shards_messages_count.items():
             if type(shard) is not ShardIdent:
                 raise TypeError("DiffInfo.shards_messages_count must be keyed by ShardIdent")

@@ -21,6 +21,7 @@ counts in dicts, and builds the API's value types only once per diff.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -155,7 +156,10 @@ def _check_block(shard: ShardIdent, seqno: int, block_id: BlockId) -> None:
 
 
 def _check_top_update(top_update: tuple[bytes, int]) -> tuple[bytes, int]:
-    diff_hash, tail_len = top_update
+    diff_hash: object = None
+    tail_len: object = None
+    with contextlib.suppress(TypeError, ValueError):
+        diff_hash, tail_len = top_update
     if not isinstance(diff_hash, bytes) or type(tail_len) is not int:
         raise TypeError("top_update must be (diff hash: bytes, tail_len: int)")
     if len(diff_hash) != 32 or tail_len < 0:

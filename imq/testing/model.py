@@ -51,6 +51,7 @@ from imq import (
     StartupError,
     TopBlock,
 )
+from imq.reads import check_masterchain_block
 
 __all__ = ["DiffInput", "ModelDiff", "ModelIterator", "QueueModel"]
 
@@ -383,6 +384,7 @@ class QueueModel:
         top_shards: Iterable[ShardIdent],
         partitions: Iterable[int],
     ) -> None:
+        check_masterchain_block(last_applied_mc_block)
         committed = self.last_mc_block
         if committed is not None and not (
             committed == last_applied_mc_block or committed.seqno < last_applied_mc_block.seqno

@@ -486,6 +486,28 @@ def test_check_statistics_mode_refuses_any_difference(tmp_path: Path) -> None:
         q.close()
 
 
+def test_check_statistics_mode_refuses_bounds_that_miss_messages(tmp_path: Path) -> None:
+    """The statistics' bounds become the diff's span, which commit, clear and GC act on:
+    in the debug mode a span that leaves out a message is refused (nothing written); a
+    wider span is the collator's to choose and passes."""
+    q = Queue.open(tmp_path / "q", replace(quiet_config(), check_statistics=True))
+    try:
+        a = Chain(q).build(S, 3)
+        right = derived_stats(a.diff, S)
+        first, last = a.diff.min_message, a.diff.max_message
+        assert first is not None and last is not None
+        before = dump(q)
+        for low, high in ((first.next_value(), last), (first, first), (QueueKey.MIN, first)):
+            narrow = DiffStatistics(S, low, high, right.partitions)
+            with pytest.raises(ValueError, match="does not hold its messages"):
+                q.apply_diff(a.diff, a.block, a.hash, narrow)
+        assert dump(q) == before
+        wide = DiffStatistics(S, QueueKey.min_for_lt(first.lt), last, right.partitions)
+        assert q.apply_diff(a.diff, a.block, a.hash, wide) is True
+    finally:
+        q.close()
+
+
 def test_a_source_outside_the_block_shard_is_refused(queue: Queue, chain: Chain) -> None:
     inside = chain.build(S, 3)
     before = dump(queue)

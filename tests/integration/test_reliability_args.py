@@ -3,12 +3,38 @@ the database unchanged."""
 
 from __future__ import annotations
 
+import fcntl
+import gc
+import io
+import os
+import threading
 from pathlib import Path
 
 import pytest
-from builders import BASE, block_id, dump, open_queue
+from builders import (
+    BASE,
+    MC,
+    Chain,
+    block_id,
+    derived_stats,
+    dump,
+    key,
+    open_queue,
+    top,
+)
 
-from imq import ImqError, Queue, QueueConfig
+from imq import (
+    CommitError,
+    DiffBelowCommitPointerError,
+    DiffSequenceError,
+    DiffZone,
+    FileAccessError,
+    ImqError,
+    Queue,
+    QueueConfig,
+    QueueDiff,
+    StartupError,
+)
 from imq.errors import ConfigError
 
 
@@ -31,9 +57,194 @@ def test_sizes_rocksdb_cannot_take_are_refused_at_construction(field: str) -> No
 def test_opening_a_regular_file_is_a_typed_error(tmp_path: Path) -> None:
     file = tmp_path / "not-a-dir"
     file.write_bytes(b"hello")
-    with pytest.raises(ImqError, match="not a directory"):
-        Queue.open(file)
+    for read_only in (False, True):
+        with pytest.raises(FileAccessError, match=r"not a directory|no queue database"):
+            Queue.open(file, read_only=read_only)
     assert file.read_bytes() == b"hello"
+
+
+def test_a_read_only_open_of_nothing_is_a_file_access_error(tmp_path: Path) -> None:
+    """A read-only open creates nothing: a missing database is the spec's "missing" case
+    (``FileAccessError``, also an ``OSError``), and the message says what to pass."""
+    for path in (tmp_path / "missing", tmp_path):
+        with pytest.raises(FileAccessError, match=r"no queue database at .*an existing queue"):
+            Queue.open(path, read_only=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="drops to another user, which needs root")
+def test_a_read_only_open_without_permission_is_a_file_access_error(tmp_path: Path) -> None:
+    """The directory exists but this user may not enter it: a typed error, not a bare
+    ``PermissionError``. A forked child turns into the unprivileged user ``nobody`` and
+    reports what each open raised."""
+    db = tmp_path / "db"
+    open_queue(db).close()
+    tmp_path.chmod(0o755)
+    db.chmod(0o700)  # root's: nobody cannot look inside
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no RocksDB call is reached, the checks before it refuse
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            seen = []
+            for read_only in (False, True):
+                try:
+                    Queue.open(db, read_only=read_only)
+                except FileAccessError as exc:
+                    seen.append(f"{exc.errno} {'permissions' in str(exc)}")
+                except BaseException as exc:
+                    seen.append(type(exc).__name__)
+            os.write(write, ";".join(seen).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        report = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert report == "13 True;13 True"
+
+
+def _names(fd: str, name: str) -> bool:
+    """Whether this process's descriptor ``fd`` is open on a file called ``name``."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}").endswith(name)
+    except FileNotFoundError:  # closed meanwhile (the listing's own descriptor)
+        return False
+
+
+def test_a_queue_dropped_without_close_frees_its_lock(tmp_path: Path) -> None:
+    """Forgetting ``close()`` (a REPL, a test, an error path) must not leave the directory
+    locked for the rest of the process: collecting the queue frees the lock."""
+    db = tmp_path / "db"
+    queue = open_queue(db)
+    Chain(queue).apply(BASE)
+    del queue
+    gc.collect()
+    assert not [fd for fd in os.listdir("/proc/self/fd") if _names(fd, "imq.lock")]
+    with open_queue(db) as again:
+        assert again.get_last_applied_seqno(BASE) == 1
+
+
+def test_a_forked_child_never_frees_its_parents_lock(tmp_path: Path) -> None:
+    """A forked child inherits the lock's descriptor and the finalizer that frees it: run
+    at the child's exit, it must not unlock the parent's database under the parent."""
+    db = tmp_path / "db"
+    queue = open_queue(db)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                queue._store._lock_finalizer()  # type: ignore[attr-defined]  # its exit's
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        other = os.open(db / "imq.lock", os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(other)
+    finally:
+        queue.close()
+
+
+def test_a_gc_interval_past_what_a_thread_can_wait_is_refused() -> None:
+    """Above ``threading.TIMEOUT_MAX`` the GC worker's wait would raise and end GC for
+    good: such intervals are refused at construction, and from TOML."""
+    assert threading.TIMEOUT_MAX > 1e9
+    QueueConfig(gc_interval=1e9)
+    for interval in (1e10, 1e300):
+        with pytest.raises(ValueError, match=r"gc_interval must be at most .*gc_enabled"):
+            QueueConfig(gc_interval=interval)
+    with pytest.raises(ConfigError, match="gc_interval must be at most"):
+        QueueConfig.from_mapping({"gc_interval": "300y"})
+
+
+def test_mutating_handed_out_dicts_moves_nothing_and_writes_nothing(queue: Queue) -> None:
+    """Value types are immutable, but their dict fields are plain dicts: changing one
+    never moves the value in a set, and a diff whose dicts were changed into something
+    unstorable is refused with a ``ValueError`` that says so, writing nothing."""
+    chain = Chain(queue)
+    first = chain.build(BASE, 2, processed_to={BASE: key(1)})
+    diffs = {first.diff}
+    first.diff.processed_to[MC] = key(2)
+    assert first.diff in diffs
+    before = dump(queue)
+    first.diff.processed_to["junk"] = 7  # type: ignore[index]
+    with pytest.raises(ValueError, match="changed after they were built"):
+        queue.apply_diff(first.diff, first.block, first.hash)
+    second = chain.build(BASE, 2)
+    counts = derived_stats(second.diff, BASE)
+    counts.partitions[0][next(iter(counts.partitions[0]))] = -5
+    with pytest.raises(ValueError, match="changed after they were built"):
+        queue.apply_diff(second.diff, second.block, second.hash, counts)
+    assert dump(queue) == before
+
+
+def test_startup_takes_a_masterchain_block_only(queue: Queue) -> None:
+    before = dump(queue)
+    with pytest.raises(ValueError, match="must be a masterchain block"):
+        queue.startup(block_id(BASE, 1), [BASE])
+    assert dump(queue) == before
+
+
+def test_state_calls_refuse_wrong_argument_types_before_reading(queue: Queue) -> None:
+    Chain(queue).apply(BASE)
+    sink = io.BytesIO()
+    for kwargs, match in (
+        ({"tail_len": True}, "tail_len must be an int"),
+        ({"tail_len": 1.0}, "tail_len must be an int"),
+        ({"dest": None}, "dest must be a path or a binary file object"),
+        ({"dest": io.StringIO()}, "binary mode"),
+        ({"progress": "yes"}, "progress must be a bool"),
+    ):
+        args = {"tail_len": 1, "dest": sink, **kwargs}
+        progress = args.pop("progress", False)
+        with pytest.raises(TypeError, match=match):
+            queue.export_state(BASE, 1, args["tail_len"], args["dest"], progress=progress)  # type: ignore[arg-type]
+    assert sink.getvalue() == b""
+    before = dump(queue)
+    with pytest.raises(TypeError, match="binary mode"):
+        queue.import_state(io.StringIO("text"), block_id(BASE, 1))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="progress must be a bool"):
+        queue.import_state(io.BytesIO(b""), block_id(BASE, 1), progress=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="top_update must be"):
+        queue.import_state(io.BytesIO(b""), block_id(BASE, 1), ("x",))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="read_only must be a bool"):
+        Queue.open(queue.path, read_only="yes")  # type: ignore[arg-type]
+    assert dump(queue) == before
+
+
+def test_refusals_of_a_collator_call_say_what_to_do(queue: Queue) -> None:
+    """Each refusal ends with a next step, not only the fact."""
+    chain = Chain(queue)
+    chain.apply(BASE)
+    gap = chain.build(BASE, 1, seqno=5)
+    with pytest.raises(
+        DiffSequenceError, match=r"last stored diff .*apply the diffs of seqnos 2\.\.4"
+    ):
+        queue.apply_diff(gap.diff, gap.block, gap.hash, check_sequence=DiffZone.BOTH)
+    mc = chain.apply(MC, 0)
+    with pytest.raises(CommitError, match="list the masterchain block"):
+        queue.commit_diff([top(BASE, 1, 1)])
+    with pytest.raises(CommitError, match="list each shard once"):
+        queue.commit_diff([top(MC, mc.seqno), top(BASE, 1, 1), top(BASE, 1, 1)])
+    with pytest.raises(CommitError, match="apply that block's diff first"):
+        queue.commit_diff([top(MC, mc.seqno), top(BASE, 7, 1)])
+    assert queue.commit_diff([top(MC, mc.seqno), top(BASE, 1, 1)])
+    below = QueueDiff(chain.of(BASE)[0].diff.messages[:1])
+    with pytest.raises(DiffBelowCommitPointerError, match="drop this diff"):
+        queue.apply_diff(below, gap.block, gap.hash)
+    with pytest.raises(StartupError, match="apply the masterchain blocks up to it first"):
+        queue.startup(block_id(MC, 0), [BASE])
 
 
 def test_a_damaged_lock_free_directory_reopens_after_a_failed_open(tmp_path: Path) -> None:

@@ -394,3 +394,32 @@ def test_from_diff_validates_bounds() -> None:
         DiffStatistics.from_diff(diff, (0, 1 << 63), key(1), key(1))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         DiffStatistics.from_diff(diff, LEFT, None, key(1))  # type: ignore[arg-type]
+
+
+# --- dict arguments: a mapping or a TypeError naming the argument -----------------------
+
+
+@pytest.mark.parametrize("value", [[5], "ab", 7])
+def test_processed_to_and_router_halves_must_be_mappings(value: object) -> None:
+    with pytest.raises(TypeError, match=r"QueueDiff\.processed_to must be a mapping"):
+        QueueDiff([], value)  # type: ignore[arg-type]
+    for half in ("src", "dst"):
+        with pytest.raises(TypeError, match=f"PartitionRouter {half} must be a mapping"):
+            PartitionRouter(**{half: value})  # type: ignore[arg-type]
+
+
+def test_statistics_must_be_mappings_of_mappings() -> None:
+    low, high = QueueKey.MIN, QueueKey.MAX
+    with pytest.raises(TypeError, match=r"DiffStatistics\.partitions must be a mapping"):
+        DiffStatistics(LEFT, low, high, [1])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="statistics of partition 1 must be a mapping"):
+        DiffStatistics(LEFT, low, high, {1: [A]})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="from_diff takes a QueueDiff"):
+        DiffStatistics.from_diff(None, LEFT, low, high)  # type: ignore[arg-type]
+
+
+def test_a_diffs_hash_ignores_its_handed_out_processed_to() -> None:
+    diff = QueueDiff([msg(10)], {LEFT: key(1)})
+    held = {diff}
+    diff.processed_to[ShardIdent.MASTERCHAIN] = QueueKey.MAX
+    assert diff in held

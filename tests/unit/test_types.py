@@ -765,3 +765,30 @@ def test_diff_info_validates(changes: dict[str, object], error: type[Exception])
     base = make_info({}, {})
     with pytest.raises(error):
         dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+# --- wrong types get a TypeError naming them, never an AttributeError or IndexError ----
+
+
+@pytest.mark.parametrize("parse", [QueueKey, ShardIdent, Address, BlockIdShort, BlockId])
+@pytest.mark.parametrize("text", [None, b"0:8000000000000000", 12])
+def test_parse_takes_text_only(parse: type, text: object) -> None:
+    with pytest.raises(TypeError, match=rf"{parse.__name__}\.parse takes a str"):
+        parse.parse(text)
+
+
+def test_contains_takes_an_address_only() -> None:
+    shard = ShardIdent(0, FULL)
+    assert shard.contains(Address(0, ACCOUNT))
+    for other in (ShardIdent(0, FULL), (0, ACCOUNT), None):
+        with pytest.raises(TypeError, match="contains takes an Address"):
+            shard.contains(other)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "field", ["shards_messages_count", "processed_to", "router_src", "router_dst"]
+)
+@pytest.mark.parametrize("value", [None, [1], "x"])
+def test_diff_info_dict_fields_must_be_mappings(field: str, value: object) -> None:
+    with pytest.raises(TypeError, match=rf"DiffInfo\.{field} must be a mapping"):
+        dataclasses.replace(make_info({}, {}), **{field: value})  # type: ignore[arg-type]
