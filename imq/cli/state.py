@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, TextIO, cast
@@ -205,6 +206,16 @@ def parse_top_update(text: str) -> tuple[bytes, int]:
     return diff_hash_, tail_len
 
 
+# A state file carries no checksum: each diff is checked against the next one's
+# ``prev_hash`` and each message against its hash, but the newest diff only against the
+# block's top update.
+_UNCHECKED_TOP = (
+    "imq import: note: no --block or --top-update given, so the newest diff's own fields "
+    "(its bounds and processed_to) are not checked against the block; pass one of them "
+    "to detect damage there"
+)
+
+
 def run_import(
     db: Path,
     file: Path,
@@ -237,6 +248,8 @@ def run_import(
             f"top update from {block_file.name}: {update.diff_hash.hex()}:{update.tail_len}",
             file=out,
         )
+    if top_update is None:
+        print(_UNCHECKED_TOP, file=sys.stderr)
     try:
         raw = open(file, "rb")  # noqa: SIM115 - closed below, after the import
     except OSError as exc:

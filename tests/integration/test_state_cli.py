@@ -178,6 +178,21 @@ def test_progress_goes_to_stderr_unless_turned_off(imq: Imq, tmp_path: Path) -> 
     assert "4,300 messages" in quiet.out
 
 
+def test_an_import_without_a_top_update_says_what_went_unchecked(imq: Imq, tmp_path: Path) -> None:
+    """A state file has no checksum: its newest diff is checked only against the block's
+    top update, so an import without one says so (stderr) and how to check it."""
+    bare = imq("import", tmp_path / "a", SHARD_BIN, "--block-id", SHARD_ID, "--no-progress")
+    assert bare.code == 0, bare.err
+    assert "note: no --block or --top-update given" in bare.err
+    assert "note:" not in bare.out
+    update = f"{SHARD_TOP_HASH}:3"
+    checked = imq(
+        "import", tmp_path / "b", SHARD_BIN, "--block-id", SHARD_ID, "--top-update", update
+    )
+    assert checked.code == 0, checked.err
+    assert "note:" not in checked.err
+
+
 # -- export and dump-diff -----------------------------------------------------------------------
 
 
