@@ -7,7 +7,9 @@ written until the pending diff is.
 
 from __future__ import annotations
 
+import contextlib
 import struct
+from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any
 
@@ -148,6 +150,23 @@ def check_above_pointer(
         )
 
 
+@contextlib.contextmanager
+def _as_built(block: BlockIdShort) -> Iterator[None]:
+    """Staging of a diff's rows: the values were checked when built, so an encoding
+    error can only come from a dict one of them handed out (``processed_to``, the
+    statistics' counts) and the caller changed since: say so."""
+    try:
+        yield
+    except ImqError:
+        raise
+    except (struct.error, OverflowError, TypeError, ValueError) as exc:
+        raise ValueError(
+            f"diff of block {block} cannot be stored: {exc}; its processed_to or its "
+            "statistics were changed after they were built (value types are immutable: "
+            "build a new QueueDiff or DiffStatistics instead of editing their dicts)"
+        ) from exc
+
+
 def stage_diff(
     txn: Transaction,
     diff: QueueDiff,
@@ -162,59 +181,39 @@ def stage_diff(
     counted in the same pass that encodes their rows (``imq.storage.codec.encode_diff``), with
     the counts, rows and bytes ``DiffStatistics.from_diff`` would give. The diff's record
     is what :class:`DiffInfo` would store, packed from the checked parts directly."""
-    try:
-        _stage(txn, diff, block, diff_hash, stats)
-    except ImqError:
-        raise
-    except (struct.error, OverflowError, TypeError, ValueError) as exc:
-        # The values were checked when built; only a dict one of them handed out
-        # (``processed_to``, the statistics' counts), changed since, gets here.
-        raise ValueError(
-            f"diff of block {block} cannot be stored: {exc}; its processed_to or its "
-            "statistics were changed after they were built (value types are immutable: "
-            "build a new QueueDiff or DiffStatistics instead of editing their dicts)"
-        ) from exc
-
-
-def _stage(
-    txn: Transaction,
-    diff: QueueDiff,
-    block: BlockIdShort,
-    diff_hash: bytes,
-    stats: DiffStatistics | tuple[QueueKey, QueueKey],
-) -> None:
-    shard, seqno = block.shard, block.seqno
-    router = diff.router
-    # A router of destinations only (the usual one) is a dict the encoder looks up itself.
-    routes = router.destination_routes()
-    partition_for: ops.PartitionFor = (
-        None if router.is_empty else router.partition_for if routes is None else dict(routes)
-    )
-    per_partition: dict[int, int] = {}
-    if isinstance(stats, DiffStatistics):
-        ops.put_messages(txn, shard, diff.messages, partition_for, per_partition)
-        min_message, max_message = stats.min_message, stats.max_message
-        shards_messages_count = stats.shards_messages_count
-        stat_values = ops.stat_values(stats.partitions)
-    else:
-        min_message, max_message = stats
-        encoded = ops.put_diff_messages(txn, shard, diff.messages, partition_for)
-        stat_values = {}
-        for partition, messages, value in encoded.partitions:
-            per_partition[partition] = messages
-            stat_values[partition] = value
-        shards_messages_count = {ShardIdent.full(wc): n for wc, n in encoded.workchains}
-    written = router.partitions() | stat_values.keys()
-    record = codec.diff_record_value(
-        min_message,
-        max_message,
-        shards_messages_count,
-        diff_hash,
-        diff.processed_to,
-        router.src_partitions(),
-        router.dst_partitions(),
-        seqno,
-        diff.prev_hash,
-        {p: per_partition.get(p, 0) for p in written},
-    )
-    ops.put_diff_encoded(txn, shard, seqno, max_message, stat_values, record)
+    with _as_built(block):
+        shard, seqno = block.shard, block.seqno
+        router = diff.router
+        # A router of destinations only (the usual one) is a dict the encoder looks up itself.
+        routes = router.destination_routes()
+        partition_for: ops.PartitionFor = (
+            None if router.is_empty else router.partition_for if routes is None else dict(routes)
+        )
+        per_partition: dict[int, int] = {}
+        if isinstance(stats, DiffStatistics):
+            ops.put_messages(txn, shard, diff.messages, partition_for, per_partition)
+            min_message, max_message = stats.min_message, stats.max_message
+            shards_messages_count = stats.shards_messages_count
+            stat_values = ops.stat_values(stats.partitions)
+        else:
+            min_message, max_message = stats
+            encoded = ops.put_diff_messages(txn, shard, diff.messages, partition_for)
+            stat_values = {}
+            for partition, messages, value in encoded.partitions:
+                per_partition[partition] = messages
+                stat_values[partition] = value
+            shards_messages_count = {ShardIdent.full(wc): n for wc, n in encoded.workchains}
+        written = router.partitions() | stat_values.keys()
+        record = codec.diff_record_value(
+            min_message,
+            max_message,
+            shards_messages_count,
+            diff_hash,
+            diff.processed_to,
+            router.src_partitions(),
+            router.dst_partitions(),
+            seqno,
+            diff.prev_hash,
+            {p: per_partition.get(p, 0) for p in written},
+        )
+        ops.put_diff_encoded(txn, shard, seqno, max_message, stat_values, record)
