@@ -248,8 +248,6 @@ def run_import(
             f"top update from {block_file.name}: {update.diff_hash.hex()}:{update.tail_len}",
             file=out,
         )
-    if top_update is None:
-        print(_UNCHECKED_TOP, file=sys.stderr)
     try:
         raw = open(file, "rb")  # noqa: SIM115 - closed below, after the import
     except OSError as exc:
@@ -266,6 +264,8 @@ def run_import(
         f"{report.bytes:,} bytes in {report.seconds:.2f} s ({rate:,.0f} messages/s)",
         file=out,
     )
+    if top_update is None:  # after the import: a failure stays one line
+        print(_UNCHECKED_TOP, file=sys.stderr)
 
 
 class _StateInput:
