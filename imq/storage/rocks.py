@@ -23,6 +23,7 @@ import os
 import re
 import stat
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -53,7 +54,7 @@ from imq.errors import (
     SchemaVersionError,
     StorageError,
 )
-from imq.storage import codec
+from imq.storage import codec, wal
 from imq.storage.backend import CursorProtocol, TransactionProtocol
 from imq.storage.cache import MessageCache, Row, Tee
 from imq.storage.queue_state import QueueState, StateUpdate
@@ -639,6 +640,20 @@ def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) ->
     return Rdict(str(path), options=db_opts, column_families=cfs, access_type=access)
 
 
+_READ_ONLY_ATTEMPTS = 20  # read-only opens tried while a live writer changes its files
+_READ_ONLY_PAUSE = 0.005  # seconds slept between two attempts
+
+
+def _close_rdict(opened: tuple[Any, dict[Table, Any], dict[Table, Any]]) -> None:
+    """Close a RocksDB handle from :meth:`Store._open_rocksdb` (its column-family objects
+    first: a live one keeps RocksDB open)."""
+    db, tables, handles = opened
+    tables.clear()
+    handles.clear()
+    with contextlib.suppress(Exception):
+        db.close()
+
+
 def _unlock(fd: int) -> None:
     """Release and close the lock file descriptor ``fd``."""
     with contextlib.suppress(OSError):
@@ -694,20 +709,24 @@ class Store:
                 NotADirectoryError(errno.ENOTDIR, "it is a file, not a directory"),
                 "pass the directory that holds (or will hold) the queue",
             )
-        # Before anything touches the directory: RocksDB would adopt a foreign database
-        # and, at open, delete the table files a damaged MANIFEST no longer lists.
-        self._tables_before = self._check_directory() if found is not None else 0
-        if not read_only:
+        self._complete = False  # whether the MANIFEST listed all of imq's tables at open
+        if read_only:
+            self._db, self._tables, self._handles = self._open_read_only()
+        else:
+            # Before anything touches the directory: RocksDB would adopt a foreign database
+            # and, at open, delete the table files a damaged MANIFEST no longer lists.
+            self._tables_before = self._check_directory() if found is not None else 0
             try:
                 self.path.mkdir(parents=True, exist_ok=True)
                 self._lock_fd = self._acquire_lock()
             except OSError as exc:
                 raise FileAccessError(self.path, "open queue database", exc) from exc
-        try:
-            self._db, self._tables, self._handles = self._open_rocksdb()
-        except BaseException:
-            self._release_lock()
-            raise
+            try:
+                self._check_logs()  # under the lock: no writer changes them meanwhile
+                self._db, self._tables, self._handles = self._open_rocksdb()
+            except BaseException:
+                self._release_lock()
+                raise
         self._gate = threading.Lock()
         self._state = QueueState()
         self._resources: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -803,6 +822,14 @@ class Store:
                     "a new or empty one) or its MANIFEST is damaged (restore the directory "
                     "from a copy); nothing in it was changed",
                 )
+            unknown = sorted(families - {"default", *(t.value for t in Table)})
+            if unknown and not missing:
+                raise SchemaVersionError(
+                    f"queue database {self.path} holds tables this imq does not know "
+                    f"({', '.join(unknown)}): a newer imq wrote it; open it with that "
+                    "version (nothing in it was changed)"
+                )
+            self._complete = not missing
         elif not self.read_only and any(not DATABASE_FILE.fullmatch(n) for n in names):
             raise StorageError(
                 self.path,
@@ -811,6 +838,84 @@ class Store:
                 hint="pass a new or empty directory, or the queue's own; nothing in it was changed",
             )
         return tables
+
+    def _check_logs(self) -> None:
+        """Refuse a database whose write-ahead log is missing, or holds a record RocksDB's
+        recovery would never finish reading (:mod:`imq.storage.wal`). Nothing is changed.
+        ``FileNotFoundError`` if a log disappears while it is read (a live writer beside
+        a read-only open)."""
+        if not self._complete:  # no database yet (or its creation was cut short)
+            return
+        try:
+            names = os.listdir(self.path)
+            damage = wal.find_log_damage(self.path, names)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise FileAccessError(self.path, "read the write-ahead log of", exc) from exc
+        if not wal.log_files(names):
+            raise StorageError(
+                self.path,
+                "open",
+                "its write-ahead log is missing (no .log file beside the MANIFEST, which "
+                "lists imq's tables): the writes not yet in table files are lost",
+                hint="restore the directory, with its .log files, from a copy, or rebuild "
+                "the queue from a persistent state; nothing in it was changed",
+            )
+        if damage is not None:
+            raise StorageError(
+                self.path,
+                "open",
+                f"write-ahead log {damage.name} holds a damaged record at offset "
+                f"{damage.offset} (type {damage.kind}, a recycled log's, which imq never "
+                "writes): RocksDB's recovery would never finish reading it",
+                hint=f"{_DAMAGED_HINT}; nothing in it was changed",
+            )
+
+    def _open_read_only(self) -> tuple[Any, dict[Table, Any], dict[Table, Any]]:
+        """The read-only open, beside a live writer: RocksDB reads the MANIFEST, then the
+        logs, and the writer's flushes and compactions meanwhile can delete a table file
+        it was about to read (the open fails) or a log whose rows one table had flushed
+        and the others had not (a view torn across tables: measured by an outside audit,
+        ``imq verify`` then reported damage). So an open that failed while the files
+        changed is tried again, and so is one during which a log was created or deleted
+        (every flush does one or the other). A compaction alone cannot tear the view:
+        the open holds every table file it read."""
+        failure: BaseException | None = None
+        for attempt in range(_READ_ONLY_ATTEMPTS):
+            if attempt:
+                time.sleep(_READ_ONLY_PAUSE)
+            before = self._files_now()
+            try:
+                self._tables_before = self._check_directory()
+                self._check_logs()
+                opened = self._open_rocksdb()
+            except (StorageError, FileNotFoundError) as exc:
+                if self._files_now() == before and isinstance(exc, StorageError):
+                    raise  # the files held still: the failure is the files' own
+                failure = exc
+                continue
+            if self._files_now()[-1] == before[-1]:  # the same logs
+                return opened
+            _close_rdict(opened)
+        raise StorageError(
+            self.path,
+            "open (read-only)",
+            f"the live writer changed the database's files during each of "
+            f"{_READ_ONLY_ATTEMPTS} attempts (last failure: {failure})",
+            hint="it is flushing or compacting without pause: try again, or open a copy",
+        )
+
+    def _files_now(self) -> tuple[object, ...]:
+        """What a writer's flush or compaction changes: the current MANIFEST and its size,
+        and the log files (``None`` parts where they cannot be read)."""
+        try:
+            current = (self.path / "CURRENT").read_bytes()
+            manifest = os.stat(self.path / current.decode("ascii").strip()).st_size
+            logs = tuple(wal.log_files(os.listdir(self.path)))
+        except (OSError, UnicodeDecodeError):
+            return (None,)
+        return current, manifest, logs
 
     def _open_rocksdb(self) -> tuple[Any, dict[Table, Any], dict[Table, Any]]:
         try:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import BASE, Chain, full_range, open_queue, quarter_shards, quiet_config
+from builders import BASE, Chain, Clock, full_range, open_queue, quarter_shards, quiet_config
 from rocksdict import Options, Rdict
 from state_fixtures import write_state
 
@@ -26,7 +28,7 @@ from imq import DiffZone, ImqError, Queue, QueueKey
 from imq import iterator as iterator_module
 from imq.errors import CorruptDataError, SchemaVersionError, StorageError
 from imq.state.synth import synth_state
-from imq.storage import Table, codec
+from imq.storage import Table, codec, wal
 from imq.storage.rocks import Cursor, Scan
 
 APPLIED = quarter_shards()
@@ -303,6 +305,82 @@ def test_a_log_cut_short_at_its_end_opens_with_a_prefix(tmp_path: Path) -> None:
         q.close()
 
 
+# A child process opens the directory, so that an open that never returns fails the test
+# instead of hanging the suite.
+_OPEN_IN_CHILD = """
+import sys
+from imq import Queue, StorageError
+try:
+    Queue.open(sys.argv[1], read_only=sys.argv[2] == "ro").close()
+    print("opened")
+except StorageError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("kind", sorted(wal.RECYCLABLE))
+def test_a_record_of_a_recycled_logs_type_fails_the_open_instead_of_hanging(
+    tmp_path: Path, kind: int
+) -> None:
+    """One flipped bit turns a full record (type 1) into a recycled log's (5), on which
+    RocksDB 9.8's recovery loops for ever at 100% CPU (facebook/rocksdb#13333; so do 6,
+    7, 8 and 11): the open fails first, naming the log and the record, and changes
+    nothing."""
+    image, _ = _log_image(tmp_path)
+    (log,) = _files(image, ".log")
+    headers = list(wal.record_headers(image / log))
+    assert len(headers) > 4 and {k for _, _, k in headers} <= {1, 2, 3, 4}
+    offset = headers[len(headers) // 2][0]
+    with open(image / log, "r+b") as file:
+        file.seek(offset + 6)  # the header's type byte
+        file.write(bytes([kind]))
+    before = _listing(image)
+    for mode in ("rw", "ro"):
+        done = subprocess.run(
+            [sys.executable, "-c", _OPEN_IN_CHILD, str(image), mode],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert f"{log} holds a damaged record at offset {offset} (type {kind}," in done.stdout, (
+            done.stdout + done.stderr
+        )
+    assert _listing(image) == before
+
+
+def test_a_database_that_lost_its_log_is_refused(tmp_path: Path) -> None:
+    """The log holds every write not yet in a table file (here: all of them). Without it,
+    RocksDB opens what the tables hold, here nothing, and imq took that for a new queue
+    (an outside audit: deleted, the log of a killed node opened as an empty queue and
+    `imq verify` said ok). A database always has its current log."""
+    image, _ = _log_image(tmp_path)
+    for log in _files(image, ".log"):
+        (image / log).unlink()
+    before = _listing(image)
+    for read_only in (False, True):
+        with pytest.raises(StorageError, match="write-ahead log is missing"):
+            Queue.open(image, quiet_config(), read_only=read_only)
+    assert _listing(image) == before
+
+
+def test_every_closed_or_killed_database_keeps_a_log(tmp_path: Path) -> None:
+    """What the missing-log refusal rests on: RocksDB keeps its current log file through
+    opens, flushes, compactions and closes."""
+    path = tmp_path / "db"
+    clock = Clock()
+    for seqno in (1, 2, 3):
+        q = open_queue(path)
+        Chain(q, clock).apply(BASE, 20, seqno=seqno)
+        assert _files(path, ".log")
+        q.compact()
+        assert _files(path, ".log")
+        q.close()
+        assert _files(path, ".log")
+    image, _ = _log_image(tmp_path / "killed")
+    assert _files(image, ".log")
+
+
 # -- the MANIFEST, and directories that are not (yet) a queue ---------------------------------
 
 
@@ -357,6 +435,26 @@ def test_a_foreign_rocksdb_directory_is_refused_and_left_as_it_was(tmp_path: Pat
         assert db[b"their key"] == b"their value"
     finally:
         db.close()
+
+
+def test_a_queue_with_a_table_this_imq_does_not_know_is_a_newer_schema(tmp_path: Path) -> None:
+    """A newer imq that added a table: `SchemaVersionError` before RocksDB opens anything
+    (RocksDB would refuse to open without the table, a message that read as damage), and
+    the directory is left as it was, for the newer imq."""
+    path = tmp_path / "db"
+    q = open_queue(path)
+    Chain(q).apply(BASE, 5)
+    q.close()
+    tables = [t.value for t in Table]
+    raw = Options(raw_mode=True)
+    db = Rdict(str(path), raw, column_families={t: Options(raw_mode=True) for t in tables})
+    db.create_column_family("a_later_table", Options(raw_mode=True))
+    db.close()
+    before = _listing(path)
+    for read_only in (False, True):
+        with pytest.raises(SchemaVersionError, match=r"does not know \(a_later_table\)"):
+            Queue.open(path, quiet_config(), read_only=read_only)
+    assert _listing(path) == before
 
 
 def test_a_directory_of_other_files_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
