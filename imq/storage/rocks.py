@@ -898,11 +898,12 @@ class Store:
             if self._files_now()[-1] == before[-1]:  # the same logs
                 return opened
             _close_rdict(opened)
+        last = "" if failure is None else f" (the last attempt failed: {failure})"
         raise StorageError(
             self.path,
             "open (read-only)",
             f"the live writer changed the database's files during each of "
-            f"{_READ_ONLY_ATTEMPTS} attempts (last failure: {failure})",
+            f"{_READ_ONLY_ATTEMPTS} attempts{last}",
             hint="it is flushing or compacting without pause: try again, or open a copy",
         )
 
