@@ -18,15 +18,14 @@ Two kinds of damage RocksDB's own open does not report:
   log, and with it every write not yet in a table file: opened, it would look like an
   emptier queue, or a new one.
 
-The walk reads only the headers (one per record, a page touched per 32 KiB of large
-records): 2.6 ms for a 62 MB log of 10,000-message batches, 55 ms for a 68 MB log of
-100,000 one-message records, against 300 to 390 ms for RocksDB to replay either.
+The walk reads each log once, in 1 MiB chunks into one buffer, and looks at the headers
+only: 7 to 12 ms for a 62 MB log of 10,000-message batches, 40 ms for a 68 MB log of
+100,000 one-message records (measured beside another job), against 300 to 390 ms for
+RocksDB to replay either. An empty log, what a clean close leaves, costs one open.
 """
 
 from __future__ import annotations
 
-import mmap
-import os
 import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import NamedTuple
 __all__ = ["LogDamage", "find_log_damage", "log_files", "record_headers"]
 
 BLOCK = 32 * 1024
+_CHUNK = 32 * BLOCK  # read at once: whole blocks
 _HEADER = struct.Struct("<IHB")  # masked crc32c, payload length, type
 _HEADER_LEN = _HEADER.size
 _ZERO = 0  # a zero header: preallocated or padded space, not a record
@@ -75,24 +75,29 @@ def find_log_damage(directory: Path, names: Iterable[str]) -> LogDamage | None:
 def record_headers(path: Path) -> Iterator[tuple[int, int, int]]:
     """``(offset, payload length, type)`` of each record header of the log file ``path``,
     in order, up to its end or to a header that cannot be one (cut short, or running
-    past its block)."""
-    with open(path, "rb") as file:
-        size = os.fstat(file.fileno()).st_size
-        if size == 0:
-            return  # mmap refuses an empty file; a new log is empty
-        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            unpack = _HEADER.unpack_from
+    past its block).
+
+    The file is read in chunks of whole blocks (a record never crosses a block), not
+    mapped: a mapped file that shrinks under the reader kills the process (SIGBUS)."""
+    unpack = _HEADER.unpack_from
+    chunk = bytearray(_CHUNK)  # one buffer, refilled: no fresh memory per chunk
+    with open(path, "rb", buffering=0) as file:
+        base = 0
+        while size := file.readinto(chunk):
             pos = 0
             while pos + _HEADER_LEN <= size:
                 left = BLOCK - pos % BLOCK
                 if left < _HEADER_LEN:  # a block's trailer: zero padding
                     pos += left
                     continue
-                _, length, kind = unpack(data, pos)
+                _, length, kind = unpack(chunk, pos)
                 if kind == _ZERO and length == 0:  # padding or preallocated space
                     pos += left
                     continue
-                yield pos, length, kind
+                yield base + pos, length, kind
                 if kind in RECYCLABLE or length > left - _HEADER_LEN:
                     return  # a recycled log's header is longer: nothing to walk on
                 pos += _HEADER_LEN + length
+            if size < _CHUNK:
+                return  # the end of the file (a header cut short there is a torn tail)
+            base += size
