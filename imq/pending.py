@@ -62,10 +62,16 @@ class PendingRegistry:
         except BaseException:
             rw.release_read()
             raise
-        with self._mutex:
-            self._held.setdefault(thread, []).append(shard)
-            self._owners[shard] = thread
-        return LockGuard(self, rw, lock, thread, shard)
+        try:
+            with self._mutex:
+                self._held.setdefault(thread, []).append(shard)
+                self._owners[shard] = thread
+            return LockGuard(self, rw, lock, thread, shard)
+        except BaseException:  # a KeyboardInterrupt here must not keep the locks
+            self._forget(thread, shard)
+            lock.release()
+            rw.release_read()
+            raise
 
     def _wait_for(
         self,
@@ -116,7 +122,7 @@ class PendingRegistry:
     def _forget(self, thread: threading.Thread, shard: ShardIdent) -> None:
         with self._mutex:
             shards = self._held.get(thread)
-            if shards is not None:
+            if shards is not None and shard in shards:
                 shards.remove(shard)
                 if not shards:
                     del self._held[thread]
@@ -162,9 +168,15 @@ class LockGuard:
     def release(self) -> None:
         if not self._once.acquire(blocking=False):
             return
-        self._registry._forget(self._thread, self._shard)
-        self._lock.release()
-        self._rw.release_read()
+        # Each step runs even if the one before it was cut short (a KeyboardInterrupt):
+        # a lock left held would hold every later commit and clear up.
+        try:
+            self._registry._forget(self._thread, self._shard)
+        finally:
+            try:
+                self._lock.release()
+            finally:
+                self._rw.release_read()
 
 
 class PendingDiff:
@@ -237,7 +249,7 @@ class PendingDiff:
         try:
             self._write(self)
             self._state = "written"
-        finally:
+        finally:  # a KeyboardInterrupt inside the write too: its store is dead then
             self._guard.release()
 
     def discard(self) -> None:

@@ -596,6 +596,12 @@ def _open_hint(reason: str) -> str:
     """What to do about a failed RocksDB open, from its reason."""
     if "No space left" in reason or "Disk quota" in reason:
         return "the disk is full: free space and open the queue again (nothing was lost)"
+    if "Too many open files" in reason:
+        return (
+            "the process ran out of file descriptors (RocksDB keeps every table file "
+            "open): raise its limit (ulimit -n, LimitNOFILE) and open the queue again; "
+            "nothing is damaged"
+        )
     if "Read-only file system" in reason or "Permission denied" in reason:
         return (
             "the directory is not writable (rocksdict rewrites its rocksdict-config.json at "
@@ -803,7 +809,7 @@ class Store:
                     self.path,
                     "open",
                     f"cannot read its list of tables: {exc}",
-                    hint=_DAMAGED_HINT,
+                    hint=_open_hint(str(exc)),
                 ) from exc
             missing = [t.value for t in Table if t.value not in families]
             # imq's own creation cut short (killed between RocksDB's CURRENT and the
@@ -1026,6 +1032,19 @@ class Store:
         except KeyError:  # closed between the check and the lookup
             raise QueueClosedError(f"queue database {self.path} is closed") from None
 
+    def _interrupted(self, exc: BaseException) -> None:
+        """Kill the handle after a write that an exception other than an error (a
+        ``KeyboardInterrupt``) cut short: its memory may not match the disk."""
+        with contextlib.suppress(Exception):
+            self.cache.forget()
+            self.diff_tops.forget()
+        self._dead = self._dead or StorageError(
+            self.path,
+            "write",
+            f"a write was interrupted ({type(exc).__name__}): whether it reached the disk, "
+            "this handle cannot tell",
+        )
+
     def _failed(self, operation: str, exc: Exception) -> ImqError:
         """Kill the handle after a failed write: RocksDB refuses writes after an I/O error
         until it is reopened, so every later call says so."""
@@ -1195,26 +1214,36 @@ class Store:
                 for prefix in cache.unknown(txn.kept):
                     self._establish(prefix)
             try:
-                self._db.write(txn.batch)
-                if sync:
-                    # The same guarantee as a write with sync set (the log synced up to
-                    # and with this batch before the call returns), but rocksdict holds
-                    # the GIL through a write, fsync included, and releases it in
-                    # flush_wal: the host's other threads run while the disk syncs.
-                    self._db.flush_wal(True)
-            except Exception as exc:  # rocksdict raises a bare Exception("IO error: ...")
-                cache.forget()  # whatever the batch did, the cache must not vouch for it
-                self.diff_tops.forget()
-                raise self._failed("write", exc) from exc
-            self.diff_tops.after_write(txn.diffs_blind, txn.diff_tops)
-            if txn.cache_blind or not txn.kept_all:
-                cache.forget()
-            elif txn.kept or txn.deleted_messages:
-                cache.after_write(txn.kept, txn.deleted_messages, in_order=txn.kept_in_order)
-            state = self._state
-            for update in txn.state_updates:
-                state = update(state)
-            self._state = state
+                try:
+                    self._db.write(txn.batch)
+                    if sync:
+                        # The same guarantee as a write with sync set (the log synced up
+                        # to and with this batch before the call returns), but rocksdict
+                        # holds the GIL through a write, fsync included, and releases it
+                        # in flush_wal: the host's other threads run while the disk syncs.
+                        self._db.flush_wal(True)
+                except Exception as exc:  # rocksdict raises a bare Exception("IO error")
+                    cache.forget()  # whatever the batch did, the cache must not vouch for it
+                    self.diff_tops.forget()
+                    raise self._failed("write", exc) from exc
+                self.diff_tops.after_write(txn.diffs_blind, txn.diff_tops)
+                if txn.cache_blind or not txn.kept_all:
+                    cache.forget()
+                elif txn.kept or txn.deleted_messages:
+                    cache.after_write(txn.kept, txn.deleted_messages, in_order=txn.kept_in_order)
+                state = self._state
+                for update in txn.state_updates:
+                    state = update(state)
+                self._state = state
+            except Exception:
+                raise
+            except BaseException as exc:
+                # A KeyboardInterrupt (or a signal handler's exception) between RocksDB
+                # taking the batch, or not, and this handle's memory following it: which
+                # one happened, the handle cannot tell. It dies, so that no later call
+                # answers from a state, cache or tops the disk no longer matches.
+                self._interrupted(exc)
+                raise
 
     def _establish(self, prefix: bytes) -> None:
         """Start watching the segment ``prefix`` above its greatest stored key. Under
@@ -1341,11 +1370,14 @@ class Store:
         files from its background threads, so a file listed may be gone by the time it
         is measured: it counts nothing (it raised ``FileNotFoundError`` before)."""
         total = 0
-        for f in self.path.rglob("*"):
-            try:
-                st = f.stat()
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                total += st.st_size
+        try:
+            for f in self.path.rglob("*"):
+                try:
+                    st = f.stat()
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+        except OSError as exc:  # out of file descriptors, a permission changed
+            raise FileAccessError(self.path, "measure the files of", exc) from exc
         return total
