@@ -12,6 +12,7 @@ Iterators are materialised in the child: the parent gets the whole (bounded) ran
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -45,6 +46,11 @@ class ChildQueueError(ImqError):
 def _serve(
     conn: Connection, path: str, config: QueueConfig, setup: Callable[[], None] | None
 ) -> None:
+    # A terminal's Ctrl-C reaches the whole process group: the parent handles it (it
+    # closes this process, or kills it as a crash); here it would only cut a call short.
+    # The process started with SIGINT blocked (ChildQueue), so none was lost meanwhile.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if setup is not None:
         setup()
     queue = Queue.open(Path(path), config)
@@ -166,15 +172,33 @@ class ChildQueue:
             name="imq-queue",
             daemon=True,
         )
-        self._proc.start()
+        # Started with SIGINT blocked (a signal mask survives exec): a Ctrl-C while the
+        # child's interpreter starts stays pending until it ignores SIGINT (_serve), where
+        # it would kill the child mid-import with a traceback.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            self._proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child_conn.close()
+        # A call cut short between sending and receiving (a Ctrl-C): its answer is still
+        # in the pipe, where the next call would take it for its own.
+        self._interrupted: str | None = None
 
     def _call(self, op: str, *args: Any) -> Any:
+        if self._interrupted is not None:
+            raise ChildQueueError(
+                f"the call {self._interrupted} to the queue process was interrupted; its "
+                "answer would be read as the next call's: the channel is closed"
+            )
         try:
             self._conn.send((op, args))
             status, value = self._conn.recv()
         except (EOFError, OSError, BrokenPipeError) as exc:
             raise ChildQueueError(f"the queue process died during {op}") from exc
+        except BaseException:
+            self._interrupted = op
+            raise
         if status == "error":
             raise value
         return value
@@ -248,14 +272,21 @@ class ChildQueue:
     def run_gc(self) -> int:
         return int(self._call("run_gc"))
 
+    def _counters(self) -> Any:
+        """The child's GC counters; zeros once the channel is out of step (the report's
+        totals are all they feed, and a Ctrl-C's run reports no totals)."""
+        if self._interrupted is not None:
+            return (0, 0, 0)
+        return self._call("counters")
+
     @property
     def metrics(self) -> _Counters:
-        self._last = self._call("counters")
+        self._last = self._counters()
         return _Counters(self._last)
 
     @property
     def gc_worker(self) -> Any:
-        values = self._call("counters")
+        values = self._counters()
 
         class _Worker:
             passes = values[2]
@@ -263,7 +294,9 @@ class ChildQueue:
         return _Worker()
 
     def close(self) -> None:
-        if self._proc.is_alive():
+        if self._interrupted is not None:  # the channel is out of step: stop the child
+            self._proc.kill()  # as a crash: what it acknowledged is on disk
+        elif self._proc.is_alive():
             self._call("close")
         self._proc.join()
         self._conn.close()

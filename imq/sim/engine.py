@@ -463,14 +463,22 @@ class Simulation:
             if self.followers:
                 self._agree_contents("after the final GC")
                 self._agree("after the final GC")
-        finally:
+        except BaseException:  # a failure or a Ctrl-C: close, and let nothing hide it
+            with contextlib.suppress(Exception):
+                self._wind_down()
+            raise
+        self._wind_down()
+        self._verify()
+        return self.result
+
+    def _wind_down(self) -> None:
+        try:
             self._update_gc_totals()
+        finally:
             try:
                 self._close()
             finally:  # the final close is a timed queue call too: inside the run's time
                 self.result.seconds = time.perf_counter() - self._started
-        self._verify()
-        return self.result
 
     def _main_phase(self) -> None:
         cfg = self.config

@@ -358,3 +358,40 @@ def test_a_bad_op_log_names_the_file_and_line(text: str, says: str, tmp_path: Pa
     log.write_text(text)
     line = _error_line(_imq("replay", log))
     assert line == f"imq: error: op log {log} {says}" or (str(log) in line and says in line), line
+
+
+@pytest.mark.parametrize("target", ["parent", "group"])
+def test_ctrl_c_during_a_simulation_with_a_queue_process_is_one_line(
+    tmp_path: Path, target: str
+) -> None:
+    """`imq simulate --kill` runs its queue in a child process. A Ctrl-C that cut a call
+    short between its request and its answer left the answer in the pipe, where the
+    next call read it as its own (a TypeError traceback, exit 1; an outside audit); a
+    terminal's Ctrl-C, which reaches the child too, killed it mid-call. Now the child
+    ignores SIGINT and the parent stops it: exit 130, one line, a sound queue."""
+    run = tmp_path / "sim"
+    argv = ["simulate", "--fresh", "--rounds", "100000", "--kill", "--dir", str(run), "--no-plot"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _IMQ, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+        start_new_session=True,  # its own process group, as a terminal's job
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "queue" / "CURRENT").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(2.0)  # well into the rounds: calls to the queue process all the time
+        if target == "group":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert b"Traceback" not in err
+    assert err.decode().strip().splitlines()[-1].startswith("imq: interrupted; the run stopped")
+    assert _imq("verify", run / "queue").returncode == 0
