@@ -182,6 +182,8 @@ _ERRNO_HINTS = {
     errno.EPERM: "check the permissions of the file and its directory",
     errno.EROFS: "the file system is read-only: use a writable location",
     errno.ENOSPC: "the disk is full: free space (or choose another disk) and retry",
+    errno.EMFILE: "the process ran out of file descriptors: raise its limit (ulimit -n) and retry",
+    errno.ENFILE: "the system ran out of file descriptors: close some files and retry",
     errno.EDQUOT: "the disk quota is exhausted: free space and retry",
     errno.ENAMETOOLONG: "the path is too long: use a shorter one",
 }
