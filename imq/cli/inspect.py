@@ -15,7 +15,7 @@ __all__ = ["register", "run"]
 
 EXAMPLES = """\
 JSON: keys as {"lt": int, "hash": hex} (QueueKey.from_json), shards and block ids in the
-text that ShardIdent.parse and BlockId.parse read.
+text that ShardIdent.parse and BlockId.parse read; the GC bounds keyed "<partition>/<shard>".
 
 examples (from the repository root, after `imq demo`):
   imq inspect var/demo-db

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -351,8 +353,18 @@ def run_export(
         f"{report.chunks} chunks, {report.bytes:,} bytes"
         f"{'' if report.bit_exact else ' (not bit-exact: a prev_hash was unknown)'} "
         f"in {report.seconds:.2f} s",
-        file=out,
+        file=sys.stderr if _is_stream(dest, out) else out,
     )
+
+
+def _is_stream(dest: Path, out: TextIO) -> bool:
+    """Whether ``dest`` is the command's own output (``/dev/stdout``, or the file or pipe
+    stdout goes to): its summary must not land among the state's bytes."""
+    try:
+        ours, theirs = os.stat(dest), os.fstat(out.fileno())
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False  # no file behind ``out`` (a test's buffer), or dest is gone
+    return (ours.st_dev, ours.st_ino) == (theirs.st_dev, theirs.st_ino)
 
 
 def diff_json(diff: TlDiff, digest: bytes) -> dict[str, Any]:

@@ -332,3 +332,28 @@ def test_python_dash_m_imq_imports_and_dumps(tmp_path: Path) -> None:
     with _open(tmp_path / "db") as queue:
         assert queue.get_last_committed_mc_block_id() == parse_block_id_name(name)
         assert isinstance(queue.get_last_committed_mc_block_id(), BlockId)
+
+
+@pytest.mark.parametrize("into", ["file", "pipe"])
+def test_export_to_dev_stdout_writes_the_state_alone(imq: Imq, tmp_path: Path, into: str) -> None:
+    """`imq export ... /dev/stdout` wrote its summary line to stdout too: piped, after
+    the state; redirected to a file, over the state's first bytes (an outside audit).
+    The summary goes to stderr when the destination is the command's own stdout."""
+    db = tmp_path / "db"
+    assert imq("import", db, SHARD_BIN, "--block-id", SHARD_ID, "--no-progress").code == 0
+    argv = [sys.executable, "-m", "imq", "export", str(db), "--shard", "0:8000000000000000"]
+    argv += ["--seqno", "160", "--tail-len", "3", "--no-progress", "/dev/stdout"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = tmp_path / "out.bin"
+    if into == "file":
+        with out.open("wb") as sink:
+            done = subprocess.run(
+                argv, stdout=sink, stderr=subprocess.PIPE, env=env, timeout=60, check=False
+            )
+        data = out.read_bytes()
+    else:
+        done = subprocess.run(argv, capture_output=True, env=env, timeout=60, check=False)
+        data = done.stdout
+    assert done.returncode == 0, done.stderr
+    assert data == SHARD_BIN.read_bytes()  # bit-exact, and nothing else
+    assert b"exported 0:8000000000000000:160 to /dev/stdout" in done.stderr
