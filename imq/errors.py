@@ -152,6 +152,10 @@ class StorageError(ImqError):
         self.operation = operation
         self.reason = reason
 
+    def again(self) -> StorageError:
+        """What every later call on the handle this error killed raises."""
+        return StorageError(self.path, self.operation, f"this handle is dead: {self.reason}")
+
 
 class FileAccessError(ImqError, OSError):
     """A file or directory imq was given cannot be used: it is missing, of the wrong kind

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from imq import reads
-from imq.errors import QueueClosedError, StorageError
+from imq.errors import QueueClosedError
 from imq.iterator import QueueIterator, destination_test
 from imq.observability import Metrics
 from imq.reads import check_type
@@ -45,9 +45,7 @@ class QueueReads:
             raise QueueClosedError(f"queue {self._store.path} is closed")
         dead = self._store.dead
         if dead is not None:  # what this handle holds in memory may not match the disk
-            raise StorageError(
-                self._store.path, dead.operation, f"this handle is dead: {dead.reason}"
-            )
+            raise dead.again()
 
     # -- reads --------------------------------------------------------------------------------
 

@@ -1021,9 +1021,7 @@ class Store:
         if self._closed:
             raise QueueClosedError(f"queue database {self.path} is closed")
         if self._dead is not None:
-            raise StorageError(
-                self.path, self._dead.operation, f"this handle is dead: {self._dead.reason}"
-            )
+            raise self._dead.again()
 
     def _table(self, table: Table) -> Any:
         self._check_open()
