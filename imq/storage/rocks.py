@@ -997,8 +997,7 @@ class Store:
             if self._closed:
                 return None
             self._closed = True
-            self.cache.forget()
-            self.diff_tops.forget()
+            self._forget_memory()
             try:
                 for resource in list(self._resources):
                     try:
@@ -1030,12 +1029,17 @@ class Store:
         except KeyError:  # closed between the check and the lookup
             raise QueueClosedError(f"queue database {self.path} is closed") from None
 
+    def _forget_memory(self) -> None:
+        """Drop what this handle keeps of the disk's rows in memory (the cache of fresh
+        rows, the shards' top diffs): read from RocksDB again, or never, from now on."""
+        self.cache.forget()
+        self.diff_tops.forget()
+
     def _interrupted(self, exc: BaseException) -> None:
         """Kill the handle after a write that an exception other than an error (a
         ``KeyboardInterrupt``) cut short: its memory may not match the disk."""
         with contextlib.suppress(Exception):
-            self.cache.forget()
-            self.diff_tops.forget()
+            self._forget_memory()
         self._dead = self._dead or StorageError(
             self.path,
             "write",
@@ -1221,8 +1225,7 @@ class Store:
                         # in flush_wal: the host's other threads run while the disk syncs.
                         self._db.flush_wal(True)
                 except Exception as exc:  # rocksdict raises a bare Exception("IO error")
-                    cache.forget()  # whatever the batch did, the cache must not vouch for it
-                    self.diff_tops.forget()
+                    self._forget_memory()  # whatever the batch did, memory must not vouch for it
                     raise self._failed("write", exc) from exc
                 self.diff_tops.after_write(txn.diffs_blind, txn.diff_tops)
                 if txn.cache_blind or not txn.kept_all:
