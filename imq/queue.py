@@ -56,6 +56,17 @@ def _partitions(partitions: Iterable[int]) -> frozenset[int]:
     return frozenset(check_partition(p) for p in partitions)
 
 
+def _check_file(name: str, value: object, method: str, binary: str) -> None:
+    """``value`` is a path, or a binary file object with ``method`` (``read``/``write``);
+    ``binary`` says how to open a text file's path instead."""
+    if not isinstance(value, str | os.PathLike) and not callable(getattr(value, method, None)):
+        raise TypeError(
+            f"{name} must be a path or a binary file object, got {type(value).__name__}"
+        )
+    if isinstance(value, io.TextIOBase):
+        raise TypeError(f"{name} is a text file: {binary}")
+
+
 def _check_progress(progress: object) -> None:
     if not isinstance(progress, bool) and not callable(progress):
         raise TypeError(
@@ -551,14 +562,7 @@ class Queue(QueueReads):
         all or nothing, streamed with bounded memory. ``progress=True`` draws a progress
         line on stderr; a callable gets ``(messages done, messages in the state)``."""
         self._check_writable("import_state")
-        if not isinstance(source, str | os.PathLike) and not callable(
-            getattr(source, "read", None)
-        ):
-            raise TypeError(
-                f"source must be a path or a binary file object, got {type(source).__name__}"
-            )
-        if isinstance(source, io.TextIOBase):
-            raise TypeError("source is a text file: open the state file in binary mode ('rb')")
+        _check_file("source", source, "read", "open the state file in binary mode ('rb')")
         check_type("block_id", block_id, BlockId)
         _check_progress(progress)
         self._pending.check_no_pending("import_state")
@@ -604,12 +608,7 @@ class Queue(QueueReads):
         reads.check_block(shard, seqno)
         if not isinstance(tail_len, int) or isinstance(tail_len, bool):
             raise TypeError(f"tail_len must be an int, got {type(tail_len).__name__}")
-        if not isinstance(dest, str | os.PathLike) and not callable(getattr(dest, "write", None)):
-            raise TypeError(
-                f"dest must be a path or a binary file object, got {type(dest).__name__}"
-            )
-        if isinstance(dest, io.TextIOBase):
-            raise TypeError("dest is a text file: open it in binary mode ('wb')")
+        _check_file("dest", dest, "write", "open it in binary mode ('wb')")
         _check_progress(progress)
         line = ProgressLine(f"export {shard}:{seqno}") if progress is True else None
         callback: Progress | None = line
