@@ -14,6 +14,7 @@ import contextlib
 import gc
 import heapq
 import itertools
+import os
 import time
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -40,7 +41,7 @@ from imq import (
     TopBlock,
 )
 from imq.sim.world import ZERO_HASH, World, busiest_router, derive_rng, diff_hash_of, message_key
-from imq.storage.rocks import wipe_database
+from imq.storage.rocks import DATABASE_FILE, LOCK_FILE, wipe_database
 
 __all__ = [
     "MessageId",
@@ -448,9 +449,12 @@ class Simulation:
                 wipe_database(path)
         directory.mkdir(parents=True, exist_ok=True)
         for path in self.db_paths:
-            if (path / "CURRENT").exists():
+            if path.is_dir() and any(
+                name != LOCK_FILE and DATABASE_FILE.fullmatch(name) for name in os.listdir(path)
+            ):
                 raise SimulationError(
-                    f"{path} holds the queue of a previous run; use --fresh to start over"
+                    f"{path} holds the queue of a previous run (or what a cut-short "
+                    "deletion left of one); use --fresh to start over"
                 )
         self._started = time.perf_counter()
         try:

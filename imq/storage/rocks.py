@@ -576,7 +576,9 @@ def wipe_database(path: Path) -> None:
                 "it is not deleted"
             ) from None
         _check_replaceable(path)  # again, now that no writer can add to it
-        for name in os.listdir(path):
+        # CURRENT first: a wipe cut short then leaves no database RocksDB would open, only
+        # files the next open refuses and the next wipe deletes.
+        for name in sorted(os.listdir(path), key=lambda n: n != "CURRENT"):
             if name != LOCK_FILE:
                 try:
                     (path / name).unlink(missing_ok=True)
@@ -842,6 +844,17 @@ class Store:
                 "open",
                 "the directory holds other files but no queue database",
                 hint="pass a new or empty directory, or the queue's own; nothing in it was changed",
+            )
+        elif not self.read_only and (tables or wal.log_files(names)):
+            # RocksDB writes CURRENT before any table or log file: these are what a
+            # deletion cut short left (or CURRENT itself was lost).
+            raise StorageError(
+                self.path,
+                "open",
+                "it holds table or log files but no CURRENT file: a deletion of the "
+                "database was cut short, or its CURRENT file was lost",
+                hint="delete the directory to start afresh (`imq simulate --fresh` does), or "
+                "restore it from a copy; nothing in it was changed",
             )
         return tables
 

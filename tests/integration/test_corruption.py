@@ -485,3 +485,24 @@ def test_a_creation_cut_short_before_imqs_tables_opens(tmp_path: Path) -> None:
         assert _iterate(q) == []
     finally:
         q.close()
+
+
+def test_table_files_without_current_are_refused_untouched(tmp_path: Path) -> None:
+    """What a deletion cut short leaves (CURRENT gone first, table and log files still
+    there) is refused before RocksDB writes a new database among them; the read-only
+    open refuses it too."""
+    path = tmp_path / "q"
+    q = open_queue(path)
+    Chain(q, Clock()).apply(BASE, 20, seqno=1)
+    q.compact()
+    q.close()
+    (path / "CURRENT").unlink()
+    before = _listing(path)
+    assert _files(path, ".sst") and _files(path, ".log"), before.keys()
+    with pytest.raises(StorageError, match="no CURRENT file") as err:
+        Queue.open(path, quiet_config())
+    assert "delete the directory" in str(err.value)
+    assert _listing(path) == before
+    with pytest.raises(ImqError):
+        Queue.open(path, quiet_config(), read_only=True)
+    assert _listing(path) == before

@@ -4,6 +4,7 @@ that loses or repeats a message is caught and named."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -273,3 +274,33 @@ def test_the_command_freezes_the_start_up_heap_only_while_it_runs(
     with pytest.raises(RuntimeError), frozen_startup_heap():
         raise RuntimeError("a failed run")
     assert gc.get_freeze_count() == before
+
+
+def test_a_fresh_start_cut_short_is_finished_by_the_next_fresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``--fresh`` deletion killed midway deletes CURRENT first, so what it leaves is no
+    database RocksDB would open: a plain run refuses it, saying ``--fresh``; the next
+    ``--fresh`` finishes the deletion."""
+    Simulation(SimConfig(directory=tmp_path, rounds=5)).run()
+    queue_dir = tmp_path / "queue"
+    deleted: list[str] = []
+    real_unlink = Path.unlink
+
+    def unlink_twice(self: Path, missing_ok: bool = False) -> None:
+        if len(deleted) == 2:
+            raise KeyboardInterrupt  # the wipe's process is stopped here
+        deleted.append(self.name)
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink_twice)
+    with pytest.raises(KeyboardInterrupt):
+        Simulation(SimConfig(directory=tmp_path, rounds=5, fresh=True)).run()
+    monkeypatch.undo()
+    assert deleted[0] == "CURRENT"
+    left = sorted(os.listdir(queue_dir))
+    assert any(name.endswith(".sst") for name in left), left
+    with pytest.raises(SimulationError, match="--fresh"):
+        Simulation(SimConfig(directory=tmp_path, rounds=5)).run()
+    assert sorted(os.listdir(queue_dir)) == left
+    assert Simulation(SimConfig(directory=tmp_path, rounds=5, fresh=True)).run().verified
