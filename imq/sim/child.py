@@ -23,6 +23,7 @@ from imq import (
     BlockId,
     BlockIdShort,
     CommitPointer,
+    DiffInfo,
     DiffStatistics,
     DiffZone,
     ImqError,
@@ -228,6 +229,12 @@ class ChildQueue:
 
     def get_diffs_tail_len(self, shard: ShardIdent, from_key: QueueKey) -> int:
         return int(self._call("get_diffs_tail_len", shard, from_key))
+
+    def get_diff_info(
+        self, shard: ShardIdent, seqno: int, zone: DiffZone = DiffZone.BOTH
+    ) -> DiffInfo | None:
+        result: DiffInfo | None = self._call("get_diff_info", shard, seqno, zone)
+        return result
 
     def get_last_committed_mc_block_id(self) -> BlockId | None:
         result: BlockId | None = self._call("get_last_committed_mc_block_id")

@@ -17,6 +17,7 @@ import itertools
 import os
 import time
 from array import array
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -27,11 +28,13 @@ from imq import (
     BlockId,
     BlockIdShort,
     CommitPointer,
+    DiffInfo,
     DiffStatistics,
     DiffZone,
     ImqError,
     IteratedMessage,
     Message,
+    PartitionRouter,
     Queue,
     QueueConfig,
     QueueDiff,
@@ -145,6 +148,10 @@ class SimQueue(Protocol):
 
     def get_diffs_tail_len(self, shard: ShardIdent, from_key: QueueKey) -> int: ...
 
+    def get_diff_info(
+        self, shard: ShardIdent, seqno: int, zone: DiffZone = DiffZone.BOTH
+    ) -> DiffInfo | None: ...
+
     def get_last_committed_mc_block_id(self) -> BlockId | None: ...
 
     def export_state(self, shard: ShardIdent, seqno: int, tail_len: int, dest: Any) -> Any: ...
@@ -179,6 +186,9 @@ class SimConfig:
     gc_interval: float = 0.25
     nodes: int = 1  # node processes: one collates each shard, the others apply its diffs
     max_drain_rounds: int = 5_000
+    # Compare the queue's answers about its own state (pointers, stored diffs, statistics,
+    # what GC leaves) with what the run wrote; off only to time the network's work alone.
+    check_state: bool = True
 
     def __post_init__(self) -> None:
         if self.rounds is None and self.duration is None:
@@ -220,12 +230,14 @@ class BlockRecord:
     created: list[Message]
     executed: list[IteratedMessage]
     state: ShardState
+    router: PartitionRouter = field(default_factory=PartitionRouter)
+    executed_low: frozenset[MessageId] = frozenset()  # read from the low-priority partition
 
 
 @dataclass(frozen=True)
 class Violation:
     message: MessageId
-    kind: str  # "lost" | "duplicated" | "misdelivered" | "phantom" | "stored"
+    kind: str  # "lost" | "duplicated" | "misdelivered" | "misrouted" | "phantom" | "stored"
     detail: str
 
     def __str__(self) -> str:
@@ -256,7 +268,8 @@ class SimResult:
     messages_delivered: int = 0
     restarts: int = 0
     kills: int = 0
-    resets: int = 0
+    resets: int = 0  # of the uncommitted zone: clears, and the startup of every restart
+    clears: int = 0  # clear_uncommitted_state calls (a cancelled collation's reset)
     rolled_back_blocks: int = 0
     cancelled: int = 0
     gc_passes: int = 0
@@ -267,6 +280,11 @@ class SimResult:
     duplicated: int = 0
     violations: list[Violation] = field(default_factory=list)
     disagreements: list[str] = field(default_factory=list)  # between nodes (--nodes)
+    # What the queue answered about its own state (pointers, diffs, statistics, tails)
+    # against what the run wrote: each check made, and each one that failed.
+    state_checks: int = 0
+    state_errors: list[str] = field(default_factory=list)
+    check_seconds: float = 0.0  # wall time of the state checks (inside the run's)
     agreed_exports: int = 0
     agreed_contents_messages: int = 0  # stored messages every node read back alike
     # Per operation, each call's seconds: arrays of doubles, not lists of floats, which the
@@ -276,7 +294,7 @@ class SimResult:
 
     @property
     def verified(self) -> bool:
-        return not self.violations and not self.disagreements
+        return not self.violations and not self.disagreements and not self.state_errors
 
     @property
     def queue_seconds(self) -> float:
@@ -289,15 +307,22 @@ class SimResult:
 
     def verdict(self) -> str:
         head = "verified" if self.verified else "VIOLATED"
-        line = (
-            f"exactly-once: {head}, {self.messages_delivered:,} messages, "
-            f"{self.lost:,} lost, {self.duplicated:,} duplicated"
-        )
+        kinds = Counter(v.kind for v in self.violations)
+        counts = [f"{self.lost:,} lost", f"{self.duplicated:,} duplicated"]
+        counts += [f"{n:,} {kind}" for kind, n in sorted(kinds.items()) if kind not in _HEADLINE]
+        if self.state_errors:
+            counts.append(f"{len(self.state_errors):,} failed state checks")
+        line = f"exactly-once: {head}, {self.messages_delivered:,} messages, " + ", ".join(counts)
         if self.violations:
             line += f"; first: {self.violations[0]}"
+        elif self.state_errors:
+            line += f"; first failed state check: {self.state_errors[0]}"
         elif self.disagreements:
             line += f"; nodes disagree: {self.disagreements[0]}"
         return line
+
+
+_HEADLINE = ("lost", "duplicated")
 
 
 def _percentile(samples: Sequence[float], percent: float) -> float:
@@ -346,6 +371,10 @@ class Simulation:
         self.uncommitted: dict[ShardIdent, list[BlockRecord]] = {s: [] for s in self.world.shards}
         self.last_mc: BlockId | None = None
         self.owed: dict[MessageId, Message] = {}  # committed, not yet executed
+        # The owed messages whose block's router sent them to another partition than 0.
+        self.owed_partition: dict[MessageId, int] = {}
+        # Per shard, the max_message of each committed diff the final GC may keep.
+        self.committed_tops: dict[ShardIdent, list[QueueKey]] = {s: [] for s in self.world.shards}
         # Hashes of messages executed by committed blocks: a dict of bytes to None, not a
         # set, because CPython's cyclic GC stops walking a dict that holds only such
         # values (a set it walks entry by entry at every full collection: a long run's
@@ -382,16 +411,128 @@ class Simulation:
     def _open(self) -> None:
         last = self.last_mc if self.last_mc is not None else BlockId(MC, 0)
         opened: list[SimQueue] = []
-        for path in self.db_paths:
+        for node, path in enumerate(self.db_paths):
             started = time.perf_counter()
             queue = self.opener(path, self.config.queue_config())
             self._timed("open", started)
+            with self._checking():
+                self._check_reopened(queue, node)
             started = time.perf_counter()
             queue.startup(last, list(self.world.shards))
             self._timed("startup", started)
+            with self._checking():
+                self._check_started(queue, node)
             opened.append(queue)
         self.queue, self.followers = opened[0], opened[1:]
         self._roll_back()
+
+    # -- the queue's own state against the run's record ------------------------------------
+
+    def _check_reopened(self, queue: SimQueue, node: int) -> None:
+        """What a node's queue holds as it opens, before startup resets its uncommitted
+        zone: the last committed block, the commit pointers, and every diff written since
+        the last commit, as the run wrote them. A restart loses nothing written, a kill
+        neither: each write reached RocksDB's log before it returned."""
+        if not self.config.check_state:
+            return
+        where = f"node {node}, reopened"
+        last = queue.get_last_committed_mc_block_id()
+        if not self._check(last == self.last_mc):
+            self._state_error(
+                f"{where}: last committed block {last}, the run committed {self.last_mc}"
+            )
+        self._check_pointers(queue.get_commit_pointers(), where)
+        for shard, blocks in self.uncommitted.items():
+            for block in blocks:
+                info = queue.get_diff_info(shard, block.seqno, DiffZone.UNCOMMITTED)
+                self._check_diff(info, block, f"{where}: uncommitted diff of {shard}:{block.seqno}")
+
+    def _check_started(self, queue: SimQueue, node: int) -> None:
+        """After startup no diff written since the last commit is stored."""
+        if not self.config.check_state:
+            return
+        for shard, blocks in self.uncommitted.items():
+            for block in blocks:
+                info = queue.get_diff_info(shard, block.seqno, DiffZone.BOTH)
+                if not self._check(info is None):
+                    self._state_error(
+                        f"node {node}: startup kept the uncommitted diff of "
+                        f"{block.shard}:{block.seqno}"
+                    )
+
+    def _check_pointers(self, pointers: dict[ShardIdent, CommitPointer], where: str) -> None:
+        """Each committed shard's pointer names its last committed diff's max message."""
+        expected = {
+            shard: CommitPointer(state.top_max, state.seqno)
+            for shard, state in self.committed.items()
+            if state.top_max is not None
+        }
+        if not self._check(pointers == expected):
+            self._state_error(
+                f"{where}: commit pointers "
+                + "; ".join(
+                    f"{s}: {pointers.get(s)}, the run committed {expected.get(s)}"
+                    for s in sorted({*pointers, *expected})
+                    if pointers.get(s) != expected.get(s)
+                )
+            )
+
+    def _check_diff(self, info: DiffInfo | None, block: BlockRecord, what: str) -> None:
+        """The stored diff is the one the run wrote: its seqno, hash, last message and
+        processed_to."""
+        state = block.state
+        if info is None:
+            self._check(False)
+            self._state_error(f"{what} is not stored")
+        elif not self._check(
+            info.seqno == block.seqno
+            and info.hash == state.top_hash
+            and info.max_message == state.top_max
+            and info.processed_to == dict(state.processed_to)
+        ):
+            self._state_error(
+                f"{what} is stored as seqno {info.seqno}, max message {info.max_message}, "
+                f"processed_to {info.processed_to}; the run wrote seqno {block.seqno}, max "
+                f"message {state.top_max}, processed_to {dict(state.processed_to)}"
+                + ("" if info.hash == state.top_hash else ", and another hash")
+            )
+
+    def _check_committed(
+        self, node: SimQueue, shard: ShardIdent, blocks: list[BlockRecord]
+    ) -> None:
+        """Right after a commit on ``blocks`` of ``shard``: its new top diff is stored as
+        written, and the statistics of the committed diffs count, per partition, the
+        destinations of their messages as each block's router sent them. (GC cannot have
+        touched them yet: no other shard has read them.)"""
+        top = blocks[-1]
+        info = node.get_diff_info(shard, top.seqno, DiffZone.COMMITTED)
+        if info is None and node.get_diff_info(shard, top.seqno, DiffZone.UNCOMMITTED):
+            self._check(False)
+            self._state_error(
+                f"the diff of {shard}:{top.seqno} is still uncommitted after the commit on "
+                f"masterchain block {self.current[MC].seqno}"
+            )
+        else:
+            self._check_diff(info, top, f"committed diff of {shard}:{top.seqno}")
+        before, last = self.committed[shard].top_max, top.state.top_max
+        if last is None:  # pragma: no cover - a written block always has its max message
+            raise SimulationError(f"no max message for the block {shard}:{top.seqno}")
+        committed = QueueShardRange(
+            shard, QueueKey.MIN if before is None else before.next_value(), last.next_value()
+        )
+        expected: dict[int, Counter[Any]] = {p: Counter() for p in PARTITIONS}
+        for block in blocks:
+            for m in block.created:
+                expected[block.router.partition_for(m.src, m.dst)][m.dst] += 1
+        for partition in PARTITIONS:
+            stats = node.load_diff_statistics(partition, committed)
+            if not self._check(stats == expected[partition]):
+                self._state_error(
+                    f"statistics of {shard}'s diffs {blocks[0].seqno}..{top.seqno}, "
+                    f"partition {partition}: {sum(stats.values())} messages to {len(stats)} "
+                    f"accounts; the diffs hold {sum(expected[partition].values())} to "
+                    f"{len(expected[partition])}"
+                )
 
     def _gc_counters(self) -> tuple[int, int, int]:
         metrics = getattr(self.queue, "metrics", None)
@@ -530,6 +671,9 @@ class Simulation:
         started = time.perf_counter()
         pointers = self._q().get_commit_pointers()
         self._timed("get_commit_pointers", started)
+        if cfg.check_state:
+            with self._checking():
+                self._check_pointers(pointers, f"round {round_no}")
         for i, node in enumerate(self.followers, start=1):
             if node.get_commit_pointers() != pointers:
                 raise SimulationError(f"node {i} disagrees with node 0 on the commit pointers")
@@ -575,6 +719,7 @@ class Simulation:
             node.clear_uncommitted_state(PARTITIONS, list(self.world.shards))
             self._timed("clear_uncommitted_state", started)
         self.result.resets += 1
+        self.result.clears += 1
         self._roll_back()
 
     def _roll_back(self) -> None:
@@ -612,16 +757,17 @@ class Simulation:
 
     def _read(
         self, shard: ShardIdent, ranges: list[QueueShardRange], limit: int
-    ) -> list[IteratedMessage]:
+    ) -> tuple[list[IteratedMessage], frozenset[MessageId]]:
         """The first ``limit`` messages for ``shard`` in ``ranges``, both partitions
         merged by key. Each partition's iterator is read up to ``limit`` on its own (a
         collator buffers its partitions separately), and only that is timed as the
         queue's ``read``; merging the two is the collator's work. (Merging the iterators
         lazily put the merge's generator step and Python key call, about 250 ns a message
         here, inside the queue's time: ``read`` took a tenth less without them,
-        ``benchmarks/results/sim-analysis.md``, Stop 24.)"""
+        ``benchmarks/results/sim-analysis.md``, Stop 24.) Also returned: which of the
+        messages came from the low-priority partition."""
         if not ranges:
-            return []
+            return [], frozenset()
         started = time.perf_counter()
         queue = self._node(shard)
         parts: list[list[IteratedMessage]] = []
@@ -633,9 +779,10 @@ class Simulation:
                 it.close()
         self._timed("read", started)
         normal, low = parts
+        from_low = frozenset((m.source, m.message.key) for m in low)
         if not (normal and low):
-            return normal or low
-        return list(itertools.islice(heapq.merge(normal, low, key=_message_key), limit))
+            return normal or low, from_low
+        return list(itertools.islice(heapq.merge(normal, low, key=_message_key), limit)), from_low
 
     def _collate(
         self,
@@ -653,7 +800,7 @@ class Simulation:
         state = self.current[shard]
         ranges, horizons = self._ranges(shard, pointers)
         limit = cfg.read_limit
-        taken = self._read(shard, ranges, limit)
+        taken, from_low = self._read(shard, ranges, limit)
         processed = dict(state.processed_to)
         cut = taken[-1].message.key if len(taken) >= limit else None
         for source, horizon in horizons.items():
@@ -709,7 +856,9 @@ class Simulation:
             processed_to=tuple(sorted(processed.items())),
         )
         self.current[shard] = new_state
-        self.uncommitted[shard].append(BlockRecord(shard, seqno, created, taken, new_state))
+        self.uncommitted[shard].append(
+            BlockRecord(shard, seqno, created, taken, new_state, router, from_low)
+        )
         self.result.blocks += 1
 
     def _execute(
@@ -764,11 +913,17 @@ class Simulation:
             self._timed("commit_diff", started)
             if not done:
                 raise SimulationError(f"commit on masterchain block {mc_seqno} was skipped")
+            for shard, blocks in self.uncommitted.items():
+                if blocks and self.config.check_state:
+                    with self._checking():
+                        self._check_committed(node, shard, blocks)
         self.last_mc = BlockId(MC, mc_seqno)
         self.result.commits += 1
         for shard, blocks in self.uncommitted.items():
             for block in blocks:
                 self._commit_block(block)
+                if block.state.top_max is not None:
+                    self.committed_tops[shard].append(block.state.top_max)
             self.result.blocks_committed += len(blocks)
             blocks.clear()
             self.committed[shard] = self.current[shard]
@@ -781,6 +936,9 @@ class Simulation:
             if mid in self.owed or m.key.hash in self.delivered:
                 self._violate(mid, "duplicated", f"created again by {block.shard}:{block.seqno}")
             self.owed[mid] = m
+            partition = block.router.partition_for(m.src, m.dst)
+            if partition:
+                self.owed_partition[mid] = partition
             self.committed_depth[self.world.shard_of(m.dst)] += 1
         self.result.messages_created += len(block.created)
         where = f"{block.shard}:{block.seqno}"  # once a block, not once a message
@@ -789,7 +947,6 @@ class Simulation:
             expected = self.owed.pop(mid, None)
             if expected is None:
                 if item.message.key.hash in self.delivered:
-                    self.result.duplicated += 1
                     self._violate(mid, "duplicated", f"executed again by block {where}")
                 else:
                     self._violate(
@@ -799,13 +956,45 @@ class Simulation:
             self.delivered[item.message.key.hash] = None
             self.committed_depth[block.shard] -= 1
             self.result.messages_delivered += 1
+            routed = self.owed_partition.pop(mid, 0)
+            read = PARTITIONS[1] if mid in block.executed_low else 0
+            if read != routed:
+                self._violate(
+                    mid,
+                    "misrouted",
+                    f"block {where} read it from partition {read}; its block's router sent "
+                    f"it to partition {routed}",
+                )
             if expected != item.message:
                 self._violate(mid, "misdelivered", f"block {where} read it back different")
             elif not block.shard.contains(expected.dst):
                 self._violate(mid, "misdelivered", f"executed by {where}, not its destination")
 
     def _violate(self, mid: MessageId, kind: str, detail: str) -> None:
+        if kind == "lost":
+            self.result.lost += 1
+        elif kind == "duplicated":
+            self.result.duplicated += 1
         self.result.violations.append(Violation(mid, kind, detail))
+
+    @contextlib.contextmanager
+    def _checking(self) -> Iterator[None]:
+        """Time the block's state checks apart from the collators' queue calls: they are
+        the proof's work, not the network's."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.result.check_seconds += time.perf_counter() - started
+
+    def _check(self, ok: bool) -> bool:
+        """Count one check of the queue's answer about its own state against the run's
+        record; ``ok`` is its outcome (a failed one is then told to :meth:`_state_error`)."""
+        self.result.state_checks += 1
+        return ok
+
+    def _state_error(self, what: str) -> None:
+        self.result.state_errors.append(what)
 
     # -- the end -----------------------------------------------------------------------------
 
@@ -929,15 +1118,36 @@ class Simulation:
                         break
             for r in everything:
                 left = queue.load_diff_statistics(partition, r)
-                if left:
-                    raise SimulationError(
-                        f"statistics of {r.shard} partition {partition} remain after the "
-                        f"final GC: {len(left)} accounts"
+                if not self._check(not left):
+                    self._state_error(
+                        f"statistics of {r.shard} partition {partition} remain after "
+                        f"the final GC: {len(left)} accounts"
                     )
+        # GC deletes, per source shard, every diff up to the lowest processed_to of the
+        # last commit's top blocks; the committed diffs above it stay.
+        for shard in self.world.shards:
+            bound = self._gc_bound(shard)
+            kept = sum(1 for top in self.committed_tops[shard] if bound is None or top > bound)
+            stored = queue.get_diffs_tail_len(shard, QueueKey.MIN)
+            if not self._check(stored == kept):
+                self._state_error(
+                    f"{stored} diffs of {shard} stored after the final GC; the run "
+                    f"committed {kept} above its GC bound {bound}"
+                )
+
+    def _gc_bound(self, source: ShardIdent) -> QueueKey | None:
+        """The lowest processed_to of ``source`` over the committed top blocks."""
+        keys = [
+            key
+            for state in self.committed.values()
+            if state.seqno > 0
+            for shard, key in state.processed_to
+            if shard == source
+        ]
+        return min(keys, default=None)
 
     def _verify(self) -> None:
         """What is still owed at the end was lost: created by a committed block, never
         executed by one."""
         for mid in sorted(self.owed, key=lambda m: (m[1], m[0])):
-            self.result.lost += 1
             self._violate(mid, "lost", "created by a committed block, never executed")

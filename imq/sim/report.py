@@ -32,11 +32,22 @@ def summary_rows(result: SimResult) -> list[tuple[str, str]]:
         ("messages created", f"{result.messages_created:,}"),
         ("messages delivered", f"{result.messages_delivered:,}"),
         ("restarts (of which kills)", f"{result.restarts:,} ({result.kills:,})"),
-        ("resets of the uncommitted zone", f"{result.resets:,}"),
+        (
+            "resets (clears + restarts)",
+            f"{result.resets:,} ({result.clears:,} + {result.restarts:,})",
+        ),
         ("blocks rolled back", f"{result.rolled_back_blocks:,}"),
         ("cancelled collations", f"{result.cancelled:,}"),
         ("GC passes", f"{result.gc_passes:,}"),
-        ("GC deletions / messages collected", f"{result.gc_deletions:,} / {result.gc_collected:,}"),
+        (
+            "GC deletions / collected (queue's counts)",
+            f"{result.gc_deletions:,} / {result.gc_collected:,}",
+        ),
+        (
+            "queue state checks failed / made",
+            f"{len(result.state_errors):,} / {result.state_checks:,} "
+            f"({result.check_seconds:,.1f} s of the wall time)",
+        ),
         ("wall time", f"{result.seconds:,.1f} s"),
         (
             "time inside queue calls",
@@ -109,6 +120,7 @@ def to_json(result: SimResult) -> dict[str, Any]:
         "restarts": result.restarts,
         "kills": result.kills,
         "resets": result.resets,
+        "clears": result.clears,
         "rolled_back_blocks": result.rolled_back_blocks,
         "cancelled_collations": result.cancelled,
         "gc_passes": result.gc_passes,
@@ -119,6 +131,9 @@ def to_json(result: SimResult) -> dict[str, Any]:
         "messages_per_second": result.messages_per_second,
         "operations": ops,
         "violations": [str(v) for v in result.violations[:100]],
+        "state_checks": result.state_checks,
+        "state_check_seconds": result.check_seconds,
+        "state_errors": result.state_errors[:100],
         "series": [
             {
                 "round": s.round,

@@ -19,10 +19,14 @@ from imq import (
     QueueConfig,
     QueueShardRange,
     ShardIdent,
+    TopBlock,
 )
+from imq import delete as imq_delete
+from imq import gc as imq_gc
 from imq.cli.main import main
 from imq.sim import SimConfig, SimQueue, Simulation, SimulationError
 from imq.sim.child import ChildQueue
+from imq.sim.world import World
 
 FAULTY = {"restart_rate": 0.08, "reset_rate": 0.05, "cancel_rate": 0.15}
 
@@ -304,3 +308,122 @@ def test_a_fresh_start_cut_short_is_finished_by_the_next_fresh(
         Simulation(SimConfig(directory=tmp_path, rounds=5)).run()
     assert sorted(os.listdir(queue_dir)) == left
     assert Simulation(SimConfig(directory=tmp_path, rounds=5, fresh=True)).run().verified
+
+
+# -- the queue's state against the run's record: defects no delivery shows ------------------
+# Found by an outside audit injecting defects into the queue: each of these ran "verified".
+
+
+class _Wrapped:
+    """A queue with some calls replaced; everything else is the real queue's."""
+
+    def __init__(self, queue: Queue, **calls: Callable[..., Any]) -> None:
+        self._queue = queue
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._calls:
+            inner = getattr(self._queue, name)
+            return lambda *args: self._calls[name](inner, *args)
+        return getattr(self._queue, name)
+
+
+_SHORT = {"rounds": 40, "seed": 3, "restart_rate": 0.08, "reset_rate": 0.05}
+_WORLD = World.build(3, SimConfig().shards)
+
+
+def _run_wrapped(
+    tmp_path: Path,
+    on_open: Callable[[Queue, int], Any] | None = None,
+    gc_every: int = 0,
+    **calls: Any,
+) -> Any:
+    opens: list[int] = []
+
+    def opener(path: Path, queue_config: QueueConfig) -> Any:
+        queue = Queue.open(path, queue_config)
+        opens.append(1)
+        if on_open is not None:
+            on_open(queue, len(opens))
+        return _Wrapped(queue, **calls)
+
+    config = SimConfig(directory=tmp_path, gc_every=gc_every, **_SHORT)
+    return Simulation(config, opener=opener).run()
+
+
+def _failed_checks(result: Any) -> list[str]:
+    assert not result.verified
+    assert "failed state checks" in result.verdict()
+    return list(result.state_errors)
+
+
+def test_a_clean_run_makes_its_state_checks(tmp_path: Path) -> None:
+    result = _run_wrapped(tmp_path)
+    assert result.verified, result.verdict()
+    assert result.state_checks > 10 * result.commits and not result.state_errors
+
+
+def test_statistics_one_short_are_named(tmp_path: Path) -> None:
+    def short(inner: Any, partition: int, r: QueueShardRange) -> dict[Any, int]:
+        stats = dict(inner(partition, r))
+        if stats:
+            first = min(stats)
+            stats[first] -= 1
+        return stats
+
+    errors = _failed_checks(_run_wrapped(tmp_path, load_diff_statistics=short))
+    assert errors[0].startswith("statistics of ") and "partition" in errors[0]
+
+
+def test_messages_in_the_wrong_partition_are_named(tmp_path: Path) -> None:
+    """The queue serves each partition's messages as the other's (a router ignored)."""
+
+    def swapped(inner: Any, partition: int, ranges: Any, for_shard: ShardIdent) -> Any:
+        return inner(1 - partition, ranges, for_shard)
+
+    result = _run_wrapped(tmp_path, iterator=swapped)
+    assert not result.verified
+    misrouted = [v for v in result.violations if v.kind == "misrouted"]
+    assert misrouted and "misrouted" in result.verdict()
+    assert "router sent it to partition" in str(misrouted[0])
+
+
+def test_uncommitted_diffs_lost_at_reopen_are_named(tmp_path: Path) -> None:
+    """The reopened queue no longer holds the diffs written since the last commit
+    (startup would have cleared them anyway: only the check before it sees the loss)."""
+
+    def lose(queue: Queue, opens: int) -> None:
+        if opens > 1:
+            queue.clear_uncommitted_state([0, 1], list(_WORLD.shards))
+
+    errors = _failed_checks(_run_wrapped(tmp_path, on_open=lose))
+    assert any("reopened: uncommitted diff of" in e and "not stored" in e for e in errors)
+
+
+def test_a_commit_that_leaves_one_pointer_behind_is_named(tmp_path: Path) -> None:
+    def skip_one(inner: Any, tops: Sequence[TopBlock], partitions: Any) -> bool:
+        kept = [t for t in tops if t.block_id.shard != _WORLD.basechain[-1]]
+        return bool(inner(kept, partitions))
+
+    result = _run_wrapped(tmp_path, commit_diff=skip_one)
+    errors = _failed_checks(result)
+    victim = str(_WORLD.basechain[-1])
+    assert victim in errors[0] and "still uncommitted after the commit" in errors[0]
+    assert any("commit pointers" in e and victim in e for e in errors)
+    assert result.lost  # and the ledger's verdict is still given
+
+
+def test_gc_that_keeps_diff_records_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GC deletes the messages but keeps the diffs' records (their tails grow for ever)."""
+    real = imq_gc.stage_delete
+
+    def keeping_records(*args: Any, **kwargs: Any) -> Any:
+        with monkeypatch.context() as m:
+            m.setattr(imq_delete.ops, "delete_diff_rows", lambda *a: None)
+            return real(*args, **kwargs)
+
+    monkeypatch.setattr(imq_gc, "stage_delete", keeping_records)
+    errors = _failed_checks(_run_wrapped(tmp_path, gc_every=2))  # GC in the run's thread
+    assert any("stored after the final GC" in e for e in errors), errors
