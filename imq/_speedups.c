@@ -2024,15 +2024,50 @@ value_deallocs(PyObject *self, PyObject *on)
     return PyBool_FromLong(was);
 }
 
+/* The tp_new of a class that defines __new__ (CPython's slot_tp_new, which calls it),
+ * learnt once from a probe class (find_class_new). */
+static newfunc class_new;
+
+/*
+ * Whether `type` is a class (a heap type) over tuple whose instances tuple's own tp_new
+ * builds correctly: going up its bases past the classes that define __new__ in Python,
+ * the first tp_new met is tuple's. This is the check by which tuple.__new__ refuses a
+ * type as "not safe": a C struct sequence (os.stat_result, a heap type in 3.11, with a
+ * tuple's sizes, which plain_layout cannot tell apart) keeps hidden fields past its items
+ * that its own tp_new fills and its dealloc and getters read. init() and value_new()
+ * refuse such a type. Pointer and flag reads only (imq's classes sit two bases above
+ * tuple).
+ */
 static int
-take_type(PyObject *obj, PyTypeObject **slot)
+tuple_class(PyTypeObject *type)
 {
-    if (!PyType_Check(obj) || !PyType_IsSubtype((PyTypeObject *)obj, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "init() takes four tuple subclasses");
+    if (!(type->tp_flags & Py_TPFLAGS_HEAPTYPE) ||
+        !PyType_FastSubclass(type, Py_TPFLAGS_TUPLE_SUBCLASS))
+        return 0;
+    PyTypeObject *t = type;
+    while (t != NULL && t->tp_new == class_new)
+        t = t->tp_base;
+    return t != NULL && t->tp_new == PyTuple_Type.tp_new;
+}
+
+/* Learn class_new from a class defining __new__; 0, or -1 with an exception. */
+static int
+find_class_new(void)
+{
+    PyObject *sm = PyStaticMethod_New(Py_None); /* never called: its presence sets tp_new */
+    PyObject *probe = sm == NULL ? NULL
+                                 : PyObject_CallFunction((PyObject *)&PyType_Type, "s(O){sO}",
+                                                         "_probe", (PyObject *)&PyTuple_Type,
+                                                         "__new__", sm);
+    Py_XDECREF(sm);
+    if (probe == NULL)
+        return -1;
+    class_new = ((PyTypeObject *)probe)->tp_new;
+    Py_DECREF(probe);
+    if (class_new == NULL || class_new == PyTuple_Type.tp_new) {
+        PyErr_SetString(PyExc_ImportError, "imq._speedups: unexpected tp_new of a class");
         return -1;
     }
-    Py_INCREF(obj);
-    Py_XSETREF(*slot, (PyTypeObject *)obj);
     return 0;
 }
 
@@ -3261,11 +3296,24 @@ init(PyObject *self, PyObject *args)
     PyObject *iterated, *message, *queue_key, *address;
     if (!PyArg_ParseTuple(args, "OOOO:init", &iterated, &message, &queue_key, &address))
         return NULL;
+    /* Every argument is checked before anything changes: a failed init() leaves the
+     * types registered before, their layout flags and their deallocs as they were (a
+     * type replaced alone would be built with the flags of the one it replaced). */
+    PyObject *given[4] = {iterated, message, queue_key, address};
+    for (int i = 0; i < 4; i++) {
+        if (!PyType_Check(given[i]) || !tuple_class((PyTypeObject *)given[i])) {
+            PyErr_SetString(PyExc_TypeError, "init() takes four classes over tuple");
+            return NULL;
+        }
+    }
     set_value_deallocs(0); /* the types registered before, if any, get their own back */
     memset(dealloc_types, 0, sizeof(dealloc_types));
-    if (take_type(iterated, &t_iterated) || take_type(message, &t_message) ||
-        take_type(queue_key, &t_queue_key) || take_type(address, &t_address))
-        return NULL;
+    PyTypeObject **slots[4] = {&t_iterated, &t_message, &t_queue_key, &t_address};
+    PyTypeObject *old[4];
+    for (int i = 0; i < 4; i++) {
+        old[i] = *slots[i];
+        *slots[i] = (PyTypeObject *)Py_NewRef(given[i]);
+    }
     plain_iterated = plain_layout(t_iterated);
     plain_message = plain_layout(t_message);
     plain_queue_key = plain_layout(t_queue_key);
@@ -3276,18 +3324,44 @@ init(PyObject *self, PyObject *args)
         generic_deallocs[i] = types[i]->tp_dealloc;
     }
     set_value_deallocs(1);
+    for (int i = 0; i < 4; i++) /* last: freeing a class may run Python code */
+        Py_XDECREF(old[i]);
     Py_RETURN_NONE;
+}
+
+/*
+ * Whether `item`, a field of a value, can never lead back to the value: an object the
+ * cyclic GC does not handle (an int, bytes, str, float, None, a bool), or a tuple that
+ * holds only such objects and is out of the GC for that reason: an exact tuple that
+ * CPython untracked (what its own untracking of tuples trusts), or a value of a class
+ * over tuple with the plain layout that pack() or value_new() left untracked. Any other
+ * container may be untracked now and tracked later (an empty dict is untracked until a
+ * container goes in), so a value holding it must stay tracked. ints and bytes, most
+ * fields, are settled by the first test; a nested value (a Message's key and
+ * addresses) by a few flag and size reads.
+ */
+static inline int
+never_in_cycle(PyObject *item)
+{
+    if (!PyObject_IS_GC(item))
+        return 1;
+    if (!PyTuple_Check(item) || PyObject_GC_IsTracked(item))
+        return 0;
+    PyTypeObject *t = Py_TYPE(item);
+    return t == &PyTuple_Type || (plain_layout(t) && tuple_class(t));
 }
 
 /*
  * value_new(cls, fields) -> tuple.__new__(cls, fields), left out of the cyclic GC when it
  * can never be part of a reference cycle: `cls` has the plain tuple layout (no __dict__,
- * no weak references: the value types of imq.types) and no field is an object the GC
- * tracks (ints, bytes, and value types built here). CPython untracks plain tuples of
- * such fields itself, but only at a collection, and never tuple subclasses: every value a
- * host keeps (a collator keeps the messages it builds until they are committed) would
- * otherwise be walked by every collection of the host's cyclic GC. Anything else is
- * built by tuple.__new__ and stays tracked.
+ * no weak references: the value types of imq.types) and every field is an atom
+ * (never_in_cycle: ints, bytes, and values built so). CPython untracks plain tuples of
+ * such fields itself, but only at a collection, and never tuple subclasses: every value
+ * a host keeps (a collator keeps the messages it builds until they are committed) would
+ * otherwise be walked by every collection of the host's cyclic GC. Any other class over
+ * tuple, or a field that is some other container, is built by tuple's tp_new and stays
+ * tracked. `cls` must be tuple or a class over tuple (tuple_class): anything else is a
+ * TypeError, as tuple.__new__ refuses it.
  */
 static PyObject *
 value_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -3297,24 +3371,22 @@ value_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *cls = args[0], *fields = args[1];
-    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type) ||
-        !PyTuple_CheckExact(fields)) {
-        PyErr_SetString(PyExc_TypeError, "value_new(cls, fields): a tuple subclass and a tuple");
+    if (!PyType_Check(cls) || !PyTuple_CheckExact(fields) ||
+        (cls != (PyObject *)&PyTuple_Type && !tuple_class((PyTypeObject *)cls))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "value_new(cls, fields): tuple or a class over tuple, and a tuple");
         return NULL;
     }
     PyTypeObject *type = (PyTypeObject *)cls;
     Py_ssize_t n = PyTuple_GET_SIZE(fields);
     int plain = type != &PyTuple_Type && plain_layout(type);
-    for (Py_ssize_t i = 0; plain && i < n; i++) {
-        PyObject *item = PyTuple_GET_ITEM(fields, i);
-        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item))
-            plain = 0;
-    }
+    for (Py_ssize_t i = 0; plain && i < n; i++)
+        plain = never_in_cycle(PyTuple_GET_ITEM(fields, i));
     if (!plain) {
         PyObject *call_args = PyTuple_Pack(1, fields);
         if (call_args == NULL)
             return NULL;
-        PyObject *obj = PyTuple_Type.tp_new(type, call_args, NULL);
+        PyObject *obj = PyTuple_Type.tp_new(type, call_args, NULL); /* safe: checked above */
         Py_DECREF(call_args);
         return obj;
     }
@@ -3373,7 +3445,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&TeeType) < 0 || PyType_Ready(&ChunkRowsType) < 0)
+    if (PyType_Ready(&TeeType) < 0 || PyType_Ready(&ChunkRowsType) < 0 || find_class_new() < 0)
         return NULL;
     if ((s_shard = PyUnicode_InternFromString("shard")) == NULL ||
         (s_from_key = PyUnicode_InternFromString("from_key")) == NULL ||
