@@ -353,6 +353,16 @@ fail:
     return -1;
 }
 
+/* list[i] = item, the list taking a reference of its own (the caller keeps its one); 0, or
+ * -1 with an exception: merge_fill's lists are the caller's, and a source's next() (Python
+ * code) may have shortened one, where PyList_SetItem raises IndexError. */
+static int
+list_put(PyObject *list, Py_ssize_t i, PyObject *item)
+{
+    Py_INCREF(item);
+    return PyList_SetItem(list, i, item); /* it steals, even on failure */
+}
+
 /* Append source index `idx` to the list `ended`; 0, or -1 with an exception set. */
 static int
 append_index(PyObject *ended, Py_ssize_t idx)
@@ -403,16 +413,17 @@ typedef struct {
 } Head;
 
 /*
- * What merge_fill keeps of one source for a call: the source itself (a reference held
- * for the call: a source another thread drops from `sources` while a refill lets go of
- * the GIL stays alive until the call ends); for a source read in place, its chunks' data
+ * What merge_fill keeps of one source for a call: the source itself and its shard
+ * (references held for the call: a source another thread drops from `sources` while a
+ * refill lets go of the GIL, or a shard a source's next() drops from `shards`, stays
+ * alive until the call ends); for a source read in place, its chunks' data
  * (held for the call, so that every pointer into them stays valid); its pending row; and
  * the last key read when a streak of it ended (lastkeys[i] and final[i] at the end of the
  * call): an object (owned) or a pointer into a chunk, built once at the end however many
  * of its streaks ended in the call. One allocation for all the sources.
  */
 typedef struct {
-    PyObject *src, *data, *last_obj;
+    PyObject *src, *shard, *data, *last_obj;
     const unsigned char *last_at;
     Head head;
 } Source;
@@ -423,6 +434,7 @@ source_release(Source *ss, Py_ssize_t n)
 {
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_XDECREF(ss[i].src);
+        Py_XDECREF(ss[i].shard);
         Py_XDECREF(ss[i].data);
         Py_XDECREF(ss[i].last_obj);
         Py_XDECREF(ss[i].head.row);
@@ -579,6 +591,7 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t i = 0; i < n; i++) {
         /* NULL: a generic source */
         ss[i].src = Py_NewRef(PyList_GET_ITEM(sources, i));
+        ss[i].shard = Py_NewRef(PyList_GET_ITEM(shards, i));
         ss[i].data = chunk_source_data(ss[i].src, wc_byte, prefix_len, want);
         PyObject *head = PyList_GET_ITEM(heads, i);
         if (head == Py_None)
@@ -631,11 +644,11 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             PyObject *key = skip_key(last_skip, skip_at);
             if (key == NULL)
                 goto fail;
-            Py_INCREF(key);
-            PyList_SetItem(lastkeys, idx, key);
-            Py_INCREF(key);
-            PyList_SetItem(final, idx, key);
-            PyList_SetItem(positions, idx, key); /* steals */
+            int failed = list_put(lastkeys, idx, key) < 0 || list_put(final, idx, key) < 0 ||
+                         list_put(positions, idx, key) < 0;
+            Py_DECREF(key);
+            if (failed)
+                goto fail;
         }
     }
     for (;;) {
@@ -668,7 +681,7 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         ss[best].head.has = 0;
         ss[best].head.row = NULL;
         PyObject *source = ss[best].src;
-        PyObject *shard = PyList_GET_ITEM(shards, best);
+        PyObject *shard = ss[best].shard;
         for (;;) {
             /* cur.v is stale from here: its body may be the row's value, cut in place */
             PyObject *item = decode_at(shard, cur.k, cur.v, cur.vlen, &memo, cur.row);
@@ -755,19 +768,21 @@ done:
                 goto fail;
             }
         }
-        Py_INCREF(last);
-        PyList_SetItem(lastkeys, i, last);
-        PyList_SetItem(final, i, last); /* steals */
+        int failed = list_put(lastkeys, i, last) < 0 || list_put(final, i, last) < 0;
+        Py_DECREF(last);
+        if (failed) {
+            Py_DECREF(need_out);
+            goto fail;
+        }
     }
     /* The pending rows go back to `heads`: rows of the cache's chunks are built now. */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *row = ss[i].head.has ? head_row(&ss[i].head) : Py_NewRef(Py_None);
         ss[i].head.has = 0;
-        if (row == NULL) {
+        if (row == NULL || PyList_SetItem(heads, i, row) < 0) { /* it steals row */
             Py_DECREF(need_out);
             goto fail;
         }
-        PyList_SetItem(heads, i, row);
     }
     memo_clear(&memo);
     source_release(ss, n);
@@ -785,7 +800,8 @@ fail:
                     PyErr_Clear();
                     row = Py_NewRef(Py_None);
                 }
-                PyList_SetItem(heads, i, row);
+                if (PyList_SetItem(heads, i, row) < 0) /* a shortened list: dropped */
+                    PyErr_Clear();
             }
         }
         PyErr_Restore(exc_type, exc_value, exc_tb);
@@ -1060,12 +1076,18 @@ put_rows(PyObject *self, PyObject *args)
     if (seq == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     expect_rows_of(put, seq);
     long current = 0;
     Py_ssize_t in_current = 0; /* rows counted for `current` not yet added to counts */
+    PyObject *msg = NULL;      /* owned: the message being put */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *msg = items[i];
+        /* seq may be the caller's list, which put() or partition_for() may change (as in
+         * encode_diff): re-read its size and hold the item while it is used */
+        if (i >= PySequence_Fast_GET_SIZE(seq)) {
+            PyErr_SetString(PyExc_RuntimeError, "messages changed size during put_rows");
+            goto fail;
+        }
+        Py_XSETREF(msg, Py_NewRef(PySequence_Fast_GET_ITEM(seq, i)));
         if (partition_for != Py_None) {
             if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) != 4) {
                 PyErr_SetString(PyExc_TypeError, "a message must be a (key, src, dst, body) tuple");
@@ -1096,12 +1118,14 @@ put_rows(PyObject *self, PyObject *args)
         Py_DECREF(r);
         in_current++;
     }
+    Py_CLEAR(msg);
     if (in_current && add_count(counts, current, in_current) < 0)
         goto fail;
     tee_expect(put, 0, 0);
     Py_DECREF(seq);
     return PyLong_FromSsize_t(n);
 fail:
+    Py_XDECREF(msg);
     tee_expect(put, 0, 0);
     Py_DECREF(seq);
     return NULL;
@@ -1126,16 +1150,25 @@ stat_value(PyObject *self, PyObject *counts)
     Py_ssize_t pos = 0, i = 0;
     PyObject *addr, *count;
     while (PyDict_Next(counts, &pos, &addr, &count)) {
-        if (i >= n || put_address(b + STAT_ENTRY_LEN * i, addr) < 0)
+        if (i >= n) {
+            PyErr_SetString(PyExc_RuntimeError, "dict changed size during stat_value");
             goto fail;
-        unsigned long long c = PyLong_AsUnsignedLongLong(count);
-        if (c == (unsigned long long)-1 && PyErr_Occurred())
+        }
+        /* Held while used: a workchain's __index__ (PyLong_AsLong) may change the dict
+         * and free the entry; the next PyDict_Next then sees the change. */
+        Py_INCREF(addr);
+        Py_INCREF(count);
+        int bad = put_address(b + STAT_ENTRY_LEN * i, addr) < 0;
+        unsigned long long c = bad ? 0 : PyLong_AsUnsignedLongLong(count);
+        Py_DECREF(addr);
+        Py_DECREF(count);
+        if (bad || (c == (unsigned long long)-1 && PyErr_Occurred()))
             goto fail;
         for (int j = 0; j < 8; j++)
             b[STAT_ENTRY_LEN * i + ADDR_LEN + j] = (unsigned char)(c >> (56 - 8 * j));
         i++;
     }
-    if (i != n) {
+    if (i != n || PyDict_GET_SIZE(counts) != n) {
         PyErr_SetString(PyExc_RuntimeError, "dict changed size during stat_value");
         goto fail;
     }
@@ -1344,7 +1377,8 @@ put_shard(unsigned char *out, PyObject *shard)
     return 0;
 }
 
-/* One entry of a mapping being sorted: its key's bytes (or int), the value (borrowed). */
+/* One entry of a mapping being sorted: its key's bytes (or int), the value (owned: a
+ * key's __index__ may change the dict and free it; see entries_free). */
 typedef struct {
     unsigned char key[ADDR_LEN > SHARD_LEN ? ADDR_LEN : SHARD_LEN];
     size_t klen;
@@ -1366,9 +1400,20 @@ cmp_entry_int(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Release the first n entries' values, and the array. */
+static void
+entries_free(Entry *e, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_DECREF(e[i].value);
+    PyMem_Free(e);
+}
+
 /*
  * The entries of dict `d`, keys encoded by `kind` ('s': shard, 'i': int), sorted; a
- * PyMem array of *n entries (NULL and *n == 0 for an empty dict; NULL on error).
+ * PyMem array of *n entries (NULL and *n == 0 for an empty dict; NULL on error), each
+ * holding its value (entries_free releases them). A key is held while it is encoded:
+ * its workchain's __index__ may change the dict; the next PyDict_Next sees the change.
  */
 static Entry *
 sorted_entries(PyObject *d, char kind, Py_ssize_t *n)
@@ -1391,23 +1436,25 @@ sorted_entries(PyObject *d, char kind, Py_ssize_t *n)
     while (PyDict_Next(d, &pos, &k, &v)) {
         if (i >= size)
             break;
-        e[i].value = v;
+        e[i].value = Py_NewRef(v);
+        i++; /* entry i - 1 holds its value from here */
+        int bad;
         if (kind == 's') {
-            e[i].klen = SHARD_LEN;
-            if (put_shard(e[i].key, k) < 0)
-                goto fail;
+            e[i - 1].klen = SHARD_LEN;
+            Py_INCREF(k);
+            bad = put_shard(e[i - 1].key, k) < 0;
+            Py_DECREF(k);
+        } else if (!PyLong_Check(k) || PyBool_Check(k)) {
+            PyErr_SetString(PyExc_TypeError, "a partition must be an int");
+            bad = 1;
         } else {
-            if (!PyLong_Check(k) || PyBool_Check(k)) {
-                PyErr_SetString(PyExc_TypeError, "a partition must be an int");
-                goto fail;
-            }
-            e[i].ikey = PyLong_AsLongLong(k);
-            if (e[i].ikey == -1 && PyErr_Occurred())
-                goto fail;
+            e[i - 1].ikey = PyLong_AsLongLong(k); /* an int: no Python code runs */
+            bad = e[i - 1].ikey == -1 && PyErr_Occurred();
         }
-        i++;
+        if (bad)
+            goto fail;
     }
-    if (i != size) {
+    if (i != size || PyDict_GET_SIZE(d) != size) {
         PyErr_SetString(PyExc_RuntimeError, "dict changed size during diff_record");
         goto fail;
     }
@@ -1415,7 +1462,7 @@ sorted_entries(PyObject *d, char kind, Py_ssize_t *n)
     *n = size;
     return e;
 fail:
-    PyMem_Free(e);
+    entries_free(e, i);
     return NULL;
 }
 
@@ -1438,7 +1485,7 @@ mp_pairs(Buf *o, PyObject *d, char kind, int values_are_keys)
         if (r == 0)
             r = values_are_keys ? mp_queue_key(o, e[i].value) : mp_int(o, e[i].value);
     }
-    PyMem_Free(e);
+    entries_free(e, n);
     return r;
 }
 
@@ -1494,7 +1541,7 @@ mp_router(Buf *o, PyObject *d)
             r = mp_bin(o, a[k].key, ADDR_LEN);
         PyMem_Free(a);
     }
-    PyMem_Free(e);
+    entries_free(e, n);
     return r;
 }
 
@@ -1845,12 +1892,15 @@ done:
 static PyObject *
 sources_in_shard(PyObject *self, PyObject *args)
 {
-    PyObject *messages;
+    PyObject *messages, *prefix_obj;
     long long workchain;
-    unsigned long long shard_prefix;
     int prefix_len;
-    if (!PyArg_ParseTuple(args, "OLKi:sources_in_shard", &messages, &workchain, &shard_prefix,
+    if (!PyArg_ParseTuple(args, "OLOi:sources_in_shard", &messages, &workchain, &prefix_obj,
                           &prefix_len))
+        return NULL;
+    /* not "K", which takes any int modulo 2**64: a prefix is a u64 (OverflowError else) */
+    unsigned long long shard_prefix = PyLong_AsUnsignedLongLong(prefix_obj);
+    if (shard_prefix == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
     if (prefix_len < 0 || prefix_len > 64) {
         PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
@@ -2128,15 +2178,23 @@ row_end(const Chunk *c, Py_ssize_t i)
     return i + 1 < c->n ? (Py_ssize_t)c->o[i + 1] : c->data.len;
 }
 
-/* -1, 0, 1 as row i's key orders before, with, after `key` (bytes order). */
+/* -1, 0, 1 as row i's key orders before, with, after `key` (bytes order). The key is
+ * what the data holds of it (data[o[i]:o[i] + KEY_LEN], as the pure-Python bisection
+ * slices): a chunk not checked by chunk_check is read in its bounds only. Two
+ * comparisons a bisection step. */
 static inline int
 cmp_row_key(const Chunk *c, Py_ssize_t i, const unsigned char *key, Py_ssize_t klen)
 {
-    Py_ssize_t m = klen < KEY_LEN ? klen : KEY_LEN;
-    int r = memcmp(c->d + c->o[i], key, (size_t)m);
+    Py_ssize_t at = c->o[i], rlen = c->data.len - at;
+    if (rlen > KEY_LEN)
+        rlen = KEY_LEN;
+    else if (rlen < 0)
+        rlen = 0;
+    Py_ssize_t m = klen < rlen ? klen : rlen;
+    int r = m > 0 ? memcmp(c->d + at, key, (size_t)m) : 0;
     if (r != 0)
         return r < 0 ? -1 : 1;
-    return (KEY_LEN > klen) - (KEY_LEN < klen);
+    return (rlen > klen) - (rlen < klen);
 }
 
 /*
@@ -2393,15 +2451,31 @@ chunkrows_enter(ChunkRows *self, Py_ssize_t p)
     return 0;
 }
 
-/* Parse a reader tuple (wc_byte, prefix_len, want) into the filter fields of `self`;
- * None: no filter. 0, or -1 with an exception. */
+/* Parse a reader (wc_byte, prefix_len, want), any sequence of three as in the pure-Python
+ * _PyChunkRows, into the filter fields of `self`; None: no filter. 0, or -1 with the
+ * exception the pure-Python form raises: OverflowError for a wc_byte or a want out of
+ * its unsigned range (what int.to_bytes raises there), ValueError for a prefix_len out
+ * of 0..64 (a negative shift there). */
 static int
 chunkrows_set_reader(ChunkRows *self, PyObject *reader)
 {
     if (reader == Py_None)
         return 0;
-    if (!PyArg_ParseTuple(reader, "llK", &self->wc_byte, &self->prefix_len, &self->want))
+    PyObject *t = PySequence_Tuple(reader), *want;
+    if (t == NULL)
         return -1;
+    int ok = PyArg_ParseTuple(t, "llO:reader", &self->wc_byte, &self->prefix_len, &want);
+    if (ok) {
+        self->want = PyLong_AsUnsignedLongLong(want);
+        ok = !(self->want == (unsigned long long)-1 && PyErr_Occurred());
+    }
+    Py_DECREF(t);
+    if (!ok)
+        return -1;
+    if (self->wc_byte < 0 || self->wc_byte > 255) {
+        PyErr_SetString(PyExc_OverflowError, "a reader's workchain byte must be 0..255");
+        return -1;
+    }
     if (self->prefix_len < 0 || self->prefix_len > 64) {
         PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
         return -1;
@@ -2871,28 +2945,36 @@ cache_scan(PyObject *self, PyObject *args)
     ChunkRows proto = {0};
     if (chunkrows_set_reader(&proto, reader) < 0)
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(bounds);
+    /* A copy of the list: a segment's attributes may be properties (Python code) that
+     * change the caller's list; the copy holds every (lo, hi) pair, and the pairs their
+     * bytes, for the whole call. */
+    PyObject *pairs = PyList_AsTuple(bounds);
+    if (pairs == NULL)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(pairs);
     PyObject *out = PyList_New(n);
     if (out == NULL)
-        return NULL;
+        goto fail;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *pair = PyList_GET_ITEM(bounds, i);
+        PyObject *pair = PyTuple_GET_ITEM(pairs, i);
         if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
             !PyBytes_Check(PyTuple_GET_ITEM(pair, 0)) ||
             !PyBytes_Check(PyTuple_GET_ITEM(pair, 1))) {
             PyErr_SetString(PyExc_TypeError, "bounds must be (lo, hi) pairs of bytes");
-            Py_DECREF(out);
-            return NULL;
+            goto fail;
         }
         PyObject *rows = cache_scan_one(segments, plen, PyTuple_GET_ITEM(pair, 0),
                                         PyTuple_GET_ITEM(pair, 1), &proto);
-        if (rows == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
+        if (rows == NULL)
+            goto fail;
         PyList_SET_ITEM(out, i, rows);
     }
+    Py_DECREF(pairs);
     return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(pairs);
+    return NULL;
 }
 
 /*
@@ -2930,7 +3012,9 @@ range_bounds(unsigned int partition, PyObject *r)
         return NULL;
     }
     long long wc = PyLong_AsLongLong(PyTuple_GET_ITEM(shard, 0));
-    unsigned long long prefix = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shard, 1));
+    unsigned long long prefix = wc == -1 && PyErr_Occurred()
+                                    ? 0
+                                    : PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(shard, 1));
     Py_DECREF(shard);
     if (PyErr_Occurred())
         return NULL;
@@ -2965,17 +3049,19 @@ message_bounds(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "a partition must be a u16");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(ranges, "ranges must be a sequence");
+    /* A tuple (the caller's own, or a copy of its list): reading a range's attributes runs
+     * Python code (a property), which could change a list under the loop. */
+    PyObject *seq = PySequence_Tuple(ranges);
     if (seq == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t n = PyTuple_GET_SIZE(seq);
     PyObject *out = PyList_New(n);
     if (out == NULL) {
         Py_DECREF(seq);
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *pair = range_bounds((unsigned int)partition, PySequence_Fast_GET_ITEM(seq, i));
+        PyObject *pair = range_bounds((unsigned int)partition, PyTuple_GET_ITEM(seq, i));
         if (pair == NULL) {
             Py_DECREF(seq);
             Py_DECREF(out);
@@ -3134,7 +3220,7 @@ tee_vectorcall(PyObject *self_obj, PyObject *const *args, size_t nargsf, PyObjec
     if (self->invalid)
         Py_RETURN_NONE;
     if (!PyBytes_Check(key) || !PyBytes_Check(value) || PyBytes_GET_SIZE(key) != KEY_LEN ||
-        PyBytes_GET_SIZE(value) < HEADER_LEN || self->prefix_len > KEY_LEN) {
+        PyBytes_GET_SIZE(value) < HEADER_LEN) {
         self->invalid = 1; /* not a message row: the cache must not keep this batch */
         Py_RETURN_NONE;
     }
@@ -3196,6 +3282,10 @@ tee_vectorcall(PyObject *self_obj, PyObject *const *args, size_t nargsf, PyObjec
         uint32_t prev;
         memcpy(&prev, PyByteArray_AS_STRING(self->offs) + (nrows - 1) * sizeof(uint32_t),
                sizeof(uint32_t));
+        if ((Py_ssize_t)prev + KEY_LEN > at) { /* a chunk someone else changed: not kept */
+            self->invalid = 1;
+            Py_RETURN_NONE;
+        }
         if (memcmp(PyByteArray_AS_STRING(self->data) + prev, kb, KEY_LEN) >= 0)
             self->unordered = 1;
     }
@@ -3234,7 +3324,9 @@ tee_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     Py_INCREF(segments);
     self->segments = segments;
     self->data = self->offs = NULL;
-    self->prefix_len = prefix_len;
+    /* A prefix past the key is the whole key (key[:prefix_len], as in _PyTee): every
+     * row kept is a message row, KEY_LEN bytes. */
+    self->prefix_len = prefix_len < KEY_LEN ? prefix_len : KEY_LEN;
     self->unordered = self->invalid = 0;
     return (PyObject *)self;
 }

@@ -295,7 +295,9 @@ class _PyTee:
     """The pure-Python form of :class:`imq._speedups.Tee` (same contract): calls
     ``put(key, value, target)``, then appends the row to the ``[data, offs]`` chunk of
     ``segments[key[:prefix_len]]``; ``unordered`` turns true once a row is not above the
-    previous row of its chunk, ``invalid`` once a row is not a message row."""
+    previous row of its chunk, ``invalid`` once a row is not a message row (bytes: a
+    bytearray is refused as C refuses it). ``prefix_len`` is 1 to 64 (ValueError else);
+    past the key, the prefix is the whole key."""
 
     __slots__ = ("_prefix_len", "_put", "_segments", "invalid", "unordered")
 
@@ -305,6 +307,8 @@ class _PyTee:
         segments: dict[bytes, list[bytearray]],
         prefix_len: int,
     ) -> None:
+        if not 1 <= prefix_len <= 64:  # the C Tee's range
+            raise ValueError("prefix_len must be 1 to 64")
         self._put = put
         self._segments = segments
         self._prefix_len = prefix_len
@@ -315,7 +319,12 @@ class _PyTee:
         self._put(key, value, target)
         if self.invalid:
             return
-        if len(key) != _KEY_LEN or len(value) < _HEADER_LEN:
+        if (
+            not isinstance(key, bytes)
+            or not isinstance(value, bytes)
+            or len(key) != _KEY_LEN
+            or len(value) < _HEADER_LEN
+        ):
             self.invalid = True
             return
         prefix = key[: self._prefix_len]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import imq
+from imq.types import Address, Message, QueueKey
 
 S = pytest.importorskip("imq._speedups")
 
@@ -148,3 +149,167 @@ def test_value_new_keeps_a_value_tracked_while_a_field_can_become_tracked() -> N
     finally:
         if enabled:
             gc.enable()
+
+
+# -- callbacks that change what is being read: the C code holds what it uses ------------------
+
+
+def test_put_rows_survives_a_put_that_empties_the_messages() -> None:
+    out = _child(
+        """
+        msgs = [tuple(Message(QueueKey(i, b"h" * 32), Address(0, b"s" * 32),
+                              Address(0, b"d" * 32), b"b" * 10)) for i in range(50)]
+        def put(k, v, t):
+            msgs.clear()  # frees the list's items and every message
+            msgs.append(None)
+        try:
+            S.put_rows(put, None, bytes(12), msgs, None, {})
+        except RuntimeError as e:
+            print(e)
+        """
+    )
+    assert out == "messages changed size during put_rows\n"
+
+
+def test_message_bounds_survives_a_range_that_empties_the_list() -> None:
+    out = _child(
+        """
+        class R:
+            @property
+            def shard(self):
+                ranges.clear()  # frees the list's items
+                return (0, 1 << 63)
+            from_key = (1, b"a" * 32)
+            to_key = (2, b"b" * 32)
+        ranges = [R() for _ in range(8)]
+        print(len(S.message_bounds(0, ranges)), len(ranges))
+        """
+    )
+    assert out == "8 0\n"
+
+
+def test_cache_scan_survives_a_segment_that_empties_the_bounds() -> None:
+    out = _child(
+        """
+        P = bytes(14)
+        class Seg:
+            @property
+            def floor(self):
+                bounds.clear()  # frees the pairs and their bytes
+                return b""
+            firsts = lasts = datas = offss = []
+        bounds = [(P + b"\\x01" * 40, P + b"\\x02" * 40) for _ in range(4)]
+        print(len(S.cache_scan({P: Seg()}, 14, bounds, None)))
+        """
+    )
+    assert out == "4\n"
+
+
+@pytest.mark.parametrize("which", ["stat_value", "diff_record"])
+def test_a_workchain_index_that_empties_the_dict_is_survived(which: str) -> None:
+    out = _child(
+        f"""
+        class T(tuple):  # freed to malloc, not to the tuple free list
+            __slots__ = ()
+        d = {{}}
+        class WC:
+            def __index__(self):
+                d.clear()  # frees the key and the value being encoded
+                return 0
+        try:
+            if "{which}" == "stat_value":
+                d[T((WC(), b"a" * 32))] = 10
+                S.stat_value(d)
+            else:
+                qk = (1, b"h" * 32)
+                d[T((WC(), 0))] = T((5, b"q" * 32))
+                S.diff_record(1, qk, qk, {{}}, b"", d, {{}}, {{}}, 1, None, {{}})
+        except RuntimeError as e:
+            print(e)
+        """
+    )
+    assert out == f"dict changed size during {which}\n"
+
+
+def test_merge_fill_fails_cleanly_when_a_source_shortens_its_lists() -> None:
+    """A source's next() that empties lastkeys, positions and heads: merge_fill raises
+    IndexError (it used to return a batch with the exception still set: SystemError)."""
+    out = _child(
+        """
+        S.init(IteratedMessage, Message, QueueKey, Address)
+        lastkeys, positions, heads = [None, None], [None, None], [None, None]
+        shards = [(0, 0), (0, 0)]
+        other = bytes([133]) + value()[1:]  # another workchain: skipped
+        class Src:
+            def __init__(self, rows, mutate):
+                self.rows, self.mutate = iter(rows), mutate
+            def __iter__(self):
+                return self
+            def __next__(self):
+                row = next(self.rows)
+                if self.mutate:
+                    lastkeys.clear(); positions.clear(); heads.clear(); shards.clear()
+                return row
+        sources = [Src([(key(1), other), (key(2), value())], True),
+                   Src([(key(100), value())], False)]
+        try:
+            S.merge_fill(sources, heads, lastkeys, [0, 1], 16, 128, 0, 0, shards, positions)
+        except IndexError as e:
+            print(type(e).__name__)
+        """
+    )
+    assert out == "IndexError\n"
+
+
+# -- the Tee and its pure-Python twin agree; C raises what Python raises -----------------------
+
+
+def _row(lt: int) -> tuple[bytes, bytes]:
+    return bytes(14) + lt.to_bytes(8, "big") + bytes(32), bytes([128]) + bytes(65) + b"body"
+
+
+def test_the_tee_and_its_twin_agree_on_a_long_prefix_and_on_a_bytearray() -> None:
+    from imq.storage import cache
+
+    for cls in (S.Tee, cache._PyTee):
+        segments: dict[bytes, list[bytearray]] = {}
+        tee = cls(lambda *_: None, segments, 60)
+        key, value = _row(1)
+        tee(key, value, None)
+        assert not tee.invalid and list(segments) == [key], cls
+        assert segments[key][0] == key + value
+        odd = cls(lambda *_: None, {}, 14)
+        odd(key, bytearray(value), None)
+        assert odd.invalid, cls
+        for bad in (0, 65):
+            with pytest.raises(ValueError, match="prefix_len"):
+                cls(lambda *_: None, {}, bad)
+
+
+def test_chunk_rows_and_cache_scan_take_what_the_twin_takes_and_raise_its_errors() -> None:
+    from imq.storage import cache
+
+    data, offs = S.chunk_pack([_row(i) for i in range(3)])
+    for cls in (S.ChunkRows, cache._PyChunkRows):
+        assert len(list(cls([data], [offs], 0, 3, [128, 0, 0]))) == 3, cls
+        for want in (-1, 2**64 + 5):
+            with pytest.raises(OverflowError):
+                list(cls([data], [offs], 0, 3, (128, 8, want)))
+    assert S.cache_scan({}, 14, [], [128, 0, 0]) == []
+    with pytest.raises(OverflowError):
+        S.cache_scan({}, 14, [], (128, 0, -1))
+    message = Message(QueueKey(1, bytes(32)), Address(0, bytes(32)), Address(0, bytes(32)), b"")
+    for prefix in (-1, 2**64):
+        with pytest.raises(OverflowError):
+            S.sources_in_shard([message], 0, prefix, 1)
+
+
+def test_chunk_bisect_reads_an_unchecked_chunk_in_its_bounds() -> None:
+    from imq.storage import cache
+
+    for data, offs in [
+        (b"x" * 10, (100_000).to_bytes(4, sys.byteorder)),
+        (b"a" * 60, (0).to_bytes(4, sys.byteorder) + (30).to_bytes(4, sys.byteorder)),
+    ]:
+        for key in (b"a" * 54, b"a" * 30, b"z"):
+            assert S.chunk_bisect(data, offs, key) == cache._chunk_bisect_py(data, offs, key)
