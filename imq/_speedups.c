@@ -2453,9 +2453,8 @@ chunkrows_enter(ChunkRows *self, Py_ssize_t p)
 
 /* Parse a reader (wc_byte, prefix_len, want), any sequence of three as in the pure-Python
  * _PyChunkRows, into the filter fields of `self`; None: no filter. 0, or -1 with the
- * exception the pure-Python form raises: OverflowError for a wc_byte or a want out of
- * its unsigned range (what int.to_bytes raises there), ValueError for a prefix_len out
- * of 0..64 (a negative shift there). */
+ * exception the pure-Python form raises: OverflowError for a want out of u64 (not "K",
+ * which takes any int modulo 2**64), ValueError for a prefix_len out of 0..64. */
 static int
 chunkrows_set_reader(ChunkRows *self, PyObject *reader)
 {
@@ -2472,10 +2471,6 @@ chunkrows_set_reader(ChunkRows *self, PyObject *reader)
     Py_DECREF(t);
     if (!ok)
         return -1;
-    if (self->wc_byte < 0 || self->wc_byte > 255) {
-        PyErr_SetString(PyExc_OverflowError, "a reader's workchain byte must be 0..255");
-        return -1;
-    }
     if (self->prefix_len < 0 || self->prefix_len > 64) {
         PyErr_SetString(PyExc_ValueError, "prefix_len out of range");
         return -1;
@@ -3051,7 +3046,9 @@ message_bounds(PyObject *self, PyObject *args)
     }
     /* A tuple (the caller's own, or a copy of its list): reading a range's attributes runs
      * Python code (a property), which could change a list under the loop. */
-    PyObject *seq = PySequence_Tuple(ranges);
+    PyObject *seq = PySequence_Fast(ranges, "ranges must be a sequence");
+    if (seq != NULL && !PyTuple_CheckExact(seq))
+        Py_SETREF(seq, PySequence_Tuple(seq));
     if (seq == NULL)
         return NULL;
     Py_ssize_t n = PyTuple_GET_SIZE(seq);
