@@ -8,11 +8,7 @@ from __future__ import annotations
 
 from imq.types import CommitPointer, DiffInfo, DiffZone, QueueKey
 
-__all__ = ["in_zone", "is_committed", "max_in_zone"]
-
-
-def is_committed(info: DiffInfo, pointer: CommitPointer | None) -> bool:
-    return pointer is not None and pointer.key >= info.max_message
+__all__ = ["in_zone", "max_in_zone"]
 
 
 def max_in_zone(max_message: QueueKey, pointer: CommitPointer | None, zone: DiffZone) -> bool:

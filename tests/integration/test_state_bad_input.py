@@ -479,6 +479,18 @@ def test_key_range_narrowed_in_the_top_diff(prior: Queue) -> None:
     assert "diff seqno 160" in str(exc)
 
 
+def test_a_message_below_min_message_by_its_hash_alone_is_refused(prior: Queue) -> None:
+    """min_message at the first message's lt but with a hash above every message's: the
+    message lies below the diff's range by its hash only (the range check's fast path
+    compares lts strictly for that)."""
+    header, _ = read_header(SHARD_BIN)
+    lt = header.diffs[0].min_message.lt
+    min_at = DIFF_AT[0] + 56 + 2 * 52
+    data = put(SHARD_BIN, min_at, struct.pack("<Q", lt) + b"\xff" * 32)
+    exc = rejected(prior, data, SHARD_BLOCK, match="outside the diff's range")
+    assert "diff seqno 160" in str(exc)
+
+
 # -- flipped bytes inside a message cell --------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ Expected values come from the data README and from oracles that share no code wi
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import math
@@ -69,7 +70,7 @@ from imq.state.block import BlockTopUpdate, parse_block_id_name, read_block_top_
 from imq.state.boc import decode_boc, encode_boc
 from imq.state.message import build_internal_message, build_message_with_var_address
 from imq.state.synth import SynthState, synth_state
-from imq.state.tl import TlDiff, encode_diff
+from imq.state.tl import TlDiff, diff_hash, encode_diff
 from imq.state.writer import ChunkSpool
 from imq.state.writer import write_state as write_raw_state
 
@@ -501,3 +502,26 @@ def test_a_malformed_top_update_is_refused_before_reading(
     with pytest.raises(error, match="top_update"):
         queue.import_state(SHARD_BIN, block_id(SHARD_STATE), top_update)  # type: ignore[arg-type]
     assert dump(queue) == before
+
+
+def test_an_address_in_two_partitions_of_a_router_half_goes_to_the_lowest(
+    tmp_path: Path,
+) -> None:
+    """A router half listing an address under partitions 1 and 2: the lowest wins, as in
+    the original's import (I11): its messages are in partition 1, none in 2."""
+    state = synth_state(diffs=2, messages_per_diff=12, routed_every=3, seed=4)
+    top = state.diffs[0]
+    ((_, routed),) = top.tl.router_dst
+    tl = dataclasses.replace(top.tl, router_dst=((1, routed), (2, routed)))
+    state.diffs[0] = dataclasses.replace(top, tl=tl, hash=diff_hash(encode_diff(tl)))
+    path, _ = write_state(state, tmp_path / "s.bin")
+    everything = [QueueShardRange(state.shard, QueueKey.MIN, QueueKey.MAX)]
+    with open_queue(tmp_path / "db") as queue:
+        queue.import_state(path, state.block_id, state.top_update)
+        read = {
+            p: [m.message for m in queue.iterator(p, everything, ShardIdent.BASECHAIN)]
+            for p in (1, 2)
+        }
+    hot = [m for m in top.messages if m.dst in routed]
+    assert hot and all(m in read[1] for m in hot)
+    assert not [m for m in read[2] if m.dst in routed]

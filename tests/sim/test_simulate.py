@@ -17,6 +17,7 @@ from imq import (
     Message,
     Queue,
     QueueConfig,
+    QueueKey,
     QueueShardRange,
     ShardIdent,
     TopBlock,
@@ -26,6 +27,7 @@ from imq import gc as imq_gc
 from imq.cli.main import main
 from imq.sim import SimConfig, SimQueue, Simulation, SimulationError
 from imq.sim.child import ChildQueue
+from imq.sim.engine import BlockRecord
 from imq.sim.world import World
 
 FAULTY = {"restart_rate": 0.08, "reset_rate": 0.05, "cancel_rate": 0.15}
@@ -69,7 +71,9 @@ def test_a_previous_queue_needs_fresh(tmp_path: Path) -> None:
 
 class _FaultyQueue:
     """A queue whose iterator mishandles one message of the run: skips it (``drop``, a
-    lost delivery) or yields it twice (``repeat``, a duplicated one)."""
+    lost delivery), yields it twice (``repeat``, a duplicated one) or with another body
+    (``alter``); or (``misroute``) serves a basechain collator every message of the
+    workchain, its own shard's and the others'."""
 
     def __init__(self, queue: Queue, fault: str) -> None:
         self._queue = queue
@@ -82,6 +86,8 @@ class _FaultyQueue:
     def iterator(
         self, partition: int, ranges: Sequence[QueueShardRange], for_shard: ShardIdent
     ) -> Any:
+        if self._fault == "misroute" and not for_shard.is_masterchain:
+            for_shard = ShardIdent.BASECHAIN
         inner = self._queue.iterator(partition, ranges, for_shard)
         outer = self
 
@@ -92,7 +98,14 @@ class _FaultyQueue:
                         outer.victim = item
                         if outer._fault == "drop":
                             continue
-                        yield item  # and again below
+                        if outer._fault == "alter":
+                            m = item.message
+                            yield IteratedMessage(
+                                item.source, Message(m.key, m.src, m.dst, m.body + b"!")
+                            )
+                            continue
+                        if outer._fault == "repeat":
+                            yield item  # and again below
                     yield item
 
             def close(self) -> None:
@@ -123,6 +136,41 @@ def _run_faulty(tmp_path: Path, fault: str, **config: Any) -> tuple[Any, Iterate
     victim = wrappers[0].victim
     assert victim is not None
     return result, victim
+
+
+def test_a_message_read_back_different_is_named(tmp_path: Path) -> None:
+    result, altered = _run_faulty(tmp_path, "alter")
+    assert not result.verified and "misdelivered" in result.verdict()
+    (violation,) = [v for v in result.violations if v.kind == "misdelivered"]
+    assert violation.message == (altered.source, altered.message.key)
+    assert "read it back different" in violation.detail
+
+
+def test_a_message_served_to_another_shard_is_named(tmp_path: Path) -> None:
+    # fanout 0: the foreign messages send nothing on (a sender outside the block's shard
+    # would make the queue refuse the block's diff before the ledger sees it)
+    result, _ = _run_faulty(tmp_path, "misroute", fanout=0)
+    assert not result.verified
+    wrong = [v for v in result.violations if "not its destination" in v.detail]
+    assert wrong and wrong[0].kind == "misdelivered"
+
+
+def test_a_delivered_message_created_again_is_named(tmp_path: Path) -> None:
+    """A committed block that creates a message already delivered (its key's hash is
+    the network's message id) is a duplicate, even when nothing owes it any more."""
+    sim = Simulation(SimConfig(directory=tmp_path, rounds=5, restart_rate=0, reset_rate=0))
+    sim.run()
+    assert sim.delivered
+    shard = sim.world.basechain[0]
+    again = next(iter(sim.delivered))
+    dst = sim.world.accounts(shard)[0]
+    message = Message(QueueKey(10**9, again), dst, dst, b"")
+    record = BlockRecord(shard, 10**6, [message], [], sim.committed[shard])
+    before = sim.result.duplicated
+    sim._commit_block(record)
+    assert sim.result.duplicated == before + 1
+    assert sim.result.violations[-1].kind == "duplicated"
+    assert "created again" in sim.result.violations[-1].detail
 
 
 def test_fresh_never_deletes_a_live_queue_or_other_files(tmp_path: Path) -> None:
