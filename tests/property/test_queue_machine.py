@@ -195,7 +195,11 @@ message_specs = st.builds(
     MessageSpec,
     src=st.integers(0, len(ACCOUNTS) - 1),
     dst=st.integers(0, len(ACCOUNTS) - 1),
-    lt_mode=st.sampled_from(("next", "next", "next", "next", "same", "old", "at_pointer", "huge")),
+    # "adjacent": the last key made, plus one (same lt, hash + 1): two keys one apart are
+    # where an inclusive bound and an exclusive one differ (mutation testing, stop 33)
+    lt_mode=st.sampled_from(
+        ("next", "next", "next", "next", "same", "old", "at_pointer", "huge", "adjacent")
+    ),
     step=st.integers(0, 3),
     body=st.binary(max_size=6),
 )
@@ -335,6 +339,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.queue = self._open()
         self.clock = 100
         self.counter = 0
+        self.last_key: QueueKey | None = None
 
     @initialize(zerostate_seqno=st.sampled_from((0, 0, 1, 2)))
     def open_with_zerostate(self, zerostate_seqno: int) -> None:
@@ -402,10 +407,18 @@ class QueueMachine(RuleBasedStateMachine):
         return hashlib.blake2b(self.counter.to_bytes(8, "big"), digest_size=32).digest()
 
     def _message_key(self, shard: ShardIdent, spec: MessageSpec) -> QueueKey:
+        key = self._new_key(shard, spec)
+        self.last_key = key
+        return key
+
+    def _new_key(self, shard: ShardIdent, spec: MessageSpec) -> QueueKey:
         pointer = self.model.pointers.get(shard)
         if spec.lt_mode == "at_pointer" and pointer is not None:
             return pointer.key
-        if spec.lt_mode == "next":
+        last = self.last_key
+        if spec.lt_mode == "adjacent" and last is not None and last != QueueKey.MAX:
+            return last.next_value()
+        if spec.lt_mode in ("next", "adjacent"):
             self.clock += 1 + spec.step
             lt = self.clock
         elif spec.lt_mode == "huge":
