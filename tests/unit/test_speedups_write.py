@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -30,10 +31,16 @@ from imq.storage import cache as cache_mod
 from imq.testing import MemoryDatabase
 from imq.types import Address, BlockIdShort, Message, QueueKey, ShardIdent
 
-pytestmark = pytest.mark.skipif(
-    not iterator.COMPILED and shutil.which("cc") is None,
-    reason="no C compiler on this machine, so imq._speedups was not built",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not iterator.COMPILED and shutil.which("cc") is None,
+        reason="no C compiler on this machine, so imq._speedups was not built",
+    ),
+    pytest.mark.skipif(
+        bool(os.environ.get("IMQ_PURE_PYTHON")),
+        reason="IMQ_PURE_PYTHON is set: the compiled paths these tests check are off",
+    ),
+]
 
 SHARD = ShardIdent(0, 0x4000_0000_0000_0000)
 
