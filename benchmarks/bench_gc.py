@@ -667,7 +667,9 @@ class Report:
             "once did it. imq with production settings compacts only once the pass has "
             f"deleted `compaction_debt` ({CONFIG.compaction_debt:,}) messages; *with "
             "compact_after_delete* it compacts the deleted ranges after every pass, as the raw "
-            "floor does.",
+            "floor does. So below `compaction_debt` the *imq ÷ floor* column compares imq "
+            "writing tombstones only with a floor that also compacts: not the same work (it "
+            "flatters imq); the like-for-like ratio is the *with compact_after_delete* one.",
             "",
             *gc_lines,
             "",

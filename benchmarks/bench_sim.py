@@ -18,15 +18,14 @@ import argparse
 import contextlib
 import cProfile
 import os
-import platform
 import pstats
 import statistics
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_core import machine_lines
 from imq import Queue, QueueConfig
 from imq.sim import SimConfig, Simulation
 from imq.sim.engine import SimResult, frozen_startup_heap, percentiles
@@ -178,18 +177,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.rounds_4, args.rounds_16, args.repeats = 40, 10, 1
-    load_start = os.getloadavg()[0]
-    lines = [
-        "# imq simulate: end-to-end throughput",
-        "",
-        f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"- machine: {os.cpu_count()} CPUs, python {platform.python_version()}",
-        f"- load average (1 min) at start {load_start:.2f}",
-        "- command: `python -m benchmarks.bench_sim"
+    load_start = os.getloadavg()
+    command = (
+        "python -m benchmarks.bench_sim"
         + (" --profile" if args.profile else "")
         + (" --quick" if args.quick else "")
         + (f" --repeats {args.repeats}" if args.repeats != 3 and not args.quick else "")
-        + "`",
+    )
+    lines = [
+        "# imq simulate: end-to-end throughput",
+        "",
+        # (the machine, versions and load lines go here once the runs are done)
         "",
         "| shards | start-up heap | GC | rounds | blocks | messages delivered | wall s "
         "| messages/s | inside queue calls (runs) | of it, restarts | with GC thread "
@@ -286,6 +284,7 @@ def main() -> None:
         "Measurements and analysis across stops (hand-written, not regenerated): "
         "`sim-analysis.md`.",
     ]
+    lines[2:2] = machine_lines(command, load_start)
     text = "\n".join(lines)
     print(text)
     if args.out is not None:
