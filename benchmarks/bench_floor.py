@@ -41,14 +41,7 @@ from benchmarks.bench_core import (
     raw_range_sources,
     raw_write,
 )
-from benchmarks.common import (
-    RawDb,
-    parse_args,
-    quiet_logs,
-    temp_workdir,
-    wait_for_background,
-    write_report,
-)
+from benchmarks.common import RawDb, parse_args, quiet_logs, settle, temp_workdir, write_report
 from imq import Queue, QueueConfig, QueueKey, QueueShardRange, ShardIdent
 from imq import iterator as iterator_module
 from imq.storage import Table, codec
@@ -184,13 +177,8 @@ def measure_reads(
     # Reads start once neither side has a flush or compaction running or pending (the
     # bulk tables compact in the background), so none lands inside a timed read.
     store = queue._store
-    for busy in (
-        lambda name: sum(store.property_int(t, name) for t in Table),
-        lambda name: sum(int(c.property_int_value(name) or 0) for c in raw.cf.values()),
-    ):
-        _waited, idle = wait_for_background(busy)
-        if not idle:
-            raise RuntimeError("RocksDB still busy 300 s after the reopen")
+    settle(lambda name: sum(store.property_int(t, name) for t in Table))
+    settle(lambda name: sum(int(c.property_int_value(name) or 0) for c in raw.cf.values()))
     c_name = "compiled decode" if iterator_module.COMPILED else "pure-Python decode (no C build)"
     r_imq = Row(f"imq iterator, 4 shards merged, {c_name}", total)
     r_pure = Row("imq iterator, pure-Python decode (IMQ_PURE_PYTHON=1)", total)

@@ -47,15 +47,8 @@ from typing import Any
 from rocksdict import ReadOptions, WriteBatch
 
 from benchmarks.bench_core import machine_lines
-from benchmarks.common import (
-    ROCKSDB_BUSY,
-    RawDb,
-    parse_args,
-    quiet_logs,
-    temp_workdir,
-    wait_for_background,
-    write_report,
-)
+from benchmarks.common import RawDb, parse_args, quiet_logs, temp_workdir, write_report
+from benchmarks.common import settle as common_settle
 from imq import (
     Address,
     BlockId,
@@ -190,15 +183,8 @@ SETTLE_LIMIT = 300.0  # seconds
 
 
 def settle(busy: Callable[[str], int]) -> float:
-    """Wait until no table has a flush or compaction running or pending, nor a memtable
-    waiting to be flushed (``busy(name)``: a RocksDB integer property summed over the
-    tables); the seconds waited."""
-    waited, idle = wait_for_background(
-        busy, (*ROCKSDB_BUSY, "rocksdb.num-immutable-mem-table"), SETTLE_LIMIT, poll=0.01
-    )
-    if not idle:
-        raise RuntimeError(f"RocksDB still busy {SETTLE_LIMIT:.0f} s after the append")
-    return waited
+    """:func:`benchmarks.common.settle` with this benchmark's limit."""
+    return common_settle(busy, SETTLE_LIMIT)
 
 
 # Recorded beside the steps by the systems at the full N: the process's minor page faults

@@ -143,6 +143,19 @@ def wait_for_background(
         sleep(poll)
 
 
+def settle(busy: Callable[[str], int], limit: float = 300.0) -> float:
+    """Wait until no table has a flush or compaction running or pending, nor a memtable
+    waiting to be flushed (``busy(name)``: a RocksDB integer property summed over the
+    tables); the seconds waited. ``RuntimeError`` if RocksDB is still busy after
+    ``limit`` seconds."""
+    waited, idle = wait_for_background(
+        busy, (*ROCKSDB_BUSY, "rocksdb.num-immutable-mem-table"), limit, poll=0.01
+    )
+    if not idle:
+        raise RuntimeError(f"RocksDB still busy {limit:.0f} s after the writes")
+    return waited
+
+
 def account_in(rng: random.Random, shard: ShardIdent) -> bytes:
     """A random 32-byte account whose leading bits put it inside ``shard``."""
     shift = 64 - shard.prefix_len

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -14,6 +12,7 @@ from itertools import repeat
 from typing import Any
 
 import pytest
+from compiled_only import COMPILED_ONLY
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,16 +31,7 @@ from imq.types import (
     ShardIdent,
 )
 
-pytestmark = [
-    pytest.mark.skipif(
-        not iterator.COMPILED and shutil.which("cc") is None,
-        reason="no C compiler on this machine, so imq._speedups was not built",
-    ),
-    pytest.mark.skipif(
-        bool(os.environ.get("IMQ_PURE_PYTHON")),
-        reason="IMQ_PURE_PYTHON is set: the compiled paths these tests check are off",
-    ),
-]
+pytestmark = COMPILED_ONLY
 
 SHARD = ShardIdent(0, 0x4000_0000_0000_0000)
 ADDR2 = (Address(0, b"\x01" * 32), Address(-1, b"\x02" * 32))

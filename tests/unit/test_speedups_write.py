@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-import shutil
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
 import pytest
+from compiled_only import COMPILED_ONLY
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from imq import apply, diff, iterator
+from imq import apply, diff
 from imq.config import QueueConfig
 from imq.diff import DiffStatistics, QueueDiff
 from imq.queue import Queue
@@ -31,16 +30,7 @@ from imq.storage import cache as cache_mod
 from imq.testing import MemoryDatabase
 from imq.types import Address, BlockIdShort, Message, QueueKey, ShardIdent
 
-pytestmark = [
-    pytest.mark.skipif(
-        not iterator.COMPILED and shutil.which("cc") is None,
-        reason="no C compiler on this machine, so imq._speedups was not built",
-    ),
-    pytest.mark.skipif(
-        bool(os.environ.get("IMQ_PURE_PYTHON")),
-        reason="IMQ_PURE_PYTHON is set: the compiled paths these tests check are off",
-    ),
-]
+pytestmark = COMPILED_ONLY
 
 SHARD = ShardIdent(0, 0x4000_0000_0000_0000)
 

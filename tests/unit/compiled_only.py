@@ -1,0 +1,22 @@
+"""The marks of the compiled path's own tests: skipped where the extension cannot be
+built (no C compiler) and where ``IMQ_PURE_PYTHON`` turns it off."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from imq import iterator
+
+COMPILED_ONLY = [
+    pytest.mark.skipif(
+        not iterator.COMPILED and shutil.which("cc") is None,
+        reason="no C compiler on this machine, so imq._speedups was not built",
+    ),
+    pytest.mark.skipif(
+        bool(os.environ.get("IMQ_PURE_PYTHON")),
+        reason="IMQ_PURE_PYTHON is set: the compiled paths these tests check are off",
+    ),
+]
