@@ -268,7 +268,6 @@ class SimResult:
     messages_delivered: int = 0
     restarts: int = 0
     kills: int = 0
-    resets: int = 0  # of the uncommitted zone: clears, and the startup of every restart
     clears: int = 0  # clear_uncommitted_state calls (a cancelled collation's reset)
     rolled_back_blocks: int = 0
     cancelled: int = 0
@@ -291,6 +290,11 @@ class SimResult:
     # host's cyclic GC would walk (every float) at each full collection of a long run.
     latencies: dict[str, array[float]] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def resets(self) -> int:
+        """Resets of the uncommitted zone: the clears, and the startup of every restart."""
+        return self.clears + self.restarts
 
     @property
     def verified(self) -> bool:
@@ -415,13 +419,15 @@ class Simulation:
             started = time.perf_counter()
             queue = self.opener(path, self.config.queue_config())
             self._timed("open", started)
-            with self._checking():
-                self._check_reopened(queue, node)
+            if self.config.check_state:
+                with self._checking():
+                    self._check_reopened(queue, node)
             started = time.perf_counter()
             queue.startup(last, list(self.world.shards))
             self._timed("startup", started)
-            with self._checking():
-                self._check_started(queue, node)
+            if self.config.check_state:
+                with self._checking():
+                    self._check_started(queue, node)
             opened.append(queue)
         self.queue, self.followers = opened[0], opened[1:]
         self._roll_back()
@@ -433,8 +439,6 @@ class Simulation:
         zone: the last committed block, the commit pointers, and every diff written since
         the last commit, as the run wrote them. A restart loses nothing written, a kill
         neither: each write reached RocksDB's log before it returned."""
-        if not self.config.check_state:
-            return
         where = f"node {node}, reopened"
         last = queue.get_last_committed_mc_block_id()
         if not self._check(last == self.last_mc):
@@ -449,8 +453,6 @@ class Simulation:
 
     def _check_started(self, queue: SimQueue, node: int) -> None:
         """After startup no diff written since the last commit is stored."""
-        if not self.config.check_state:
-            return
         for shard, blocks in self.uncommitted.items():
             for block in blocks:
                 info = queue.get_diff_info(shard, block.seqno, DiffZone.BOTH)
@@ -497,23 +499,12 @@ class Simulation:
                 + ("" if info.hash == state.top_hash else ", and another hash")
             )
 
-    def _check_committed(
-        self, node: SimQueue, shard: ShardIdent, blocks: list[BlockRecord]
-    ) -> None:
-        """Right after a commit on ``blocks`` of ``shard``: its new top diff is stored as
-        written, and the statistics of the committed diffs count, per partition, the
-        destinations of their messages as each block's router sent them. (GC cannot have
-        touched them yet: no other shard has read them.)"""
+    def _check_committed(self, shard: ShardIdent, blocks: list[BlockRecord]) -> None:
+        """Right after a commit on ``blocks`` of ``shard``, on every node: its new top diff
+        is stored as written, and the statistics of the committed diffs count, per
+        partition, the destinations of their messages as each block's router sent them.
+        (GC cannot have touched them yet: no other shard has read them.)"""
         top = blocks[-1]
-        info = node.get_diff_info(shard, top.seqno, DiffZone.COMMITTED)
-        if info is None and node.get_diff_info(shard, top.seqno, DiffZone.UNCOMMITTED):
-            self._check(False)
-            self._state_error(
-                f"the diff of {shard}:{top.seqno} is still uncommitted after the commit on "
-                f"masterchain block {self.current[MC].seqno}"
-            )
-        else:
-            self._check_diff(info, top, f"committed diff of {shard}:{top.seqno}")
         before, last = self.committed[shard].top_max, top.state.top_max
         if last is None:  # pragma: no cover - a written block always has its max message
             raise SimulationError(f"no max message for the block {shard}:{top.seqno}")
@@ -524,15 +515,25 @@ class Simulation:
         for block in blocks:
             for m in block.created:
                 expected[block.router.partition_for(m.src, m.dst)][m.dst] += 1
-        for partition in PARTITIONS:
-            stats = node.load_diff_statistics(partition, committed)
-            if not self._check(stats == expected[partition]):
+        for node in self._nodes():
+            info = node.get_diff_info(shard, top.seqno, DiffZone.COMMITTED)
+            if info is None and node.get_diff_info(shard, top.seqno, DiffZone.UNCOMMITTED):
+                self._check(False)
                 self._state_error(
-                    f"statistics of {shard}'s diffs {blocks[0].seqno}..{top.seqno}, "
-                    f"partition {partition}: {sum(stats.values())} messages to {len(stats)} "
-                    f"accounts; the diffs hold {sum(expected[partition].values())} to "
-                    f"{len(expected[partition])}"
+                    f"the diff of {shard}:{top.seqno} is still uncommitted after the commit "
+                    f"on masterchain block {self.current[MC].seqno}"
                 )
+            else:
+                self._check_diff(info, top, f"committed diff of {shard}:{top.seqno}")
+            for partition in PARTITIONS:
+                stats = node.load_diff_statistics(partition, committed)
+                if not self._check(stats == expected[partition]):
+                    self._state_error(
+                        f"statistics of {shard}'s diffs {blocks[0].seqno}..{top.seqno}, "
+                        f"partition {partition}: {sum(stats.values())} messages to "
+                        f"{len(stats)} accounts; the diffs hold "
+                        f"{sum(expected[partition].values())} to {len(expected[partition])}"
+                    )
 
     def _gc_counters(self) -> tuple[int, int, int]:
         metrics = getattr(self.queue, "metrics", None)
@@ -702,7 +703,6 @@ class Simulation:
 
     def _restart(self, round_no: int, *, crash: bool) -> None:
         self.result.restarts += 1
-        self.result.resets += 1
         if crash and self.crash is not None:
             self.result.kills += 1
             # Killed mid-collation: one shard has prepared its next diff, not written it.
@@ -718,7 +718,6 @@ class Simulation:
             started = time.perf_counter()
             node.clear_uncommitted_state(PARTITIONS, list(self.world.shards))
             self._timed("clear_uncommitted_state", started)
-        self.result.resets += 1
         self.result.clears += 1
         self._roll_back()
 
@@ -913,10 +912,11 @@ class Simulation:
             self._timed("commit_diff", started)
             if not done:
                 raise SimulationError(f"commit on masterchain block {mc_seqno} was skipped")
-            for shard, blocks in self.uncommitted.items():
-                if blocks and self.config.check_state:
-                    with self._checking():
-                        self._check_committed(node, shard, blocks)
+        if self.config.check_state:
+            with self._checking():
+                for shard, blocks in self.uncommitted.items():
+                    if blocks:
+                        self._check_committed(shard, blocks)
         self.last_mc = BlockId(MC, mc_seqno)
         self.result.commits += 1
         for shard, blocks in self.uncommitted.items():
