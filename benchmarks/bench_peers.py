@@ -47,8 +47,7 @@ from typing import Any
 from rocksdict import ReadOptions, WriteBatch
 
 from benchmarks.bench_core import machine_lines
-from benchmarks.common import RawDb, parse_args, quiet_logs, temp_workdir, write_report
-from benchmarks.common import settle as common_settle
+from benchmarks.common import RawDb, parse_args, quiet_logs, settle, temp_workdir, write_report
 from imq import (
     Address,
     BlockId,
@@ -182,11 +181,6 @@ SETTLE = "settle"
 SETTLE_LIMIT = 300.0  # seconds
 
 
-def settle(busy: Callable[[str], int]) -> float:
-    """:func:`benchmarks.common.settle` with this benchmark's limit."""
-    return common_settle(busy, SETTLE_LIMIT)
-
-
 # Recorded beside the steps by the systems at the full N: the process's minor page faults
 # (every thread's, RocksDB's included) during the read, i.e. fresh memory touched.
 READ_FAULTS = "read faults"
@@ -265,7 +259,7 @@ def run_imq(
 
     out["append"], _ = timed(append)
     store = queue._store  # RocksDB's properties: what the benchmark waits on
-    out[SETTLE] = settle(lambda name: sum(store.property_int(t, name) for t in Table))
+    out[SETTLE] = settle(lambda name: sum(store.property_int(t, name) for t in Table), SETTLE_LIMIT)
     out["read"], out[READ_FAULTS], count = timed_faults(read)
     assert count == len(items), count
     out["delete"], executed = timed(delete)
@@ -312,7 +306,8 @@ def run_raw(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[st
 
     out["append"], _ = timed(append)
     out[SETTLE] = settle(
-        lambda name: sum(int(c.property_int_value(name) or 0) for c in db.cf.values())
+        lambda name: sum(int(c.property_int_value(name) or 0) for c in db.cf.values()),
+        SETTLE_LIMIT,
     )
     out["read"], out[READ_FAULTS], count = timed_faults(read)
     assert count == len(items)
