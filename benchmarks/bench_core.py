@@ -40,7 +40,7 @@ from pathlib import Path
 from time import perf_counter, perf_counter_ns
 from typing import Any
 
-from rocksdict import ReadOptions, WriteBatch
+from rocksdict import WriteBatch
 
 from benchmarks.common import (
     RawDb,
@@ -260,7 +260,7 @@ def raw_range_sources(db: RawDb) -> tuple[list[Any], list[Any]]:
     sources = []
     for shard in SOURCE_SHARDS:
         lo, hi = codec.message_range(0, shard, QueueKey.MIN, QueueKey.MAX)
-        ro = ReadOptions()
+        ro = db.scan_options()
         ro.set_iterate_upper_bound(hi)
         keep_alive.append((hi, ro))
         sources.append(db.cf[Table.MESSAGES].items(from_key=lo, read_opt=ro))

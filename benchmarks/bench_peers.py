@@ -44,7 +44,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-from rocksdict import ReadOptions, WriteBatch
+from rocksdict import WriteBatch
 
 from benchmarks.bench_core import machine_lines
 from benchmarks.common import RawDb, parse_args, quiet_logs, settle, temp_workdir, write_report
@@ -297,7 +297,8 @@ def run_raw(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[st
             db.db.write(wb)
 
     def read() -> int:
-        return sum(1 for _ in cf.items())
+        ro = db.scan_options()  # as imq's scans of its message table
+        return sum(1 for _ in cf.items(read_opt=ro))
 
     half = len(items) // 2
 
@@ -317,7 +318,7 @@ def run_raw(path: Path, items: list[tuple[bytes, bytes]], batch: int) -> dict[st
 
     def reopen() -> tuple[RawDb, Any]:
         again = RawDb(path, CONFIG)
-        ro = ReadOptions()
+        ro = again.scan_options()
         return again, next(iter(again.cf[Table.MESSAGES].items(read_opt=ro)))
 
     out["reopen"], (db, first) = timed_reopens(reopen, lambda r: r[0].close())

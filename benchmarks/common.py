@@ -14,6 +14,8 @@ from pathlib import Path
 from time import perf_counter, sleep
 from typing import Any
 
+from rocksdict import ReadOptions
+
 from imq import QueueConfig, ShardIdent
 from imq.queue import store_options
 from imq.storage import Table, open_rdict
@@ -174,11 +176,21 @@ class RawDb:
     floor runs on the same engine configuration as imq."""
 
     def __init__(self, path: Path, config: QueueConfig) -> None:
+        self.config = config
         self.db: Any = open_rdict(path, store_options(config))
         self.cf: dict[Table, Any] = {t: self.db.get_column_family(t.value) for t in Table}
         self.handle: dict[Table, Any] = {
             t: self.db.get_column_family_handle(t.value) for t in Table
         }
+
+    def scan_options(self) -> ReadOptions:
+        """``ReadOptions`` for a raw scan of the message table set as imq's scans of it
+        are under the same config (by default they read around the block cache), so that
+        the floor's read does the same work as imq's."""
+        ro = ReadOptions()
+        if not self.config.message_scans_fill_cache:
+            ro.fill_cache(False)
+        return ro
 
     def close(self) -> None:
         # A live column-family object keeps RocksDB open: drop them before closing.

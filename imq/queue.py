@@ -82,6 +82,7 @@ def store_options(config: QueueConfig) -> StoreOptions:
         write_buffer_size=config.write_buffer_size,
         max_background_jobs=config.max_background_jobs,
         message_cache_size=config.message_cache_size,
+        message_scans_fill_cache=config.message_scans_fill_cache,
     )
 
 

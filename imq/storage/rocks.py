@@ -208,13 +208,17 @@ class Cursor:
         "rows",
     )
 
-    def __init__(self, rdict: Any, scan: Scan, path: object = None) -> None:
+    def __init__(
+        self, rdict: Any, scan: Scan, path: object = None, *, fill_cache: bool = True
+    ) -> None:
         self._lo = scan.lo
         self._hi = scan.hi
         self._reverse = scan.reverse
         self._table = scan.table
         self._path = path
         self._ro = ReadOptions()
+        if not fill_cache:
+            self._ro.fill_cache(False)  # type: ignore[call-arg]  # the stub omits its bool
         if scan.hi is not None:
             self._ro.set_iterate_upper_bound(scan.hi)
         self._items: Iterator[Any] | None = iter(())
@@ -975,6 +979,15 @@ class Store:
                 f"this imq reads version {codec.SCHEMA_VERSION}"
             )
 
+    def _cursor(self, scan: Scan) -> Cursor:
+        """A cursor of ``scan`` on this store. A scan of the message table reads around
+        the block cache unless ``StoreOptions.message_scans_fill_cache``: each of its
+        blocks is read once per reader, in order, and caching it would evict the point
+        tables' blocks and, on a process's first long scan, fault in the cache's memory
+        (see ``QueueConfig.message_scans_fill_cache`` for the figures)."""
+        fill = scan.table is not Table.MESSAGES or self.options.message_scans_fill_cache
+        return Cursor(self._tables[scan.table], scan, self.path, fill_cache=fill)
+
     def _has_rows(self, table: Table) -> bool:
         cursor = Cursor(self._table(table), Scan(table, b"", None, keys_only=True), self.path)
         try:
@@ -1087,9 +1100,7 @@ class Store:
                     and not (s.reverse or s.keys_only or s.seekable)
                 ):
                     cached = self._cached(s.lo, s.hi, None)
-                cursors.append(
-                    Cursor(self._tables[s.table], s, self.path) if cached is None else cached
-                )
+                cursors.append(self._cursor(s) if cached is None else cached)
             state = self._state
         return Snapshot(self, snaps, cursors, state)
 
@@ -1102,7 +1113,6 @@ class Store:
         (:func:`imq.iterator.destination_test`) would skip unseen."""
         with self._gate:
             self._check_open()
-            messages = self._tables[Table.MESSAGES]
             cache = self.cache
             # Every range at once (one call to C); a segment not known yet gets its
             # second chance in _cache_miss, which starts watching it.
@@ -1118,9 +1128,7 @@ class Store:
                     else:
                         hits += 1
                 cursors.append(
-                    Cursor(messages, Scan(Table.MESSAGES, lo, hi), self.path)
-                    if cached is None
-                    else cached
+                    self._cursor(Scan(Table.MESSAGES, lo, hi)) if cached is None else cached
                 )
             cache.hits += hits
             state = self._state
@@ -1276,8 +1284,7 @@ class Store:
     def _segment_top(self, prefix: bytes, end: bytes) -> bytes:
         """The segment's greatest stored key, or the prefix when it holds none: one
         reverse seek. Raises on a read error."""
-        scan = Scan(Table.MESSAGES, prefix, end, seekable=True)
-        cursor = Cursor(self._tables[Table.MESSAGES], scan, self.path)
+        cursor = self._cursor(Scan(Table.MESSAGES, prefix, end, seekable=True))
         try:
             return cursor.last() or prefix
         finally:
@@ -1291,8 +1298,7 @@ class Store:
         limit = self.cache.load_limit
         if limit <= 0:
             return None
-        scan = Scan(Table.MESSAGES, prefix, floor + b"\x00")  # just above the floor
-        cursor = Cursor(self._tables[Table.MESSAGES], scan, self.path)
+        cursor = self._cursor(Scan(Table.MESSAGES, prefix, floor + b"\x00"))  # just above it
         try:
             items = cursor.items  # checked at their end: a damaged block raises
             rows: list[Row] = []

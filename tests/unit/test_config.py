@@ -258,7 +258,8 @@ def test_every_key(tmp_path: Path) -> None:
         'block_cache_size = "10MB"\n'
         "write_buffer_size = 4194304\n"
         "max_background_jobs = 8\n"
-        "compact_after_delete = true\n",
+        "compact_after_delete = true\n"
+        "message_scans_fill_cache = true\n",
     )
     assert config == QueueConfig(
         gc_interval=90.0,
@@ -267,6 +268,7 @@ def test_every_key(tmp_path: Path) -> None:
         write_buffer_size=4 * MIB,
         max_background_jobs=8,
         compact_after_delete=True,
+        message_scans_fill_cache=True,
     )
 
 
