@@ -3484,7 +3484,154 @@ value_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return pack(type, 1, ((PyTupleObject *)fields)->ob_item, n);
 }
 
+/*
+ * Compiled constructors of QueueKey and Message (set_constructors), as the classes'
+ * vectorcall: `QueueKey(lt, hash)` and `Message(key, src, dst[, body])` with the exact
+ * types of the common case (an int in 0..=2^64-1 and 32 bytes; a QueueKey, two
+ * Addresses, bytes) build the value here, as value_new would, without the Python __new__
+ * (about 130 ns of each constructor's 200). Every other call (keywords, a subclass,
+ * another type, a value out of range, a field the cyclic GC tracks) runs the Python
+ * __new__, which checks it and raises what it raises: the compiled path only ever takes
+ * arguments the Python one accepts, and builds the same value from them.
+ *
+ * A class's tp_vectorcall is what a call of the class runs when set (CPython's own types
+ * use it; it is never inherited, so subclasses keep the usual __new__); the classes'
+ * tp_new stays CPython's, so `tuple.__new__(QueueKey, ...)` (namedtuple's _make and
+ * _replace, pickle's older protocols) works as before. type.__call__ would run
+ * __new__ and then object.__init__, which does nothing for these classes.
+ */
+static PyObject *key_py_new, *message_py_new; /* the classes' Python __new__ (owned) */
+static PyTypeObject *key_installed, *message_installed; /* where they went (owned) */
+static int constructors_on;
+
+/* py_new(type, *args, **kwnames) through the Python function. */
+static PyObject *
+python_new(PyObject *py_new, PyObject *type, PyObject *const *args, size_t nargsf,
+           PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t total = n + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
+    PyObject *small[8];
+    PyObject **stack = total + 1 <= 8 ? small : PyMem_New(PyObject *, total + 1);
+    if (stack == NULL)
+        return PyErr_NoMemory();
+    stack[0] = type;
+    for (Py_ssize_t i = 0; i < total; i++)
+        stack[i + 1] = args[i];
+    PyObject *obj = PyObject_Vectorcall(py_new, stack, (size_t)(n + 1), kwnames);
+    if (stack != small)
+        PyMem_Free(stack);
+    return obj;
+}
+
+static PyObject *
+key_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (type == (PyObject *)t_queue_key && plain_queue_key && kwnames == NULL &&
+        PyVectorcall_NARGS(nargsf) == 2) {
+        PyObject *lt = args[0], *hash = args[1];
+        if (PyLong_CheckExact(lt) && PyBytes_CheckExact(hash) &&
+            PyBytes_GET_SIZE(hash) == HASH_LEN) {
+            (void)PyLong_AsUnsignedLongLong(lt); /* OverflowError: < 0 or >= 2^64 */
+            if (!PyErr_Occurred()) {
+                PyObject *items[2] = {Py_NewRef(lt), Py_NewRef(hash)};
+                return pack(t_queue_key, 1, items, 2);
+            }
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return NULL;
+            PyErr_Clear(); /* out of range: the Python __new__ says so */
+        }
+    }
+    return python_new(key_py_new, type, args, nargsf, kwnames);
+}
+
+static PyObject *
+message_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (type == (PyObject *)t_message && plain_message && kwnames == NULL &&
+        (n == 3 || n == 4)) {
+        PyObject *key = args[0], *src = args[1], *dst = args[2];
+        PyObject *body = n == 4 ? args[3] : NULL;
+        if (Py_IS_TYPE(key, t_queue_key) && Py_IS_TYPE(src, t_address) &&
+            Py_IS_TYPE(dst, t_address) && (body == NULL || PyBytes_CheckExact(body)) &&
+            never_in_cycle(key) && never_in_cycle(src) && never_in_cycle(dst)) {
+            PyObject *b = body != NULL ? Py_NewRef(body) : PyBytes_FromStringAndSize(NULL, 0);
+            if (b == NULL)
+                return NULL;
+            PyObject *items[4] = {Py_NewRef(key), Py_NewRef(src), Py_NewRef(dst), b};
+            return pack(t_message, 1, items, 4);
+        }
+    }
+    return python_new(message_py_new, type, args, nargsf, kwnames);
+}
+
+/* Install (on) or take back (off) the compiled constructors on the classes
+ * set_constructors() was given. */
+static void
+switch_constructors(int on)
+{
+    constructors_on = on;
+    if (key_installed != NULL)
+        key_installed->tp_vectorcall = on ? key_vectorcall : NULL;
+    if (message_installed != NULL)
+        message_installed->tp_vectorcall = on ? message_vectorcall : NULL;
+}
+
+/*
+ * set_constructors(key_new, message_new): give the QueueKey and Message registered with
+ * init() the compiled constructors above, with `key_new` and `message_new` (their Python
+ * __new__ functions) for every other case. The classes must be those init() registered:
+ * classes over tuple with the plain layout and no vectorcall of their own.
+ */
+static PyObject *
+set_constructors(PyObject *self, PyObject *args)
+{
+    PyObject *key_new, *message_new;
+    if (!PyArg_ParseTuple(args, "OO:set_constructors", &key_new, &message_new))
+        return NULL;
+    if (!PyCallable_Check(key_new) || !PyCallable_Check(message_new)) {
+        PyErr_SetString(PyExc_TypeError, "set_constructors() takes two callables");
+        return NULL;
+    }
+    switch_constructors(0); /* classes given before lose theirs */
+    if (t_queue_key == NULL || t_message == NULL || !plain_queue_key || !plain_message ||
+        t_queue_key->tp_vectorcall != NULL || t_message->tp_vectorcall != NULL) {
+        PyErr_SetString(PyExc_TypeError,
+                        "set_constructors(): init() must first register a QueueKey and a "
+                        "Message with the plain tuple layout");
+        return NULL;
+    }
+    PyObject *old[4] = {key_py_new, message_py_new, (PyObject *)key_installed,
+                        (PyObject *)message_installed};
+    key_py_new = Py_NewRef(key_new);
+    message_py_new = Py_NewRef(message_new);
+    key_installed = (PyTypeObject *)Py_NewRef((PyObject *)t_queue_key);
+    message_installed = (PyTypeObject *)Py_NewRef((PyObject *)t_message);
+    switch_constructors(1);
+    for (int i = 0; i < 4; i++) /* last: freeing them may run Python code */
+        Py_XDECREF(old[i]);
+    Py_RETURN_NONE;
+}
+
+/* value_constructors(on) -> bool: the compiled constructors on or off (off: as on a
+ * machine without this module, imq.iterator.pure_python()); returns the previous one. */
+static PyObject *
+value_constructors(PyObject *self, PyObject *on)
+{
+    int flag = PyObject_IsTrue(on);
+    if (flag < 0)
+        return NULL;
+    int was = constructors_on;
+    switch_constructors(flag);
+    return PyBool_FromLong(was);
+}
+
 static PyMethodDef methods[] = {
+    {"set_constructors", set_constructors, METH_VARARGS,
+     "set_constructors(key_new, message_new): compiled QueueKey and Message constructors"},
+    {"value_constructors", value_constructors, METH_O,
+     "value_constructors(on): the compiled constructors on or off; returns the previous"},
     {"value_deallocs", value_deallocs, METH_O,
      "value_deallocs(on): free the value types' instances through imq's dealloc (on) or "
      "CPython's own"},

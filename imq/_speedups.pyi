@@ -1,4 +1,4 @@
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from imq.types import Address, IteratedMessage, Message, QueueKey, QueueShardRange, ShardIdent
@@ -13,6 +13,10 @@ def init(
     /,
 ) -> None: ...
 def value_deallocs(on: bool, /) -> bool: ...
+def set_constructors(
+    key_new: Callable[..., QueueKey], message_new: Callable[..., Message], /
+) -> None: ...
+def value_constructors(on: bool, /) -> bool: ...
 def decode_run(
     keys: list[bytes], values: list[bytes], shard: ShardIdent, /
 ) -> list[IteratedMessage]: ...

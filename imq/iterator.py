@@ -644,6 +644,9 @@ def _compiled() -> Any:
     except ImportError:
         return None
     _speedups.init(IteratedMessage, Message, QueueKey, Address)
+    # QueueKey(lt, hash) and Message(key, src, dst, body) of the common types built in C;
+    # every other call still runs (and is checked by) the Python __new__ given here.
+    _speedups.set_constructors(QueueKey.__new__, Message.__new__)
     return _speedups
 
 
@@ -669,16 +672,19 @@ COMPILED = _speedups_module is not None
 
 @contextlib.contextmanager
 def pure_python() -> Iterator[None]:
-    """Within this block, new iterators use the pure-Python path and the value types free
-    their instances through CPython's own dealloc, as on a machine without the compiled
-    module (benchmarks, tests)."""
+    """Within this block, new iterators use the pure-Python path, ``QueueKey`` and
+    ``Message`` run their Python constructors and the value types free their instances
+    through CPython's own dealloc, as on a machine without the compiled module
+    (benchmarks, tests)."""
     global _merge_fill  # noqa: PLW0603 - the switch tests and benchmarks flip
     saved, _merge_fill = _merge_fill, None
     module = _speedups_module
     deallocs = module is not None and module.value_deallocs(False)
+    constructors = module is not None and module.value_constructors(False)
     try:
         yield
     finally:
         _merge_fill = saved
         if module is not None:
             module.value_deallocs(deallocs)
+            module.value_constructors(constructors)

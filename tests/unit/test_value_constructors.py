@@ -1,0 +1,247 @@
+"""The compiled constructors of ``QueueKey`` and ``Message`` (``imq._speedups``
+``set_constructors``): the common case is built in C, every other call goes to the
+Python ``__new__``; either way the same value, or the same error, as the Python
+constructor alone gives (``value_constructors(False)``, what a machine without the
+extension runs)."""
+
+from __future__ import annotations
+
+import copy
+import gc
+import pickle
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from compiled_only import COMPILED_ONLY
+from hypothesis import given
+from hypothesis import strategies as st
+
+from imq import iterator
+from imq.types import Address, Message, QueueKey
+
+pytestmark = COMPILED_ONLY
+
+H = bytes(range(32))
+A = Address(0, b"\x11" * 32)
+B = Address(-1, b"\x22" * 32)
+
+
+@contextmanager
+def python_constructors() -> Iterator[None]:
+    module = iterator._speedups_module
+    was = module.value_constructors(False)
+    try:
+        yield
+    finally:
+        module.value_constructors(was)
+
+
+def outcome(make: Callable[[], Any]) -> tuple[Any, ...]:
+    """What a call gives: the value with its type and whether the cyclic GC tracks it,
+    or the error's type and message."""
+    try:
+        value = make()
+    except Exception as exc:  # compared, not handled
+        return ("error", type(exc), str(exc))
+    return ("value", type(value), tuple(value), gc.is_tracked(value))
+
+
+def both(make: Callable[[], Any]) -> tuple[Any, ...]:
+    """``make()`` with the compiled constructors, checked against the Python ones."""
+    compiled = outcome(make)
+    with python_constructors():
+        python = outcome(make)
+    assert compiled == python
+    return compiled
+
+
+def python_new_calls(make: Callable[[], Any]) -> int:
+    """How many times ``make()`` runs a Python ``__new__`` of ``imq.types``."""
+    calls = 0
+
+    def profile(frame: Any, event: str, _arg: object) -> None:
+        nonlocal calls
+        code = frame.f_code
+        if event == "call" and code.co_name == "__new__" and code.co_filename.endswith("types.py"):
+            calls += 1
+
+    sys.setprofile(profile)
+    try:
+        make()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_the_common_case_runs_no_python() -> None:
+    key = QueueKey(7, H)
+    assert python_new_calls(lambda: QueueKey(7, H)) == 0
+    assert python_new_calls(lambda: Message(key, A, B, b"x")) == 0
+    assert python_new_calls(lambda: Message(key, A, B)) == 0
+    with python_constructors():
+        assert python_new_calls(lambda: QueueKey(7, H)) == 1
+        assert python_new_calls(lambda: Message(key, A, B)) == 1
+    # Keywords take the Python constructor, which accepts them.
+    assert python_new_calls(lambda: QueueKey(lt=7, hash=H)) == 1
+
+
+def test_values_are_the_python_constructors_values() -> None:
+    key = both(lambda: QueueKey(7, H))
+    assert key == ("value", QueueKey, (7, H), False)
+    assert both(lambda: QueueKey(0, H))[2] == (0, H)
+    assert both(lambda: QueueKey(2**64 - 1, H))[2] == (2**64 - 1, H)
+    k = QueueKey(7, H)
+    assert both(lambda: Message(k, A, B, b"body")) == (
+        "value",
+        Message,
+        (k, A, B, b"body"),
+        False,
+    )
+    assert both(lambda: Message(k, A, B))[2] == (k, A, B, b"")
+    assert both(lambda: Message(k, A, B, body=b"kw"))[2] == (k, A, B, b"kw")
+    assert both(lambda: QueueKey(lt=7, hash=H))[2] == (7, H)
+
+
+class _Int(int):
+    pass
+
+
+class _Bytes(bytes):
+    pass
+
+
+class _Key(QueueKey):
+    __slots__ = ()
+
+
+class _Message(Message):
+    __slots__ = ()
+
+
+BAD_KEY_ARGS: list[tuple[Any, ...]] = [
+    (-1, H),
+    (2**64, H),
+    (2**200, H),
+    (-(2**70), H),
+    (True, H),
+    (1.0, H),
+    ("1", H),
+    (None, H),
+    (7, H[:31]),
+    (7, H + b"\x00"),
+    (7, bytearray(H)),
+    (7, memoryview(H)),
+    (7, "x" * 32),
+    (7,),
+    (7, H, 1),
+    (),
+]
+
+
+@pytest.mark.parametrize("args", BAD_KEY_ARGS, ids=repr)
+def test_refused_keys_raise_as_the_python_constructor(args: tuple[Any, ...]) -> None:
+    assert both(lambda: QueueKey(*args))[0] == "error"
+
+
+def test_subclass_values_take_the_python_path_alike() -> None:
+    # Accepted by the Python checks (isinstance), stored as given: the same here.
+    assert both(lambda: QueueKey(_Int(7), H))[2] == (7, H)
+    assert type(QueueKey(_Int(7), H).lt) is _Int
+    assert type(QueueKey(7, _Bytes(H)).hash) is _Bytes
+    both(lambda: QueueKey(7, _Bytes(H)))
+    assert both(lambda: _Key(7, H))[1] is _Key
+    k = QueueKey(7, H)
+    assert both(lambda: _Message(k, A, B, b"x"))[1] is _Message
+    assert both(lambda: Message(k, A, B, _Bytes(b"x")))[0] == "value"
+
+
+BAD_MESSAGE_ARGS: list[tuple[Any, ...]] = [
+    ((7, H), A, B, b""),
+    (QueueKey(7, H), (0, b"\x11" * 32), B, b""),
+    (QueueKey(7, H), A, None, b""),
+    (QueueKey(7, H), A, B, "text"),
+    (QueueKey(7, H), A, B, bytearray(b"x")),
+    (QueueKey(7, H), A, B, None),
+    (QueueKey(7, H), A),
+    (QueueKey(7, H), A, B, b"", b""),
+    (_Key(7, H), A, B, b""),
+]
+
+
+@pytest.mark.parametrize("args", BAD_MESSAGE_ARGS, ids=repr)
+def test_refused_messages_raise_as_the_python_constructor(args: tuple[Any, ...]) -> None:
+    assert both(lambda: Message(*args))[0] == "error"
+
+
+def test_a_field_the_gc_tracks_keeps_the_message_tracked() -> None:
+    """A QueueKey built by ``tuple.__new__`` (``_make``) is tracked by the cyclic GC; a
+    message holding it must be too, as the Python constructor leaves it."""
+    tracked = QueueKey._make((7, H))
+    assert gc.is_tracked(tracked)
+    assert both(lambda: Message(tracked, A, B, b"x"))[3] is True
+
+
+@given(
+    lt=st.one_of(st.integers(min_value=-(2**65), max_value=2**65), st.booleans()),
+    hash_=st.binary(min_size=30, max_size=34),
+)
+def test_keys_agree_on_any_int_and_bytes(lt: int, hash_: bytes) -> None:
+    both(lambda: QueueKey(lt, hash_))
+
+
+def test_values_survive_pickle_copy_and_super() -> None:
+    k = QueueKey(9, H)
+    m = Message(k, A, B, b"payload")
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        assert pickle.loads(pickle.dumps(m, protocol)) == m
+        assert type(pickle.loads(pickle.dumps(k, protocol))) is QueueKey
+    # namedtuple's own constructors go through tuple.__new__, which must still take them.
+    assert QueueKey._make((9, H)) == k
+    assert m._replace(body=b"other") == Message(k, A, B, b"other")
+    assert type(m._replace(body=b"other")) is Message
+    assert copy.copy(k) == k
+    assert copy.deepcopy(m) == m
+    assert QueueKey.__new__(QueueKey, 9, H) == k  # the Python __new__, called directly
+
+    class Sub(QueueKey):
+        __slots__ = ()
+
+        def __new__(cls, lt: int) -> Sub:
+            return super().__new__(cls, lt, H)
+
+    assert Sub(9) == k
+    assert type(Sub(9)) is Sub
+    with pytest.raises(ValueError, match=r"QueueKey\.lt"):
+        Sub(-1)
+
+
+def test_no_reference_leaks_on_either_path() -> None:
+    lt, hash_, body = 10**12 + 12345, bytes(31) + b"\x01", b"leak-check" * 3
+    key = QueueKey(lt, hash_)
+    before = [sys.getrefcount(o) for o in (lt, hash_, body, key, A, B)]
+    for _ in range(2000):
+        QueueKey(lt, hash_)
+        Message(key, A, B, body)
+        with pytest.raises(ValueError):
+            QueueKey(-lt, hash_)
+        with pytest.raises(ValueError):
+            QueueKey(lt, hash_[1:])
+        with pytest.raises(TypeError):
+            Message(key, A, B, bytearray(body))
+    after = [sys.getrefcount(o) for o in (lt, hash_, body, key, A, B)]
+    assert after == before
+
+
+def test_set_constructors_refuses_bad_arguments() -> None:
+    module = iterator._speedups_module
+    with pytest.raises(TypeError, match="two callables"):
+        module.set_constructors(1, Message.__new__)
+    with pytest.raises(TypeError):
+        module.set_constructors(QueueKey.__new__)
+    # Installed again with the same functions: still the compiled path, same values.
+    module.set_constructors(QueueKey.__new__, Message.__new__)
+    assert python_new_calls(lambda: QueueKey(7, H)) == 0
+    assert both(lambda: QueueKey(7, H))[2] == (7, H)
