@@ -252,8 +252,8 @@ class QueueConfig:
       the budget, oldest first. A segment (partition and source shard) read below what
       the cache holds a second time loads its older stored rows if they fit in 1/64 of
       this budget (a restarted collator's reads).
-    - ``message_scans_fill_cache``: whether the iterator's scans of stored messages put
-      the blocks they read into the block cache. Off by default (RocksDB's advice for
+    - ``message_scans_fill_cache``: whether scans of stored messages (an iterator's, an
+      export's, verify's) put the blocks they read into the block cache. Off by default (RocksDB's advice for
       bulk scans): a scan reads each block once per reader, in order, so caching it
       evicts the point tables' blocks, costs an insert and an eviction a block, and on a
       process's first long scan faults in the cache's memory (a page fault per 4 KiB).
