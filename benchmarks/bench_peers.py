@@ -810,11 +810,11 @@ METHOD = """## Method
   physical one, not of the same work.
 - raw rocksdict: the floor, with imq's column-family options; delete is one
   `delete_range` (no compaction); reopen is an open of the same directory + the first item.
-- Reads of the RocksDB systems: imq's scans of its message table read around the block
-  cache (`QueueConfig.message_scans_fill_cache`, off by default since stop 34), and raw
-  rocksdict reads with the same `ReadOptions`. Before, both filled the cache, and the
-  first read in a process paid a page fault for each 4 KiB of the cache it filled
-  (35,874 faults in imq's read at stop 33, 12,867 in raw rocksdict's).
+- Reads of the RocksDB systems: raw rocksdict reads with the `ReadOptions` imq's scans
+  of its message table use under the same config (`QueueConfig.message_scans_fill_cache`,
+  on by default: the blocks go into the block cache). The first read in a process then
+  pays a page fault for each 4 KiB of the cache it fills for the first time (counted
+  below the table); with that setting off both read around the cache.
 - persist-queue file `Queue`: it has no partial acknowledgement, so the read runs in two
   halves with `task_done()` (which persists the read position and deletes consumed chunk
   files) between them; that `task_done()` is its delete.

@@ -253,15 +253,18 @@ class QueueConfig:
       the cache holds a second time loads its older stored rows if they fit in 1/64 of
       this budget (a restarted collator's reads).
     - ``message_scans_fill_cache``: whether scans of stored messages (an iterator's, an
-      export's, verify's) put the blocks they read into the block cache. Off by default (RocksDB's advice for
-      bulk scans): a scan reads each block once per reader, in order, so caching it
-      evicts the point tables' blocks, costs an insert and an eviction a block, and on a
-      process's first long scan faults in the cache's memory (a page fault per 4 KiB).
-      Measured on the benchmark VM, 10^6 stored messages (306 MB, 256 MiB cache), ns a
-      message through the iterator: first read 523-632 on, 394-404 off; later reads
-      412-476 on, 390-402 off. On for a host whose collators read the same older range
-      again and again while it fits in the cache: such a re-read took 350 ns on, 385 off
-      (the blocks then come from the OS's page cache).
+      export's, verify's) put the blocks they read into the block cache. On by default.
+      Off, a scan reads each block from the OS's page cache instead: it no longer evicts
+      the point tables' blocks nor pays the cache's insert and eviction a block, and a
+      process's first long scan does not fault in the cache's memory (a page fault per
+      4 KiB). But every scan's seek then reads its first blocks from the files too,
+      which is what a collator's many short reads pay. Measured on the benchmark VM, ns
+      a message through the iterator, 10^6 stored messages (306 MB, 256 MiB cache): the
+      first read in a process 523-632 on, 394-404 off; later reads 412-476 on, 390-402
+      off; a re-read of a range that fits in the cache 350 on, 385 off. Iterator
+      creation and first message at 10^6 and 10^7 stored messages: 70-74 us on, 115-136
+      off (at 10^3: 45 either way). Off suits a host whose reads are mostly long
+      catch-up scans.
 
     Constructing with a wrong type raises ``TypeError``, with a bad value ``ValueError``.
     """
@@ -276,7 +279,7 @@ class QueueConfig:
     compaction_debt: int = 1_000_000
     check_statistics: bool = False
     message_cache_size: int = 64 * _MIB
-    message_scans_fill_cache: bool = False
+    message_scans_fill_cache: bool = True
 
     def __post_init__(self) -> None:
         for name, (_, check) in _RULES.items():

@@ -980,11 +980,9 @@ class Store:
             )
 
     def _cursor(self, scan: Scan) -> Cursor:
-        """A cursor of ``scan`` on this store. A scan of the message table reads around
-        the block cache unless ``StoreOptions.message_scans_fill_cache``: each of its
-        blocks is read once per reader, in order, and caching it would evict the point
-        tables' blocks and, on a process's first long scan, fault in the cache's memory
-        (see ``QueueConfig.message_scans_fill_cache`` for the figures)."""
+        """A cursor of ``scan`` on this store; a scan of the message table reads around
+        the block cache when ``StoreOptions.message_scans_fill_cache`` is off (see
+        ``QueueConfig.message_scans_fill_cache`` for what that trades)."""
         fill = scan.table is not Table.MESSAGES or self.options.message_scans_fill_cache
         return Cursor(self._tables[scan.table], scan, self.path, fill_cache=fill)
 

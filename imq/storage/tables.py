@@ -92,7 +92,7 @@ class StoreOptions:
     min_blob_size: int = 32 << 10
     max_total_wal_size: int = 256 << 20
     message_cache_size: int = 64 << 20  # fresh message rows kept in memory (0: none)
-    message_scans_fill_cache: bool = False  # QueueConfig.message_scans_fill_cache
+    message_scans_fill_cache: bool = True  # QueueConfig.message_scans_fill_cache
 
 
 def table_options(spec: TableSpec, cache: Cache, opts: StoreOptions) -> Options:

@@ -457,11 +457,11 @@ def test_true_iterator_and_long_runs_in_both_paths(queue: Queue, pure: bool) -> 
 
 @pytest.mark.parametrize("fill", [False, True])
 def test_message_scans_read_around_the_block_cache(db_path: Path, fill: bool) -> None:
-    """By default an iterator's scan of stored messages leaves the block cache as it was
-    (each block is read once per reader: caching it would evict the point tables' blocks
-    and fault in the cache's memory on a first long scan); with
-    ``message_scans_fill_cache`` it fills it. A point read of a diff's record goes
-    through the cache either way."""
+    """With ``message_scans_fill_cache`` off, an iterator's scan of stored messages
+    leaves the block cache as it was (each block is read once per reader: caching it
+    would evict the point tables' blocks and fault in the cache's memory on a first long
+    scan); on (the default), it fills it. A point read of a diff's record goes through
+    the cache either way."""
     clock = Clock()
     config = quiet_config(message_cache_size=0, message_scans_fill_cache=fill)
     queue = Queue.open(db_path, config)
