@@ -185,8 +185,9 @@ class RawDb:
 
     def scan_options(self) -> ReadOptions:
         """``ReadOptions`` for a raw scan of the message table set as imq's scans of it
-        are under the same config (by default they read around the block cache), so that
-        the floor's read does the same work as imq's."""
+        are under the same config (they fill the block cache unless
+        ``message_scans_fill_cache`` is off), so that the floor's read does the same work
+        as imq's."""
         ro = ReadOptions()
         if not self.config.message_scans_fill_cache:
             ro.fill_cache(False)
