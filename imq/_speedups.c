@@ -3489,38 +3489,56 @@ value_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * vectorcall: `QueueKey(lt, hash)` and `Message(key, src, dst[, body])` with the exact
  * types of the common case (an int in 0..=2^64-1 and 32 bytes; a QueueKey, two
  * Addresses, bytes) build the value here, as value_new would, without the Python __new__
- * (about 130 ns of each constructor's 200). Every other call (keywords, a subclass,
- * another type, a value out of range, a field the cyclic GC tracks) runs the Python
- * __new__, which checks it and raises what it raises: the compiled path only ever takes
- * arguments the Python one accepts, and builds the same value from them.
+ * (about 150 ns of each constructor's 200). Every other call (keywords, a subclass,
+ * another type, a value out of range, a field the cyclic GC tracks) goes through
+ * type.__call__ as it would without this: the class's __new__, which checks it and
+ * raises what it raises, then __init__. The compiled path only ever takes arguments the
+ * Python one accepts, and builds the same value from them.
  *
  * A class's tp_vectorcall is what a call of the class runs when set (CPython's own types
- * use it; it is never inherited, so subclasses keep the usual __new__); the classes'
- * tp_new stays CPython's, so `tuple.__new__(QueueKey, ...)` (namedtuple's _make and
- * _replace, pickle's older protocols) works as before. type.__call__ would run
- * __new__ and then object.__init__, which does nothing for these classes.
+ * use it; it is never inherited, so subclasses keep the usual call); the classes' tp_new
+ * stays CPython's, so `tuple.__new__(QueueKey, ...)` (namedtuple's _make and _replace,
+ * pickle's older protocols) works as before. The compiled path holds only while the class
+ * is as it was installed: any change to it or its bases (a new __new__ or __init__
+ * assigned, a mock) gives it a new version tag, and the calls then take type.__call__.
  */
-static PyObject *key_py_new, *message_py_new; /* the classes' Python __new__ (owned) */
 static PyTypeObject *key_installed, *message_installed; /* where they went (owned) */
+static unsigned int key_version, message_version;     /* their version tags then */
 static int constructors_on;
 
-/* py_new(type, *args, **kwnames) through the Python function. */
+/* Whether `type` still has the version tag it had when installed (`version`). */
+static inline int
+unchanged(PyTypeObject *type, unsigned int version)
+{
+    return version != 0 && type->tp_version_tag == version &&
+           (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG);
+}
+
+/* type(*args, **kwnames) through type.__call__ (the class's __new__, then __init__). */
 static PyObject *
-python_new(PyObject *py_new, PyObject *type, PyObject *const *args, size_t nargsf,
-           PyObject *kwnames)
+generic_call(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    Py_ssize_t total = n + (kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames));
-    PyObject *small[8];
-    PyObject **stack = total + 1 <= 8 ? small : PyMem_New(PyObject *, total + 1);
-    if (stack == NULL)
-        return PyErr_NoMemory();
-    stack[0] = type;
-    for (Py_ssize_t i = 0; i < total; i++)
-        stack[i + 1] = args[i];
-    PyObject *obj = PyObject_Vectorcall(py_new, stack, (size_t)(n + 1), kwnames);
-    if (stack != small)
-        PyMem_Free(stack);
+    PyObject *positional = PyTuple_New(n);
+    if (positional == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++)
+        PyTuple_SET_ITEM(positional, i, Py_NewRef(args[i]));
+    PyObject *keywords = NULL;
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
+        keywords = PyDict_New();
+        for (Py_ssize_t i = 0; keywords != NULL && i < PyTuple_GET_SIZE(kwnames); i++) {
+            if (PyDict_SetItem(keywords, PyTuple_GET_ITEM(kwnames, i), args[n + i]) < 0)
+                Py_CLEAR(keywords);
+        }
+        if (keywords == NULL) {
+            Py_DECREF(positional);
+            return NULL;
+        }
+    }
+    PyObject *obj = Py_TYPE(type)->tp_call(type, positional, keywords);
+    Py_DECREF(positional);
+    Py_XDECREF(keywords);
     return obj;
 }
 
@@ -3528,7 +3546,7 @@ static PyObject *
 key_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     if (type == (PyObject *)t_queue_key && plain_queue_key && kwnames == NULL &&
-        PyVectorcall_NARGS(nargsf) == 2) {
+        PyVectorcall_NARGS(nargsf) == 2 && unchanged(t_queue_key, key_version)) {
         PyObject *lt = args[0], *hash = args[1];
         if (PyLong_CheckExact(lt) && PyBytes_CheckExact(hash) &&
             PyBytes_GET_SIZE(hash) == HASH_LEN) {
@@ -3542,7 +3560,7 @@ key_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *k
             PyErr_Clear(); /* out of range: the Python __new__ says so */
         }
     }
-    return python_new(key_py_new, type, args, nargsf, kwnames);
+    return generic_call(type, args, nargsf, kwnames);
 }
 
 static PyObject *
@@ -3550,7 +3568,8 @@ message_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObjec
 {
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
     if (type == (PyObject *)t_message && plain_message && kwnames == NULL &&
-        (n == 3 || n == 4)) {
+        (n == 3 || n == 4) && unchanged(t_message, message_version) &&
+        t_queue_key == key_installed) {
         PyObject *key = args[0], *src = args[1], *dst = args[2];
         PyObject *body = n == 4 ? args[3] : NULL;
         if (Py_IS_TYPE(key, t_queue_key) && Py_IS_TYPE(src, t_address) &&
@@ -3563,7 +3582,7 @@ message_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObjec
             return pack(t_message, 1, items, 4);
         }
     }
-    return python_new(message_py_new, type, args, nargsf, kwnames);
+    return generic_call(type, args, nargsf, kwnames);
 }
 
 /* Install (on) or take back (off) the compiled constructors on the classes
@@ -3578,38 +3597,46 @@ switch_constructors(int on)
         message_installed->tp_vectorcall = on ? message_vectorcall : NULL;
 }
 
+/* The version tag of `type` as of now (looking up __new__ gives it one if it has none):
+ * 0 when CPython cannot give it one, which leaves its compiled path unused. */
+static unsigned int
+current_version(PyTypeObject *type)
+{
+    PyObject *found = PyObject_GetAttrString((PyObject *)type, "__new__");
+    if (found == NULL)
+        return 0;
+    Py_DECREF(found);
+    return (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? type->tp_version_tag : 0;
+}
+
 /*
- * set_constructors(key_new, message_new): give the QueueKey and Message registered with
- * init() the compiled constructors above, with `key_new` and `message_new` (their Python
- * __new__ functions) for every other case. The classes must be those init() registered:
- * classes over tuple with the plain layout and no vectorcall of their own.
+ * set_constructors(): give the QueueKey and Message registered with init() the compiled
+ * constructors above, for as long as neither class changes. The classes must be those
+ * init() registered, over tuple with the plain layout, without a vectorcall of their own;
+ * the Message's fast path also needs the QueueKey registered with it.
  */
 static PyObject *
-set_constructors(PyObject *self, PyObject *args)
+set_constructors(PyObject *self, PyObject *unused)
 {
-    PyObject *key_new, *message_new;
-    if (!PyArg_ParseTuple(args, "OO:set_constructors", &key_new, &message_new))
-        return NULL;
-    if (!PyCallable_Check(key_new) || !PyCallable_Check(message_new)) {
-        PyErr_SetString(PyExc_TypeError, "set_constructors() takes two callables");
-        return NULL;
-    }
     switch_constructors(0); /* classes given before lose theirs */
     if (t_queue_key == NULL || t_message == NULL || !plain_queue_key || !plain_message ||
-        t_queue_key->tp_vectorcall != NULL || t_message->tp_vectorcall != NULL) {
+        t_queue_key == t_message || t_queue_key->tp_vectorcall != NULL ||
+        t_message->tp_vectorcall != NULL) {
         PyErr_SetString(PyExc_TypeError,
                         "set_constructors(): init() must first register a QueueKey and a "
                         "Message with the plain tuple layout");
         return NULL;
     }
-    PyObject *old[4] = {key_py_new, message_py_new, (PyObject *)key_installed,
-                        (PyObject *)message_installed};
-    key_py_new = Py_NewRef(key_new);
-    message_py_new = Py_NewRef(message_new);
+    unsigned int kv = current_version(t_queue_key), mv = current_version(t_message);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *old[2] = {(PyObject *)key_installed, (PyObject *)message_installed};
     key_installed = (PyTypeObject *)Py_NewRef((PyObject *)t_queue_key);
     message_installed = (PyTypeObject *)Py_NewRef((PyObject *)t_message);
+    key_version = kv;
+    message_version = mv;
     switch_constructors(1);
-    for (int i = 0; i < 4; i++) /* last: freeing them may run Python code */
+    for (int i = 0; i < 2; i++) /* last: freeing them may run Python code */
         Py_XDECREF(old[i]);
     Py_RETURN_NONE;
 }
@@ -3628,8 +3655,8 @@ value_constructors(PyObject *self, PyObject *on)
 }
 
 static PyMethodDef methods[] = {
-    {"set_constructors", set_constructors, METH_VARARGS,
-     "set_constructors(key_new, message_new): compiled QueueKey and Message constructors"},
+    {"set_constructors", set_constructors, METH_NOARGS,
+     "set_constructors(): compiled QueueKey and Message constructors on the registered classes"},
     {"value_constructors", value_constructors, METH_O,
      "value_constructors(on): the compiled constructors on or off; returns the previous"},
     {"value_deallocs", value_deallocs, METH_O,

@@ -1,4 +1,4 @@
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TypeVar
 
 from imq.types import Address, IteratedMessage, Message, QueueKey, QueueShardRange, ShardIdent
@@ -13,9 +13,7 @@ def init(
     /,
 ) -> None: ...
 def value_deallocs(on: bool, /) -> bool: ...
-def set_constructors(
-    key_new: Callable[..., QueueKey], message_new: Callable[..., Message], /
-) -> None: ...
+def set_constructors() -> None: ...
 def value_constructors(on: bool, /) -> bool: ...
 def decode_run(
     keys: list[bytes], values: list[bytes], shard: ShardIdent, /

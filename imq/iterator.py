@@ -645,8 +645,8 @@ def _compiled() -> Any:
         return None
     _speedups.init(IteratedMessage, Message, QueueKey, Address)
     # QueueKey(lt, hash) and Message(key, src, dst, body) of the common types built in C;
-    # every other call still runs (and is checked by) the Python __new__ given here.
-    _speedups.set_constructors(QueueKey.__new__, Message.__new__)
+    # every other call still runs (and is checked by) the classes' Python __new__.
+    _speedups.set_constructors()
     return _speedups
 
 

@@ -235,13 +235,51 @@ def test_no_reference_leaks_on_either_path() -> None:
     assert after == before
 
 
-def test_set_constructors_refuses_bad_arguments() -> None:
+def test_set_constructors_takes_the_registered_classes_again() -> None:
     module = iterator._speedups_module
-    with pytest.raises(TypeError, match="two callables"):
-        module.set_constructors(1, Message.__new__)
     with pytest.raises(TypeError):
-        module.set_constructors(QueueKey.__new__)
-    # Installed again with the same functions: still the compiled path, same values.
-    module.set_constructors(QueueKey.__new__, Message.__new__)
+        module.set_constructors(QueueKey.__new__)  # takes nothing: the registered classes
+    # Installed again: still the compiled path, same values.
+    module.set_constructors()
     assert python_new_calls(lambda: QueueKey(7, H)) == 0
     assert both(lambda: QueueKey(7, H))[2] == (7, H)
+
+
+@contextmanager
+def class_attribute(cls: type, name: str, value: Any) -> Iterator[None]:
+    """``cls.name = value`` within the block; afterwards the attribute as it was and the
+    compiled constructors installed again (a changed class leaves them unused)."""
+    saved = cls.__dict__.get(name)
+    setattr(cls, name, value)
+    try:
+        yield
+    finally:
+        if saved is None:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, saved)
+        iterator._speedups_module.set_constructors()
+
+
+def test_a_class_changed_after_installation_is_called_as_python_would() -> None:
+    """A ``__new__`` or ``__init__`` assigned to the class later (a mock, a patch) is
+    honoured: the compiled path holds only while the class is as it was installed."""
+    k = QueueKey(7, H)
+
+    def fake_new(cls: type, lt: int, hash_: bytes) -> str:
+        return f"fake {lt}"
+
+    with class_attribute(QueueKey, "__new__", fake_new):
+        assert QueueKey(7, H) == "fake 7"
+    assert QueueKey(7, H) == k
+    assert python_new_calls(lambda: QueueKey(7, H)) == 0  # installed again
+
+    inits: list[tuple[Any, ...]] = []
+
+    def recording_init(self: Message, *args: Any) -> None:
+        inits.append(args)
+
+    with class_attribute(Message, "__init__", recording_init):
+        assert Message(k, A, B, b"x") == (k, A, B, b"x")
+    assert inits == [(k, A, B, b"x")]
+    assert python_new_calls(lambda: Message(k, A, B)) == 0
