@@ -3499,19 +3499,35 @@ value_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * use it; it is never inherited, so subclasses keep the usual call); the classes' tp_new
  * stays CPython's, so `tuple.__new__(QueueKey, ...)` (namedtuple's _make and _replace,
  * pickle's older protocols) works as before. The compiled path holds only while the class
- * is as it was installed: any change to it or its bases (a new __new__ or __init__
- * assigned, a mock) gives it a new version tag, and the calls then take type.__call__.
+ * resolves __new__ and __init__ as it did when installed: a `__new__` or `__init__`
+ * assigned later (a mock, a patch) sends every call through type.__call__.
  */
 static PyTypeObject *key_installed, *message_installed; /* where they went (owned) */
-static unsigned int key_version, message_version;     /* their version tags then */
+/* What each class's __new__ and __init__ resolved to then (owned). */
+static PyObject *key_new_then, *key_init_then, *message_new_then, *message_init_then;
+/* The classes' version tags when last found unchanged: a tag that still matches spares
+ * the two lookups (CPython gives a class a new tag whenever it or a base changes). */
+static unsigned int key_version, message_version;
 static int constructors_on;
+static PyObject *s_dunder_new, *s_dunder_init;
 
-/* Whether `type` still has the version tag it had when installed (`version`). */
+/* Whether `type` still resolves __new__ and __init__ to `new_then` and `init_then`. Any
+ * change to a class moves its version tag, harmless ones too (copyreg caching
+ * __slotnames__ at the first pickle, a first read of __annotations__): the two lookups
+ * then decide, and the new tag is kept when they find nothing changed. */
 static inline int
-unchanged(PyTypeObject *type, unsigned int version)
+unchanged(PyTypeObject *type, unsigned int *version, PyObject *new_then, PyObject *init_then)
 {
-    return version != 0 && type->tp_version_tag == version &&
-           (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG);
+    if (*version != 0 && type->tp_version_tag == *version &&
+        (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+        return 1;
+    /* _PyType_Lookup: borrowed references, no exception, no Python code (a class's dict
+     * has str keys); it gives the class a tag if it has none. */
+    if (_PyType_Lookup(type, s_dunder_new) != new_then ||
+        _PyType_Lookup(type, s_dunder_init) != init_then)
+        return 0;
+    *version = (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? type->tp_version_tag : 0;
+    return 1;
 }
 
 /* type(*args, **kwnames) through type.__call__ (the class's __new__, then __init__). */
@@ -3545,8 +3561,9 @@ generic_call(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwn
 static PyObject *
 key_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    if (type == (PyObject *)t_queue_key && plain_queue_key && kwnames == NULL &&
-        PyVectorcall_NARGS(nargsf) == 2 && unchanged(t_queue_key, key_version)) {
+    if (type == (PyObject *)t_queue_key && type == (PyObject *)key_installed &&
+        plain_queue_key && kwnames == NULL && PyVectorcall_NARGS(nargsf) == 2 &&
+        unchanged(t_queue_key, &key_version, key_new_then, key_init_then)) {
         PyObject *lt = args[0], *hash = args[1];
         if (PyLong_CheckExact(lt) && PyBytes_CheckExact(hash) &&
             PyBytes_GET_SIZE(hash) == HASH_LEN) {
@@ -3567,9 +3584,10 @@ static PyObject *
 message_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (type == (PyObject *)t_message && plain_message && kwnames == NULL &&
-        (n == 3 || n == 4) && unchanged(t_message, message_version) &&
-        t_queue_key == key_installed) {
+    if (type == (PyObject *)t_message && type == (PyObject *)message_installed &&
+        t_queue_key == key_installed && plain_message && kwnames == NULL &&
+        (n == 3 || n == 4) &&
+        unchanged(t_message, &message_version, message_new_then, message_init_then)) {
         PyObject *key = args[0], *src = args[1], *dst = args[2];
         PyObject *body = n == 4 ? args[3] : NULL;
         if (Py_IS_TYPE(key, t_queue_key) && Py_IS_TYPE(src, t_address) &&
@@ -3597,23 +3615,11 @@ switch_constructors(int on)
         message_installed->tp_vectorcall = on ? message_vectorcall : NULL;
 }
 
-/* The version tag of `type` as of now (looking up __new__ gives it one if it has none):
- * 0 when CPython cannot give it one, which leaves its compiled path unused. */
-static unsigned int
-current_version(PyTypeObject *type)
-{
-    PyObject *found = PyObject_GetAttrString((PyObject *)type, "__new__");
-    if (found == NULL)
-        return 0;
-    Py_DECREF(found);
-    return (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ? type->tp_version_tag : 0;
-}
-
 /*
  * set_constructors(): give the QueueKey and Message registered with init() the compiled
- * constructors above, for as long as neither class changes. The classes must be those
- * init() registered, over tuple with the plain layout, without a vectorcall of their own;
- * the Message's fast path also needs the QueueKey registered with it.
+ * constructors above, for as long as they resolve __new__ and __init__ as now. The
+ * classes must be those init() registered, over tuple with the plain layout, without a
+ * vectorcall of their own.
  */
 static PyObject *
 set_constructors(PyObject *self, PyObject *unused)
@@ -3627,16 +3633,26 @@ set_constructors(PyObject *self, PyObject *unused)
                         "Message with the plain tuple layout");
         return NULL;
     }
-    unsigned int kv = current_version(t_queue_key), mv = current_version(t_message);
-    if (PyErr_Occurred())
-        return NULL;
-    PyObject *old[2] = {(PyObject *)key_installed, (PyObject *)message_installed};
+    PyObject *found[4] = {
+        _PyType_Lookup(t_queue_key, s_dunder_new), _PyType_Lookup(t_queue_key, s_dunder_init),
+        _PyType_Lookup(t_message, s_dunder_new), _PyType_Lookup(t_message, s_dunder_init)};
+    for (int i = 0; i < 4; i++) {
+        if (found[i] == NULL) {
+            PyErr_SetString(PyExc_TypeError, "set_constructors(): no __new__ or __init__");
+            return NULL;
+        }
+    }
+    PyObject *old[6] = {(PyObject *)key_installed, (PyObject *)message_installed, key_new_then,
+                        key_init_then, message_new_then, message_init_then};
+    key_new_then = Py_NewRef(found[0]);
+    key_init_then = Py_NewRef(found[1]);
+    message_new_then = Py_NewRef(found[2]);
+    message_init_then = Py_NewRef(found[3]);
     key_installed = (PyTypeObject *)Py_NewRef((PyObject *)t_queue_key);
     message_installed = (PyTypeObject *)Py_NewRef((PyObject *)t_message);
-    key_version = kv;
-    message_version = mv;
+    key_version = message_version = 0; /* the first call looks up and keeps the tags */
     switch_constructors(1);
-    for (int i = 0; i < 2; i++) /* last: freeing them may run Python code */
+    for (int i = 0; i < 6; i++) /* last: freeing them may run Python code */
         Py_XDECREF(old[i]);
     Py_RETURN_NONE;
 }
@@ -3717,7 +3733,9 @@ PyInit__speedups(void)
         (s_firsts = PyUnicode_InternFromString("firsts")) == NULL ||
         (s_lasts = PyUnicode_InternFromString("lasts")) == NULL ||
         (s_datas = PyUnicode_InternFromString("datas")) == NULL ||
-        (s_offss = PyUnicode_InternFromString("offss")) == NULL)
+        (s_offss = PyUnicode_InternFromString("offss")) == NULL ||
+        (s_dunder_new = PyUnicode_InternFromString("__new__")) == NULL ||
+        (s_dunder_init = PyUnicode_InternFromString("__init__")) == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
