@@ -2056,6 +2056,18 @@ set_value_deallocs(int on)
     }
 }
 
+/* `set(on)` for a setting whose value is `was` now; returns `was` as a bool (the
+ * switches tests and benchmarks flip: value_deallocs, value_constructors). */
+static PyObject *
+switch_setting(PyObject *on, int was, void (*set)(int))
+{
+    int flag = PyObject_IsTrue(on);
+    if (flag < 0)
+        return NULL;
+    set(flag);
+    return PyBool_FromLong(was);
+}
+
 /*
  * value_deallocs(on) -> bool: whether the value types free their instances through
  * value_dealloc (what init() sets) or through CPython's own dealloc, as on a machine
@@ -2066,12 +2078,7 @@ set_value_deallocs(int on)
 static PyObject *
 value_deallocs(PyObject *self, PyObject *on)
 {
-    int flag = PyObject_IsTrue(on);
-    if (flag < 0)
-        return NULL;
-    int was = value_deallocs_on;
-    set_value_deallocs(flag);
-    return PyBool_FromLong(was);
+    return switch_setting(on, value_deallocs_on, set_value_deallocs);
 }
 
 /* The tp_new of a class that defines __new__ (CPython's slot_tp_new, which calls it),
@@ -3662,12 +3669,7 @@ set_constructors(PyObject *self, PyObject *unused)
 static PyObject *
 value_constructors(PyObject *self, PyObject *on)
 {
-    int flag = PyObject_IsTrue(on);
-    if (flag < 0)
-        return NULL;
-    int was = constructors_on;
-    switch_constructors(flag);
-    return PyBool_FromLong(was);
+    return switch_setting(on, constructors_on, switch_constructors);
 }
 
 static PyMethodDef methods[] = {
