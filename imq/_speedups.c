@@ -3610,6 +3610,49 @@ message_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObjec
     return generic_call(type, args, nargsf, kwnames);
 }
 
+/*
+ * key_from_bytes(cls, data) -> QueueKey: QueueKey.from_bytes (a classmethod over this
+ * function). The key whose 40-byte form (lt, 8 bytes big-endian, then hash) is `data`
+ * is built here when `cls` is the registered QueueKey, the compiled QueueKey constructor
+ * would build `QueueKey(lt, hash)` (on, the class unchanged) and `data` is exactly 40
+ * bytes; every other call is `cls._from_bytes(...)` with the same arguments, the Python
+ * path (its checks, its errors, a subclass's or a patched class's own constructor).
+ */
+static PyObject *s_from_bytes_py;
+
+static PyObject *
+key_from_bytes(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (n < 1) {
+        PyErr_SetString(PyExc_TypeError, "key_from_bytes(cls, data): no class");
+        return NULL;
+    }
+    PyObject *cls = args[0];
+    if (n == 2 && kwnames == NULL && constructors_on && t_queue_key != NULL &&
+        cls == (PyObject *)t_queue_key && t_queue_key == key_installed && plain_queue_key &&
+        PyBytes_CheckExact(args[1]) && PyBytes_GET_SIZE(args[1]) == LT_LEN + HASH_LEN &&
+        unchanged(t_queue_key, &key_version, key_new_then, key_init_then)) {
+        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+        PyObject *items[2];
+        items[0] = PyLong_FromUnsignedLongLong(be_prefix(p, LT_LEN));
+        if (items[0] == NULL)
+            return NULL;
+        items[1] = PyBytes_FromStringAndSize((const char *)p + LT_LEN, HASH_LEN);
+        if (items[1] == NULL) {
+            Py_DECREF(items[0]);
+            return NULL;
+        }
+        return pack(t_queue_key, 1, items, 2);
+    }
+    PyObject *python = PyObject_GetAttr(cls, s_from_bytes_py);
+    if (python == NULL)
+        return NULL;
+    PyObject *result = PyObject_Vectorcall(python, args + 1, n - 1, kwnames);
+    Py_DECREF(python);
+    return result;
+}
+
 /* Install (on) or take back (off) the compiled constructors on the classes
  * set_constructors() was given. */
 static void
@@ -3677,6 +3720,11 @@ static PyMethodDef methods[] = {
      "set_constructors(): compiled QueueKey and Message constructors on the registered classes"},
     {"value_constructors", value_constructors, METH_O,
      "value_constructors(on): the compiled constructors on or off; returns the previous"},
+    {"key_from_bytes", (PyCFunction)(void (*)(void))key_from_bytes,
+     METH_FASTCALL | METH_KEYWORDS,
+     "key_from_bytes(cls, data): QueueKey.from_bytes, as a classmethod: the key whose "
+     "to_bytes() is data (40 bytes), built in C where cls._from_bytes(data) would build "
+     "it by QueueKey(lt, hash); anything else goes to cls._from_bytes"},
     {"value_deallocs", value_deallocs, METH_O,
      "value_deallocs(on): free the value types' instances through imq's dealloc (on) or "
      "CPython's own"},
@@ -3737,7 +3785,8 @@ PyInit__speedups(void)
         (s_datas = PyUnicode_InternFromString("datas")) == NULL ||
         (s_offss = PyUnicode_InternFromString("offss")) == NULL ||
         (s_dunder_new = PyUnicode_InternFromString("__new__")) == NULL ||
-        (s_dunder_init = PyUnicode_InternFromString("__init__")) == NULL)
+        (s_dunder_init = PyUnicode_InternFromString("__init__")) == NULL ||
+        (s_from_bytes_py = PyUnicode_InternFromString("_from_bytes")) == NULL)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)

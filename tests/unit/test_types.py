@@ -146,6 +146,63 @@ def test_queue_key_text_forms() -> None:
     assert "deadbeef" + "00" * 28 in repr(key)
 
 
+def test_queue_key_byte_form_round_trips_in_key_order() -> None:
+    keys = [QueueKey(0, ZERO32), QueueKey(1, ZERO32), QueueKey(1, H1), QueueKey(U64_MAX, FF32)]
+    forms = [k.to_bytes() for k in keys]
+    assert forms[1] == (1).to_bytes(8, "big") + ZERO32
+    assert all(len(f) == 40 for f in forms)
+    assert sorted(forms) == forms  # byte order is key order
+    for key, form in zip(keys, forms, strict=True):
+        back = QueueKey.from_bytes(form)
+        assert back == key
+        assert type(back) is QueueKey
+        assert type(back.lt) is int
+        assert type(back.hash) is bytes
+
+
+def test_queue_key_from_bytes_calls_as_a_python_classmethod_would() -> None:
+    key = QueueKey(3, H1)
+    assert QueueKey.from_bytes(data=key.to_bytes()) == key
+    assert key.from_bytes(key.to_bytes()) == key  # through an instance: its class
+    with pytest.raises(TypeError):
+        QueueKey.from_bytes()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        QueueKey.from_bytes(key.to_bytes(), key.to_bytes())  # type: ignore[call-arg]
+
+
+class _Key(bytes):
+    pass
+
+
+def test_queue_key_from_bytes_takes_bytes_subclasses_and_subclasses_build_their_own() -> None:
+    key = QueueKey(9, H1)
+    back = QueueKey.from_bytes(_Key(key.to_bytes()))
+    assert back == key
+    assert type(back.hash) is bytes
+
+    class Sub(QueueKey):
+        __slots__ = ()
+
+    assert type(Sub.from_bytes(key.to_bytes())) is Sub
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "match"),
+    [
+        (bytes(39), ValueError, "40 bytes.*got 39"),
+        (bytes(41), ValueError, "40 bytes.*got 41"),
+        (b"", ValueError, "got 0"),
+        (bytearray(40), TypeError, "takes bytes, got bytearray"),
+        (memoryview(bytes(40)), TypeError, "got memoryview"),
+        ("0" * 40, TypeError, "got str"),
+        (None, TypeError, "got NoneType"),
+    ],
+)
+def test_queue_key_from_bytes_rejects(data: object, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        QueueKey.from_bytes(data)  # type: ignore[arg-type]
+
+
 def test_queue_key_is_immutable_and_hashable() -> None:
     key = QueueKey(1, H1)
     with pytest.raises(AttributeError):

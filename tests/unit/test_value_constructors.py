@@ -88,6 +88,33 @@ def test_the_common_case_runs_no_python() -> None:
     assert python_new_calls(lambda: QueueKey(lt=7, hash=H)) == 1
 
 
+def test_from_bytes_builds_the_python_paths_key_in_c() -> None:
+    form = QueueKey(2**64 - 1, H).to_bytes()
+    assert python_new_calls(lambda: QueueKey.from_bytes(form)) == 0
+    assert both(lambda: QueueKey.from_bytes(form)) == ("value", QueueKey, (2**64 - 1, H), False)
+    for data in (bytes(39), bytearray(40), "x" * 40):
+        both(lambda data=data: QueueKey.from_bytes(data))  # the same errors
+    with python_constructors():  # pure_python(): from_bytes through the Python __new__
+        assert python_new_calls(lambda: QueueKey.from_bytes(form)) == 1
+
+
+def test_from_bytes_honours_a_changed_class() -> None:
+    form = QueueKey(7, H).to_bytes()
+
+    def fake_new(cls: type, lt: int, hash_: bytes) -> str:
+        return f"fake {lt}"
+
+    with class_attribute(QueueKey, "__new__", fake_new):
+        assert QueueKey.from_bytes(form) == "fake 7"
+    assert QueueKey.from_bytes(form) == QueueKey(7, H)
+
+
+@given(st.integers(0, 2**64 - 1), st.binary(min_size=32, max_size=32))
+def test_from_bytes_agrees_with_the_constructor(lt: int, hash_: bytes) -> None:
+    key = QueueKey(lt, hash_)
+    assert both(lambda: QueueKey.from_bytes(key.to_bytes()))[2] == (lt, hash_)
+
+
 def test_values_are_the_python_constructors_values() -> None:
     key = both(lambda: QueueKey(7, H))
     assert key == ("value", QueueKey, (7, H), False)
@@ -222,8 +249,12 @@ def test_no_reference_leaks_on_either_path() -> None:
     lt, hash_, body = 10**12 + 12345, bytes(31) + b"\x01", b"leak-check" * 3
     key = QueueKey(lt, hash_)
     before = [sys.getrefcount(o) for o in (lt, hash_, body, key, A, B)]
+    form = key.to_bytes()
     for _ in range(2000):
         QueueKey(lt, hash_)
+        QueueKey.from_bytes(form)
+        with pytest.raises(ValueError):
+            QueueKey.from_bytes(form[1:])
         Message(key, A, B, body)
         with pytest.raises(ValueError):
             QueueKey(-lt, hash_)
