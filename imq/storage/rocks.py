@@ -885,6 +885,20 @@ class Store:
                 hint="restore the directory, with its .log files, from a copy, or rebuild "
                 "the queue from a persistent state; nothing in it was changed",
             )
+        if damage is not None and damage.whole_length is not None:
+            raise StorageError(
+                self.path,
+                "open",
+                f"write-ahead log {damage.name} holds a damaged record at offset "
+                f"{damage.offset}: its length field runs past the log's end, yet the "
+                f"record is whole at {damage.whole_length} bytes (its checksum matches "
+                "there): RocksDB's recovery would take it for a write cut short by a "
+                "crash and silently drop it and every record after it, committed "
+                "diffs included",
+                hint=f"{_DAMAGED_HINT}; nothing in it was changed (on a copy, the 2 bytes "
+                f"at offset {damage.offset + 4} of {damage.name} set to "
+                f"{damage.whole_length} little-endian repair the length field)",
+            )
         if damage is not None:
             raise StorageError(
                 self.path,

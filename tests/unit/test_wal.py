@@ -5,6 +5,7 @@ bytes zero padding."""
 
 from __future__ import annotations
 
+import functools
 import struct
 from pathlib import Path
 
@@ -15,9 +16,18 @@ from imq.storage import wal
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
-def write_log(records: list[int]) -> tuple[bytes, list[tuple[int, int, int]]]:
-    """A log holding records of the given payload lengths, and its headers
-    ``(offset, length, type)`` as the writer placed them."""
+def masked_crc(kind: int, payload: bytes) -> int:
+    """The checksum field RocksDB writes: CRC32C of the type byte and the payload,
+    rotated right by 15 bits and offset."""
+    crc = wal.crc32c(bytes([kind]) + payload)
+    return ((crc >> 15 | crc << 17) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+@functools.cache
+def write_log(records: tuple[int, ...]) -> tuple[bytes, list[tuple[int, int, int]]]:
+    """A log holding records of the given payload lengths (each payload's bytes count
+    up from its offset), with their true checksums, and its headers ``(offset, length,
+    type)`` as the writer placed them."""
     out = bytearray()
     headers = []
     for size in records:
@@ -31,7 +41,8 @@ def write_log(records: list[int]) -> tuple[bytes, list[tuple[int, int, int]]]:
             last = take == left
             kind = (FULL if last else FIRST) if first else (LAST if last else MIDDLE)
             headers.append((len(out), take, kind))
-            out += struct.pack("<IHB", 0xC0FFEE, take, kind) + bytes([7]) * take
+            payload = bytes((len(out) + i) % 251 for i in range(take))
+            out += struct.pack("<IHB", masked_crc(kind, payload), take, kind) + payload
             left -= take
             first = False
             if last:
@@ -39,7 +50,7 @@ def write_log(records: list[int]) -> tuple[bytes, list[tuple[int, int, int]]]:
     return bytes(out), headers
 
 
-SIZES = [30, 100_000, 5, 32_761, 0, 40_000, 7, *[200] * 3_000, 2_000_000, 64]
+SIZES = (30, 100_000, 5, 32_761, 0, 40_000, 7, *[200] * 3_000, 2_000_000, 64)
 
 
 def test_the_walk_finds_every_header_across_blocks_and_chunks(tmp_path: Path) -> None:
@@ -69,7 +80,7 @@ def test_a_header_in_a_blocks_last_seven_bytes_is_walked(tmp_path: Path) -> None
     """With exactly a header's 7 bytes left in a block, RocksDB's writer puts a FIRST
     record of no payload there (it pads only 0 to 6 bytes): the walk reads it, and a
     recycled log's type in it is found."""
-    data, headers = write_log([wal.BLOCK - 14, 100])
+    data, headers = write_log((wal.BLOCK - 14, 100))
     assert (wal.BLOCK - 7, 0, 2) in headers
     (tmp_path / "000009.log").write_bytes(data)
     assert list(wal.record_headers(tmp_path / "000009.log")) == headers
@@ -95,3 +106,71 @@ def test_a_torn_tail_or_zeros_end_the_walk_without_a_verdict(tmp_path: Path) -> 
 def test_log_files_are_the_numbered_logs_oldest_first() -> None:
     names = ["000010.log", "LOG", "000009.log", "LOG.old.1", "x.log", "000100.log", "CURRENT"]
     assert wal.log_files(names) == ["000009.log", "000010.log", "000100.log"]
+
+
+def test_crc32c_is_castagnolis() -> None:
+    assert wal.crc32c(b"123456789") == 0xE3069283  # the standard check value
+    assert wal.crc32c(b"") == 0
+
+
+def _with_length(data: bytes, offset: int, length: int) -> bytes:
+    damaged = bytearray(data)
+    damaged[offset + 4 : offset + 6] = length.to_bytes(2, "little")
+    return bytes(damaged)
+
+
+# A log whose last block is partial and holds several records: the ones RocksDB's
+# recovery drops in silence when a length field there runs past the end.
+TAIL = (100_000, 300, 5_000, 64, 2_000)
+
+
+@pytest.mark.parametrize("back", [1, 2, 3, 4])
+@pytest.mark.parametrize("extra", [1, 700, 0x4000])
+def test_a_length_run_past_the_end_of_a_whole_record_is_damage(
+    tmp_path: Path, back: int, extra: int
+) -> None:
+    """The last block's record ``back`` from the end, its length field enlarged so that
+    it runs past the file's end (by ``extra`` bytes, or to the block's size): found, with
+    the length at which it is whole, whatever follows it."""
+    data, headers = write_log(TAIL)
+    offset, length, kind = headers[-back]
+    assert offset // wal.BLOCK == (len(data) - 1) // wal.BLOCK  # in the last block
+    room = wal.BLOCK - offset % wal.BLOCK - 7
+    bad = min(len(data) - offset - 7 + extra, room, 0xFFFF)
+    log = tmp_path / "000007.log"
+    log.write_bytes(_with_length(data, offset, bad))
+    assert wal.find_log_damage(tmp_path, [log.name]) == wal.LogDamage(
+        log.name, offset, kind, length
+    )
+    # The same with the writer's next record cut short after it (a crash meanwhile).
+    log.write_bytes(_with_length(data, offset, bad)[: len(data) - 3])
+    if back > 1:
+        found = wal.find_log_damage(tmp_path, [log.name])
+        assert found == wal.LogDamage(log.name, offset, kind, length)
+
+
+@pytest.mark.parametrize("cut", [1, 7, 8, 50, 1_999, 2_006])
+def test_a_torn_write_is_no_damage(tmp_path: Path, cut: int) -> None:
+    """A write cut short by a crash: the last record's payload ends early, its length
+    field intact. No shorter length matches its checksum: not damage (RocksDB drops it,
+    rightly: only writes after the last fsync can be there)."""
+    data, _ = write_log(TAIL)
+    log = tmp_path / "000007.log"
+    log.write_bytes(data[: len(data) - cut])
+    assert wal.find_log_damage(tmp_path, [log.name]) is None
+    log.write_bytes(data[: len(data) - cut] + bytes(100))  # zeros after it: the same
+    assert wal.find_log_damage(tmp_path, [log.name]) is None
+
+
+def test_whole_logs_and_full_blocks_are_no_damage(tmp_path: Path) -> None:
+    """A record that ends where its length says (a writer's log read while it appends:
+    the walk's last record may be whole by the time it is checked), and a length run
+    past a full block (RocksDB reports that one itself)."""
+    data, _ = write_log(TAIL)
+    log = tmp_path / "000007.log"
+    log.write_bytes(data)
+    assert wal.find_log_damage(tmp_path, [log.name]) is None
+    full, _ = write_log((wal.BLOCK - 7,))
+    assert len(full) == wal.BLOCK
+    log.write_bytes(_with_length(full, 0, wal.BLOCK))
+    assert wal.find_log_damage(tmp_path, [log.name]) is None
