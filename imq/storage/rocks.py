@@ -863,15 +863,19 @@ class Store:
         return tables
 
     def _check_logs(self) -> None:
-        """Refuse a database whose write-ahead log is missing, or holds a record RocksDB's
-        recovery would never finish reading (:mod:`imq.storage.wal`). Nothing is changed.
-        ``FileNotFoundError`` if a log disappears while it is read (a live writer beside
-        a read-only open)."""
+        """Refuse a database whose write-ahead log is missing, or whose logs or current
+        MANIFEST hold a record RocksDB's recovery would never finish reading or would
+        silently drop with everything after it (:mod:`imq.storage.wal`). Nothing is
+        changed. ``FileNotFoundError`` if a log disappears while it is read (a live
+        writer beside a read-only open)."""
         if not self._complete:  # no database yet (or its creation was cut short)
             return
         try:
             names = os.listdir(self.path)
             damage = wal.find_log_damage(self.path, names)
+            manifest = self._current_manifest()
+            if damage is None and manifest is not None:
+                damage = wal.find_file_damage(self.path, manifest)
         except FileNotFoundError:
             raise
         except OSError as exc:
@@ -885,29 +889,43 @@ class Store:
                 hint="restore the directory, with its .log files, from a copy, or rebuild "
                 "the queue from a persistent state; nothing in it was changed",
             )
-        if damage is not None and damage.whole_length is not None:
-            raise StorageError(
-                self.path,
-                "open",
-                f"write-ahead log {damage.name} holds a damaged record at offset "
-                f"{damage.offset}: its length field runs past the log's end, yet the "
-                f"record is whole at {damage.whole_length} bytes (its checksum matches "
-                "there): RocksDB's recovery would take it for a write cut short by a "
-                "crash and silently drop it and every record after it, committed "
-                "diffs included",
-                hint=f"{_DAMAGED_HINT}; nothing in it was changed (on a copy, the 2 bytes "
-                f"at offset {damage.offset + 4} of {damage.name} set to "
-                f"{damage.whole_length} little-endian repair the length field)",
-            )
         if damage is not None:
-            raise StorageError(
+            raise self._log_damage_error(damage)
+
+    def _current_manifest(self) -> str | None:
+        """The MANIFEST file CURRENT names, or None when CURRENT names none (RocksDB's
+        open then reports it)."""
+        named = (self.path / "CURRENT").read_text(encoding="ascii", errors="replace").strip()
+        return named if re.fullmatch(r"MANIFEST-\d+", named) else None
+
+    def _log_damage_error(self, damage: wal.LogDamage) -> StorageError:
+        manifest = damage.name.startswith("MANIFEST")
+        where = f"{'' if manifest else 'write-ahead log '}{damage.name}"
+        if damage.whole_length is None:
+            return StorageError(
                 self.path,
                 "open",
-                f"write-ahead log {damage.name} holds a damaged record at offset "
-                f"{damage.offset} (type {damage.kind}, a recycled log's, which imq never "
-                "writes): RocksDB's recovery would never finish reading it",
+                f"{where} holds a damaged record at offset {damage.offset} (type "
+                f"{damage.kind}, a recycled log's, which imq never writes): RocksDB's "
+                "recovery would never finish reading it",
                 hint=f"{_DAMAGED_HINT}; nothing in it was changed",
             )
+        lost = (
+            "drop it and every edit after it, and delete the table files they added"
+            if manifest
+            else "silently drop it and every record after it, committed diffs included"
+        )
+        return StorageError(
+            self.path,
+            "open",
+            f"{where} holds a damaged record at offset {damage.offset}: its length field "
+            f"runs past the file's end, yet the record is whole at {damage.whole_length} "
+            "bytes (its checksum matches there): RocksDB's open would take it for a write "
+            f"cut short by a crash and {lost}",
+            hint=f"{_DAMAGED_HINT}; nothing in it was changed (on a copy, the 2 bytes at "
+            f"offset {damage.offset + 4} of {damage.name} set to {damage.whole_length} "
+            "little-endian repair the length field)",
+        )
 
     def _open_read_only(self) -> tuple[Any, dict[Table, Any], dict[Table, Any]]:
         """The read-only open, beside a live writer: RocksDB reads the MANIFEST, then the

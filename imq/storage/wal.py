@@ -42,7 +42,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["LogDamage", "crc32c", "find_log_damage", "log_files", "record_headers"]
+__all__ = [
+    "LogDamage",
+    "crc32c",
+    "find_file_damage",
+    "find_log_damage",
+    "log_files",
+    "record_headers",
+]
 
 BLOCK = 32 * 1024
 _CHUNK = 32 * BLOCK  # read at once: whole blocks
@@ -118,15 +125,25 @@ def find_log_damage(directory: Path, names: Iterable[str]) -> LogDamage | None:
     checked, or not yet whole at any: never reported. After a crash the check of a cut
     record costs up to 5 ms (a 32 KiB block's checksum, byte by byte in Python)."""
     for name in log_files(names):
-        last = None
-        for offset, length, kind in record_headers(directory / name):
-            if kind in RECYCLABLE:
-                return LogDamage(name, offset, kind)
-            last = offset, length, kind
-        if last is not None:
-            whole = _whole_length(directory / name, *last)
-            if whole is not None:
-                return LogDamage(name, last[0], last[2], whole)
+        damage = find_file_damage(directory, name)
+        if damage is not None:
+            return damage
+    return None
+
+
+def find_file_damage(directory: Path, name: str) -> LogDamage | None:
+    """:func:`find_log_damage` of one file in RocksDB's log format: a write-ahead log,
+    or a MANIFEST (RocksDB writes its edits as such records and reads them back with
+    the same tolerance of a cut tail)."""
+    last = None
+    for offset, length, kind in record_headers(directory / name):
+        if kind in RECYCLABLE:
+            return LogDamage(name, offset, kind)
+        last = offset, length, kind
+    if last is not None:
+        whole = _whole_length(directory / name, *last)
+        if whole is not None:
+            return LogDamage(name, last[0], last[2], whole)
     return None
 
 

@@ -344,6 +344,50 @@ def test_a_length_field_run_past_the_logs_end_fails_the_open(tmp_path: Path, bac
             q.close()
 
 
+@pytest.mark.parametrize("back", [1, 2, 4])
+def test_a_manifest_length_field_run_past_its_end_fails_the_open(tmp_path: Path, back: int) -> None:
+    """The MANIFEST is written in the log's format and read with the same tolerance of
+    a cut tail: an edit's length field enlarged past the file's end made RocksDB's open
+    drop that edit and every later one and delete the table files they had added
+    (measured, the second and fourth edit from the end: one and two of nine table files
+    deleted by the open; the messages survived there because the log still held them,
+    which it need not). The open fails first and deletes nothing; the repair it names
+    opens every message."""
+    path = tmp_path / "db"
+    q = open_queue(path)
+    chain = Chain(q)
+    for _ in range(3):
+        for shard in APPLIED:
+            chain.apply(shard, 50)
+        q.compact()  # a flush and a compaction: edits of the MANIFEST
+    q.close()
+    manifest = (path / "CURRENT").read_text().strip()
+    headers = list(wal.record_headers(path / manifest))
+    size = (path / manifest).stat().st_size
+    offset, length, _ = headers[-back]
+    assert offset // wal.BLOCK == (size - 1) // wal.BLOCK  # in the last, partial block
+    with open(path / manifest, "r+b") as file:
+        file.seek(offset + 4)
+        file.write((size - offset).to_bytes(2, "little"))
+    before = _listing(path)
+    for read_only in (False, True):
+        with pytest.raises(StorageError) as caught:
+            Queue.open(path, quiet_config(), read_only=read_only)
+        text = str(caught.value)
+        assert f"{manifest} holds a damaged record at offset {offset}" in text
+        assert "delete the table files they added" in text
+        assert f"the 2 bytes at offset {offset + 4} of {manifest} set to {length}" in text
+    assert _listing(path) == before
+    with open(path / manifest, "r+b") as file:
+        file.seek(offset + 4)
+        file.write(length.to_bytes(2, "little"))
+    q = open_queue(path)
+    try:
+        assert _iterate(q) == sorted(m.key for a in chain.applied for m in a.messages)
+    finally:
+        q.close()
+
+
 # A child process opens the directory, so that an open that never returns fails the test
 # instead of hanging the suite.
 _OPEN_IN_CHILD = """
