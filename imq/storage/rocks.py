@@ -876,8 +876,10 @@ class Store:
             manifest = self._current_manifest()
             if damage is None and manifest is not None:
                 damage = wal.find_file_damage(self.path, manifest)
-        except FileNotFoundError:
-            raise
+        except FileNotFoundError as exc:
+            if self.read_only:
+                raise  # a live writer deleted it: the read-only open tries again
+            raise self._unreadable_log(exc) from exc
         except OSError as exc:
             raise FileAccessError(self.path, "read the write-ahead log of", exc) from exc
         if not wal.log_files(names):
@@ -891,6 +893,18 @@ class Store:
             )
         if damage is not None:
             raise self._log_damage_error(damage)
+
+    def _unreadable_log(self, exc: FileNotFoundError) -> FileAccessError:
+        """A log or MANIFEST the directory lists but that cannot be opened, no writer
+        having deleted it meanwhile (a dangling link)."""
+        name = Path(exc.filename).name if exc.filename else "a file"
+        return FileAccessError(
+            self.path,
+            "read the write-ahead log of",
+            exc,
+            f"the directory lists {name} but it cannot be opened (a dangling link?): "
+            "restore it from a copy; nothing was changed",
+        )
 
     def _current_manifest(self) -> str | None:
         """The MANIFEST file CURRENT names, or None when CURRENT names none (RocksDB's
@@ -946,8 +960,10 @@ class Store:
                 self._check_logs()
                 opened = self._open_rocksdb()
             except (StorageError, FileNotFoundError) as exc:
-                if self._files_now() == before and isinstance(exc, StorageError):
-                    raise  # the files held still: the failure is the files' own
+                if self._files_now() == before:  # the files held still: their own failure
+                    if isinstance(exc, StorageError):
+                        raise
+                    raise self._unreadable_log(exc) from exc
                 failure = exc
                 continue
             if self._files_now()[-1] == before[-1]:  # the same logs

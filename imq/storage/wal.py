@@ -106,7 +106,7 @@ class LogDamage(NamedTuple):
 
 def log_files(names: Iterable[str]) -> list[str]:
     """The write-ahead log files among a directory's file names, oldest first."""
-    logs = [n for n in names if n.endswith(".log") and n[:-4].isdigit()]
+    logs = [n for n in names if n.endswith(".log") and n[:-4].isascii() and n[:-4].isdigit()]
     return sorted(logs, key=lambda n: int(n[:-4]))
 
 
@@ -173,13 +173,12 @@ def _whole_length(path: Path, offset: int, length: int, kind: int) -> int | None
 def _ends_well(record: bytes, at: int, room: int) -> bool:
     """Whether the bytes of ``record`` (a block's last ``room`` bytes, cut short by the
     file's end) from ``at`` on are what a log can hold after a record: nothing, zeros
-    (padding, preallocated space) or the start of a header of a type RocksDB writes,
-    whose payload fits in the block (it may itself be cut short by the end)."""
+    (padding, preallocated space), a header cut short by the end (fewer than 7 bytes: a
+    crash in the middle of the next header) or the start of a header of a type RocksDB
+    writes, whose payload fits in the block (it may itself be cut short by the end)."""
     rest = len(record) - at
-    if rest == 0 or not any(record[at:]):
-        return True
-    if rest < _HEADER_LEN:
-        return False
+    if rest < _HEADER_LEN or not any(record[at:]):
+        return True  # nothing, zeros, or a next header cut short by the end (a torn write)
     _, length, kind = _HEADER.unpack_from(record, at)
     return kind in _WRITTEN and at + _HEADER_LEN + length <= room
 

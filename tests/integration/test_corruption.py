@@ -26,7 +26,7 @@ from state_fixtures import write_state
 
 from imq import DiffZone, ImqError, Queue, QueueKey
 from imq import iterator as iterator_module
-from imq.errors import CorruptDataError, SchemaVersionError, StorageError
+from imq.errors import CorruptDataError, FileAccessError, SchemaVersionError, StorageError
 from imq.state.synth import synth_state
 from imq.storage import Table, codec, wal
 from imq.storage.rocks import Cursor, Scan
@@ -386,6 +386,23 @@ def test_a_manifest_length_field_run_past_its_end_fails_the_open(tmp_path: Path,
         assert _iterate(q) == sorted(m.key for a in chain.applied for m in a.messages)
     finally:
         q.close()
+
+
+def test_a_log_that_cannot_be_opened_is_a_typed_error_in_both_modes(tmp_path: Path) -> None:
+    """A log the directory lists but that cannot be opened (a dangling link) escaped the
+    writer's open as a bare ``FileNotFoundError``, and the read-only open blamed a live
+    writer after 20 attempts (an outside audit)."""
+    image, _ = _log_image(tmp_path)
+    (image / "000999.log").symlink_to(tmp_path / "nowhere.log")
+    before = _listing_names(image)
+    for read_only in (False, True):
+        with pytest.raises(FileAccessError, match=r"lists 000999\.log but it cannot be opened"):
+            Queue.open(image, quiet_config(), read_only=read_only)
+    assert _listing_names(image) == before
+
+
+def _listing_names(path: Path) -> list[str]:
+    return sorted(os.listdir(path))
 
 
 # A child process opens the directory, so that an open that never returns fails the test
