@@ -263,15 +263,24 @@ def test_the_cache_never_loads_a_segment_from_a_damaged_block(
         q.close()
 
 
+def _written(path: Path, rounds: int, *, compact: bool = False) -> tuple[Queue, Chain]:
+    """An open queue at ``path`` after ``rounds`` rounds of a 50-message diff per applied
+    shard (each round followed by a flush and compaction with ``compact``)."""
+    q = open_queue(path)
+    chain = Chain(q)
+    for _ in range(rounds):
+        for shard in APPLIED:
+            chain.apply(shard, 50)
+        if compact:
+            q.compact()
+    return q, chain
+
+
 def _log_image(tmp_path: Path) -> tuple[Path, Chain]:
     """A crash image (a copy taken while the queue is open) whose last writes are only
     in the write-ahead log."""
     path = tmp_path / "db"
-    q = open_queue(path)
-    chain = Chain(q)
-    for _ in range(4):
-        for shard in APPLIED:
-            chain.apply(shard, 50)
+    q, chain = _written(path, 4)
     image = tmp_path / "image"
     shutil.copytree(path, image)
     q.close()
@@ -305,6 +314,40 @@ def test_a_log_cut_short_at_its_end_opens_with_a_prefix(tmp_path: Path) -> None:
         q.close()
 
 
+def _set_length(file: Path, offset: int, length: int) -> None:
+    """Write ``length`` into the length field of the record header at ``offset``."""
+    with open(file, "r+b") as f:
+        f.seek(offset + 4)
+        f.write(length.to_bytes(2, "little"))
+
+
+def _enlarge_length(file: Path, back: int) -> tuple[int, int]:
+    """Enlarge the length field of the log-format ``file``'s record ``back`` from the
+    end, in its last, partial block, to run a few bytes past the file's end; the record's
+    offset and true length."""
+    offset, length, _ = list(wal.record_headers(file))[-back]
+    size = file.stat().st_size
+    assert offset // wal.BLOCK == (size - 1) // wal.BLOCK  # in the last, partial block
+    _set_length(file, offset, size - offset)
+    return offset, length
+
+
+def _assert_refused_with_repair(
+    path: Path, name: str, offset: int, length: int, consequence: str
+) -> None:
+    """Both open modes refuse ``path`` naming the damaged record, ``consequence`` and
+    the repair, and change nothing."""
+    before = _listing(path)
+    for read_only in (False, True):
+        with pytest.raises(StorageError) as caught:
+            Queue.open(path, quiet_config(), read_only=read_only)
+        text = str(caught.value)
+        assert f"{name} holds a damaged record at offset {offset}" in text
+        assert consequence in text
+        assert f"the 2 bytes at offset {offset + 4} of {name} set to {length}" in text
+    assert _listing(path) == before
+
+
 @pytest.mark.parametrize("back", [1, 2])
 def test_a_length_field_run_past_the_logs_end_fails_the_open(tmp_path: Path, back: int) -> None:
     """A record's length field in the log's last block, enlarged so that it runs past the
@@ -316,25 +359,9 @@ def test_a_length_field_run_past_the_logs_end_fails_the_open(tmp_path: Path, bac
     intact = tmp_path / "intact"
     shutil.copytree(image, intact)
     (log,) = _files(image, ".log")
-    headers = list(wal.record_headers(image / log))
-    size = (image / log).stat().st_size
-    offset, length, _ = headers[-back]
-    assert offset // wal.BLOCK == (size - 1) // wal.BLOCK  # in the last, partial block
-    with open(image / log, "r+b") as file:
-        file.seek(offset + 4)  # the header's length field
-        file.write((size - offset).to_bytes(2, "little"))  # a few bytes past the end
-    before = _listing(image)
-    for read_only in (False, True):
-        with pytest.raises(StorageError) as caught:
-            Queue.open(image, quiet_config(), read_only=read_only)
-        text = str(caught.value)
-        assert f"{log} holds a damaged record at offset {offset}" in text
-        assert f"whole at {length} bytes" in text
-        assert f"the 2 bytes at offset {offset + 4} of {log} set to {length}" in text
-    assert _listing(image) == before
-    with open(image / log, "r+b") as file:  # the repair the error names
-        file.seek(offset + 4)
-        file.write(length.to_bytes(2, "little"))
+    offset, length = _enlarge_length(image / log, back)
+    _assert_refused_with_repair(image, log, offset, length, f"whole at {length} bytes")
+    _set_length(image / log, offset, length)  # the repair the error names
     want = sorted(m.key for a in chain.applied for m in a.messages)
     for path in (image, intact):
         q = open_queue(path)
@@ -354,33 +381,12 @@ def test_a_manifest_length_field_run_past_its_end_fails_the_open(tmp_path: Path,
     which it need not). The open fails first and deletes nothing; the repair it names
     opens every message."""
     path = tmp_path / "db"
-    q = open_queue(path)
-    chain = Chain(q)
-    for _ in range(3):
-        for shard in APPLIED:
-            chain.apply(shard, 50)
-        q.compact()  # a flush and a compaction: edits of the MANIFEST
+    q, chain = _written(path, 3, compact=True)  # flushes and compactions: MANIFEST edits
     q.close()
     manifest = (path / "CURRENT").read_text().strip()
-    headers = list(wal.record_headers(path / manifest))
-    size = (path / manifest).stat().st_size
-    offset, length, _ = headers[-back]
-    assert offset // wal.BLOCK == (size - 1) // wal.BLOCK  # in the last, partial block
-    with open(path / manifest, "r+b") as file:
-        file.seek(offset + 4)
-        file.write((size - offset).to_bytes(2, "little"))
-    before = _listing(path)
-    for read_only in (False, True):
-        with pytest.raises(StorageError) as caught:
-            Queue.open(path, quiet_config(), read_only=read_only)
-        text = str(caught.value)
-        assert f"{manifest} holds a damaged record at offset {offset}" in text
-        assert "delete the table files they added" in text
-        assert f"the 2 bytes at offset {offset + 4} of {manifest} set to {length}" in text
-    assert _listing(path) == before
-    with open(path / manifest, "r+b") as file:
-        file.seek(offset + 4)
-        file.write(length.to_bytes(2, "little"))
+    offset, length = _enlarge_length(path / manifest, back)
+    _assert_refused_with_repair(path, manifest, offset, length, "delete the table files")
+    _set_length(path / manifest, offset, length)  # the repair the error names
     q = open_queue(path)
     try:
         assert _iterate(q) == sorted(m.key for a in chain.applied for m in a.messages)
