@@ -920,8 +920,9 @@ class Store:
                 self.path,
                 "open",
                 f"{where} holds a damaged record at offset {damage.offset} (type "
-                f"{damage.kind}, a recycled log's, which imq never writes): RocksDB's "
-                "recovery would never finish reading it",
+                f"{damage.kind}, a recycled log's, which imq never writes; or a damaged "
+                "length field before it led there): RocksDB's recovery could loop for "
+                "ever on it",
                 hint=f"{_DAMAGED_HINT}; nothing in it was changed",
             )
         lost = (
