@@ -1,6 +1,7 @@
-"""Checks of RocksDB's write-ahead log files, made before RocksDB opens the directory.
+"""Checks of RocksDB's write-ahead log files and MANIFEST (written in the same record
+format), made before RocksDB opens the directory.
 
-Two kinds of damage RocksDB's own open does not report:
+Damage RocksDB's own open does not report (it hangs, or opens less than was written):
 
 - **A record type imq never writes.** RocksDB's log is a sequence of 32 KiB blocks of
   physical records, each behind a 7-byte header: a masked CRC32C (4 bytes), the payload
