@@ -171,6 +171,8 @@ class Queue(QueueReads):
             store.close()
             raise
         queue._log.info("queue_opened", pointers=len(queue._store.state.pointers))
+        for note in getattr(store, "log_notes", ()):
+            queue._log.warning("write_ahead_log_not_replayed_in_full", detail=note)
         return queue
 
     # -- lifecycle ----------------------------------------------------------------------------

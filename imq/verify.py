@@ -91,6 +91,7 @@ def verify(path: str | Path, options: StoreOptions | None = None) -> Report:
     """Check the database in ``path`` (opened read-only: safe beside a live writer)."""
     report = Report(Path(path))
     store = Store(Path(path), options, read_only=True)
+    report.notes += store.log_notes
     try:
         _verify(store, report)
     finally:

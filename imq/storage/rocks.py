@@ -722,6 +722,10 @@ class Store:
                 "pass the directory that holds (or will hold) the queue",
             )
         self._complete = False  # whether the MANIFEST listed all of imq's tables at open
+        # What the walk of the logs found that is not sure damage, one line each (a
+        # zeroed record header with data after it): the queue logs them as warnings at
+        # open, ``imq verify`` lists them.
+        self.log_notes: list[str] = []
         if read_only:
             self._db, self._tables, self._handles = self._open_read_only()
         else:
@@ -870,12 +874,13 @@ class Store:
         writer beside a read-only open)."""
         if not self._complete:  # no database yet (or its creation was cut short)
             return
+        zeroed: list[tuple[str, int]] = []
         try:
             names = os.listdir(self.path)
-            damage = wal.find_log_damage(self.path, names)
+            damage = wal.find_log_damage(self.path, names, zeroed)
             manifest = self._current_manifest()
             if damage is None and manifest is not None:
-                damage = wal.find_file_damage(self.path, manifest)
+                damage = wal.find_file_damage(self.path, manifest, zeroed)
         except FileNotFoundError as exc:
             if self.read_only:
                 raise  # a live writer deleted it: the read-only open tries again
@@ -893,6 +898,14 @@ class Store:
             )
         if damage is not None:
             raise self._log_damage_error(damage)
+        self.log_notes = [
+            f"{name}: a zeroed record header at offset {offset} with data after it in its "
+            "32 KiB block: RocksDB's recovery skipped the rest of that block, so records "
+            "there were not replayed. Unless this machine lost power (which on some file "
+            "systems leaves zeros in the unsynced end of a log), the file is damaged: "
+            "compare the queue with a copy, or rebuild it from a persistent state"
+            for name, offset in zeroed
+        ]
 
     def _unreadable_log(self, exc: FileNotFoundError) -> FileAccessError:
         """A log or MANIFEST the directory lists but that cannot be opened, no writer

@@ -111,7 +111,9 @@ def log_files(names: Iterable[str]) -> list[str]:
     return sorted(logs, key=lambda n: int(n[:-4]))
 
 
-def find_log_damage(directory: Path, names: Iterable[str]) -> LogDamage | None:
+def find_log_damage(
+    directory: Path, names: Iterable[str], zeroed: list[tuple[str, int]] | None = None
+) -> LogDamage | None:
     """The first damaged record of the directory's log files, or ``None``: a record of
     a recyclable type, or a last record whose length runs past its log's end although
     the record is whole at a shorter length (``whole_length``).
@@ -124,23 +126,32 @@ def find_log_damage(directory: Path, names: Iterable[str]) -> LogDamage | None:
     a whole block), or a whole record's damaged length, reported here. A writer's last
     record, read while it is appended, is whole at its own length by the time it is
     checked, or not yet whole at any: never reported. After a crash the check of a cut
-    record costs up to 5 ms (a 32 KiB block's checksum, byte by byte in Python)."""
+    record costs up to 5 ms (a 32 KiB block's checksum, byte by byte in Python).
+
+    ``zeroed``, when given, receives ``(file, offset)`` of each zero header with data
+    after it in its block (see :func:`record_headers`), in the files walked: not damage
+    for certain (a power loss can leave that), but records RocksDB did not replay."""
     for name in log_files(names):
-        damage = find_file_damage(directory, name)
+        damage = find_file_damage(directory, name, zeroed)
         if damage is not None:
             return damage
     return None
 
 
-def find_file_damage(directory: Path, name: str) -> LogDamage | None:
+def find_file_damage(
+    directory: Path, name: str, zeroed: list[tuple[str, int]] | None = None
+) -> LogDamage | None:
     """:func:`find_log_damage` of one file in RocksDB's log format: a write-ahead log,
     or a MANIFEST (RocksDB writes its edits as such records and reads them back with
     the same tolerance of a cut tail)."""
     last = None
-    for offset, length, kind in record_headers(directory / name):
+    offsets: list[int] | None = None if zeroed is None else []
+    for offset, length, kind in record_headers(directory / name, offsets):
         if kind in RECYCLABLE:
             return LogDamage(name, offset, kind)
         last = offset, length, kind
+    if zeroed is not None and offsets:
+        zeroed += ((name, offset) for offset in offsets)
     if last is not None:
         whole = _whole_length(directory / name, *last)
         if whole is not None:
@@ -184,10 +195,16 @@ def _ends_well(record: bytes, at: int, room: int) -> bool:
     return kind in _WRITTEN and at + _HEADER_LEN + length <= room
 
 
-def record_headers(path: Path) -> Iterator[tuple[int, int, int]]:
+def record_headers(path: Path, zeroed: list[int] | None = None) -> Iterator[tuple[int, int, int]]:
     """``(offset, payload length, type)`` of each record header of the log file ``path``,
     in order, up to its end or to a header that cannot be one (cut short, or running
     past its block).
+
+    A zero header (length and type 0) is read as padding or preallocated space, as
+    RocksDB reads it: the rest of its block is skipped. Where that rest holds data (what
+    RocksDB's writer never leaves: a zeroed header of a record, or zeros a power loss
+    left in the unsynced end of a log on some file systems), its offset is added to
+    ``zeroed`` when given.
 
     The file is read in chunks of whole blocks (a record never crosses a block), not
     mapped: a mapped file that shrinks under the reader kills the process (SIGBUS)."""
@@ -204,6 +221,9 @@ def record_headers(path: Path) -> Iterator[tuple[int, int, int]]:
                     continue
                 _, length, kind = unpack(chunk, pos)
                 if kind == _ZERO and length == 0:  # padding or preallocated space
+                    end = min(pos + left, size)
+                    if zeroed is not None and chunk.count(0, pos, end) < end - pos:
+                        zeroed.append(base + pos)  # data after it: RocksDB skips it too
                     pos += left
                     continue
                 yield base + pos, length, kind

@@ -191,3 +191,27 @@ def test_whole_logs_and_full_blocks_are_no_damage(tmp_path: Path) -> None:
     assert len(full) == wal.BLOCK
     log.write_bytes(_with_length(full, 0, wal.BLOCK))
     assert wal.find_log_damage(tmp_path, [log.name]) is None
+
+
+def test_a_zero_header_with_data_after_it_in_its_block_is_reported(tmp_path: Path) -> None:
+    """RocksDB reads a zero header (length and type 0) as padding and skips the rest of
+    its block in silence; its writer never leaves one with data after it. The walk skips
+    it too, and reports where it is (not as damage: a power loss can leave zeros in a
+    log's unsynced end on some file systems)."""
+    data, headers = write_log(TAIL)
+    offset = headers[-2][0]
+    zeroed_data = bytearray(data)
+    zeroed_data[offset + 4 : offset + 7] = bytes(3)
+    log = tmp_path / "000007.log"
+    log.write_bytes(zeroed_data)
+    found: list[tuple[str, int]] = []
+    assert wal.find_log_damage(tmp_path, [log.name], found) is None
+    assert found == [(log.name, offset)]
+    offsets: list[int] = []
+    assert list(wal.record_headers(log, offsets)) == headers[:-2]  # the block's rest skipped
+    assert offsets == [offset]
+    # Zeros to the end (preallocated space, a block's padding) are no such header.
+    log.write_bytes(data + bytes(3 * wal.BLOCK))
+    found.clear()
+    assert wal.find_log_damage(tmp_path, [log.name], found) is None
+    assert found == []
