@@ -102,20 +102,27 @@ be_prefix(const unsigned char *p, Py_ssize_t n)
     return x;
 }
 
+/* The QueueKey whose 40-byte form (lt u64 big-endian, then hash) starts at `qk`. */
 static PyObject *
-make_key(const unsigned char *k)
+key_at(const unsigned char *qk)
 {
-    unsigned long long lt = be_prefix(k + QK_AT, LT_LEN);
     PyObject *items[2];
-    items[0] = PyLong_FromUnsignedLongLong(lt);
+    items[0] = PyLong_FromUnsignedLongLong(be_prefix(qk, LT_LEN));
     if (items[0] == NULL)
         return NULL;
-    items[1] = PyBytes_FromStringAndSize((const char *)k + QK_AT + LT_LEN, HASH_LEN);
+    items[1] = PyBytes_FromStringAndSize((const char *)qk + LT_LEN, HASH_LEN);
     if (items[1] == NULL) {
         Py_DECREF(items[0]);
         return NULL;
     }
     return pack(t_queue_key, plain_queue_key, items, 2);
+}
+
+/* The QueueKey of the message key `k` (its queue key at QK_AT). */
+static PyObject *
+make_key(const unsigned char *k)
+{
+    return key_at(k + QK_AT);
 }
 
 /*
@@ -3537,6 +3544,16 @@ unchanged(PyTypeObject *type, unsigned int *version, PyObject *new_then, PyObjec
     return 1;
 }
 
+/* Whether a call on `type` may build a QueueKey here: it is the registered QueueKey the
+ * compiled constructor went to, with the plain layout, resolving __new__ and __init__
+ * as then. */
+static inline int
+key_compiled(PyObject *type)
+{
+    return type == (PyObject *)t_queue_key && type == (PyObject *)key_installed &&
+           plain_queue_key && unchanged(t_queue_key, &key_version, key_new_then, key_init_then);
+}
+
 /* type(*args, **kwnames) through type.__call__ (the class's __new__, then __init__). */
 static PyObject *
 generic_call(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -3568,9 +3585,7 @@ generic_call(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwn
 static PyObject *
 key_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    if (type == (PyObject *)t_queue_key && type == (PyObject *)key_installed &&
-        plain_queue_key && kwnames == NULL && PyVectorcall_NARGS(nargsf) == 2 &&
-        unchanged(t_queue_key, &key_version, key_new_then, key_init_then)) {
+    if (kwnames == NULL && PyVectorcall_NARGS(nargsf) == 2 && key_compiled(type)) {
         PyObject *lt = args[0], *hash = args[1];
         if (PyLong_CheckExact(lt) && PyBytes_CheckExact(hash) &&
             PyBytes_GET_SIZE(hash) == HASH_LEN) {
@@ -3629,22 +3644,9 @@ key_from_bytes(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *k
         return NULL;
     }
     PyObject *cls = args[0];
-    if (n == 2 && kwnames == NULL && constructors_on && t_queue_key != NULL &&
-        cls == (PyObject *)t_queue_key && t_queue_key == key_installed && plain_queue_key &&
-        PyBytes_CheckExact(args[1]) && PyBytes_GET_SIZE(args[1]) == LT_LEN + HASH_LEN &&
-        unchanged(t_queue_key, &key_version, key_new_then, key_init_then)) {
-        const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(args[1]);
-        PyObject *items[2];
-        items[0] = PyLong_FromUnsignedLongLong(be_prefix(p, LT_LEN));
-        if (items[0] == NULL)
-            return NULL;
-        items[1] = PyBytes_FromStringAndSize((const char *)p + LT_LEN, HASH_LEN);
-        if (items[1] == NULL) {
-            Py_DECREF(items[0]);
-            return NULL;
-        }
-        return pack(t_queue_key, 1, items, 2);
-    }
+    if (n == 2 && kwnames == NULL && constructors_on && PyBytes_CheckExact(args[1]) &&
+        PyBytes_GET_SIZE(args[1]) == LT_LEN + HASH_LEN && key_compiled(cls))
+        return key_at((const unsigned char *)PyBytes_AS_STRING(args[1]));
     PyObject *python = PyObject_GetAttr(cls, s_from_bytes_py);
     if (python == NULL)
         return NULL;

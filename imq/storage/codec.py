@@ -192,8 +192,8 @@ def decode_shard(data: bytes) -> ShardIdent:
     return ShardIdent(offset_wc - _I32_OFFSET, prefix)
 
 
-def key_bytes(key: QueueKey) -> bytes:
-    return key[0].to_bytes(8, "big") + key[1]
+# A queue key's 40 bytes (lt u64 big-endian, then hash): the key's own byte form.
+key_bytes = QueueKey.to_bytes
 
 
 def decode_key(data: bytes) -> QueueKey:

@@ -164,6 +164,8 @@ def _whole_length(path: Path, offset: int, length: int, kind: int) -> int | None
     file's end inside its block (what RocksDB's recovery takes for a torn write) and yet
     is whole at a shorter payload length ``n`` (its checksum matches there, and what
     follows it up to the end is nothing, zeros or a well-formed header): then ``n``."""
+    if offset + _HEADER_LEN + length <= path.stat().st_size:
+        return None  # it ends inside the file (a sound log: nothing more to read)
     room = BLOCK - offset % BLOCK  # the header and payload must fit in the block
     with open(path, "rb", buffering=0) as file:
         file.seek(offset)
