@@ -130,21 +130,29 @@ class StorageError(ImqError):
     """RocksDB failed an operation on the database files (an I/O error such as a full
     disk, or a damaged file found by a read).
 
-    ``path`` is the database directory, ``operation`` what imq was doing. After a failed
-    write the handle is dead: every later call raises this error again. Free the space
-    or fix the fault, ``close()`` the queue (that always releases the directory) and
-    open it again; nothing a failed call staged was written.
+    ``path`` is the database directory, ``operation`` what imq was doing, ``hint`` what
+    to do about it (the message ends with it). After a failed write the handle is dead:
+    every later call raises this error again. Free the space or fix the fault,
+    ``close()`` the queue (that always releases the directory) and open it again; nothing
+    a failed call staged was written. A write can also fail on a damaged table file that
+    one of RocksDB's compactions read: the hint then says so, since a reopen brings the
+    same compaction back (``imq verify``, then a copy or a persistent state).
     """
+
+    WRITE_HINT: ClassVar[str] = (
+        "close the queue and open it again (after a failed write this handle is dead; "
+        "nothing the failed call staged was written)"
+    )
 
     def __init__(
         self,
         path: object,
         operation: str,
         reason: str,
-        hint: str = "close the queue and open it again (after a failed write this handle "
-        "is dead; nothing the failed call staged was written)",
+        hint: str = WRITE_HINT,
     ) -> None:
         self._made_with = (path, operation, reason, hint)
+        self.hint = hint
         super().__init__(
             f"storage error in queue database {path} during {operation}: {reason}; {hint}"
         )
@@ -154,7 +162,9 @@ class StorageError(ImqError):
 
     def again(self) -> StorageError:
         """What every later call on the handle this error killed raises."""
-        return StorageError(self.path, self.operation, f"this handle is dead: {self.reason}")
+        return StorageError(
+            self.path, self.operation, f"this handle is dead: {self.reason}", self.hint
+        )
 
 
 class FileAccessError(ImqError, OSError):

@@ -617,6 +617,24 @@ def _open_hint(reason: str) -> str:
     return _DAMAGED_HINT
 
 
+def _failed_hint(reason: str) -> str:
+    """What to do after a failed write, flush or compaction, from RocksDB's reason."""
+    if "Corruption" in reason or "checksum" in reason.lower():
+        # Met by a compaction (RocksDB's background one included) reading a damaged
+        # table file: a reopen brings the same compaction back to the same file.
+        return (
+            "a table file is damaged (named above) and reopening will not mend it: run "
+            "`imq verify` on the directory, then restore it from a copy or rebuild it from "
+            "a persistent state (nothing the failed call staged was written)"
+        )
+    if "No space left" in reason or "Disk quota" in reason:
+        return (
+            "the disk is full: free space, close the queue and open it again (nothing the "
+            "failed call staged was written)"
+        )
+    return StorageError.WRITE_HINT
+
+
 def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) -> Any:
     """Open the rocksdict database with imq's six column families and options (raw mode,
     one block cache shared by all tables). ``Store`` opens through this; so does the raw
@@ -1138,7 +1156,8 @@ class Store:
         until it is reopened, so every later call says so."""
         if self._closed:
             return QueueClosedError(f"queue database {self.path} closed during {operation}")
-        error = StorageError(self.path, operation, str(exc))
+        reason = str(exc)
+        error = StorageError(self.path, operation, reason, hint=_failed_hint(reason))
         self._dead = self._dead or error
         return error
 

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -229,6 +230,35 @@ def test_a_damaged_messages_block_stops_the_iterator_with_a_typed_error(
         assert info.value.table == "messages"
     finally:
         q.close()
+
+
+def test_a_compaction_that_meets_a_damaged_file_fails_writes_with_the_damage_named(
+    intact: tuple[Path, dict[Table, str]], tmp_path: Path
+) -> None:
+    """RocksDB's background compaction reads the damaged messages file once enough new
+    files pile up beside it: the next write fails with a typed error naming the file and
+    saying that a reopen will not mend it (the same compaction would come back), every
+    later call repeats it, and ``verify`` names the damage."""
+    q = _open_damaged_messages(intact, tmp_path, 1 / 3)
+    _, sst = intact
+    chain = Chain(q, Clock(start=10**12))
+    chain._seqnos = {shard: DIFFS for shard in APPLIED}  # after the intact database's diffs
+    try:
+        with pytest.raises(StorageError) as info:
+            for _ in range(400):  # a bound, not a wait: compaction starts at 4 level-0 files
+                chain.apply(APPLIED[0], 20)
+                q._store.flush([Table.MESSAGES])  # one more level-0 file
+                time.sleep(0.01)
+        assert sst[Table.MESSAGES] in str(info.value), info.value
+        assert "reopening will not mend it" in str(info.value)
+        with pytest.raises(StorageError, match="reopening will not mend it"):
+            chain.apply(APPLIED[1], 1)
+        with pytest.raises(StorageError, match="this handle is dead"):
+            q.get_diffs_tail_len(APPLIED[0], QueueKey.MIN)
+    finally:
+        q.close()
+    report = verify(tmp_path / "db")
+    assert any(sst[Table.MESSAGES] in p for p in report.problems), report.problems
 
 
 def _segment_rows(q: Queue, prefix: bytes) -> list[tuple[bytes, bytes]]:

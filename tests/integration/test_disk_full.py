@@ -191,6 +191,7 @@ def test_full_disk_fails_cleanly_and_a_reopen_recovers(
         op(queue, chain, tmp_path)
     assert str(path) in str(info.value)
     assert "open it again" in str(info.value)
+    assert "the disk is full: free space" in str(info.value)
     # The handle is dead: every later call says so, even once space is back.
     disk.free()
     with pytest.raises(StorageError, match="dead"):
