@@ -105,7 +105,21 @@ def _read_error(path: object, table: Table, key: bytes, exc: BaseException) -> I
     text = str(exc)
     if "Corruption" in text or "checksum" in text.lower():
         return CorruptDataError(table.value, key, f"RocksDB could not read the table: {text}")
-    return StorageError(path, f"a read of table {table.value!r}", text)
+    return StorageError(path, f"a read of table {table.value!r}", text, hint=_read_hint(text))
+
+
+def _read_hint(reason: str) -> str:
+    """What to do after a read that failed other than on a damaged block."""
+    if "No such file" in reason:
+        return (
+            "a file the database lists is missing (named above): the directory was "
+            "changed outside imq; run `imq verify` on it, then restore it from a copy or "
+            "rebuild it from a persistent state"
+        )
+    return (
+        "the read changed nothing and the handle stays usable: retry; if it fails again, "
+        "check the disk and its kernel log, then run `imq verify` on the directory"
+    )
 
 
 class _EndCheck:

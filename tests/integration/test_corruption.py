@@ -261,6 +261,41 @@ def test_a_compaction_that_meets_a_damaged_file_fails_writes_with_the_damage_nam
     assert any(sst[Table.MESSAGES] in p for p in report.problems), report.problems
 
 
+@pytest.mark.parametrize("damage", ["flipped", "cut", "deleted"])
+def test_a_damaged_blob_file_is_a_typed_error_naming_it(tmp_path: Path, damage: str) -> None:
+    """Message bodies of 32 KiB and more live in RocksDB's blob files, outside the table
+    files: a blob file with flipped bytes, cut short or deleted fails the read that needs
+    it with a typed error (never a short or empty body) and ``verify`` reports it; a
+    deleted one is named as missing, with the remedy, not as a reason to retry."""
+    path = tmp_path / "db"
+    with open_queue(path) as q:
+        Chain(q).apply(APPLIED[0], 4, body=b"x" * (100 << 10))
+        q._store.flush([Table.MESSAGES])
+    (blob,) = path.glob("*.blob")
+    data = blob.read_bytes()
+    if damage == "flipped":
+        middle = len(data) // 2
+        blob.write_bytes(
+            data[:middle] + bytes(b ^ 0xFF for b in data[middle : middle + 8]) + data[middle + 8 :]
+        )
+    elif damage == "cut":
+        blob.write_bytes(data[: len(data) // 2])
+    else:
+        blob.unlink()
+    expected = (
+        (StorageError, "a file the database lists is missing")
+        if damage == "deleted"
+        else (CorruptDataError, "(?i)Corruption: .*blob")
+    )
+    with open_queue(path) as q, pytest.raises(expected[0], match=expected[1]) as info:
+        _iterate(q)
+    assert blob.name in str(info.value) or damage != "deleted", info.value
+    assert "imq verify" in str(info.value)
+    report = verify(path)
+    assert len(report.problems) == 1, report.problems
+    assert "table messages: cannot be read to its end" in report.problems[0]
+
+
 def _segment_rows(q: Queue, prefix: bytes) -> list[tuple[bytes, bytes]]:
     store = q._store  # type: ignore[attr-defined]
     scan = Scan(Table.MESSAGES, prefix, codec.prefix_end(prefix))
