@@ -159,9 +159,9 @@ def _as_built(block: BlockIdShort) -> Iterator[None]:
         yield
     except ImqError:
         raise
-    except (struct.error, OverflowError, TypeError, ValueError) as exc:
+    except (struct.error, OverflowError, TypeError, ValueError, AttributeError, KeyError) as exc:
         raise ValueError(
-            f"diff of block {block} cannot be stored: {exc}; its processed_to or its "
+            f"diff of block {block} cannot be stored: {exc!r}; its processed_to or its "
             "statistics were changed after they were built (value types are immutable: "
             "build a new QueueDiff or DiffStatistics instead of editing their dicts)"
         ) from exc

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from itertools import islice, pairwise
 from operator import itemgetter
 from operator import lt as _lt
+from types import MappingProxyType
 from typing import Any
 
 from imq import _native as native
@@ -40,6 +41,10 @@ def _strictly_ascending(msgs: list[Message]) -> bool:
         return False
     keys = list(map(_by_key, msgs))
     return all(map(_lt, keys, islice(keys, 1, None)))
+
+
+# QueueDiff's default processed_to: none. Read-only, so one object serves every call.
+_NOT_PROCESSED: Mapping[ShardIdent, QueueKey] = MappingProxyType({})
 
 
 def _check_processed_to(processed_to: Mapping[ShardIdent, QueueKey]) -> dict[ShardIdent, QueueKey]:
@@ -127,7 +132,7 @@ class QueueDiff:
     def __init__(
         self,
         messages: Iterable[Message] = (),
-        processed_to: Mapping[ShardIdent, QueueKey] | None = None,
+        processed_to: Mapping[ShardIdent, QueueKey] | None = _NOT_PROCESSED,
         router: PartitionRouter | None = None,
         prev_hash: bytes | None = None,
         *,

@@ -233,7 +233,11 @@ class PendingDiff:
 
     def _finish(self, state: str) -> None:
         if not self._try_finish(state):
-            raise ImqError(f"pending diff of block {self.block} was already {self._state}")
+            done = "failed to write" if self._state == "failed" else f"was already {self._state}"
+            raise ImqError(
+                f"pending diff of block {self.block} {done}: a pending diff is written or "
+                "discarded once; prepare the diff again (Queue.prepare_diff) to retry it"
+            )
 
     def _try_finish(self, state: str) -> bool:
         """Move from ``pending`` to ``state``, atomically; ``False`` if it was not

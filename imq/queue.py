@@ -44,6 +44,7 @@ from imq.types import (
     ShardIdent,
     TopBlock,
     check_partition,
+    check_u32,
 )
 
 __all__ = ["CompactReport", "Queue", "store_options"]
@@ -65,6 +66,18 @@ def _check_file(name: str, value: object, method: str, binary: str) -> None:
         )
     if isinstance(value, io.TextIOBase):
         raise TypeError(f"{name} is a text file: {binary}")
+    if isinstance(value, str | os.PathLike):
+        return
+    if getattr(value, "closed", False) is True:
+        raise ValueError(f"{name} is a closed file object: pass an open one, or a path")
+    able = getattr(value, "readable" if method == "read" else "writable", None)
+    try:
+        usable = able() if callable(able) else True
+    except (OSError, ValueError):  # some streams cannot tell
+        usable = True
+    if usable is False:
+        doing = "reading" if method == "read" else "writing"
+        raise ValueError(f"{name} is not open for {doing}: {binary}, or pass a path")
 
 
 def _check_progress(progress: object) -> None:
@@ -149,8 +162,7 @@ class Queue(QueueReads):
         """
         config = config if config is not None else QueueConfig()
         check_type("config", config, QueueConfig)
-        if not isinstance(zerostate_seqno, int) or not 0 <= zerostate_seqno <= 0xFFFF_FFFF:
-            raise ValueError(f"zerostate_seqno must be a u32, got {zerostate_seqno!r}")
+        check_u32("zerostate_seqno", zerostate_seqno)
         if not os.fspath(path):  # Path("") is the working directory
             raise ValueError("the queue database path is empty; pass its directory")
         check_type("read_only", read_only, bool)
@@ -212,6 +224,7 @@ class Queue(QueueReads):
         return self._close_error
 
     def __enter__(self) -> Queue:
+        self._check_not_closed()  # a dead handle may still enter: its exit closes it
         return self
 
     def __exit__(
@@ -225,7 +238,10 @@ class Queue(QueueReads):
     def _check_writable(self, operation: str) -> None:
         self._check_open()
         if self._store.read_only:
-            raise ImqError(f"{operation}: queue {self._store.path} is open read-only")
+            raise ImqError(
+                f"{operation}: queue {self._store.path} is open read-only; open it without "
+                "read_only=True to change it (one writer at a time: close the other handle)"
+            )
 
     @property
     def read_only(self) -> bool:

@@ -40,9 +40,12 @@ class QueueReads:
     _store: Store
     metrics: Metrics
 
-    def _check_open(self) -> None:
+    def _check_not_closed(self) -> None:
         if self._store.closed:
             raise QueueClosedError(f"queue {self._store.path} is closed")
+
+    def _check_open(self) -> None:
+        self._check_not_closed()
         dead = self._store.dead
         if dead is not None:  # what this handle holds in memory may not match the disk
             raise dead.again()

@@ -7,6 +7,7 @@ default partition 0. Partition 0 is implicit and can never be inserted into.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 from imq.types import DEFAULT_PARTITION, Address, check_mapping, check_partition
 
@@ -19,6 +20,10 @@ def _check_address(address: object) -> Address:
     return address
 
 
+# The constructor's default: no routes. Read-only, so one object serves every call.
+_NO_ROUTES: Mapping[int, Iterable[Address]] = MappingProxyType({})
+
+
 class PartitionRouter:
     """Maps source and destination accounts to partitions. The one mutable value type."""
 
@@ -26,8 +31,8 @@ class PartitionRouter:
 
     def __init__(
         self,
-        src: Mapping[int, Iterable[Address]] | None = None,
-        dst: Mapping[int, Iterable[Address]] | None = None,
+        src: Mapping[int, Iterable[Address]] | None = _NO_ROUTES,
+        dst: Mapping[int, Iterable[Address]] | None = _NO_ROUTES,
     ) -> None:
         self._src: dict[Address, int] = {}
         self._dst: dict[Address, int] = {}

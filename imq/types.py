@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple, TypeVar
 
@@ -40,6 +40,7 @@ __all__ = [
     "ShardIdent",
     "TopBlock",
     "check_partition",
+    "check_u32",
 ]
 
 DEFAULT_PARTITION = 0
@@ -92,9 +93,21 @@ def _check_bytes32(name: str, value: object) -> bytes:
     return value
 
 
+def check_u32(name: str, value: object) -> int:
+    """Validate a plain int in 0..=2^32-1 (``TypeError``, bool too; else ``ValueError``)."""
+    return _check_int(name, value, 0, U32_MAX)
+
+
 def check_partition(partition: object) -> int:
     """Validate a partition index (a plain int in 0..=65535) and return it."""
     return _check_int("partition", partition, 0, MAX_PARTITION)
+
+
+def _validated_make(cls: Callable[..., _V], iterable: Iterable[object]) -> _V:
+    """``_make`` of the tuple value types (and so ``_replace``, which calls it): through
+    the class's own constructor and its checks. namedtuple's builds the tuple unchecked,
+    which would let ``key._replace(lt=-1)`` make a value no constructor accepts."""
+    return cls(*iterable)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,6 +135,7 @@ class QueueKey(_QueueKeyFields):
     """A message's position in the queue: ``(lt, hash)``, ordered lexicographically."""
 
     __slots__ = ()
+    _make = classmethod(_validated_make)  # type: ignore[assignment,var-annotated]
     MIN: ClassVar[QueueKey]
     MAX: ClassVar[QueueKey]
 
@@ -221,6 +235,7 @@ class Address(_AddressFields):
     """A std internal address: ``workchain`` (i8) and a 32-byte ``account``."""
 
     __slots__ = ()
+    _make = classmethod(_validated_make)  # type: ignore[assignment,var-annotated]
 
     def __new__(cls, workchain: int, account: bytes) -> Address:
         if not (
@@ -273,6 +288,7 @@ class ShardIdent(_ShardFields):
     """A shard: ``workchain`` (i32) and ``prefix`` (u64 with its tag bit)."""
 
     __slots__ = ()
+    _make = classmethod(_validated_make)  # type: ignore[assignment,var-annotated]
     MASTERCHAIN: ClassVar[ShardIdent]
     BASECHAIN: ClassVar[ShardIdent]
 
@@ -363,6 +379,7 @@ class Message(_MessageFields):
     """An internal message. ``body`` is opaque to the engine."""
 
     __slots__ = ()
+    _make = classmethod(_validated_make)  # type: ignore[assignment,var-annotated]
 
     def __new__(cls, key: QueueKey, src: Address, dst: Address, body: bytes = b"") -> Message:
         if type(key) is not QueueKey:
@@ -386,6 +403,19 @@ class IteratedMessage(_IteratedFields):
     """What the iterator yields: the source shard and the message."""
 
     __slots__ = ()
+    _make = classmethod(_validated_make)  # type: ignore[assignment,var-annotated]
+
+    def __new__(cls, source: ShardIdent, message: Message) -> IteratedMessage:
+        # The iterator builds its values without this (in C, or by tuple.__new__).
+        if type(source) is not ShardIdent:
+            raise TypeError(
+                f"IteratedMessage.source must be a ShardIdent, got {type(source).__name__}"
+            )
+        if type(message) is not Message:
+            raise TypeError(
+                f"IteratedMessage.message must be a Message, got {type(message).__name__}"
+            )
+        return _tuple_new(cls, (source, message))
 
 
 # ---------------------------------------------------------------------------------------------

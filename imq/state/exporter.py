@@ -124,7 +124,9 @@ def _load_infos(
             if record is None:
                 raise ImqError(
                     f"cannot export the state of {shard}:{seqno} with tail_len {tail_len}: "
-                    f"the diff of {shard}:{s} is not stored"
+                    f"the diff of {shard}:{s} is not stored; export a block whose last "
+                    f"{tail_len} diffs this queue holds (`imq inspect` lists the stored "
+                    "diffs per shard), or a shorter tail_len"
                 )
             records.append(record)
     return records

@@ -300,21 +300,25 @@ def _remaining_size(f: BinaryIO) -> int | None:
         return None
 
 
+_STREAM_READ_HINT = "the file object given failed to read: check what it reads from and retry"
+
+
 class _FileInput:
     """A state file imq opened: its read errors become :class:`FileAccessError` naming
     the path."""
 
-    __slots__ = ("_file", "_path")
+    __slots__ = ("_file", "_hint", "_path")
 
-    def __init__(self, file: BinaryIO, path: str | os.PathLike[str]) -> None:
+    def __init__(self, file: BinaryIO, path: str | os.PathLike[str], hint: str = "") -> None:
         self._file = file
         self._path = path
+        self._hint = hint
 
     def read(self, n: int = -1, /) -> bytes:
         try:
             return self._file.read(n)
         except OSError as exc:
-            raise FileAccessError(self._path, _READ, exc) from exc
+            raise FileAccessError(self._path, _READ, exc, self._hint) from exc
 
 
 def open_source(source: str | os.PathLike[str] | BinaryIO) -> ByteSource:
@@ -322,7 +326,8 @@ def open_source(source: str | os.PathLike[str] | BinaryIO) -> ByteSource:
 
     zstd is detected by its magic; any other first bytes are left for the TL reader to judge.
     A path that cannot be opened or read (missing, a directory, not permitted, an I/O
-    error) raises :class:`FileAccessError`; a file object's own errors pass unchanged.
+    error) raises :class:`FileAccessError`, and so does a file object's ``OSError``
+    (named by its ``name``, else its repr).
     """
     owned: BinaryIO | None = None
     raw: _Readable
@@ -334,7 +339,9 @@ def open_source(source: str | os.PathLike[str] | BinaryIO) -> ByteSource:
         owned = f
         raw = _FileInput(f, source)
     else:
-        f = raw = source
+        f = source
+        name = getattr(source, "name", None)
+        raw = _FileInput(source, name if isinstance(name, str) else repr(source), _STREAM_READ_HINT)
     try:
         total = _remaining_size(f)
         head = b""

@@ -219,31 +219,37 @@ class _Counting:
         return self._inner.write(data)
 
 
+_STREAM_WRITE_HINT = "the file object given failed to write: check what it writes to and retry"
+
+
 class _Output:
     """The opened destination of a state: its write errors become
     :class:`~imq.errors.FileAccessError` naming the path the caller gave."""
 
-    __slots__ = ("_file", "_path")
+    __slots__ = ("_file", "_hint", "_path")
 
-    def __init__(self, file: BinaryIO, path: Path) -> None:
+    def __init__(self, file: BinaryIO, path: Path | str, hint: str = "") -> None:
         self._file = file
         self._path = path
+        self._hint = hint
 
     def write(self, data: bytes, /) -> int:
         try:
             return self._file.write(data)
         except OSError as exc:
-            raise _write_error(self._path, exc) from exc
+            raise _write_error(self._path, exc, self._hint) from exc
 
     def flush(self) -> None:
         try:
             self._file.flush()
         except OSError as exc:
-            raise _write_error(self._path, exc) from exc
+            raise _write_error(self._path, exc, self._hint) from exc
 
 
-def _write_error(path: Path, exc: OSError) -> FileAccessError:
-    return FileAccessError(path, _WRITE, exc, _PIPE_HINT if exc.errno == errno.EPIPE else "")
+def _write_error(path: Path | str, exc: OSError, hint: str = "") -> FileAccessError:
+    if exc.errno == errno.EPIPE:
+        hint = _PIPE_HINT
+    return FileAccessError(path, _WRITE, exc, hint)
 
 
 @contextlib.contextmanager
@@ -254,7 +260,10 @@ def open_sink(dest: str | os.PathLike[str] | BinaryIO) -> Iterator[tuple[BinaryI
     beside a symlink's target) and renamed on success; a FIFO, a device or ``/dev/stdout``
     is written in place. File-system errors raise :class:`~imq.errors.FileAccessError`."""
     if not isinstance(dest, (str, os.PathLike)):
-        counter = _Counting(dest)
+        # The caller's stream: its write errors become FileAccessError too, naming it.
+        name = getattr(dest, "name", None)
+        label = name if isinstance(name, str) else repr(dest)
+        counter = _Counting(_Output(dest, label, _STREAM_WRITE_HINT))
         yield dest, counter
         return
     path = Path(dest)

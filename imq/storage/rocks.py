@@ -1311,10 +1311,16 @@ class Store:
 
     # -- writes -------------------------------------------------------------------------------
 
+    def _read_only_error(self) -> ImqError:
+        return ImqError(
+            f"queue database {self.path} is open read-only; open it without read_only=True "
+            "to change it"
+        )
+
     def transaction(self) -> Transaction:
         self._check_open()
         if self.read_only:
-            raise ImqError(f"queue database {self.path} is open read-only")
+            raise self._read_only_error()
         return Transaction(self._handles, keep_messages=self.cache.enabled)
 
     def write(self, txn: TransactionProtocol, *, sync: bool = False) -> None:
@@ -1441,7 +1447,7 @@ class Store:
         down to the bottommost level; ``progress(tables done, tables)`` after each.
         Like :meth:`compact`, it runs without the gate, beside reads and writes."""
         if self.read_only:
-            raise ImqError(f"queue database {self.path} is open read-only")
+            raise self._read_only_error()
         opts = CompactOptions()
         opts.set_bottommost_level_compaction(BottommostLevelCompaction.force())
         tables = list(Table)

@@ -26,18 +26,24 @@ from builders import (
 )
 
 from imq import (
+    Address,
     CommitError,
     DiffBelowCommitPointerError,
     DiffSequenceError,
     DiffZone,
     FileAccessError,
     ImqError,
+    IteratedMessage,
+    Message,
     Queue,
     QueueConfig,
     QueueDiff,
+    QueueKey,
+    ShardIdent,
     StartupError,
 )
-from imq.errors import ConfigError
+from imq.errors import ConfigError, QueueClosedError
+from imq.state.synth import synth_state, write_synth_state
 
 
 @pytest.mark.parametrize("source", [None, 12345, 1.5, object()])
@@ -201,7 +207,34 @@ def test_mutating_handed_out_dicts_moves_nothing_and_writes_nothing(queue: Queue
     counts.partitions[0][next(iter(counts.partitions[0]))] = -5
     with pytest.raises(ValueError, match="changed after they were built"):
         queue.apply_diff(second.diff, second.block, second.hash, counts)
+    counts = derived_stats(second.diff, BASE)
+    counts.partitions[3] = None  # type: ignore[assignment]  # a partition without counts
+    with pytest.raises(ValueError, match=r"AttributeError.*changed after they were built"):
+        queue.apply_diff(second.diff, second.block, second.hash, counts)
     assert dump(queue) == before
+
+
+def test_replace_and_make_check_like_the_constructors() -> None:
+    """namedtuple's ``_replace`` and ``_make`` build the tuple unchecked: the value types
+    route them through their constructors, so neither makes a value no constructor takes."""
+    z = bytes(32)
+    k, a = QueueKey(7, z), Address(0, z)
+    assert k._replace(lt=8) == QueueKey(8, z)
+    assert type(QueueKey._make((1, z))) is QueueKey
+    for bad in (
+        lambda: k._replace(lt=-1),
+        lambda: QueueKey._make((1, b"short")),
+        lambda: a._replace(account=b"x"),
+        lambda: ShardIdent.BASECHAIN._replace(prefix=3),
+        lambda: Message(k, a, a)._replace(body="text"),
+        lambda: IteratedMessage(BASE, Message(k, a, a))._replace(source=1),
+    ):
+        with pytest.raises((TypeError, ValueError)):
+            bad()
+    with pytest.raises(TypeError, match=r"IteratedMessage\.source must be a ShardIdent"):
+        IteratedMessage(1, 2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"IteratedMessage\.message must be a Message"):
+        IteratedMessage(BASE, None)  # type: ignore[arg-type]
 
 
 def test_startup_takes_a_masterchain_block_only(queue: Queue) -> None:
@@ -270,3 +303,77 @@ def test_a_damaged_lock_free_directory_reopens_after_a_failed_open(tmp_path: Pat
         Queue.open(file)
     file.unlink()
     open_queue(file).close()
+
+
+def test_wrong_types_of_zerostate_seqno_are_type_errors(db_path: Path) -> None:
+    for wrong in ("0", 1.5, None, True):
+        with pytest.raises(TypeError, match="zerostate_seqno must be an int"):
+            Queue.open(db_path, zerostate_seqno=wrong)  # type: ignore[arg-type]
+    for out_of_range in (-1, 2**32):
+        with pytest.raises(ValueError, match="zerostate_seqno must be in"):
+            Queue.open(db_path, zerostate_seqno=out_of_range)
+    assert not db_path.exists(), "a refused open created the directory"
+
+
+def test_entering_a_closed_queue_is_refused(queue: Queue) -> None:
+    queue.close()
+    with pytest.raises(QueueClosedError), queue:
+        pass
+
+
+def test_file_objects_of_the_wrong_kind_are_refused_before_any_work(
+    queue: Queue, tmp_path: Path
+) -> None:
+    """``export_state``/``import_state`` take a path or a binary file object: one closed,
+    or open the wrong way round, is a ``ValueError`` naming the fix; a stream that fails
+    mid-write is a ``FileAccessError`` (an ``OSError``) naming it."""
+    state = synth_state(diffs=2, messages_per_diff=3, seed=11)
+    path = tmp_path / "state.bin"
+    write_synth_state(state, path)
+    queue.import_state(path, state.block_id, state.top_update)
+    shard, seqno = state.block_id.shard, state.block_id.seqno
+    before = dump(queue)
+
+    closed = io.BytesIO()
+    closed.close()
+    with path.open("rb") as read_side:
+        for dest, match in ((closed, "closed file object"), (read_side, "not open for writing")):
+            with pytest.raises(ValueError, match=match):
+                queue.export_state(shard, seqno, 1, dest)  # type: ignore[arg-type]
+
+    class Failing(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: object) -> int:
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(FileAccessError, match="failed to write") as info:
+        queue.export_state(shard, seqno, 1, Failing())  # type: ignore[arg-type]
+    assert info.value.errno == 28
+    with (tmp_path / "w.bin").open("wb") as write_side:
+        for source, match in ((closed, "closed file object"), (write_side, "not open for reading")):
+            with pytest.raises(ValueError, match=match):
+                queue.import_state(source, state.block_id, state.top_update)  # type: ignore[arg-type]
+    assert dump(queue) == before
+
+
+def test_refusals_say_what_to_do(queue: Queue, db_path: Path, tmp_path: Path) -> None:
+    """A write on a read-only handle, an export of diffs not stored and a pending diff
+    used twice each end with the way forward."""
+    chain = Chain(queue)
+    applied = chain.apply(BASE, 2)
+    with pytest.raises(ImqError, match=r"export a block whose last 2 diffs .* shorter tail_len"):
+        queue.export_state(BASE, applied.seqno, 2, io.BytesIO())
+    built = chain.build(BASE, 1)
+    pending = queue.prepare_diff(built.diff, built.block, built.hash)
+    assert pending is not None
+    pending.write()
+    with pytest.raises(ImqError, match=r"prepare the diff again \(Queue\.prepare_diff\)"):
+        pending.write()
+    queue.close()
+    with (
+        Queue.open(db_path, read_only=True) as reader,
+        pytest.raises(ImqError, match="open it without read_only=True"),
+    ):
+        reader.run_gc()

@@ -337,7 +337,10 @@ def test_a_failing_read_of_an_opened_path_is_a_file_access_error() -> None:
     assert info.value.filename == "/proc/self/mem"
 
 
-def test_a_file_objects_own_errors_pass_unchanged() -> None:
+def test_a_file_objects_os_errors_become_file_access_errors() -> None:
+    """A caller's stream failing: the typed error (still an ``OSError``, its errno kept,
+    the original as its cause), naming the stream and what to check."""
+
     class Failing(io.RawIOBase):
         def readable(self) -> bool:
             return True
@@ -345,6 +348,8 @@ def test_a_file_objects_own_errors_pass_unchanged() -> None:
         def readinto(self, buffer: object) -> int:
             raise OSError(5, "injected")
 
-    with pytest.raises(OSError) as info:
+    with pytest.raises(FileAccessError, match="the file object given failed to read") as info:
         open_source(Failing())  # type: ignore[arg-type]
-    assert not isinstance(info.value, FileAccessError)
+    assert info.value.errno == 5
+    assert isinstance(info.value.__cause__, OSError)
+    assert "Failing" in str(info.value)
