@@ -64,6 +64,8 @@ class PartitionRouter:
         self._dst[_check_address(address)] = self._check_target(partition)
 
     def partition_for(self, src: Address | None, dst: Address) -> int:
+        if src is not None and type(src) is not Address:
+            raise TypeError(f"src must be an Address or None, got {type(src).__name__}")
         partition = self._dst.get(dst)
         if partition is not None:
             return partition
@@ -73,8 +75,6 @@ class PartitionRouter:
             partition = self._src.get(src)
             if partition is not None:
                 return partition
-            if type(src) is not Address:
-                raise TypeError(f"src must be an Address or None, got {type(src).__name__}")
         return DEFAULT_PARTITION
 
     @property

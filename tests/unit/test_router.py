@@ -46,10 +46,12 @@ def test_lookup_order_dst_src_default(src: Address | None, dst: Address, expecte
 
 
 @pytest.mark.parametrize(
-    ("src", "dst"), [(None, "0:" + "02" * 32), (A, None), ("0:" + "01" * 32, C), (7, C)]
+    ("src", "dst"),
+    [(None, "0:" + "02" * 32), (A, None), ("0:" + "01" * 32, C), (7, C), ("x", B), (7, B)],
 )
 def test_partition_for_rejects_what_is_not_an_address(src: object, dst: object) -> None:
-    """API.md: values of the wrong type raise TypeError (not a silent partition 0)."""
+    """API.md: values of the wrong type raise TypeError (not a silent partition 0), a
+    wrong source also when the destination is routed (``B``)."""
     router = PartitionRouter(src={1: [A]}, dst={2: [B]})
     with pytest.raises(TypeError, match="Address"):
         router.partition_for(src, dst)  # type: ignore[arg-type]
