@@ -43,6 +43,9 @@ def _strictly_ascending(msgs: list[Message]) -> bool:
     return all(map(_lt, keys, islice(keys, 1, None)))
 
 
+# The router of a diff built without one: read-only, so one object serves every diff.
+_NO_ROUTES = PartitionRouter().read_only_copy()
+
 # QueueDiff's default processed_to: none. Read-only, so one object serves every call.
 _NOT_PROCESSED: Mapping[ShardIdent, QueueKey] = MappingProxyType({})
 
@@ -165,7 +168,8 @@ class QueueDiff:
         _check_keys(min_key, max_key, first, last)
         object.__setattr__(self, "messages", tuple(msgs))
         object.__setattr__(self, "processed_to", _check_processed_to(processed_to or {}))
-        object.__setattr__(self, "router", router.copy() if router else PartitionRouter())
+        fixed = router.read_only_copy() if router else _NO_ROUTES
+        object.__setattr__(self, "router", fixed)
         object.__setattr__(self, "prev_hash", prev_hash)
         object.__setattr__(self, "start_lt", start_lt)
         object.__setattr__(self, "end_lt", end_lt)

@@ -105,7 +105,16 @@ class PartitionRouter:
         return frozenset((DEFAULT_PARTITION, *self._src.values(), *self._dst.values()))
 
     def copy(self) -> PartitionRouter:
-        clone = PartitionRouter()
+        """A mutable copy (also of a diff's read-only router)."""
+        return self._copy_as(PartitionRouter)
+
+    def read_only_copy(self) -> PartitionRouter:
+        """A copy whose ``insert_src``/``insert_dst`` raise ``TypeError``: what a
+        :class:`~imq.diff.QueueDiff` keeps, so that the diff stays as it was built."""
+        return self._copy_as(_ReadOnlyRouter)
+
+    def _copy_as(self, cls: type[PartitionRouter]) -> PartitionRouter:
+        clone = cls()
         clone._src = dict(self._src)
         clone._dst = dict(self._dst)
         return clone
@@ -119,3 +128,22 @@ class PartitionRouter:
 
     def __repr__(self) -> str:
         return f"PartitionRouter(src={self.src_partitions()!r}, dst={self.dst_partitions()!r})"
+
+
+class _ReadOnlyRouter(PartitionRouter):
+    """A diff's router: routes as built. ``copy()`` gives a mutable one."""
+
+    __slots__ = ()
+
+    def insert_src(self, address: Address, partition: int) -> None:
+        _refuse_insert()
+
+    def insert_dst(self, address: Address, partition: int) -> None:
+        _refuse_insert()
+
+
+def _refuse_insert() -> None:
+    raise TypeError(
+        "a QueueDiff's router is read-only (the diff is immutable): take router.copy(), "
+        "change the copy and build a new QueueDiff with it"
+    )

@@ -200,4 +200,6 @@ def test_diff_keeps_its_own_router_copy() -> None:
 def test_diff_without_router_gets_an_empty_one() -> None:
     diff = QueueDiff()
     assert diff.router.is_empty
-    assert QueueDiff().router is not diff.router
+    with pytest.raises(TypeError, match="read-only"):  # so one empty router serves all
+        diff.router.insert_dst(A, 1)
+    assert QueueDiff().router.is_empty
