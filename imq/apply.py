@@ -203,7 +203,11 @@ def stage_diff(
                 per_partition[partition] = messages
                 stat_values[partition] = value
             shards_messages_count = {ShardIdent.full(wc): n for wc, n in encoded.workchains}
-        written = router.partitions() | stat_values.keys()
+        # The partitions this diff writes rows into: its messages' and its statistics'
+        # (a clear deletes the diff's rows there, I3). Not the router's partitions nor 0
+        # as such: a clear of partition 1 alone must not touch partition 0's rows of
+        # other diffs above the pointer (an outside audit found it did).
+        written = {p for p, n in per_partition.items() if n} | stat_values.keys()
         record = codec.diff_record_value(
             min_message,
             max_message,

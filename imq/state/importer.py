@@ -372,8 +372,9 @@ def _stage_diff_rows(txn: Transaction, shard: ShardIdent, work: _DiffWork) -> No
         seqno=diff.seqno,
         prev_hash=diff.prev_hash,
     )
-    partitions = {p: 0 for p, _ in (*diff.router_src, *diff.router_dst)} | messages
-    ops.put_diff(txn, shard, info, work.stats, partitions)
+    # The partitions the diff's rows went to (statistics are counted from the messages,
+    # so their partitions are the messages'), as apply_diff lists them.
+    ops.put_diff(txn, shard, info, work.stats, messages)
     work.stats = {}
 
 

@@ -117,7 +117,7 @@ def _group(mapping: Mapping[Address, int]) -> dict[int, frozenset[Address]]:
 @dataclass(frozen=True)
 class ModelDiff:
     info: DiffInfo
-    partitions: frozenset[int]  # 0, the router's partitions and the statistics' partitions
+    partitions: frozenset[int]  # where it wrote rows: its messages' and statistics' partitions
 
 
 def _in_zone(info: DiffInfo, pointer: CommitPointer | None, zone: DiffZone) -> bool:
@@ -262,9 +262,7 @@ class QueueModel:
             seqno=seqno,
             prev_hash=diff.prev_hash,
         )
-        partitions = frozenset(
-            {0, *diff.router_src.values(), *diff.router_dst.values(), *stats.keys()}
-        )
+        partitions = frozenset({*map(diff.partition_for, diff.messages), *stats.keys()})
         self.diffs[(shard, seqno)] = ModelDiff(info, partitions)
 
     # -- commit (SEMANTICS §5.5 with D6, D7) ---------------------------------------------------

@@ -30,6 +30,7 @@ from builders import (
     split_shard,
     state,
     stats,
+    top,
 )
 
 from imq import (
@@ -200,6 +201,38 @@ def test_statistics_only_partitions_are_cleared_too(queue: Queue) -> None:
     assert queue.load_separated_diff_statistics([0], full_range(S1)) == {
         0: {w.s1_1.max_message: {address_in(S2): 1}}
     }
+
+
+def test_a_partition_neither_requested_nor_written_by_the_cleared_diffs_is_untouched(
+    queue: Queue,
+) -> None:
+    """Found by an outside audit: a clear of partition 1 deleted partition 0's rows above
+    the pointer although no cleared diff wrote there (every router named partition 0).
+    Here they belong to a diff whose records GC collected through partition 1's bound
+    (§7.2: partition 0's rows wait for their own bound)."""
+    src, low = address_in(S1, 1), address_in(S1, 2)
+    router = PartitionRouter(dst={1: [low]})
+    chain = Chain(queue)
+    first = chain.apply(S1, [src])  # committed: the pointer
+    chain.apply(MC, 0)
+    queue.commit_diff([top(MC, 1), top(S1, 1)])
+    second = chain.build(S1, [src, low], router=router)  # one message in each partition
+    assert queue.apply_diff(second.diff, second.block, second.hash)
+    mc = chain.build(MC, 0, processed_to={S1: second.max_message})
+    assert queue.apply_diff(mc.diff, mc.block, mc.hash)
+    queue.commit_diff([top(MC, 2)], partitions=(1,))  # S1's pointer stays at the first diff
+    queue.run_gc()  # partition 1 up to the second diff: its records go, partition 0's row stays
+    assert not queue.is_diff_exists(second.block)
+    third = chain.apply(S1, [low], router=router)  # partition 1 only
+    kept = [*first.messages, second.messages[0]]
+    assert [m.dst for m in kept[1:]] == [src]
+    assert message_keys(queue, 0, S1) == [m.key for m in kept]
+
+    queue.clear_uncommitted_state(partitions=(1,))
+
+    assert not queue.is_diff_exists(third.block)
+    assert message_keys(queue, 1, S1) == []
+    assert message_keys(queue, 0, S1) == [m.key for m in kept]
 
 
 def test_shard_without_pointer_and_not_listed_is_untouched(queue: Queue) -> None:
