@@ -629,6 +629,14 @@ class Queue(QueueReads):
             raise TypeError(f"tail_len must be an int, got {type(tail_len).__name__}")
         _check_file("dest", dest, "write", "open it in binary mode ('wb')")
         _check_progress(progress)
+        unfinished = self.unfinished_import()
+        if unfinished is not None:
+            raise ImqError(
+                f"cannot export from {self._store.path}: an import of block {unfinished} "
+                "into it was interrupted and its diffs are partial; open the queue for "
+                "writing (that rolls the import back, e.g. `imq gc`), import the state "
+                "again, then export"
+            )
         line = ProgressLine(f"export {shard}:{seqno}") if progress is True else None
         callback: Progress | None = line
         if callable(progress):

@@ -159,7 +159,19 @@ class QueueReads:
         self._check_open()
         diffs = ops.AllDiffs()
         with ops.view(self._store, diffs) as view:
-            return reads.summarize(view, diffs, self._store.path, self._store.read_only)
+            summary = reads.summarize(view, diffs, self._store.path, self._store.read_only)
+        unfinished = self.unfinished_import()
+        summary["unfinished_import"] = None if unfinished is None else str(unfinished)
+        return summary
+
+    def unfinished_import(self) -> BlockId | None:
+        """The block of an ``import_state`` that was interrupted (a crash, a kill, a full
+        disk) before it finished, else ``None``. Its diffs and messages are partial. A
+        writer's open rolls such an import back, so only a read-only handle (or a reader
+        beside a running import) sees one: open the queue for writing, then import again."""
+        self._check_open()
+        marker = ops.read_import_marker(self._store)
+        return None if marker is None else marker[0]
 
     def get_last_committed_mc_block_id(self) -> BlockId | None:
         self._check_open()

@@ -99,6 +99,23 @@ def verify(path: str | Path, options: StoreOptions | None = None) -> Report:
     return report
 
 
+def _check_import_marker(marker: bytes | None, report: Report) -> None:
+    """An interrupted import's marker, listed first: it explains the problems a partial
+    import leaves (messages of no stored diff, a missing tail)."""
+    if marker is None:
+        return
+    try:
+        block = str(codec.decode_import_marker(marker)[0])
+    except CorruptDataError as exc:
+        block = f"? ({exc})"
+    report.problems.insert(
+        0,
+        f"an import of block {block} was interrupted: its diffs and messages are partial "
+        "(the problems below may be its); the next writer open rolls it back (e.g. `imq "
+        "gc`), then import the state again",
+    )
+
+
 def _verify(store: Store, report: Report) -> None:
     tables = {t: _rows(store, t, report) for t in Table}
     infos: dict[tuple[ShardIdent, int], tuple[Any, dict[int, int]]] = {}
@@ -147,6 +164,7 @@ def _verify(store: Store, report: Report) -> None:
 
     # The GC bounds, the last committed block.
     values = dict(tables[Table.VARS] or [])
+    _check_import_marker(values.get(codec.IMPORT_MARKER), report)
     requested = _gc_bounds(values, codec.GC_REQUESTED, report)
     executed = _gc_bounds(values, codec.GC_EXECUTED, report)
     last_mc = None

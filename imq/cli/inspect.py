@@ -60,6 +60,12 @@ def _print_text(summary: dict[str, Any], out: TextIO) -> None:
         print(text, file=out)
 
     say(f"queue database {summary['path']} (read-only view)")
+    if summary["unfinished_import"] is not None:
+        say(
+            f"UNFINISHED IMPORT of block {summary['unfinished_import']}: it was interrupted "
+            "and what it wrote is partial; the next writer open rolls it back (e.g. `imq "
+            "gc`), then run `imq import` again"
+        )
     say(f"last committed masterchain block: {summary['last_committed_mc_block'] or '-'}")
     say("\ncommit pointers:")
     for shard, pointer in summary["commit_pointers"].items() or [("-", None)]:

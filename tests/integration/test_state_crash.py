@@ -26,10 +26,12 @@ import pytest
 from builders import BASE, MC, Chain, dump, open_queue, shard_rows
 from tycho_data import TYCHO
 
-from imq import BlockId, Queue, ShardIdent
+from imq import BlockId, ImqError, Queue, ShardIdent
+from imq.cli import inspect as inspect_cli
 from imq.state import importer
 from imq.state.synth import SynthState, synth_state, write_synth_state
 from imq.storage import Table, codec
+from imq.verify import verify
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -258,17 +260,32 @@ def test_read_only_open_sees_the_partial_import_and_warns(
     children.append(child)
     child.wait_for("started")
     child.kill()
+    block = str(crash_state.state.block_id)
     with Queue.open(db_path, read_only=True) as viewer:
         (event,) = events(logs, "import_incomplete")
         assert event["log_level"] == "warning"
         assert events(logs, "import_rolled_back") == []
         assert marker(viewer) is not None
         assert len(shard_rows(viewer, Table.MESSAGES, BASE)) > importer.BATCH_ROWS
+        # What an operator looks at says so, not only a log line a level can hide.
+        assert str(viewer.unfinished_import()) == block
+        assert viewer.summary()["unfinished_import"] == block
+        with pytest.raises(ImqError, match=f"an import of block {block} .* interrupted"):
+            viewer.export_state(BASE, 499, 1, io.BytesIO())
+    text = io.StringIO()
+    inspect_cli.run(db_path, as_json=False, out=text)
+    assert f"UNFINISHED IMPORT of block {block}" in text.getvalue()
+    problems = verify(db_path).problems
+    assert problems[0].startswith(f"an import of block {block} was interrupted"), problems
+    warned = len(events(logs, "import_incomplete"))  # the viewer's and inspect's opens
     with open_queue(db_path) as queue:
         assert len(events(logs, "import_rolled_back")) == 1
         assert_rolled_back(queue, prior)
-    with Queue.open(db_path, read_only=True):
-        assert len(events(logs, "import_incomplete")) == 1  # nothing left to warn about
+    with Queue.open(db_path, read_only=True) as viewer:
+        assert len(events(logs, "import_incomplete")) == warned  # nothing left to warn about
+        assert viewer.unfinished_import() is None
+        assert viewer.summary()["unfinished_import"] is None
+    assert verify(db_path).ok
 
 
 @pytest.mark.parametrize("threshold", [1, 9_000, 17_000, 25_000, MESSAGES])
