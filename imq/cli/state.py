@@ -29,7 +29,7 @@ from imq.state.block import check_block_id, parse_block_id_name, read_block_top_
 from imq.state.exporter import MAX_TAIL_LEN
 from imq.state.reader import StateReader
 from imq.state.source import DIFF_MAGIC, open_source
-from imq.state.tl import TlDiff, decode_diff, diff_hash, read_state_header
+from imq.state.tl import TlDiff, decode_diff, diff_hash
 from imq.types import BlockId, BlockIdShort, ShardIdent
 
 __all__ = [
@@ -131,7 +131,8 @@ def register(commands: Commands) -> None:
     dump = commands.add_parser(
         "dump-diff",
         help="print a queue diff (or a state's diffs) with the computed hash",
-        description="Print a bare queue diff (.bin) or every diff of a queue state file.",
+        description="Print a bare queue diff (.bin) or every diff of a queue state file "
+        "(the whole state file is read and checked: a file cut short or damaged fails).",
         epilog=DUMP_EXAMPLES,
     )
     dump.add_argument("file", type=Path, help="queue diff (.bin) or queue state file")
@@ -400,9 +401,17 @@ def dump_diff(file: Path, *, as_json: bool, out: TextIO) -> None:
         title = f"queue diff {file.name}"
     else:
         with _naming(file, "a queue diff or a queue state"), open_source(file) as src:
-            header = read_state_header(src)
+            reader = StateReader(src)
+            # The whole file, not only its header: a state cut short or damaged in its
+            # chunks must not be shown as sound (each message against its diff's hashes).
+            for _ in reader.segments():
+                pass
+        header = reader.header
         entries = [diff_json(d, h) for d, h in zip(header.diffs, header.diff_hashes, strict=True)]
-        title = f"queue state {file.name}: {header.shard}:{header.seqno}, {header.n_chunks} chunks"
+        title = (
+            f"queue state {file.name}: {header.shard}:{header.seqno}, {header.n_chunks} "
+            f"chunks, {reader.total_messages} messages checked against their diffs' hashes"
+        )
     if as_json:
         json.dump(entries, out, indent=2)
         print(file=out)

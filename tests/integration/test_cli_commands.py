@@ -350,6 +350,28 @@ def test_dump_diff_json_reads_back_into_the_header(imq: Imq) -> None:
         } == dict(diff.processed_to)
 
 
+@pytest.mark.parametrize("damage", ["cut in its chunk", "a flipped message byte", "a byte more"])
+def test_dump_diff_of_a_damaged_state_fails(imq: Imq, tmp_path: Path, damage: str) -> None:
+    """Found by an outside audit: dump-diff read only a state's header, so a file cut
+    short in its chunks printed as sound (exit 0). It reads and checks the whole file."""
+    data = bytearray(SHARD_BIN.read_bytes())
+    if damage == "cut in its chunk":
+        data = data[:200_000]
+    elif damage == "a flipped message byte":
+        data[len(data) - 1000] ^= 0x40
+    else:
+        data += b"\x00"
+    bad = tmp_path / "bad.bin"
+    bad.write_bytes(bytes(data))
+    run = imq("dump-diff", bad)
+    assert run.code == 1, run
+    assert "Traceback" not in run.err
+    assert str(bad) in run.err
+    good = imq("dump-diff", SHARD_BIN)
+    assert good.code == 0
+    assert "4300 messages checked against their diffs' hashes" in good.out
+
+
 def test_inspect_json_reads_back_into_the_queue(imq: Imq, tmp_path: Path) -> None:
     db = tmp_path / "db"
     _collectable(db)
