@@ -77,12 +77,16 @@ class Commands(Protocol):
 
 
 def normalize_argv(argv: Sequence[str]) -> list[str]:
-    """Drop a ``--`` that comes right before an id-like word (``-1_....queue``): the word
-    is a value anyway (:class:`Parser`), and the options after it still count."""
+    """Drop a ``--`` that comes right before one value: an id-like word (``-1_....queue``,
+    a value anyway for :class:`Parser`) or any word not starting with ``-`` (a path), so
+    that the options after it still count, as the README promises. Before any other
+    word starting with ``-`` it keeps its usual meaning (the rest are positional)."""
     out: list[str] = []
     for i, arg in enumerate(argv):
-        if arg == "--" and i + 1 < len(argv) and _NEGATIVE_OR_ID.match(argv[i + 1]):
-            continue
+        if arg == "--" and i + 1 < len(argv):
+            word = argv[i + 1]
+            if not word.startswith("-") or _NEGATIVE_OR_ID.match(word):
+                continue
         out.append(arg)
     return out
 

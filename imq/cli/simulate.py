@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from imq.cli.common import PathError
 from imq.config import QueueConfig
+from imq.errors import FileAccessError
 from imq.observability import configure_for_cli
 from imq.sim import SimConfig, SimQueue, SimResult, Simulation
 from imq.sim.child import ChildQueue
@@ -166,8 +167,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     with contextlib.ExitStack() as stack:
         log = None
         if args.record is not None:
-            args.record.parent.mkdir(parents=True, exist_ok=True)
-            log = OpLog(stack.enter_context(args.record.open("w", encoding="utf-8")))
+            try:
+                args.record.parent.mkdir(parents=True, exist_ok=True)
+                recording = stack.enter_context(args.record.open("w", encoding="utf-8"))
+            except OSError as exc:
+                raise FileAccessError(args.record, "write the op log", exc) from exc
+            log = OpLog(recording)
         sim = _build(config, args, progress, log)
         try:
             with frozen_startup_heap():  # this command is the host process

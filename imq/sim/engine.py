@@ -14,6 +14,7 @@ import contextlib
 import gc
 import heapq
 import itertools
+import math
 import os
 import time
 from array import array
@@ -195,6 +196,8 @@ class SimConfig:
             raise ValueError("give rounds or duration")
         if self.rounds is not None and self.rounds < 1:
             raise ValueError(f"rounds must be at least 1, got {self.rounds}")
+        if self.duration is not None and not 0 < self.duration < math.inf:
+            raise ValueError(f"duration must be a positive number of seconds, got {self.duration}")
         if self.fanout < 0:
             raise ValueError(f"fanout must be >= 0, got {self.fanout}")
         if self.nodes < 1:

@@ -208,6 +208,24 @@ def test_simulate_dir_that_is_a_file_is_one_line(imq: Imq, tmp_path: Path) -> No
     assert log.read_text() == "kept\n"  # refused before the log is opened
 
 
+@pytest.mark.parametrize("duration", ["nan", "-1", "0", "inf"])
+def test_simulate_refuses_a_duration_that_is_not_a_positive_time(
+    imq: Imq, tmp_path: Path, duration: str
+) -> None:
+    """An outside audit: ``nan`` ran without end, ``-1`` "verified" nothing with exit 0."""
+    run = imq("simulate", "--dir", tmp_path / "run", "--duration", duration, "--no-plot")
+    assert run.code == 2, run
+    assert "duration must be a positive number of seconds" in run.err
+    assert not (tmp_path / "run").exists()
+
+
+def test_simulate_record_into_a_directory_is_one_line(imq: Imq, tmp_path: Path) -> None:
+    line = _one_error_line(
+        imq("simulate", "--dir", tmp_path / "run", "--rounds", "2", "--record", tmp_path)
+    )
+    assert f"cannot write the op log {tmp_path}: Is a directory" in line, line
+
+
 def test_simulate_help_states_the_defaults_the_docs_state(imq: Imq) -> None:
     text = " ".join(imq("simulate", "--help").out.split())
     for option in (

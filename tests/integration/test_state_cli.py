@@ -77,6 +77,9 @@ def test_a_masterchain_state_is_imported_under_the_id_in_its_name(
         (tmp_path / "c", [name]),  # a leading '-' then digits is a value, never an option
         (tmp_path / "d", ["--", name, "--top-update", top]),  # options may follow '--' NAME
         (tmp_path / "e", ["--top-update", top, name]),
+        # Any path after '--', with options after it (an outside audit: these failed).
+        (tmp_path / "f", ["--", f"./{name}", "--top-update", top]),
+        (tmp_path / "g", ["--", str(MC57.path), "--top-update", top]),
     ):
         run = imq("import", db, *argv)
         assert run.code == 0, run.err
