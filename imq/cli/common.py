@@ -196,11 +196,17 @@ def checked_queue(path: Path, operation: str) -> Iterator[Queue]:
             raise
         raise StorageError(path, exc.operation, exc.reason, _damaged_hint(path)) from exc
     if queue.close_error is not None:
+        full = "No space left" in str(queue.close_error)
         raise StorageError(
             path,
             operation,
             f"RocksDB failed as the queue closed: {queue.close_error}",
-            hint=f"the {operation} may not be done; {_damaged_hint(path)}",
+            hint=(
+                f"the disk is full: free space, then run the {operation} again (what it "
+                f"already stored counts as stored; `imq verify {path}` checks the directory)"
+                if full
+                else f"the {operation} may not be done; {_damaged_hint(path)}"
+            ),
         )
 
 

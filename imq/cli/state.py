@@ -235,10 +235,11 @@ def run_import(
     new_database_dir(db)
     if block_file is not None:
         input_file(block_file, "block file")
-        update = read_block_top_update(block_file.read_bytes())
+        with _naming(block_file, f"the block {block_id.short} (a block file of the node)"):
+            update = read_block_top_update(block_file.read_bytes())
+            if update.tail_len is None:
+                raise StateFormatError("the block has no tail length")
         check_block_id(update, block_id)
-        if update.tail_len is None:
-            raise StateFormatError(f"block {block_file.name} has no tail length")
         top_update = (update.diff_hash, update.tail_len)
         # A block id given without hashes takes the block file's (checked just above).
         block_id = BlockId(

@@ -32,7 +32,7 @@ from typing import BinaryIO, NoReturn
 
 from imq.commit import check_forward
 from imq.delete import DeleteRange, stage_delete, tail_rows
-from imq.errors import CommitError, DiffConflictError, StateFormatError
+from imq.errors import CommitError, DiffConflictError, StateFormatError, StorageError
 from imq.observability import ImqLogger
 from imq.state.message import MessageFormatError, parse_internal_header
 from imq.state.reader import Segment, StateReader
@@ -116,9 +116,21 @@ def import_state(
         try:
             messages = _stream(store, reader, works, block_id.shard, progress)
             _finish(store, block_id, header.diffs[0])
-        except BaseException:
+        except StorageError as exc:
             # A dead handle (a failed write) cannot roll back: the marker stays and the
-            # next open rolls the import back.
+            # next open rolls the import back. Say so: the data is not as before yet.
+            if not new or store.dead is None:
+                if new:
+                    rollback_import(store, log, reason="failed")
+                raise
+            raise StorageError(
+                exc.path,
+                f"import of block {block_id.short}",
+                exc.reason,
+                f"{exc.hint}; the import had written part of the state: that open (for "
+                "writing) rolls it back, then import the state again",
+            ) from exc
+        except BaseException:
             if new and store.dead is None:
                 rollback_import(store, log, reason="failed")
             raise

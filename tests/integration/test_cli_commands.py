@@ -122,6 +122,10 @@ def test_a_path_without_a_database_is_refused_and_left_alone(
             ["import", "{db}", str(SHARD_BIN), "--block-id", SHARD_ID, "--block", "{tmp}/no.block"],
             "block file",
         ),
+        (
+            ["import", "{db}", str(SHARD_BIN), "--block-id", SHARD_ID, "--block", str(SHARD_BIN)],
+            f"{SHARD_BIN}: block BOC",
+        ),
         (["import", "{tmp}/afile", str(SHARD_BIN), "--block-id", SHARD_ID], "is a file"),
         (["import", "{tmp}/other", str(SHARD_BIN), "--block-id", SHARD_ID], "other files"),
         (["dump-diff", "{tmp}/missing.bin"], "does not exist"),
@@ -133,6 +137,7 @@ def test_a_path_without_a_database_is_refused_and_left_alone(
         "import-missing-file",
         "import-directory",
         "import-missing-block",
+        "import-block-not-a-block",
         "import-db-is-file",
         "import-db-is-other-dir",
         "dump-missing",

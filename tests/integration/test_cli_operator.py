@@ -17,7 +17,8 @@ from state_fixtures import SHARD_BIN
 from imq import Address, BlockIdShort, Message, Queue, QueueConfig, QueueDiff, QueueKey, ShardIdent
 from imq.cli import replay as cli_replay
 from imq.cli import verify as cli_verify
-from imq.cli.common import Heartbeat
+from imq.cli.common import Heartbeat, checked_queue
+from imq.errors import StorageError
 from imq.testing import OpLog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -234,3 +235,25 @@ def test_simulate_help_states_the_defaults_the_docs_state(imq: Imq) -> None:
         "--commit-every COMMIT_EVERY rounds per masterchain block (default 4)",
     ):
         assert option in text, option
+
+
+@pytest.mark.parametrize(
+    ("failure", "says"),
+    [
+        (
+            "IO error: No space left on device: While appending to file: 000014.sst",
+            "the disk is full",
+        ),
+        ("Corruption: block checksum mismatch in 000009.sst", "may not be done; run `imq verify"),
+    ],
+)
+def test_a_failure_as_a_command_closes_the_queue_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str, says: str
+) -> None:
+    """RocksDB's error at close (a flush that found the disk full, a compaction that met
+    a damaged file): the command fails, with the fix for that cause."""
+    monkeypatch.setattr(Queue, "close_error", property(lambda _queue: failure))
+    with pytest.raises(StorageError) as info, checked_queue(tmp_path / "db", "import"):
+        pass
+    assert failure in str(info.value)
+    assert says in str(info.value)
