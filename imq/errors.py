@@ -119,7 +119,7 @@ class CorruptDataError(ImqError):
         super().__init__(
             f"corrupt row in table {table!r} at key {key.hex()}: {reason}; the database files "
             "are damaged: run `imq verify` on the directory, then restore it from a copy or "
-            "rebuild it from a persistent state"
+            "rebuild it from a persistent state in a new directory"
         )
         self.table = table
         self.key = key

@@ -128,6 +128,19 @@ def _holds_database(path: Path) -> bool:
     return (path / "CURRENT").is_file()
 
 
+def _check_current_not_lost(path: Path) -> None:
+    """A directory without CURRENT but with a RocksDB's other files (a MANIFEST, table
+    or log files) is a database that lost its CURRENT file (or a deletion cut short):
+    say so, rather than that it holds no database."""
+    names = [p.name for p in path.iterdir()]
+    if any(n.startswith("MANIFEST-") or n.endswith((".sst", ".log", ".blob")) for n in names):
+        raise PathError(
+            f"{path} holds a RocksDB database's files (MANIFEST, table or log files) but no "
+            "CURRENT file: the file was lost or damaged, or a deletion of the database was "
+            "cut short; restore the directory from a copy (nothing was changed)"
+        )
+
+
 def database_dir(path: Path) -> Path:
     """An existing queue database directory, or one clear :class:`PathError`."""
     if not path.exists():
@@ -135,6 +148,7 @@ def database_dir(path: Path) -> Path:
     if not path.is_dir():
         raise PathError(f"no queue database at {path}: it is a file, not a directory")
     if not _holds_database(path):
+        _check_current_not_lost(path)
         raise PathError(f"no queue database at {path}: the directory holds no database")
     return path
 
@@ -144,6 +158,7 @@ def new_database_dir(path: Path) -> Path:
     if path.exists() and not path.is_dir():
         raise PathError(f"{path} is a file, not a queue database directory")
     if path.is_dir() and not _holds_database(path) and any(path.iterdir()):
+        _check_current_not_lost(path)
         raise PathError(
             f"{path} holds other files but no queue database; give a new or empty directory"
         )
@@ -175,7 +190,7 @@ def output_file(path: Path) -> Path:
 def _damaged_hint(path: Path) -> str:
     return (
         f"run `imq verify {path}`, and if the files are damaged restore the directory from "
-        "a copy (or rebuild it from a persistent state)"
+        "a copy (or rebuild it from a persistent state in a new directory)"
     )
 
 

@@ -23,7 +23,7 @@ from imq.cli.common import (
     shard_arg,
 )
 from imq.config import QueueConfig
-from imq.errors import FileAccessError, StateFormatError
+from imq.errors import CommitError, DiffConflictError, FileAccessError, ImqError, StateFormatError
 from imq.queue import Queue
 from imq.state.block import check_block_id, parse_block_id_name, read_block_top_update
 from imq.state.exporter import MAX_TAIL_LEN
@@ -260,7 +260,15 @@ def run_import(
         state = _StateInput(raw)
         _check_header(state, block_id, top_update)
         with checked_queue(db, "import") as queue:
-            report = queue.import_state(state.again(), block_id, top_update, progress=progress)
+            try:
+                report = queue.import_state(state.again(), block_id, top_update, progress=progress)
+            except (CommitError, DiffConflictError) as exc:
+                # The library's next step is a collator's; an operator's is another place.
+                raise ImqError(
+                    f"{exc}. From `imq import`: this queue already holds newer or different "
+                    f"diffs of {block_id.shard}; import the state into a new directory, or "
+                    "use the queue as it is"
+                ) from exc
     rate = report.messages / report.seconds if report.seconds else 0.0
     print(
         f"imported {file.name} into {db}: {report.diffs} diffs ({report.written_diffs} written, "

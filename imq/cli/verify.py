@@ -13,9 +13,9 @@ __all__ = ["register", "run"]
 
 EXAMPLES = """\
 Exit status 1 when a problem is found: stop the node, then restore the directory from a
-copy or rebuild it from a persistent state (`imq import`). `note:` lines say what could
-not be checked and why (diffs whose key spans overlap, which a network never writes);
-they leave the exit status 0.
+copy or rebuild it from a persistent state in a new directory (`imq import`). `note:`
+lines say what could not be checked and why (diffs whose key spans overlap, which a
+network never writes); they leave the exit status 0.
 
 examples (from the repository root, after `imq demo` and the `imq import` examples):
   imq verify var/demo-db

@@ -239,7 +239,7 @@ class ByteSource:
                     f"(compressed offset ~{self.raw_bytes_read}) while reading {what}: {exc}"
                 ) from None
             if not chunk:
-                self._on_end(at + got, what)
+                self._on_end(at + got, what, at)
                 break
             out.append(chunk)
             got += len(chunk)
@@ -247,14 +247,16 @@ class ByteSource:
             self._raw_count += got
         return out[0] if len(out) == 1 else b"".join(out)
 
-    def _on_end(self, offset: int, what: str) -> None:
+    def _on_end(self, offset: int, what: str, start: int) -> None:
         self._eof = True
         if self._zstd_input is None:
             return
         frames = self._zstd_input.frames
+        # A read pulls a whole buffer ahead: say where the data ends and where the read
+        # that found it began, so a small read far before the end is not blamed alone.
         where = (
-            f"after {self._zstd_input.bytes_read} compressed bytes "
-            f"(offset {offset}, while reading {what})"
+            f"after {self._zstd_input.bytes_read} compressed bytes (the data ends at "
+            f"offset {offset}; found while reading {what}, from offset {start})"
         )
         if frames.invalid:
             raise StateFormatError(f"zstd stream corrupt: an invalid frame or block header {where}")

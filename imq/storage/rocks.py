@@ -114,7 +114,7 @@ def _read_hint(reason: str) -> str:
         return (
             "a file the database lists is missing (named above): the directory was "
             "changed outside imq; run `imq verify` on it, then restore it from a copy or "
-            "rebuild it from a persistent state"
+            "rebuild it from a persistent state in a new directory"
         )
     return (
         "the read changed nothing and the handle stays usable: retry; if it fails again, "
@@ -608,7 +608,7 @@ def wipe_database(path: Path) -> None:
 
 _DAMAGED_HINT = (
     "if the files are damaged, restore the directory from a copy or rebuild it from a "
-    "persistent state; run `imq verify` on it for details"
+    "persistent state in a new directory; run `imq verify` on it for details"
 )
 
 
@@ -639,7 +639,8 @@ def _failed_hint(reason: str) -> str:
         return (
             "a table file is damaged (named above) and reopening will not mend it: run "
             "`imq verify` on the directory, then restore it from a copy or rebuild it from "
-            "a persistent state (nothing the failed call staged was written)"
+            "a persistent state in a new directory (nothing the failed call staged was "
+            "written)"
         )
     if "No space left" in reason or "Disk quota" in reason:
         return (
@@ -935,7 +936,8 @@ class Store:
             "32 KiB block: RocksDB's recovery skipped the rest of that block, so records "
             "there were not replayed. Unless this machine lost power (which on some file "
             "systems leaves zeros in the unsynced end of a log), the file is damaged: "
-            "compare the queue with a copy, or rebuild it from a persistent state"
+            "compare the queue with a copy, or rebuild it from a persistent state in a new "
+            "directory"
             for name, offset in zeroed
         ]
 
@@ -1060,7 +1062,7 @@ class Store:
                     f"queue database {self.path} holds data ({self._tables_before} table "
                     "files before this open) but no schema version: its files are damaged "
                     "or it is not an imq queue; restore the directory from a copy or "
-                    "rebuild it from a persistent state (import_state)"
+                    "rebuild it from a persistent state in a new directory (import_state)"
                 )
             self._tables[Table.VARS].put(
                 codec.SCHEMA_VERSION_KEY, codec.u32_value(codec.SCHEMA_VERSION), self._sync

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from builders import BASE, Chain, open_queue
 from cli_runner import Imq, Run
 from state_fixtures import DUMP_STATES, MASTER_BIN, MASTER_TOP_HASH, SHARD_BIN, SHARD_TOP_HASH
 
@@ -111,6 +112,27 @@ def test_a_path_without_a_database_is_refused_and_left_alone(
     assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing created
     if kind == "file":
         assert db.read_bytes() == b"not a database"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [*READERS.values(), ["import", "{db}", str(SHARD_BIN), "--block-id", SHARD_ID]],
+    ids=[*READERS.keys(), "import"],
+)
+def test_a_database_that_lost_its_current_file_is_named_as_one(
+    argv: list[str], imq: Imq, tmp_path: Path
+) -> None:
+    """An outside audit: without CURRENT a queue's directory was "no database" (or "other
+    files"), with no hint of damage. Nothing in it is changed."""
+    db = tmp_path / "db"
+    with open_queue(db) as queue:
+        Chain(queue).apply(BASE, 3)
+        queue.compact()
+    (db / "CURRENT").unlink()
+    before = {p.name: p.read_bytes() for p in db.iterdir()}
+    line = _one_line_error(imq(*[a.format(db=db, tmp=tmp_path) for a in argv]))
+    assert "but no CURRENT file" in line and "restore the directory from a copy" in line, line
+    assert {p.name: p.read_bytes() for p in db.iterdir()} == before
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import blake3
 import pytest
+from builders import dump
 from cli_runner import Imq
 from state_fixtures import (
     BASE,
@@ -360,3 +361,22 @@ def test_export_to_dev_stdout_writes_the_state_alone(imq: Imq, tmp_path: Path, i
     assert done.returncode == 0, done.stderr
     assert data == SHARD_BIN.read_bytes()  # bit-exact, and nothing else
     assert b"exported 0:8000000000000000:160 to /dev/stdout" in done.stderr
+
+
+def test_an_older_state_into_a_newer_queue_says_what_an_operator_can_do(
+    imq: Imq, tmp_path: Path
+) -> None:
+    """An outside audit: the refusal's next step was a collator's ("pass the top blocks
+    of a newer masterchain block"); from the command line it names another directory."""
+    db = tmp_path / "db"
+    assert imq("import", db, SHARD_BIN, "--block-id", SHARD_ID).code == 0
+    with _open(db) as queue:
+        before = dump(queue)
+    older = next(s for s in DUMP_STATES if s.path.name.startswith("0_8000000000000000_36_"))
+    run = imq("import", db, older.path)
+    assert run.code == 1, run
+    assert "would move the commit pointer of shard 0:8000000000000000 backwards" in run.err
+    assert "import the state into a new directory" in run.err
+    with _open(db) as queue:
+        assert queue.get_commit_pointers()[BASE].seqno == 160
+        assert dump(queue) == before
