@@ -629,14 +629,6 @@ class Queue(QueueReads):
             raise TypeError(f"tail_len must be an int, got {type(tail_len).__name__}")
         _check_file("dest", dest, "write", "open it in binary mode ('wb')")
         _check_progress(progress)
-        unfinished = self.unfinished_import()
-        if unfinished is not None:
-            raise ImqError(
-                f"cannot export from {self._store.path}: an import of block {unfinished} "
-                "into it was interrupted and its diffs are partial; open the queue for "
-                "writing (that rolls the import back, e.g. `imq gc`), import the state "
-                "again, then export"
-            )
         line = ProgressLine(f"export {shard}:{seqno}") if progress is True else None
         callback: Progress | None = line
         if callable(progress):
@@ -647,6 +639,15 @@ class Queue(QueueReads):
         try:
             with self.metrics.time("export_state"):
                 self._check_open()
+                # Under the shard's hold, so no import of this queue's is running now.
+                unfinished = self.unfinished_import()
+                if unfinished is not None:
+                    raise ImqError(
+                        f"cannot export from {self._store.path}: an import of block "
+                        f"{unfinished.short} into it was interrupted and its diffs are "
+                        "partial; open the queue for writing (that rolls the import back, "
+                        "e.g. `imq gc`), import the state again, then export"
+                    )
                 report = exporter.export_state(
                     self._store, shard, seqno, tail_len, dest, log=self._log, progress=callback
                 )

@@ -270,7 +270,8 @@ def test_read_only_open_sees_the_partial_import_and_warns(
         # What an operator looks at says so, not only a log line a level can hide.
         assert str(viewer.unfinished_import()) == block
         assert viewer.summary()["unfinished_import"] == block
-        with pytest.raises(ImqError, match=f"an import of block {block} .* interrupted"):
+        short = crash_state.state.block_id.short
+        with pytest.raises(ImqError, match=f"an import of block {short} .* interrupted"):
             viewer.export_state(BASE, 499, 1, io.BytesIO())
     text = io.StringIO()
     inspect_cli.run(db_path, as_json=False, out=text)
