@@ -30,6 +30,7 @@ from imq.state.exporter import MAX_TAIL_LEN
 from imq.state.reader import StateReader
 from imq.state.source import DIFF_MAGIC, open_source
 from imq.state.tl import TlDiff, decode_diff, diff_hash
+from imq.storage.rocks import LOCK_FILE, wipe_database
 from imq.types import BlockId, BlockIdShort, ShardIdent
 
 __all__ = [
@@ -81,7 +82,8 @@ def register(commands: Commands) -> None:
         "import",
         help="import a persistent queue state file (raw or zstd .queue) into a database",
         description="Cold start: import a state all or nothing. The database is created "
-        "only once the file's header has been read and checked.",
+        "only once the file's header has been read and checked, and removed again if the "
+        "import fails.",
         epilog=IMPORT_EXAMPLES,
     )
     load.add_argument("db", type=Path, help="database directory (created if missing)")
@@ -102,7 +104,8 @@ def register(commands: Commands) -> None:
     load.set_defaults(
         run=_import_command,
         interrupted="the import was rolled back (or is, at the database's next open): "
-        "the database keeps nothing of the state",
+        "the database keeps nothing of the state (a directory the import created is "
+        "removed)",
     )
 
     save = commands.add_parser(
@@ -259,16 +262,24 @@ def run_import(
     with raw, _naming(file, f"the queue state of {block_id.short}"):
         state = _StateInput(raw)
         _check_header(state, block_id, top_update)
-        with checked_queue(db, "import") as queue:
-            try:
-                report = queue.import_state(state.again(), block_id, top_update, progress=progress)
-            except (CommitError, DiffConflictError) as exc:
-                # The library's next step is a collator's; an operator's is another place.
-                raise ImqError(
-                    f"{exc}. From `imq import`: this queue already holds newer or different "
-                    f"diffs of {block_id.shard}; import the state into a new directory, or "
-                    "use the queue as it is"
-                ) from exc
+        created = not db.exists()
+        try:
+            with checked_queue(db, "import") as queue:
+                try:
+                    report = queue.import_state(
+                        state.again(), block_id, top_update, progress=progress
+                    )
+                except (CommitError, DiffConflictError) as exc:
+                    # The library's next step is a collator's; an operator's is another place.
+                    raise ImqError(
+                        f"{exc}. From `imq import`: this queue already holds newer or "
+                        f"different diffs of {block_id.shard}; import the state into a new "
+                        "directory, or use the queue as it is"
+                    ) from exc
+        except BaseException:
+            if created:  # all or nothing: the directory this failed import made goes too
+                _remove_created(db)
+            raise
     rate = report.messages / report.seconds if report.seconds else 0.0
     print(
         f"imported {file.name} into {db}: {report.diffs} diffs ({report.written_diffs} written, "
@@ -278,6 +289,15 @@ def run_import(
     )
     if top_update is None:  # after the import: a failure stays one line
         print(_UNCHECKED_TOP, file=sys.stderr)
+
+
+def _remove_created(db: Path) -> None:
+    """Remove the queue directory a failed import created (its database's files only,
+    under its lock: :func:`wipe_database`); anything unexpected leaves it as it is."""
+    with contextlib.suppress(OSError, ImqError):
+        wipe_database(db)
+        (db / LOCK_FILE).unlink()
+        db.rmdir()
 
 
 class _StateInput:

@@ -380,3 +380,23 @@ def test_an_older_state_into_a_newer_queue_says_what_an_operator_can_do(
     with _open(db) as queue:
         assert queue.get_commit_pointers()[BASE].seqno == 160
         assert dump(queue) == before
+
+
+def test_a_failed_import_removes_the_directory_it_created(imq: Imq, tmp_path: Path) -> None:
+    """A state whose header is sound but whose chunk is cut short fails after the queue
+    was created: the new directory goes with the import (all or nothing); an existing
+    queue stays, as it was."""
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(SHARD_BIN.read_bytes()[:400_000])
+    db = tmp_path / "new" / "db"
+    run = imq("import", db, cut, "--block-id", SHARD_ID)
+    assert run.code == 1 and "truncated at offset" in run.err, run
+    assert not db.exists()
+    kept = tmp_path / "kept"
+    assert imq("import", kept, SHARD_BIN, "--block-id", SHARD_ID).code == 0
+    with _open(kept) as queue:
+        before = dump(queue)
+    other = next(s for s in DUMP_STATES if s.path.name.startswith("0_8000000000000000_36_"))
+    assert imq("import", kept, other.path).code == 1
+    with _open(kept) as queue:
+        assert dump(queue) == before
