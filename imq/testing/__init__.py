@@ -13,12 +13,19 @@ The format is in ``docs/replay-format.md``.
 from imq.testing.memory import MemoryDatabase
 from imq.testing.model import DiffInput, QueueModel
 from imq.testing.record import OpLog, RecordingQueue
-from imq.testing.replay import ReplayDivergenceError, ReplayReport, assert_replays, replay
+from imq.testing.replay import (
+    OpLogError,
+    ReplayDivergenceError,
+    ReplayReport,
+    assert_replays,
+    replay,
+)
 
 __all__ = [
     "DiffInput",
     "MemoryDatabase",
     "OpLog",
+    "OpLogError",
     "QueueModel",
     "RecordingQueue",
     "ReplayDivergenceError",

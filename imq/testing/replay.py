@@ -18,6 +18,7 @@ an undecodable value) raises :class:`OpLogError` naming the step.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from imq import (
     QueueShardRange,
     ShardIdent,
 )
-from imq.errors import ImqError, QueueClosedError
+from imq.errors import FileAccessError, ImqError, QueueClosedError
 from imq.testing import codec as c
 from imq.testing.model import DiffInput, QueueModel
 
@@ -100,8 +101,20 @@ class ReplayReport:
     checks: int
 
 
-def read_log(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    lines = path.read_text(encoding="utf-8").splitlines()
+def _as_path(name: str, value: object) -> Path:
+    if not isinstance(value, str | os.PathLike):
+        raise TypeError(f"{name} must be a path (str or os.PathLike), got {type(value).__name__}")
+    return Path(value)
+
+
+def read_log(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    path = _as_path("the op log's path", path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise FileAccessError(path, "read the op log", exc) from exc
+    except UnicodeDecodeError as exc:
+        raise OpLogError(f"{path} is not an imq op log (not UTF-8 text: {exc})") from None
     if not lines:
         raise OpLogError(f"{path} is empty")
     try:
@@ -438,7 +451,12 @@ def _short(value: Any) -> str:
     return text if len(text) <= 600 else text[:600] + "..."
 
 
-def replay(path: Path, db: Path | None = None, *, open_queue: Opener | None = None) -> ReplayReport:
+def replay(
+    path: str | os.PathLike[str],
+    db: str | os.PathLike[str] | None = None,
+    *,
+    open_queue: Opener | None = None,
+) -> ReplayReport:
     """Replay the log at ``path`` on a fresh database in ``db`` (a temporary directory if
     None; ``db`` must not hold a database) and on the model. Raises
     :class:`ReplayDivergenceError` at the first difference.
@@ -452,9 +470,10 @@ def replay(path: Path, db: Path | None = None, *, open_queue: Opener | None = No
     if db is None:
         with tempfile.TemporaryDirectory(prefix="imq-replay-") as tmp:
             return _replay(header, lines, Path(tmp) / "queue")
-    if db.exists() and any(db.iterdir()):
-        raise ValueError(f"{db} is not empty: a replay needs a fresh database")
-    return _replay(header, lines, db)
+    where = _as_path("db", db)
+    if where.exists() and any(where.iterdir()):
+        raise ValueError(f"{where} is not empty: a replay needs a fresh database")
+    return _replay(header, lines, where)
 
 
 def _replay(
@@ -480,11 +499,13 @@ def _replay(
     return ReplayReport(steps=len(lines), checks=r.checks)
 
 
-def assert_replays(path: Path | str, db: Path | None = None) -> ReplayReport:
+def assert_replays(
+    path: str | os.PathLike[str], db: str | os.PathLike[str] | None = None
+) -> ReplayReport:
     """For a user's test: ``assert_replays("tests/replays/x.jsonl")`` fails the test with
     the step, the op and the first difference."""
-    return replay(Path(path), db)
+    return replay(path, db)
 
 
-def iter_steps(path: Path) -> Iterator[dict[str, Any]]:
+def iter_steps(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     yield from read_log(path)[1]

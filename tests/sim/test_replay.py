@@ -12,11 +12,19 @@ import pytest
 import imq.queue
 from imq import QueueConfig
 from imq.cli.main import main
+from imq.errors import FileAccessError
 from imq.sim import SimConfig, SimQueue, Simulation
 from imq.sim.child import ChildQueue
 from imq.sim.engine import default_opener
 from imq.storage import Table
-from imq.testing import OpLog, RecordingQueue, ReplayDivergenceError, assert_replays, replay
+from imq.testing import (
+    OpLog,
+    OpLogError,
+    RecordingQueue,
+    ReplayDivergenceError,
+    assert_replays,
+    replay,
+)
 
 REPLAYS = Path(__file__).resolve().parent.parent / "replays"
 FAULTY = {"restart_rate": 0.1, "reset_rate": 0.08, "cancel_rate": 0.15}
@@ -153,3 +161,19 @@ def test_simulate_with_nodes_records_node_0_and_the_log_replays(tmp_path: Path) 
     assert {"prepare_diff", "write", "apply_diff", "commit_diff", "iterate"} <= set(ops)
     report = assert_replays(log, tmp_path / "db")
     assert report.steps == len(ops)
+
+
+def test_replay_takes_a_str_path_and_says_what_is_wrong_with_one(tmp_path: Path) -> None:
+    """An outside docs audit: ``replay("x.jsonl")`` (as docs/replay-format.md writes it)
+    raised a bare AttributeError; only a Path worked."""
+    log = REPLAYS / "sim-2shards-seed7.jsonl"
+    assert replay(str(log)).steps > 0
+    assert replay(log, str(tmp_path / "db")).steps > 0
+    with pytest.raises(FileAccessError, match="cannot read the op log"):
+        replay(str(tmp_path / "missing.jsonl"))
+    with pytest.raises(TypeError, match="must be a path"):
+        replay(7)  # type: ignore[arg-type]
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(OpLogError, match="not UTF-8"):
+        replay(binary)
