@@ -51,8 +51,9 @@ class PendingRegistry:
             held = list(self._held.get(thread, ()))
         if shard in held:
             raise ImqError(
-                f"this thread already holds a pending diff of shard {shard}; "
-                "write or discard it before preparing another"
+                f"this thread already holds a pending diff of shard {shard} (or is "
+                "exporting it); write or discard it before preparing another diff of the "
+                "shard or exporting it"
             )
         rw.acquire_read(jump_queue=bool(held))
         lock = shard_locks.get(shard)
