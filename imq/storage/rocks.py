@@ -650,6 +650,35 @@ def _failed_hint(reason: str) -> str:
     return StorageError.WRITE_HINT
 
 
+class _Compactions:
+    """The manual compactions running outside the store's gate, per thread (all calls
+    under the gate). Their table handles keep RocksDB open, so ``close`` waits for them;
+    a thread's own (a close from a signal handler during one) cannot end while that
+    thread waits, so it is not waited for."""
+
+    __slots__ = ("_done", "_running")
+
+    def __init__(self, gate: threading.Lock) -> None:
+        self._running: dict[int, int] = {}  # thread ident -> compactions under way
+        self._done = threading.Condition(gate)
+
+    def start(self) -> None:
+        me = threading.get_ident()
+        self._running[me] = self._running.get(me, 0) + 1
+
+    def end(self) -> None:
+        me = threading.get_ident()
+        left = self._running.pop(me) - 1
+        if left:
+            self._running[me] = left
+        self._done.notify_all()
+
+    def wait_for_others(self) -> None:
+        me = threading.get_ident()
+        while any(thread != me for thread in self._running):
+            self._done.wait()
+
+
 def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) -> Any:
     """Open the rocksdict database with imq's six column families and options (raw mode,
     one block cache shared by all tables). ``Store`` opens through this; so does the raw
@@ -777,6 +806,7 @@ class Store:
                 self._release_lock()
                 raise
         self._gate = threading.Lock()
+        self._compactions = _Compactions(self._gate)
         self._state = QueueState()
         self._resources: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
@@ -1118,6 +1148,7 @@ class Store:
                 return None
             self._closed = True
             self._forget_memory()
+            self._compactions.wait_for_others()  # none can start now
             try:
                 for resource in list(self._resources):
                     try:
@@ -1432,17 +1463,7 @@ class Store:
         """
         opts = CompactOptions()
         for table, lo, hi in ranges:
-            with self._gate:
-                self._check_open()
-                rdict = self._tables[table]
-            try:
-                rdict.compact_range(lo, hi, opts)
-            except Exception as exc:
-                if self._closed:
-                    raise QueueClosedError(
-                        f"queue database {self.path} closed during compaction"
-                    ) from exc
-                raise self._failed("compaction", exc) from exc
+            self._compact_one(table, lo, hi, opts, fail=True)
 
     def compact_all(self, progress: Callable[[int, int], object] | None = None) -> None:
         """A full manual compaction of every table (column family), one after another,
@@ -1454,19 +1475,36 @@ class Store:
         opts.set_bottommost_level_compaction(BottommostLevelCompaction.force())
         tables = list(Table)
         for done, table in enumerate(tables, start=1):
-            with self._gate:
-                self._check_open()
-                rdict = self._tables[table]
-            try:
-                rdict.compact_range(None, None, opts)
-            except Exception as exc:
-                if self._closed:
-                    raise QueueClosedError(
-                        f"queue database {self.path} closed during compaction"
-                    ) from exc
-                raise
+            self._compact_one(table, None, None, opts, fail=False)
             if progress is not None:
                 progress(done, len(tables))
+
+    def _compact_one(
+        self, table: Table, lo: bytes | None, hi: bytes | None, opts: Any, *, fail: bool
+    ) -> None:
+        """One ``compact_range``, outside the gate but counted, so that :meth:`close`
+        waits for it instead of leaving RocksDB open under it (the table's handle keeps
+        the database alive); a close that comes first makes it a ``QueueClosedError``.
+        ``fail``: an error kills the handle (:meth:`_failed`); else it is raised as is."""
+        with self._gate:
+            self._check_open()
+            rdict = self._tables[table]
+            self._compactions.start()
+        try:
+            rdict.compact_range(lo, hi, opts)
+        except Exception as exc:
+            rdict = None  # not kept alive by a traceback the caller holds on to
+            if self._closed:
+                raise QueueClosedError(
+                    f"queue database {self.path} closed during compaction"
+                ) from exc
+            if fail:
+                raise self._failed("compaction", exc) from exc
+            raise
+        finally:
+            rdict = None
+            with self._gate:
+                self._compactions.end()
 
     def flush(self, tables: Iterable[Table]) -> None:
         for table in tables:

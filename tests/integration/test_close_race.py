@@ -20,6 +20,7 @@ import pytest
 from builders import (
     BASE,
     MC,
+    Chain,
     Clock,
     block,
     diff_hash,
@@ -154,3 +155,34 @@ def test_a_write_staged_while_close_runs_raises_queue_closed(tmp_path: Path) -> 
     with pytest.raises(QueueClosedError):
         txn.delete_range(Table.DIFF_TAIL, b"a", b"b")
     Queue.open(tmp_path / "q", quiet_config()).close()
+
+
+def test_close_beside_a_manual_compaction_releases_the_directory(tmp_path: Path) -> None:
+    """An outside audit: ``close()`` returned while another thread's ``compact()`` still
+    held a table's handle, so RocksDB stayed open under it and a reopen in the same
+    process failed (``DatabaseLockedError``), even after that thread had ended while its
+    caller kept the ``QueueClosedError`` (its traceback held the handle). ``close()`` now
+    waits for other threads' manual compactions, and none keeps a handle once it fails."""
+    db = tmp_path / "db"
+    queue = Queue.open(db, quiet_config(write_buffer_size=1 << 20))
+    chain = Chain(queue)
+    for _ in range(150):
+        chain.apply(SHARDS[0], 30, body=b"x" * 200)
+    caught: list[BaseException] = []
+
+    def compact_until_closed() -> None:
+        try:
+            while True:
+                queue.compact()
+        except BaseException as exc:
+            caught.append(exc)
+
+    compactor = threading.Thread(target=compact_until_closed)
+    compactor.start()
+    time.sleep(0.05)
+    queue.close()
+    Queue.open(db, quiet_config()).close()  # the directory is free at once
+    compactor.join(30)
+    assert not compactor.is_alive()
+    assert len(caught) == 1 and isinstance(caught[0], QueueClosedError), caught
+    Queue.open(db, quiet_config()).close()  # and with the error still held
