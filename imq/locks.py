@@ -14,7 +14,7 @@ runs under the write lock) is refused with ``ImqError`` instead of hanging.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from imq.errors import ImqError
@@ -24,7 +24,7 @@ __all__ = ["RWLock", "ShardLocks"]
 
 
 class RWLock:
-    __slots__ = ("_cond", "_owner", "_readers", "_writer", "_writers_waiting")
+    __slots__ = ("_closed", "_cond", "_owner", "_readers", "_writer", "_writers_waiting")
 
     # A waiting writer re-checks at least this often (seconds). Its wakeup can be lost:
     # a dropped pending diff's ``__del__`` may release the last read lock from inside the
@@ -40,6 +40,21 @@ class RWLock:
         self._writer = False
         self._owner: threading.Thread | None = None  # the thread holding the write lock
         self._writers_waiting = 0
+        # Set by close(): what a call waiting for a lock then raises instead of waiting on.
+        self._closed: Callable[[], BaseException] | None = None
+
+    def close(self, error: Callable[[], BaseException]) -> None:
+        """The queue closed: every call waiting for this lock, or for a shard's mutex
+        (:meth:`check_closed`), stops waiting and raises ``error()``; so does every later
+        wait. Held locks are released as usual."""
+        with self._cond:
+            self._closed = error
+            self._cond.notify_all()
+
+    def check_closed(self) -> None:
+        closed = self._closed
+        if closed is not None:
+            raise closed()
 
     def _refuse_self_deadlock(self, what: str) -> None:
         """Under ``_cond``: raise if this thread holds the write lock (it would wait for
@@ -58,10 +73,15 @@ class RWLock:
         lock."""
         with self._cond:
             self._refuse_self_deadlock("taking the queue's read lock")
-            if not self._cond.wait_for(
-                lambda: not (self._writer or (self._writers_waiting and not jump_queue)),
+            free = self._cond.wait_for(
+                lambda: (
+                    self._closed is not None
+                    or not (self._writer or (self._writers_waiting and not jump_queue))
+                ),
                 timeout,
-            ):
+            )
+            self.check_closed()
+            if not free:
                 return False
             self._readers += 1
             return True
@@ -82,7 +102,9 @@ class RWLock:
             acquired = False
             try:
                 while self._writer or self._readers:
+                    self.check_closed()
                     self._cond.wait(self._WRITER_RECHECK)
+                self.check_closed()
                 acquired = True
             finally:
                 self._writers_waiting -= 1

@@ -27,6 +27,9 @@ from imq.types import BlockIdShort, ShardIdent
 __all__ = ["LockGuard", "PendingDiff", "PendingRegistry"]
 
 
+_CLOSED_CHECK = 0.05  # seconds: how often a wait for a shard's mutex looks for a close
+
+
 class PendingRegistry:
     __slots__ = ("_held", "_mutex", "_owners", "_waiting")
 
@@ -59,7 +62,7 @@ class PendingRegistry:
         lock = shard_locks.get(shard)
         try:
             if not lock.acquire(blocking=False):
-                self._wait_for(lock, thread, shard, held)
+                self._wait_for(lock, thread, shard, held, rw)
         except BaseException:
             rw.release_read()
             raise
@@ -80,6 +83,7 @@ class PendingRegistry:
         thread: threading.Thread,
         shard: ShardIdent,
         held: list[ShardIdent],
+        rw: RWLock,
     ) -> None:
         """Block on ``shard``'s mutex, unless this thread holds shards and the wait
         would close a cycle of waits: then ``ImqError``. The check and the registration
@@ -97,7 +101,9 @@ class PendingRegistry:
                     f"this thread's pending diffs of {', '.join(map(str, held))} first"
                 )
         try:
-            lock.acquire()
+            # In steps, so that a close of the queue ends the wait (rw.check_closed).
+            while not lock.acquire(timeout=_CLOSED_CHECK):
+                rw.check_closed()
         finally:
             if held:
                 with self._mutex:

@@ -25,7 +25,7 @@ from imq.commit import masterchain_block, plan_commit, stage_commit
 from imq.config import QueueConfig
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_rows
 from imq.diff import DiffStatistics, QueueDiff
-from imq.errors import ImqError, StartupError, StateFormatError
+from imq.errors import ImqError, QueueClosedError, StartupError, StateFormatError
 from imq.gc import GarbageCollector, GcReport, GcWorker
 from imq.locks import RWLock, ShardLocks
 from imq.observability import Metrics, ProgressLine, get_logger
@@ -210,6 +210,12 @@ class Queue(QueueReads):
                     self._gc_worker.stop()
             finally:
                 failure = self._store.close()
+                # Calls waiting for a lock (behind a pending diff never written, say)
+                # would wait on: they raise now, as any call on a closed queue does.
+                path = self._store.path
+                self._rw.close(
+                    lambda: QueueClosedError(f"queue {path} closed while this call waited")
+                )
             if failure is None:
                 self._log.info("queue_closed")
             else:  # the directory is released all the same; a reopen replays the log

@@ -186,3 +186,45 @@ def test_close_beside_a_manual_compaction_releases_the_directory(tmp_path: Path)
     assert not compactor.is_alive()
     assert len(caught) == 1 and isinstance(caught[0], QueueClosedError), caught
     Queue.open(db, quiet_config()).close()  # and with the error still held
+
+
+def test_close_ends_the_waits_of_calls_queued_for_a_lock(tmp_path: Path) -> None:
+    """An outside audit: calls waiting for a lock behind a pending diff (a commit for the
+    write lock, a prepare queued behind that writer, a prepare of the held shard for its
+    mutex) went on waiting after ``close()``, forever if the diff was never written.
+    They now raise ``QueueClosedError``, as any call on a closed queue does."""
+    db = tmp_path / "db"
+    queue = Queue.open(db, quiet_config())
+    chain = Chain(queue)
+    mc = chain.apply(MC, 1)
+    held = chain.build(SHARDS[0], 2)
+    pending = queue.prepare_diff(held.diff, held.block, held.hash)
+    assert pending is not None
+    other, same = chain.build(SHARDS[1], 2), chain.build(SHARDS[0], 2)
+    calls: dict[str, Callable[[], object]] = {
+        "commit": lambda: queue.commit_diff([mc.top()]),
+        "apply behind the writer": lambda: queue.apply_diff(other.diff, other.block, other.hash),
+        "apply of the held shard": lambda: queue.apply_diff(same.diff, same.block, same.hash),
+    }
+    raised: dict[str, BaseException] = {}
+
+    def run(name: str) -> None:
+        try:
+            calls[name]()
+        except BaseException as exc:
+            raised[name] = exc
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in calls]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.1)  # in order: the commit waits first
+    assert not raised, raised
+    queue.close()
+    for thread in threads:
+        thread.join(5)
+        assert not thread.is_alive(), "a call still waits after close()"
+    assert set(raised) == set(calls)
+    assert all(isinstance(e, QueueClosedError) for e in raised.values()), raised
+    with pytest.raises(QueueClosedError):
+        pending.write()
+    Queue.open(db, quiet_config()).close()
