@@ -199,6 +199,7 @@ class PendingDiff:
     __slots__ = (
         "_guard",
         "_on_drop",
+        "_on_interrupt",
         "_state",
         "_transition",
         "_write",
@@ -216,12 +217,16 @@ class PendingDiff:
         messages: int,
         *,
         on_drop: Callable[[PendingDiff], None] = lambda pending: None,
+        on_interrupt: Callable[[str, BaseException], None] = lambda operation, exc: None,
     ) -> None:
         """``write(self)`` writes ``txn`` (the queue's writer); it runs while the locks
         are held. ``on_drop(self)`` runs when it is dropped unwritten (after the locks
-        are released)."""
+        are released). ``on_interrupt(operation, exc)`` runs when ``write`` or
+        ``discard`` is cut short by an exception other than an error (a
+        ``KeyboardInterrupt``), which may leave the locks held."""
         self._write = write
         self._on_drop = on_drop
+        self._on_interrupt = on_interrupt
         self.txn = txn
         self._guard = guard
         self.block = block
@@ -256,16 +261,26 @@ class PendingDiff:
             return True
 
     def write(self) -> None:
-        self._finish("failed")
         try:
-            self._write(self)
-            self._state = "written"
-        finally:  # a KeyboardInterrupt inside the write too: its store is dead then
-            self._guard.release()
+            self._finish("failed")
+            try:
+                self._write(self)
+                self._state = "written"
+            finally:  # a KeyboardInterrupt inside the write too: its store is dead then
+                self._guard.release()
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._on_interrupt("PendingDiff.write", exc)
+            raise
 
     def discard(self) -> None:
-        self._finish("discarded")
-        self._guard.release()
+        try:
+            self._finish("discarded")
+            self._guard.release()
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._on_interrupt("PendingDiff.discard", exc)
+            raise
 
     def __del__(self) -> None:
         if getattr(self, "_state", None) != "pending":

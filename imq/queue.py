@@ -9,6 +9,7 @@ and :mod:`imq.state.exporter` (persistent states). The read calls live in
 
 from __future__ import annotations
 
+import functools
 import io
 import logging
 import os
@@ -18,14 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
 from types import TracebackType
-from typing import BinaryIO
+from typing import BinaryIO, Concatenate, ParamSpec, TypeVar
 
 from imq import apply, reads, verify
 from imq.commit import masterchain_block, plan_commit, stage_commit
 from imq.config import QueueConfig
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_rows
 from imq.diff import DiffStatistics, QueueDiff
-from imq.errors import ImqError, QueueClosedError, StartupError, StateFormatError
+from imq.errors import ImqError, QueueClosedError, StartupError, StateFormatError, StorageError
 from imq.gc import GarbageCollector, GcReport, GcWorker
 from imq.locks import RWLock, ShardLocks
 from imq.observability import Metrics, ProgressLine, get_logger
@@ -97,6 +98,34 @@ def store_options(config: QueueConfig) -> StoreOptions:
         message_cache_size=config.message_cache_size,
         message_scans_fill_cache=config.message_scans_fill_cache,
     )
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _takes_locks(
+    operation: str,
+) -> Callable[[Callable[Concatenate[Queue, _P], _R]], Callable[Concatenate[Queue, _P], _R]]:
+    """A facade call that takes the queue's locks: cut short by an exception other than
+    an error (a ``KeyboardInterrupt``), it may leave a lock held for good (Python can
+    raise one between any two steps, also between taking a lock and recording it), so
+    the handle is retired (:meth:`Queue._interrupt`) rather than left to hang later
+    calls."""
+
+    def wrap(method: Callable[Concatenate[Queue, _P], _R]) -> Callable[Concatenate[Queue, _P], _R]:
+        @functools.wraps(method)
+        def call(self: Queue, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+            try:
+                return method(self, *args, **kwargs)
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    self._interrupt(operation, exc)
+                raise
+
+        return call
+
+    return wrap
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +270,25 @@ class Queue(QueueReads):
     ) -> None:
         self.close()
 
+    def _interrupt(self, operation: str, exc: BaseException) -> None:
+        """Retire the handle after a call that takes locks was cut short by ``exc`` (not
+        an error): every later call raises, and calls waiting for a lock stop waiting
+        and raise the same, instead of waiting for a lock that may never be released.
+        ``close()`` still works."""
+        if self._interrupted is None:
+            self._interrupted = StorageError(
+                self._store.path,
+                operation,
+                f"it was interrupted ({type(exc).__name__}) while it took or held the "
+                "queue's locks, which may be left held",
+                hint="close the queue and open it again (close() works; what earlier calls "
+                "wrote is kept)",
+            )
+            self._log.warning(
+                "queue_call_interrupted", operation=operation, error=type(exc).__name__
+            )
+        self._rw.close(self._interrupted.again)
+
     def _check_writable(self, operation: str) -> None:
         self._check_open()
         if self._store.read_only:
@@ -255,6 +303,7 @@ class Queue(QueueReads):
 
     # -- applying diffs -----------------------------------------------------------------------
 
+    @_takes_locks("prepare_diff")
     def prepare_diff(
         self,
         diff: QueueDiff,
@@ -271,6 +320,7 @@ class Queue(QueueReads):
         with self.metrics.time("prepare_diff"):
             return self._prepare(diff, block, diff_hash, stats, check_sequence)
 
+    @_takes_locks("apply_diff")
     def apply_diff(
         self,
         diff: QueueDiff,
@@ -404,7 +454,13 @@ class Queue(QueueReads):
             guard.release()
             raise
         return PendingDiff(
-            self._write_pending, txn, guard, block, len(diff.messages), on_drop=self._dropped
+            self._write_pending,
+            txn,
+            guard,
+            block,
+            len(diff.messages),
+            on_drop=self._dropped,
+            on_interrupt=self._interrupt,
         )
 
     def _dropped(self, pending: PendingDiff) -> None:
@@ -445,6 +501,7 @@ class Queue(QueueReads):
 
     # -- commit, clear, startup ---------------------------------------------------------------
 
+    @_takes_locks("commit_diff")
     def commit_diff(
         self, top_blocks: Sequence[TopBlock], partitions: Iterable[int] = _DEFAULT_PARTITIONS
     ) -> bool:
@@ -486,6 +543,7 @@ class Queue(QueueReads):
             )
         return True
 
+    @_takes_locks("clear_uncommitted_state")
     def clear_uncommitted_state(
         self, partitions: Iterable[int] = _DEFAULT_PARTITIONS, top_shards: Iterable[ShardIdent] = ()
     ) -> None:
@@ -544,6 +602,7 @@ class Queue(QueueReads):
             self._store.write(txn)
             return deleted, txn.deleted_ranges
 
+    @_takes_locks("startup")
     def startup(
         self,
         last_applied_mc_block: BlockId,
@@ -575,6 +634,7 @@ class Queue(QueueReads):
 
     # -- persistent state ---------------------------------------------------------------------
 
+    @_takes_locks("import_state")
     def import_state(
         self,
         source: str | os.PathLike[str] | BinaryIO,
@@ -616,6 +676,7 @@ class Queue(QueueReads):
         self.metrics.inc("messages_imported", report.messages)
         return report
 
+    @_takes_locks("export_state")
     def export_state(
         self,
         shard: ShardIdent,
@@ -666,6 +727,7 @@ class Queue(QueueReads):
 
     # -- garbage collection -------------------------------------------------------------------
 
+    @_takes_locks("run_gc")
     def run_gc(self) -> int:
         """Run one GC pass now, in the caller's thread; return how many (partition, shard)
         deletions it executed."""
@@ -673,6 +735,7 @@ class Queue(QueueReads):
         with self.metrics.time("run_gc"):
             return self._gc.run_pass()
 
+    @_takes_locks("run_gc_report")
     def run_gc_report(self) -> GcReport:
         """Like :meth:`run_gc`, and return what the pass deleted: per (partition, shard)
         its bound and the messages and diffs removed."""

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from imq import reads
-from imq.errors import QueueClosedError
+from imq.errors import QueueClosedError, StorageError
 from imq.iterator import QueueIterator, destination_test
 from imq.observability import Metrics
 from imq.reads import check_type
@@ -39,6 +39,10 @@ class QueueReads:
 
     _store: Store
     metrics: Metrics
+    # Set when a call that takes the queue's locks was cut short by an exception other
+    # than an error (a KeyboardInterrupt): a lock may be left held for good, so every
+    # later call raises this (and calls waiting for a lock are woken with it).
+    _interrupted: StorageError | None = None
 
     def _check_not_closed(self) -> None:
         if self._store.closed:
@@ -46,7 +50,7 @@ class QueueReads:
 
     def _check_open(self) -> None:
         self._check_not_closed()
-        dead = self._store.dead
+        dead = self._store.dead or self._interrupted
         if dead is not None:  # what this handle holds in memory may not match the disk
             raise dead.again()
 

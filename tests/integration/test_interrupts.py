@@ -12,6 +12,7 @@ says so, and a reopen reads what the disk holds.
 from __future__ import annotations
 
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ import pytest
 from builders import BASE, MC, Chain, full_range, open_queue, top
 
 from imq import Queue, StorageError
+from imq.locks import RWLock
+from imq.pending import LockGuard, PendingRegistry
 from imq.verify import verify
 
 
@@ -89,3 +92,72 @@ def test_a_ctrl_c_during_a_write_kills_the_handle(tmp_path: Path, call: str) -> 
             assert len(list(again.iterator(0, [full_range(BASE)], BASE))) == 10
     report = verify(path)
     assert report.ok, report.problems
+
+
+def _interrupt_once(method: Any, *, before: bool = False) -> Any:
+    """``method`` raising a KeyboardInterrupt at its first call, after doing its work (a
+    Ctrl-C that lands between taking a lock and recording it), or ``before`` it."""
+    fired = [False]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if before and not fired[0]:
+            fired[0] = True
+            raise KeyboardInterrupt
+        result = method(*args, **kwargs)
+        if not fired[0]:
+            fired[0] = True
+            raise KeyboardInterrupt
+        return result
+
+    return call
+
+
+@pytest.mark.parametrize("window", ["after the read lock", "after the shard's mutex", "write"])
+def test_a_ctrl_c_that_may_leave_a_lock_held_retires_the_handle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window: str
+) -> None:
+    """An outside audit: a Ctrl-C caught by the host inside a prepare left the read lock
+    (or a shard's mutex) held with no pending diff to release it, and the next
+    ``commit_diff``, from any thread, waited forever. Such a call now retires the handle:
+    later calls raise ``StorageError`` at once (a commit already waiting too), ``close()``
+    releases the directory, and a reopen holds what was written."""
+    path = tmp_path / "db"
+    queue = open_queue(path)
+    chain = Chain(queue)
+    first = chain.apply(BASE, 3)
+    mc = chain.apply(MC, 0)
+    second = chain.build(BASE, 3)
+    if window == "after the read lock":  # before the shard's mutex is even looked up
+        monkeypatch.setattr(RWLock, "acquire_read", _interrupt_once(RWLock.acquire_read))
+    elif window == "after the shard's mutex":  # both held, the guard lost on the way
+        monkeypatch.setattr(
+            PendingRegistry, "hold_shard", _interrupt_once(PendingRegistry.hold_shard)
+        )
+    with pytest.raises(KeyboardInterrupt):
+        if window == "write":  # the write done, its locks' release cut short
+            diff = queue.prepare_diff(second.diff, second.block, second.hash)
+            assert diff is not None
+            monkeypatch.setattr(
+                LockGuard, "release", _interrupt_once(LockGuard.release, before=True)
+            )
+            diff.write()
+        else:
+            queue.prepare_diff(second.diff, second.block, second.hash)
+    monkeypatch.undo()
+    done: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            queue.commit_diff([top(MC, mc.seqno), top(BASE, first.seqno, mc.seqno)])
+        except BaseException as exc:
+            done.append(exc)
+
+    committer = threading.Thread(target=commit)
+    committer.start()
+    committer.join(5)
+    assert not committer.is_alive(), "a commit waits for a lock the interrupt left held"
+    assert len(done) == 1 and isinstance(done[0], StorageError), done
+    assert "interrupted (KeyboardInterrupt)" in str(done[0])
+    queue.close()
+    with open_queue(path) as again:
+        assert again.get_diff_info(BASE, first.seqno) is not None
