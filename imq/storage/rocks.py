@@ -17,6 +17,7 @@ object dies, so each :class:`Cursor` keeps its bound and ``ReadOptions`` alive.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import fcntl
 import os
@@ -650,6 +651,25 @@ def _failed_hint(reason: str) -> str:
     return StorageError.WRITE_HINT
 
 
+def _synced() -> WriteOptions:
+    options = WriteOptions()
+    options.sync = True
+    return options
+
+
+# Every store open in this process, so that a forked child can refuse to use them.
+_OPEN_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for store in list(_OPEN_STORES):
+        if not store.closed:
+            store._forked_into_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class _Compactions:
     """The manual compactions running outside the store's gate, per thread (all calls
     under the gate). Their table handles keep RocksDB open, so ``close`` waits for them;
@@ -749,6 +769,8 @@ def _drop_lock(fd: int, owner: int) -> None:
 class Store:
     """A dedicated RocksDB directory with imq's six column families."""
 
+    _forked = False  # set in a process forked from the one that opened it
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -811,8 +833,7 @@ class Store:
         self._resources: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
         self._dead: StorageError | None = None
-        self._sync = WriteOptions()
-        self._sync.sync = True
+        self._sync = _synced()
         self.cache = MessageCache(
             0 if read_only else self.options.message_cache_size, codec.MESSAGE_PREFIX_LEN
         )
@@ -822,6 +843,7 @@ class Store:
         except BaseException:
             self.close()
             raise
+        self._register()
 
     # -- open / close -------------------------------------------------------------------------
 
@@ -1142,6 +1164,9 @@ class Store:
         """
         if self._closed:
             return None
+        if self._forked:
+            self._close_in_forked_child()
+            return None
         failure: Exception | None = None
         with self._gate:
             if self._closed:
@@ -1172,6 +1197,46 @@ class Store:
             raise QueueClosedError(f"queue database {self.path} is closed")
         if self._dead is not None:
             raise self._dead.again()
+
+    def _register(self) -> None:
+        """Remember the process that opened this store: a forked child refuses it."""
+        self._pid = os.getpid()
+        _OPEN_STORES.add(self)
+
+    def _forked_into_child(self) -> None:
+        """In a process forked from the one that opened this store (``os.fork``): RocksDB's
+        background threads, its locks and the directory's lock stay with the parent, and a
+        write here would go into the parent's log behind its back (an outside audit: a
+        later crash of the parent then left a log no open could replay). Every call is
+        refused from now on; the RocksDB objects are kept alive for good, since their
+        destructors wait for threads this process does not have (a hang, or a crash, at
+        the child's exit even if it never used the queue)."""
+        self._forked = True
+        self._dead = StorageError(
+            self.path,
+            "a call in a forked process",
+            f"this queue was opened by process {self._pid}, and this process was forked "
+            "from it: RocksDB's threads and the directory's lock stay with that process",
+            hint="open the database in this process after the other one has closed it (or "
+            "start worker processes with multiprocessing's 'spawn' or 'forkserver' method); "
+            "this handle can only be closed",
+        )
+        kept = [self._db, *self._tables.values(), *self._handles.values()]
+        for obj in kept:
+            if obj is not None:
+                ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+
+    def _close_in_forked_child(self) -> None:
+        """``close`` in a forked process: nothing of RocksDB's is touched (its objects are
+        kept, see :meth:`_forked_into_child`), nor is the parent's lock released: this
+        process's copy of the lock's descriptor is closed, which leaves the lock to the
+        parent. No gate either: a thread of the parent may have held it at the fork."""
+        self._closed = True
+        if self._lock_fd >= 0:
+            fd, self._lock_fd = self._lock_fd, -1
+            self._lock_finalizer.detach()
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _table(self, table: Table) -> Any:
         self._check_open()

@@ -580,3 +580,59 @@ def test_a_synced_commit_syncs_the_log_after_its_write(db_path: Path, sync_commi
         assert reopened.get_commit_pointers()[S].key == s1.diff.max_message
     finally:
         reopened.close()
+
+
+_FORK = textwrap.dedent(
+    """
+    import os, sys
+    from imq import *
+    q = Queue.open(sys.argv[1], QueueConfig(gc_enabled=False))
+    H, A, S = b"\\x11" * 32, Address(0, b"\\x01" * 32), ShardIdent.BASECHAIN
+    q.apply_diff(QueueDiff([Message(QueueKey(10, H), A, A)]), BlockIdShort(S, 1), H)
+    pid = os.fork()
+    if pid == 0:
+        for name, call in (
+            ("apply", lambda: q.apply_diff(
+                QueueDiff([Message(QueueKey(20, H), A, A)]), BlockIdShort(S, 2), H)),
+            ("read", lambda: q.get_diff_info(S, 1)),
+        ):
+            try:
+                call()
+                print("child", name, "accepted", flush=True)
+            except StorageError as exc:
+                print("child", name, "refused:", exc, flush=True)
+        q.close()
+        print("child closed", flush=True)
+        sys.exit(0)  # RocksDB's destructors would wait for the parent's threads here
+    _, status = os.waitpid(pid, 0)
+    print("child exit status", status, flush=True)
+    q.apply_diff(QueueDiff([Message(QueueKey(30, H), A, A)]), BlockIdShort(S, 2), H)
+    q.close()
+    again = Queue.open(sys.argv[1])
+    print("parent reopened", again.get_diff_info(S, 2) is not None, flush=True)
+    again.close()
+    """
+)
+
+
+def test_a_forked_child_is_refused_the_parents_queue_and_exits_cleanly(db_path: Path) -> None:
+    """An outside audit: a child forked from a process with an open queue could write
+    into the parent's log behind its back (a later crash of the parent then left a log
+    no open could replay), its ``close()`` hung, and it hung at exit even unused. The
+    child is now refused every call, with the way forward; its ``close()`` touches
+    nothing of the parent's; it exits; the parent goes on and reopens."""
+    run = subprocess.run(
+        [sys.executable, "-c", _FORK, str(db_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    for name in ("apply", "read"):
+        (line,) = [x for x in lines if x.startswith(f"child {name} ")]
+        assert "refused:" in line and "forked from it" in line, line
+    assert "child closed" in lines
+    assert "child exit status 0" in lines
+    assert "parent reopened True" in lines
