@@ -56,14 +56,22 @@ def _later_calls(queue: Queue, chain: Chain) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("call", ["apply_diff", "commit_diff"])
-def test_a_ctrl_c_during_a_write_kills_the_handle(tmp_path: Path, call: str) -> None:
+def _queue_with_a_diff_to_come(
+    tmp_path: Path, messages: int
+) -> tuple[Path, Queue, Chain, Any, Any, Any]:
+    """A queue at ``tmp_path / "db"`` with a diff of ``messages`` applied to BASE and an
+    empty masterchain diff, and the next BASE diff built, not applied."""
     path = tmp_path / "db"
     queue = open_queue(path)
     chain = Chain(queue)
-    first = chain.apply(BASE, 10)
+    first = chain.apply(BASE, messages)
     mc = chain.apply(MC, 0)
-    second = chain.build(BASE, 10)
+    return path, queue, chain, first, mc, chain.build(BASE, messages)
+
+
+@pytest.mark.parametrize("call", ["apply_diff", "commit_diff"])
+def test_a_ctrl_c_during_a_write_kills_the_handle(tmp_path: Path, call: str) -> None:
+    path, queue, chain, first, mc, second = _queue_with_a_diff_to_come(tmp_path, 10)
     proxy = _SignalAfterWrite(queue._store._db)  # type: ignore[attr-defined]
     queue._store._db = proxy  # type: ignore[attr-defined]
     proxy.armed = True
@@ -121,12 +129,7 @@ def test_a_ctrl_c_that_may_leave_a_lock_held_retires_the_handle(
     ``commit_diff``, from any thread, waited forever. Such a call now retires the handle:
     later calls raise ``StorageError`` at once (a commit already waiting too), ``close()``
     releases the directory, and a reopen holds what was written."""
-    path = tmp_path / "db"
-    queue = open_queue(path)
-    chain = Chain(queue)
-    first = chain.apply(BASE, 3)
-    mc = chain.apply(MC, 0)
-    second = chain.build(BASE, 3)
+    path, queue, _, first, mc, second = _queue_with_a_diff_to_come(tmp_path, 3)
     if window == "after the read lock":  # before the shard's mutex is even looked up
         monkeypatch.setattr(RWLock, "acquire_read", _interrupt_once(RWLock.acquire_read))
     elif window == "after the shard's mutex":  # both held, the guard lost on the way
