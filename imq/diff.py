@@ -44,7 +44,7 @@ def _strictly_ascending(msgs: list[Message]) -> bool:
 
 
 # The router of a diff built without one: read-only, so one object serves every diff.
-_NO_ROUTES = PartitionRouter().read_only_copy()
+_EMPTY_ROUTER = PartitionRouter().read_only_copy()
 
 # QueueDiff's default processed_to: none. Read-only, so one object serves every call.
 _NOT_PROCESSED: Mapping[ShardIdent, QueueKey] = MappingProxyType({})
@@ -168,7 +168,7 @@ class QueueDiff:
         _check_keys(min_key, max_key, first, last)
         object.__setattr__(self, "messages", tuple(msgs))
         object.__setattr__(self, "processed_to", _check_processed_to(processed_to or {}))
-        fixed = router.read_only_copy() if router else _NO_ROUTES
+        fixed = router.read_only_copy() if router else _EMPTY_ROUTER
         object.__setattr__(self, "router", fixed)
         object.__setattr__(self, "prev_hash", prev_hash)
         object.__setattr__(self, "start_lt", start_lt)

@@ -16,7 +16,8 @@ its state consistent at each allocation.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 
 from imq.errors import ImqError
@@ -261,25 +262,28 @@ class PendingDiff:
             return True
 
     def write(self) -> None:
-        try:
+        with self._interruptible("PendingDiff.write"):
             self._finish("failed")
             try:
                 self._write(self)
                 self._state = "written"
             finally:  # a KeyboardInterrupt inside the write too: its store is dead then
                 self._guard.release()
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                self._on_interrupt("PendingDiff.write", exc)
-            raise
 
     def discard(self) -> None:
-        try:
+        with self._interruptible("PendingDiff.discard"):
             self._finish("discarded")
             self._guard.release()
+
+    @contextmanager
+    def _interruptible(self, operation: str) -> Iterator[None]:
+        """Report an exception other than an error (a ``KeyboardInterrupt``) that cuts
+        ``operation`` short to ``on_interrupt``: the locks may be left held."""
+        try:
+            yield
         except BaseException as exc:
             if not isinstance(exc, Exception):
-                self._on_interrupt("PendingDiff.discard", exc)
+                self._on_interrupt(operation, exc)
             raise
 
     def __del__(self) -> None:

@@ -116,23 +116,19 @@ def import_state(
         try:
             messages = _stream(store, reader, works, block_id.shard, progress)
             _finish(store, block_id, header.diffs[0])
-        except StorageError as exc:
-            # A dead handle (a failed write) cannot roll back: the marker stays and the
-            # next open rolls the import back. Say so: the data is not as before yet.
-            if not new or store.dead is None:
-                if new:
-                    rollback_import(store, log, reason="failed")
-                raise
-            raise StorageError(
-                exc.path,
-                f"import of block {block_id.short}",
-                exc.reason,
-                f"{exc.hint}; the import had written part of the state: that open (for "
-                "writing) rolls it back, then import the state again",
-            ) from exc
-        except BaseException:
+        except BaseException as exc:
             if new and store.dead is None:
                 rollback_import(store, log, reason="failed")
+            elif new and isinstance(exc, StorageError):
+                # A dead handle (a failed write) cannot roll back: the marker stays and
+                # the next open rolls the import back. Say so: the data is not as before.
+                raise StorageError(
+                    exc.path,
+                    f"import of block {block_id.short}",
+                    exc.reason,
+                    f"{exc.hint}; the import had written part of the state: that open (for "
+                    "writing) rolls it back, then import the state again",
+                ) from exc
             raise
         report = ImportReport(
             diffs=len(works),

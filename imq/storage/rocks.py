@@ -100,11 +100,21 @@ class Scan(NamedTuple):
     seekable: bool = False  # a raw iterator for Cursor.count over many sub-ranges
 
 
+def _says_damaged(reason: str) -> bool:
+    """Whether RocksDB's error text reports a damaged file (a failed checksum)."""
+    return "Corruption" in reason or "checksum" in reason.lower()
+
+
+def _says_disk_full(reason: str) -> bool:
+    """Whether RocksDB's error text reports a full disk (or an exhausted quota)."""
+    return "No space left" in reason or "Disk quota" in reason
+
+
 def _read_error(path: object, table: Table, key: bytes, exc: BaseException) -> ImqError:
     """The typed error for a failed RocksDB read: a damaged block (``Corruption``) is
     :class:`CorruptDataError`, anything else (an I/O error) :class:`StorageError`."""
     text = str(exc)
-    if "Corruption" in text or "checksum" in text.lower():
+    if _says_damaged(text):
         return CorruptDataError(table.value, key, f"RocksDB could not read the table: {text}")
     return StorageError(path, f"a read of table {table.value!r}", text, hint=_read_hint(text))
 
@@ -615,7 +625,7 @@ _DAMAGED_HINT = (
 
 def _open_hint(reason: str) -> str:
     """What to do about a failed RocksDB open, from its reason."""
-    if "No space left" in reason or "Disk quota" in reason:
+    if _says_disk_full(reason):
         return "the disk is full: free space and open the queue again (nothing was lost)"
     if "Too many open files" in reason:
         return (
@@ -634,7 +644,7 @@ def _open_hint(reason: str) -> str:
 
 def _failed_hint(reason: str) -> str:
     """What to do after a failed write, flush or compaction, from RocksDB's reason."""
-    if "Corruption" in reason or "checksum" in reason.lower():
+    if _says_damaged(reason):
         # Met by a compaction (RocksDB's background one included) reading a damaged
         # table file: a reopen brings the same compaction back to the same file.
         return (
@@ -643,7 +653,7 @@ def _failed_hint(reason: str) -> str:
             "a persistent state in a new directory (nothing the failed call staged was "
             "written)"
         )
-    if "No space left" in reason or "Disk quota" in reason:
+    if _says_disk_full(reason):
         return (
             "the disk is full: free space, close the queue and open it again (nothing the "
             "failed call staged was written)"
@@ -862,12 +872,18 @@ class Store:
         self._lock_finalizer = weakref.finalize(self, _drop_lock, fd, os.getpid())
         return fd
 
-    def _release_lock(self) -> None:
+    def _release_lock(self, *, unlock: bool = True) -> None:
+        """Release the directory's lock; ``unlock=False`` only closes this process's
+        descriptor (a forked child: the lock then stays with the parent)."""
         if self._lock_fd < 0:
             return
         fd, self._lock_fd = self._lock_fd, -1
         self._lock_finalizer.detach()
-        _unlock(fd)
+        if unlock:
+            _unlock(fd)
+        else:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _check_database_exists(self) -> None:
         """For a read-only open, which creates nothing: a database must be there."""
@@ -1232,11 +1248,7 @@ class Store:
         process's copy of the lock's descriptor is closed, which leaves the lock to the
         parent. No gate either: a thread of the parent may have held it at the fork."""
         self._closed = True
-        if self._lock_fd >= 0:
-            fd, self._lock_fd = self._lock_fd, -1
-            self._lock_finalizer.detach()
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._release_lock(unlock=False)
 
     def _table(self, table: Table) -> Any:
         self._check_open()
