@@ -7,7 +7,9 @@ are :mod:`imq.state.cells`; their names are re-exported here.
 
 Supported: ordinary and exotic cells of any level (a block's Merkle update over pruned
 branches). A state chunk's roots must be level 0, as messages are. Rejected: stored
-hashes, absent cells and the two legacy BOC magics, none of which tycho writes. One
+hashes, absent cells, cells that no root leads to, and the two legacy BOC magics, none
+of which tycho writes (unreachable cells would let a few bytes of zstd declare tens of
+millions of cells, each costing time and memory before any hash is checked). One
 leniency: a root list may name a cell twice (so more roots than cells), which tycho's
 decoder rejects; :func:`encode_boc` writes that only for duplicate roots, which a valid
 state (hashes strictly ascending) never has.
@@ -15,9 +17,9 @@ state (hashes strictly ascending) never has.
 ``BocError.check`` names the failed check: ``magic``, ``flags``, ``header``,
 ``cell count``, ``root count``, ``absent``, ``cells size``, ``truncated``,
 ``trailing bytes``, ``crc32c``, ``root index``, ``index``, ``cell refs``, ``ref order``,
-``ref range``, ``stored hashes``, ``completion tag``, the cell rules ``exotic cell``,
-``cell depth``, ``cell level`` (d1's level mask is not the computed one), and
-``root level`` (a chunk root that is not level 0).
+``ref range``, ``unreachable`` (a cell no root leads to), ``stored hashes``,
+``completion tag``, the cell rules ``exotic cell``, ``cell depth``, ``cell level`` (d1's
+level mask is not the computed one), and ``root level`` (a chunk root that is not level 0).
 
 Speed: :func:`split_roots` and :func:`join_roots` trade some clarity for speed. They
 never build :class:`Cell` objects for ordinary level-0 leaf roots (every message in real
@@ -49,6 +51,7 @@ __all__ = [
     "decode_boc",
     "encode_boc",
     "join_roots",
+    "root_data",
     "split_roots",
 ]
 
@@ -177,7 +180,7 @@ def _parse(data: bytes | memoryview, max_roots: int | None, max_cells: int | Non
     for k, root in enumerate(root_list):
         if root >= cells:
             raise BocError("root index", p + k * ref_size, f"root {root} >= cell count {cells}")
-    starts, special = _scan_cells(buf, cells_at, end, cells, ref_size)
+    starts, special = _scan_cells(buf, cells_at, end, cells, ref_size, roots=root_list)
     if has_idx:
         _check_index(buf, p + roots * ref_size, starts, off_size, bool(has_cache))
     return _Layout(buf, root_list, starts, special, ref_size)
@@ -204,13 +207,26 @@ def _check_counts(
 
 
 def _scan_cells(
-    buf: bytes, p: int, end: int, count: int, ref_size: int
+    buf: bytes, p: int, end: int, count: int, ref_size: int, *, roots: list[int]
 ) -> tuple[list[int], dict[int, tuple[int, ...]]]:
-    """Validate every cell's descriptor and bounds; the hot loop of every decode."""
-    starts = [0] * (count + 1)
+    """Validate every cell's descriptor and bounds; the hot loop of every decode.
+
+    Every cell must be reachable from a root: refs point only to later cells, so a cell
+    that is neither a root nor referenced by a cell before it is referenced by none. A
+    BOC padded with such cells is refused at the first of them, before its cells cost
+    memory or time (a few bytes of zstd can declare tens of millions of empty cells)."""
+    starts: list[int] = []
+    append = starts.append
+    reached = bytearray(count)  # count <= total size / 2: bounded by the bytes at hand
+    for root in roots:
+        reached[root] = 1
     special: dict[int, tuple[int, ...]] = {}
     for i in range(count):
-        starts[i] = p
+        if not reached[i]:
+            raise BocError(
+                "unreachable", p, f"cell {i} is neither a root nor referenced by any cell"
+            )
+        append(p)
         if p + 2 > end:
             raise BocError("cells size", p, f"cell {i} starts past the total cells size")
         d1 = buf[p]
@@ -223,9 +239,11 @@ def _scan_cells(
         if d1:
             refs = _cell_refs(buf, p, i, end, count=count, ref_size=ref_size)
             special[i] = refs
+            for ref in refs:
+                reached[ref] = 1
             q += len(refs) * ref_size
         p = q
-    starts[count] = p
+    append(p)
     if p != end:
         raise BocError("cells size", p, f"cells end at {p}, total cells size says {end}")
     return starts, special
@@ -453,6 +471,17 @@ def join_roots(bocs: Sequence[bytes], hashes: list[bytes] | None = None) -> byte
         hashes.extend(digests if len(digests) == len(order) else [digests[k] for k in order])
     n = len(position)
     return _assemble(n, [n - 1 - k for k in order], b"".join(reversed(position)), _fit(n))
+
+
+def root_data(boc: bytes) -> tuple[bytes, int]:
+    """``(data, bits)`` of the root cell of a one-root BOC (:class:`BocError` if it is
+    none); cheap for the canonical leaf form."""
+    cell = _leaf_cell_of(boc)
+    if cell is not None:
+        d2 = cell[1]
+        return cell[2:], d2 * 4 if not d2 & 1 else (d2 - 1) * 4 + _TAG_BITS[cell[-1]]
+    root = decode_boc(boc, max_roots=1)[0]
+    return root.data, root.bits
 
 
 def _check_root_level(layout: _Layout, cell: Cell, r: int) -> None:

@@ -13,10 +13,12 @@ diff at a time, and one chunk; the chunks are spooled to a temporary file becaus
 header that precedes them lists every message hash and the chunk count.
 
 Nothing is written to the destination before every message is spooled and every diff
-encoded: a message the format cannot hold -- a body that is no message BOC, a body whose
-root does not hash to its key's hash, two messages of one diff with the same hash --
-raises :class:`~imq.errors.StateFormatError` naming the block and the message's key, and
-the destination is not touched (a file is not created, a FIFO not opened).
+encoded: what the format cannot hold, or its import would reject -- a body that is no
+message BOC, a body whose root does not hash to its key's hash or whose header names
+another lt, source or destination than its row, two messages of one diff with the same
+hash, diffs whose messages are not in ascending, disjoint ranges -- raises
+:class:`~imq.errors.StateFormatError` naming the block (and the message's key), and the
+destination is not touched (a file is not created, a FIFO not opened).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from typing import BinaryIO
 
 from imq.errors import ImqError, StateFormatError
 from imq.observability import ImqLogger
+from imq.state.boc import BocError, root_data
+from imq.state.message import MessageFormatError, parse_internal_header
 from imq.state.tl import TlDiff, diff_hash, encode_diff
 from imq.state.writer import BadMessageError, ChunkSpool, open_sink, write_state
 from imq.storage import CursorProtocol as Cursor
@@ -40,6 +44,7 @@ __all__ = ["ExportReport", "export_state"]
 
 MAX_TAIL_LEN = 1000
 _ZERO_HASH = bytes(32)
+_SRC = codec.MESSAGE_SRC_AT  # stored addresses: destination, then source
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +79,7 @@ def export_state(
         raise ValueError(f"tail_len {tail_len} reaches below seqno 0 from seqno {seqno}")
     started = perf_counter()
     records = _load_infos(store, shard, seqno, tail_len)
+    _check_order(shard, seqno, records)
     spool = ChunkSpool()
     try:
         total = sum(sum(parts.values()) for _, parts in records)
@@ -132,6 +138,27 @@ def _load_infos(
     return records
 
 
+def _check_order(
+    shard: ShardIdent, seqno: int, records: list[tuple[DiffInfo, dict[int, int]]]
+) -> None:
+    """The diffs with messages must lie each wholly below the next newer one, as the
+    state's reader requires (``apply_diff`` checks a diff only against the commit
+    pointer, so a queue can hold diffs that break it)."""
+    newer: DiffInfo | None = None
+    for info, parts in records:  # newest first
+        if not any(parts.values()):
+            continue
+        if newer is not None and not info.max_message < newer.min_message:
+            raise StateFormatError(
+                f"cannot export the state of {shard}:{seqno}: the messages of the diff of "
+                f"{shard}:{info.seqno} (up to {_keys_text([info.max_message])}) are not below "
+                f"those of the newer diff of {shard}:{newer.seqno} (from "
+                f"{_keys_text([newer.min_message])}); a state's diffs hold ascending, "
+                "disjoint message ranges, and its import would reject this one"
+            )
+        newer = info
+
+
 def _message_reads(
     shard: ShardIdent, info: DiffInfo, parts: dict[int, int]
 ) -> list[ops.DiffMessages]:
@@ -157,7 +184,7 @@ def _spool_messages(
             f"{len(rows)} are still stored (collected by GC?)"
         )
     rows.sort()
-    hashes = [h for h, _ in rows]
+    hashes = [row[0] for row in rows]
     if len(set(hashes)) != len(hashes):
         twin = next(h for h, prev in zip(hashes[1:], hashes, strict=False) if h == prev)
         keys = _keys_of(store, shard, info, parts, twin)
@@ -165,8 +192,50 @@ def _spool_messages(
             f"cannot export the diff of {shard}:{info.seqno}: its messages {_keys_text(keys)} "
             f"have the same hash; a state lists each message hash of a diff once"
         )
-    spool.add_checked(rows)
+    _check_headers(shard, info, rows)
+    spool.add_checked([row[:2] for row in rows])
     return b"".join(hashes)
+
+
+def _check_headers(
+    shard: ShardIdent, info: DiffInfo, rows: list[tuple[bytes, bytes, bytes, bytes]]
+) -> None:
+    """Each message's body must carry the lt, source and destination its row is stored
+    under: the state holds only the body, and its import files the message by the
+    body's header. (A body that is no BOC is left to the spool, which names it.)"""
+    for hash_, body, lt, addresses in rows:
+        try:
+            data, bits = root_data(body)
+        except BocError:
+            continue
+        key = QueueKey(int.from_bytes(lt), hash_)
+        where = f"message {_keys_text([key])} of the diff of {shard}:{info.seqno}"
+        try:
+            header = parse_internal_header(data, bits)
+        except MessageFormatError as exc:
+            raise StateFormatError(
+                f"cannot export the state of {shard}:{info.seqno}: the body of {where} is "
+                f"not an internal message with standard addresses (bad {exc.field}: {exc}); "
+                "a state holds only those"
+            ) from None
+        stored = (
+            key.lt,
+            addresses[_SRC] - 128,
+            addresses[_SRC + 1 :],
+            addresses[0] - 128,
+            addresses[1:_SRC],
+        )
+        if header != stored:
+            raise StateFormatError(
+                f"cannot export the state of {shard}:{info.seqno}: {where} is stored "
+                f"{_header_text(stored)}, but its body says {_header_text(header)}; the "
+                "state's import would file it by its body"
+            )
+
+
+def _header_text(header: tuple[int, int, bytes, int, bytes]) -> str:
+    lt, src_wc, src, dst_wc, dst = header
+    return f"with lt {lt}, source {src_wc}:{src.hex()}, destination {dst_wc}:{dst.hex()}"
 
 
 class _MessageKeys(ops.Read[list[QueueKey]]):

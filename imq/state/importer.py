@@ -42,6 +42,7 @@ from imq.storage import StoreProtocol as Store
 from imq.storage import TransactionProtocol as Transaction
 from imq.storage import ops
 from imq.types import (
+    Address,
     BlockId,
     CommitPointer,
     DiffInfo,
@@ -58,6 +59,8 @@ __all__ = [
 
 _Header = tuple[int, int, bytes, int, bytes]  # lt, src wc, src account, dst wc, dst account
 _DESTINATION = itemgetter(3, 4)
+_SOURCE_WORKCHAIN = itemgetter(1)
+_SOURCE_ACCOUNT = itemgetter(2)
 BATCH_ROWS = 16_384  # messages per write batch: a few MiB, bounded memory
 Progress = Callable[[int, int], None]  # (messages done, messages in the state)
 
@@ -310,6 +313,7 @@ def _stage_segment(segment: Segment, work: _DiffWork) -> tuple[list[int] | None,
     except MessageFormatError:
         _raise_bad_message(segment, work.diff)
     _check_range(segment, work.diff, headers)
+    _check_sources(segment, work.diff, headers)
     partitions = None
     if work.route_dst or work.route_src:
         dst_map, src_map = work.route_dst, work.route_src
@@ -351,6 +355,33 @@ def _check_range(segment: Segment, diff: TlDiff, headers: list[_Header]) -> None
             raise _message_error(
                 segment, i, diff, f"key ({lt}, {root.hash.hex()}) outside the diff's range"
             )
+
+
+def _check_sources(segment: Segment, diff: TlDiff, headers: list[_Header]) -> None:
+    """Every message's source lies in the state's shard, as ``apply_diff`` requires: a
+    shard's diff holds only what its accounts sent. A shard's accounts are one byte range
+    of one workchain, so only the workchains, the smallest and the largest are tested."""
+    if not headers:
+        return
+    shard = diff.shard
+    workchains = set(map(_SOURCE_WORKCHAIN, headers))
+    accounts = list(map(_SOURCE_ACCOUNT, headers))
+    inside = shard.contains_prefix
+    if workchains == {shard.workchain} and all(
+        inside(int.from_bytes(a[:8])) for a in (min(accounts), max(accounts))
+    ):
+        return
+    for i, header in enumerate(headers):
+        source = Address(header[1], header[2])
+        if not shard.contains(source):
+            raise _message_error(
+                segment,
+                i,
+                diff,
+                f"source {source} is outside the state's shard {shard} (a shard's diff holds "
+                "only messages its own accounts sent)",
+            )
+    raise AssertionError("unreachable: the range test found a source the scan did not")
 
 
 def _message_error(segment: Segment, i: int, diff: TlDiff, what: str) -> StateFormatError:

@@ -501,6 +501,24 @@ def _check_link(
         )
 
 
+def _check_order(diff: TlDiff, at: int, newer: TlDiff | None) -> None:
+    """A diff with messages lies wholly below the next newer diff with messages: a
+    shard's blocks take ascending, disjoint lt ranges. (Empty diffs are left out: their
+    spans are whatever their collator or test chose.) A state breaking this would list a
+    message twice, or hold an older diff above the commit pointer its import sets."""
+    if newer is not None and not diff.max_message < newer.min_message:
+        raise StateFormatError(
+            f"queue diff seqno {diff.seqno} at offset {at}: its messages end at "
+            f"{_key_text(diff.max_message)}, not below the first message "
+            f"{_key_text(newer.min_message)} of the newer diff seqno {newer.seqno}; a "
+            "shard's diffs hold ascending, disjoint message ranges"
+        )
+
+
+def _key_text(key: QueueKey) -> str:
+    return f"(lt {key.lt}, hash {key.hash.hex()})"
+
+
 def read_state_header(src: ByteSource) -> StateHeader:
     """Read the state's ids and header with every list check; stop before the first chunk."""
     _read_ids(src)
@@ -519,6 +537,7 @@ def read_state_header(src: ByteSource) -> StateHeader:
     diffs: list[TlDiff] = []
     hashes: list[bytes] = []
     offsets: list[int] = []
+    newer: TlDiff | None = None  # the oldest diff read so far that has messages
     for _ in range(n_diffs):
         offsets.append(src.offset)
         diff, parts = _read_diff_parts(src)  # hashed part by part: no copy of a big hash list
@@ -528,6 +547,9 @@ def read_state_header(src: ByteSource) -> StateHeader:
         diffs.append(diff)
         hashes.append(hasher.digest())
         _check_link((shard, seqno), diffs, offsets, hashes)
+        if diff.n_messages:
+            _check_order(diff, offsets[-1], newer)
+            newer = diff
     at = src.offset
     n_chunks = _read_u32(src, "the chunk count")
     if n_chunks > MAX_CHUNKS:

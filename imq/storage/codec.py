@@ -89,7 +89,7 @@ __all__ = [
     "decode_import_marker",
     "decode_key",
     "decode_message",
-    "decode_message_hash_body",
+    "decode_message_export",
     "decode_pointer",
     "decode_shard",
     "decode_stat_row",
@@ -395,12 +395,17 @@ def put_raw_message_rows(
         )
 
 
-def decode_message_hash_body(raw_key: bytes, value: bytes) -> tuple[bytes, bytes]:
-    """(message hash, body) of a stored row: what an export needs, without decoding
-    the addresses."""
+def decode_message_export(raw_key: bytes, value: bytes) -> tuple[bytes, bytes, bytes, bytes]:
+    """(message hash, body, lt, addresses) of a stored row, what an export needs: lt as
+    its 8 stored bytes, the addresses as stored (destination, then source), undecoded."""
     if len(raw_key) != MESSAGE_KEY_LEN or len(value) < MESSAGE_VALUE_HEADER_LEN:
         raise CorruptDataError("messages", raw_key, "bad key or value length")
-    return raw_key[MESSAGE_KEY_LEN - 32 :], value[MESSAGE_VALUE_HEADER_LEN:]
+    return (
+        raw_key[MESSAGE_LT_END:],
+        value[MESSAGE_VALUE_HEADER_LEN:],
+        raw_key[MESSAGE_PREFIX_LEN:MESSAGE_LT_END],
+        value[:MESSAGE_VALUE_HEADER_LEN],
+    )
 
 
 def message_rows(

@@ -402,9 +402,9 @@ class AllDiffs(Read[Iterator[tuple[ShardIdent, DiffInfo, dict[int, int]]]]):
             yield codec.decode_shard(key[: codec.SHARD_LEN]), info, partitions
 
 
-class DiffMessages(Read[list[tuple[bytes, bytes]]]):
-    """``(hash, body)`` of the messages of (``partition``, ``shard``) with keys in
-    ``[first, last]``, in key order."""
+class DiffMessages(Read[list[tuple[bytes, bytes, bytes, bytes]]]):
+    """``(hash, body, lt, addresses)`` of the messages of (``partition``, ``shard``) with
+    keys in ``[first, last]``, in key order: see :func:`codec.decode_message_export`."""
 
     __slots__ = ()
 
@@ -412,8 +412,8 @@ class DiffMessages(Read[list[tuple[bytes, bytes]]]):
         lo, hi = codec.message_delete_range(partition, shard, first, last)
         self.scan = Scan(Table.MESSAGES, lo, hi)
 
-    def answer(self, cursor: Cursor) -> list[tuple[bytes, bytes]]:
-        decode = codec.decode_message_hash_body
+    def answer(self, cursor: Cursor) -> list[tuple[bytes, bytes, bytes, bytes]]:
+        decode = codec.decode_message_export
         return [decode(k, v) for k, v in cursor]
 
 

@@ -34,6 +34,7 @@ from imq.state.message import (
     build_external_in_message,
     build_internal_message,
     build_message_with_var_address,
+    parse_internal_header,
 )
 from imq.state.source import ByteSource
 from imq.state.synth import SynthState, synth_state, write_synth_state
@@ -518,6 +519,104 @@ def test_corrupt_chunk_boc(prior: Queue) -> None:
     rejected(prior, put(SHARD_BIN, CHUNK_AT, u32(0)), SHARD_BLOCK, match="length 0 is not in")
     rejected(prior, put(SHARD_BIN, CHUNK_AT, u32(size + 8)), SHARD_BLOCK, match="truncated")
     rejected(prior, put(SHARD_BIN, CHUNK_AT, u32(size - 1)), SHARD_BLOCK, match="BOC|padding")
+
+
+def test_junk_cells_in_a_chunk_are_refused_before_they_cost_memory(prior: Queue) -> None:
+    """The real header (so the top update passes) and the real chunk, re-encoded with
+    4-byte refs and followed by a million empty cells that no root leads to: a few hundred
+    bytes of zstd could declare tens of millions of them. Refused at the first one."""
+    boc = SHARD_BIN[BOC_AT : len(SHARD_BIN) - 1]
+    assert boc[4:6] == b"\x02\x03"  # ref size 2, offset size 3
+    cells, roots = struct.unpack_from(">HH", boc, 6)
+    total = int.from_bytes(boc[12:15])
+    root_list = struct.unpack_from(f">{roots}H", boc, 15)
+    junk = 1_000_000
+    widened = b"".join(
+        [
+            boc[:4],
+            b"\x04\x04",
+            struct.pack(">IIII", cells + junk, roots, 0, total + 2 * junk),
+            struct.pack(f">{roots}I", *root_list),
+            boc[15 + 2 * roots :],  # the cells: leaves, no refs to widen
+            b"\x00\x00" * junk,
+        ]
+    )
+    _, end = read_header(SHARD_BIN)
+    data = SHARD_BIN[:end] + encode_chunk(widened)
+    exc = rejected(prior, data, SHARD_BLOCK, SHARD_TOP, match=r"bad BOC \(unreachable\)")
+    assert f"cell {cells} is neither a root" in str(exc)
+
+
+def test_a_message_from_outside_the_states_shard_is_refused(prior: Queue) -> None:
+    """``apply_diff`` refuses a message whose source lies outside the block's shard; an
+    import must too (a shard's diff holds only what its own accounts sent)."""
+    seqno = 52
+    shard = ShardIdent(0, 0x6000_0000_0000_0000)  # accounts 0x40.. to 0x7f..
+    inside = internals(shard, seqno, 4)
+    stranger = Address(0, b"\xe0" + bytes(31))
+    outside = build_internal_message(stranger, dst_of(9), seqno * 1000 + 50)
+    masterchain = build_internal_message(Address(-1, b"\x50" * 32), dst_of(9), seqno * 1000 + 60)
+    for foreign in (outside, masterchain):
+        (diff,) = craft_diffs(shard, seqno, [[*inside, foreign]])
+        data = assemble(shard, [diff.tl], [diff.bocs])
+        position = sorted(c.hash for c in [*inside, foreign]).index(foreign.hash)
+        exc = rejected(prior, data, BlockId(shard, seqno), match="outside the state's shard")
+        assert f"message {position} of diff seqno {seqno}" in str(exc)
+    # the same messages, all from inside: imported
+    (diff,) = craft_diffs(shard, seqno, [inside])
+    assert prior.import_state(
+        io.BytesIO(assemble(shard, [diff.tl], [diff.bocs])), BlockId(shard, seqno)
+    )
+
+
+def _diffs_at(shard: ShardIdent, specs: Sequence[tuple[int, Sequence[Cell]]]) -> list[CraftedDiff]:
+    """Diffs (newest first) of the given (seqno, cells), oldest first, each spanning
+    exactly its messages' keys."""
+    prev, out = bytes(32), []
+    for seqno, cells in specs:
+        ordered = sorted(cells, key=lambda c: c.hash)
+        keys = sorted(QueueKey(message_lt(c), c.hash) for c in cells)
+        tl = encode_diff(
+            TlDiff(
+                prev_hash=prev,
+                shard=shard,
+                seqno=seqno,
+                processed_to=(),
+                min_message=keys[0],
+                max_message=keys[-1],
+                hashes=b"".join(c.hash for c in ordered),
+            )
+        )
+        prev = diff_hash(tl)
+        out.append(CraftedDiff(tl, [encode_boc([c]) for c in ordered]))
+    return out[::-1]
+
+
+def message_lt(cell: Cell) -> int:
+    return parse_internal_header(cell.data, cell.bits)[0]
+
+
+def test_diffs_out_of_order_or_sharing_a_message_are_refused(prior: Queue) -> None:
+    """The diffs of one state with messages must hold ascending, disjoint key ranges: an
+    older diff above a newer one would stay above the pointer the import sets (a later
+    clear would delete it), and a message listed by two diffs would be counted twice."""
+    seqno = 70
+    high = internals(BASE, seqno + 9, 3)  # lts 79,001..
+    low = internals(BASE, seqno, 3)  # lts 70,001..
+    cases = {
+        "older above newer": [(seqno, high), (seqno + 1, low)],
+        "one message in both": [(seqno, low), (seqno + 1, [low[-1], *high])],
+    }
+    for name, specs in cases.items():
+        diffs = _diffs_at(BASE, specs)
+        data = assemble(BASE, [d.tl for d in diffs], [[b for d in diffs for b in d.bocs]])
+        exc = rejected(
+            prior, data, BlockId(BASE, seqno + 1), match="ascending, disjoint message ranges"
+        )
+        assert f"queue diff seqno {seqno} " in str(exc), name
+    diffs = _diffs_at(BASE, [(seqno, low), (seqno + 1, high)])
+    data = assemble(BASE, [d.tl for d in diffs], [[b for d in diffs for b in d.bocs]])
+    assert prior.import_state(io.BytesIO(data), BlockId(BASE, seqno + 1)).messages == 6
 
 
 def test_non_boc_chunk(prior: Queue) -> None:

@@ -43,7 +43,7 @@ from imq import (
     StateFormatError,
 )
 from imq.state.boc import encode_boc
-from imq.state.message import build_internal_message
+from imq.state.message import build_external_in_message, build_internal_message
 from imq.state.synth import SynthState, synth_state
 
 
@@ -350,3 +350,61 @@ def test_a_body_that_does_not_hash_to_its_key_refuses_the_export(
     with pytest.raises(StateFormatError, match=f"of the diff of {BASE}:1 is stored"):
         queue.export_state(BASE, 2, 2, io.BytesIO())  # found in an older diff of the tail
     assert queue.export_state(BASE, 2, 1, io.BytesIO()).messages == 1  # the newer diff alone
+
+
+@pytest.mark.parametrize("field", ["destination", "source", "lt"])
+def test_a_row_its_body_does_not_describe_refuses_the_export(
+    field: str, tmp_path: Path, queue: Queue
+) -> None:
+    """A state holds only the bodies, and its import files each message by its body's
+    header: a row stored under another lt, source or destination than its body names
+    would come back elsewhere (or not at all), so the export refuses it."""
+    src, dst = address_in(BASE, 1), address_in(BASE, 2)
+    cell = build_internal_message(src, dst, 1_100, body=b"mine")
+    stored = {
+        "destination": (QueueKey(1_100, cell.hash), src, address_in(MC, 3)),
+        "source": (QueueKey(1_100, cell.hash), address_in(BASE, 4), dst),
+        "lt": (QueueKey(1_101, cell.hash), src, dst),
+    }[field]
+    wrong = Message(*stored, encode_boc([cell]))
+    queue.apply_diff(
+        QueueDiff([*_real_messages(1_000, [dst]), wrong]), block(BASE, 1), b"\x01" * 32
+    )
+    key = stored[0]
+    _refused_everywhere(
+        queue,
+        tmp_path,
+        1,
+        f"message (lt {key.lt}, hash {key.hash.hex()}) of the diff of {BASE}:1 is stored with "
+        f"lt {key.lt}, source {stored[1]}, destination {stored[2]}, but its body says with lt "
+        f"1100, source {src}, destination {dst}",
+    )
+
+
+def test_a_body_that_is_no_internal_message_refuses_the_export(
+    tmp_path: Path, queue: Queue
+) -> None:
+    """A valid message BOC whose root hashes to the key, but an external message: the
+    state's import reads only internal messages with standard addresses."""
+    dst = address_in(BASE, 2)
+    cell = build_external_in_message(dst, body=b"from outside")
+    wrong = Message(QueueKey(1_100, cell.hash), address_in(BASE, 1), dst, encode_boc([cell]))
+    queue.apply_diff(QueueDiff([wrong]), block(BASE, 1), b"\x01" * 32)
+    _refused_everywhere(
+        queue, tmp_path, 1, "is not an internal message with standard addresses (bad info:"
+    )
+
+
+def test_diffs_out_of_order_refuse_the_export(tmp_path: Path, queue: Queue) -> None:
+    """``apply_diff`` checks a diff only against the commit pointer, so a queue can hold an
+    older diff above a newer one; a state's reader refuses that, so the export does."""
+    dst = address_in(BASE, 2)
+    queue.apply_diff(QueueDiff(_real_messages(5_000, [dst])), block(BASE, 1), b"\x01" * 32)
+    queue.apply_diff(QueueDiff(_real_messages(1_000, [dst])), block(BASE, 2), b"\x02" * 32)
+    out = tmp_path / "out.bin"
+    with pytest.raises(StateFormatError, match="ascending, disjoint message ranges") as info:
+        queue.export_state(BASE, 2, 2, out)
+    assert f"the diff of {BASE}:1 (up to (lt 5000, " in str(info.value)
+    assert not out.exists() and _no_leftovers(tmp_path) == []
+    assert queue.export_state(BASE, 2, 1, io.BytesIO()).messages == 1  # each alone exports
+    assert queue.export_state(BASE, 1, 1, io.BytesIO()).messages == 1

@@ -203,6 +203,12 @@ def model_import(
         raise StateFormatError("the state belongs to another block")
     if top_update is not None and top_update != state.top_update:
         raise StateFormatError("top update mismatch")
+    newer = None
+    for d in state.diffs:  # newest first; the reader refuses diffs out of order (formats.md)
+        if d.tl.n_messages:
+            if newer is not None and not d.tl.max_message < newer.tl.min_message:
+                raise StateFormatError("diffs with messages not in ascending, disjoint ranges")
+            newer = d
     new = []
     for d in state.diffs:
         stored = model.diffs.get((shard, d.seqno))

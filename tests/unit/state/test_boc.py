@@ -402,6 +402,27 @@ def test_field_checks(position: int, value: int, check: str) -> None:
     assert str(err).startswith(f"malformed BOC at byte {err.offset}: {check}")
 
 
+def test_a_cell_no_root_leads_to_is_refused() -> None:
+    """Refs point only forwards, so a cell that is no root and no earlier cell refers to
+    is garbage: refused where it starts, before the cells after it are read."""
+    boc = bytearray(small_boc())
+    assert boc[6:10] == b"\x03\x01\x00\x0c" and boc[14:16] == b"\x02\x01"
+    boc[15] = 2  # the root's second ref: cell 2 again, so cell 1 hangs from nothing
+    err = expect("unreachable", bytes(boc))
+    assert err.offset == 16 and "cell 1 " in str(err)
+    # junk cells declared in the header and appended: the first of them is refused
+    junk = 100
+    padded = bytearray(small_boc()) + b"\x00\x00" * junk
+    padded[6], padded[9] = 3 + junk, 12 + 2 * junk
+    err = expect("unreachable", bytes(padded))
+    assert "cell 3 " in str(err) and err.offset == len(small_boc())
+    # a root after a cell that nothing before it refers to
+    two = encode_boc([leaf(1, 8), leaf(2, 8)])
+    assert two[7] == 2 and two[10:12] == b"\x01\x00"
+    one_root = two[:7] + b"\x01" + two[8:10] + two[10:11] + two[12:]  # names cell 1 only
+    assert expect("unreachable", one_root).offset == 11
+
+
 @pytest.mark.parametrize("d2", [6, 2, 1])
 def test_data_length_disagreeing_with_d2(d2: int) -> None:
     boc = bytearray(encode_boc([leaf(0xBEEF, 16)]))
