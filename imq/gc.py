@@ -475,9 +475,13 @@ class GcWorker:
                 and self._finished > after
             )
 
-    def stop(self) -> None:
-        """Stop after the current step; waits for the thread (bounded by one compaction)."""
+    def signal_stop(self) -> None:
+        """Ask the thread to stop after its current step, without waiting for it."""
         self._collector.stopping.set()
         self._wake.set()
+
+    def stop(self) -> None:
+        """Stop after the current step; waits for the thread (bounded by one compaction)."""
+        self.signal_stop()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()

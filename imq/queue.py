@@ -14,6 +14,7 @@ import io
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,6 +175,11 @@ class Queue(QueueReads):
         if config.gc_enabled and not store.read_only:
             self._gc_worker = GcWorker(self._gc, config.gc_interval, gc_log)
             self._gc_worker.start()
+            # The worker's thread holds the store, so a queue dropped without close()
+            # would keep RocksDB open and the directory locked for the rest of the
+            # process: collecting the queue stops the thread, and the store is then
+            # collected (and its lock freed) as a queue's without a worker is.
+            weakref.finalize(self, self._gc_worker.signal_stop).atexit = False
 
     @classmethod
     def open(

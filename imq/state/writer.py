@@ -7,7 +7,7 @@ rules and spooled to a temporary file; the header, the true count and the chunks
 written once the count is known.
 
 ``.queue`` destinations are zstd-compressed (level 9, as the node writes them). A regular
-file (or one that does not exist yet) is written to ``<file>.temp`` beside it, synced and
+file (or one that does not exist yet) is written to ``<file>.<random>.temp`` beside it, synced and
 renamed over it when complete, so a reader never sees half a file; through a symlink, that
 happens beside the symlink's target, which the symlink keeps pointing to. Anything else
 that exists -- a FIFO, a character device, a socket, or a file descriptor's alias such as
@@ -24,6 +24,7 @@ import contextlib
 import errno
 import os
 import re
+import secrets
 import stat
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -316,13 +317,9 @@ def _in_place(path: Path) -> Iterator[tuple[BinaryIO, _Output]]:
 
 @contextlib.contextmanager
 def _replacing(path: Path, target: Path) -> Iterator[tuple[BinaryIO, _Output]]:
-    """Write ``<target>.temp``, then sync it and rename it over ``target``; on any failure
-    remove it, leaving ``target`` as it was."""
-    temp = target.with_name(target.name + ".temp")
-    try:
-        raw = open(temp, "wb")  # noqa: SIM115 -- closed in _close or below
-    except OSError as exc:
-        raise _write_error(path, exc) from exc
+    """Write a new ``<target>.<random>.temp``, then sync it and rename it over ``target``;
+    on any failure remove it, leaving ``target`` as it was."""
+    raw, temp = _new_temp(path, target)
     try:
         yield raw, _Output(raw, path)
         _close(raw, path)
@@ -336,6 +333,23 @@ def _replacing(path: Path, target: Path) -> Iterator[tuple[BinaryIO, _Output]]:
         with contextlib.suppress(OSError):
             temp.unlink()
         raise
+
+
+def _new_temp(path: Path, target: Path) -> tuple[BinaryIO, Path]:
+    """A temporary file of a name no one else uses, created by this call (``O_EXCL``): two
+    exports to one destination each write their own and the last rename wins, where a
+    shared name let one truncate or rename away the other's half-written file. Created
+    with the mode ``open()`` gives (``0o666`` less the umask), as the destination's."""
+    for _ in range(16):
+        temp = target.with_name(f"{target.name}.{secrets.token_hex(4)}.temp")
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise _write_error(path, exc) from exc
+        return os.fdopen(fd, "wb"), temp
+    raise _write_error(path, FileExistsError(errno.EEXIST, "no free temporary file name"))
 
 
 def _close(raw: BinaryIO, path: Path) -> None:

@@ -22,6 +22,7 @@ from builders import (
     dump,
     key,
     open_queue,
+    quiet_config,
     top,
 )
 
@@ -139,14 +140,24 @@ def _names(fd: str, name: str) -> bool:
         return False
 
 
-def test_a_queue_dropped_without_close_frees_its_lock(tmp_path: Path) -> None:
+@pytest.mark.parametrize("worker", [False, True], ids=["no-gc-worker", "gc-worker"])
+def test_a_queue_dropped_without_close_frees_its_lock(tmp_path: Path, worker: bool) -> None:
     """Forgetting ``close()`` (a REPL, a test, an error path) must not leave the directory
-    locked for the rest of the process: collecting the queue frees the lock."""
+    locked for the rest of the process: collecting the queue frees the lock. With the GC
+    worker on (the default), whose thread holds the store, collecting the queue stops the
+    thread, which then lets the store go."""
     db = tmp_path / "db"
-    queue = open_queue(db)
+    queue = Queue.open(db, quiet_config(gc_enabled=worker, gc_interval=0.01))
     Chain(queue).apply(BASE)
+    thread = next((t for t in threading.enumerate() if t.name == "imq-gc"), None)
+    assert (thread is not None) == worker
     del queue
     gc.collect()
+    if thread is not None:
+        thread.join(10)
+        assert not thread.is_alive()
+        del thread
+        gc.collect()
     assert not [fd for fd in os.listdir("/proc/self/fd") if _names(fd, "imq.lock")]
     with open_queue(db) as again:
         assert again.get_last_applied_seqno(BASE) == 1

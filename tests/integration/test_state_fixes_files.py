@@ -1,12 +1,13 @@
 """Where ``export_state`` writes and how export and import fail on the file system.
 
-A regular or missing destination is written to ``<file>.temp``, synced and renamed over
-it; through a symlink that happens beside the target (the symlink stays); a destination
-that exists and is no regular file -- a FIFO, a character device, a descriptor's alias
-such as ``/dev/fd/N`` -- is written in place, never replaced by a regular file. Every
-file-system failure of either direction raises :class:`FileAccessError` (an ``ImqError``
-and an ``OSError``) naming the caller's path, the original error as its cause; a failed
-export leaves no temporary file and the old destination as it was.
+A regular or missing destination is written to a new ``<file>.<random>.temp``, synced
+and renamed over it; through a symlink that happens beside the target (the symlink
+stays); a destination that exists and is no regular file -- a FIFO, a character device,
+a descriptor's alias such as ``/dev/fd/N`` -- is written in place, never replaced by a
+regular file. Every file-system failure of either direction raises
+:class:`FileAccessError` (an ``ImqError`` and an ``OSError``) naming the caller's path,
+the original error as its cause; a failed export leaves no temporary file and the old
+destination as it was.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import errno
 import io
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -24,10 +26,14 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from builders import open_queue
 from cli_runner import Imq
 from state_fixtures import BASE, SHARD_BIN, SHARD_TOP
 
-from imq import BlockId, FileAccessError, ImqError, Queue
+from imq import BlockId, FileAccessError, ImqError, Queue, ShardIdent
+from imq.state import exporter, writer
+from imq.state.exporter import ExportReport
+from imq.state.synth import synth_state, write_synth_state
 
 SHARD_ID = f"0:8000000000000000:160:{'0' * 64}:{'0' * 64}"
 OLD = b"previous export"
@@ -45,6 +51,48 @@ def _export(queue: Queue, dest: object) -> None:
 
 def _temps(*folders: Path) -> list[str]:
     return sorted(p.name for folder in folders for p in folder.iterdir() if ".temp" in p.name)
+
+
+def test_two_exports_to_one_path_each_write_their_own_temporary_file(
+    tmp_path: Path, shard_queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second export to the same path runs while the first is writing (here: from
+    inside the first's write, with another queue holding another state): each has its
+    own temporary file, both succeed, and the path holds the whole state of the export
+    that renamed last. With one shared ``<file>.temp`` the second truncated and renamed
+    away the first's file, which then failed or wrote into the published one. A file
+    the user had at ``<file>.temp`` is left alone."""
+    dest = tmp_path / "state.bin"
+    users = tmp_path / "state.bin.temp"
+    users.write_bytes(b"mine")
+    other = open_queue(tmp_path / "other")
+    shard = ShardIdent.MASTERCHAIN
+    state = synth_state(shard, top_seqno=9, diffs=2, messages_per_diff=4, seed=3)
+    data = io.BytesIO()
+    write_synth_state(state, data)
+    other.import_state(io.BytesIO(data.getvalue()), state.block_id, state.top_update)
+    write_state = writer.write_state
+    inner_done: list[ExportReport] = []
+    outer = threading.current_thread()
+
+    def interleaved(*args: object, **kwargs: object) -> None:
+        if threading.current_thread() is outer:  # the inner export runs in another thread
+            inner = threading.Thread(
+                target=lambda: inner_done.append(other.export_state(shard, 9, 2, dest))
+            )
+            inner.start()
+            inner.join()
+        write_state(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(exporter, "write_state", interleaved)
+    try:
+        _export(shard_queue, dest)
+    finally:
+        other.close()
+    assert inner_done[0].messages == 8
+    assert dest.read_bytes() == SHARD_BIN.read_bytes()  # the outer export renamed last
+    assert users.read_bytes() == b"mine"
+    assert _temps(tmp_path) == ["state.bin.temp"]
 
 
 def _check_error(
@@ -106,7 +154,8 @@ def test_a_symlink_is_written_at_its_target_which_is_replaced_beside_itself(
     assert link.is_symlink()
     assert os.readlink(link) == str(target)
     assert target.read_bytes() == SHARD_BIN.read_bytes()
-    assert renames == [(str(targets / "state.bin.temp"), str(target))]
+    assert [(Path(src).parent, dst) for src, dst in renames] == [(targets, str(target))]
+    assert re.fullmatch(r"state\.bin\.[0-9a-f]{8}\.temp", Path(renames[0][0]).name)
     assert _temps(links, targets) == []
 
 
