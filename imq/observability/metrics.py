@@ -177,16 +177,25 @@ def _add_figures(
 
 def _prometheus_exporter() -> _Exporter | None:
     """Register the process-wide collector, or find the one registered already (this
-    module imported a second time, e.g. reloaded); ``None`` without prometheus_client."""
+    module imported a second time, e.g. reloaded); ``None`` without prometheus_client,
+    or when the host registered a metric of one of imq's names: imq's figures then stay
+    unexported (``Queue.metrics`` still has them), and importing imq, opening a queue
+    and the host's own metric work as before."""
     try:
         import prometheus_client  # noqa: PLC0415 - optional dependency
     except ImportError:
         return None
     found = prometheus_client.REGISTRY._names_to_collectors.get("imq_operation_seconds")
     if found is not None:
-        return cast(_Exporter, found)
+        kind = type(found)
+        if kind.__name__ == _Exporter.__name__ and kind.__module__ == __name__:
+            return cast(_Exporter, found)  # ours, from an earlier import of this module
+        return None  # the host's
     exporter = _Exporter()
-    prometheus_client.REGISTRY.register(exporter)
+    try:
+        prometheus_client.REGISTRY.register(exporter)
+    except ValueError:  # a name of imq's is taken ("Duplicated timeseries")
+        return None
     return exporter
 
 

@@ -776,6 +776,20 @@ def _drop_lock(fd: int, owner: int) -> None:
             os.close(fd)
 
 
+def _check_path(path: str | os.PathLike[str]) -> None:
+    """Refuse, before anything is created, a path RocksDB cannot take."""
+    text = os.fspath(path)
+    if not text:
+        raise ValueError("the queue database path is empty; pass its directory")
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # undecodable bytes of the file system's name
+        raise ValueError(
+            f"the queue database path {text!r} is not valid UTF-8, which RocksDB requires "
+            "of its paths; pass a directory whose name is"
+        ) from None
+
+
 class Store:
     """A dedicated RocksDB directory with imq's six column families."""
 
@@ -794,8 +808,7 @@ class Store:
         lock is taken, nothing can be written, and the view is the state at open
         (including the writer's unflushed log).
         """
-        if not os.fspath(path):
-            raise ValueError("the queue database path is empty; pass its directory")
+        _check_path(path)
         self.path = Path(path)
         self.options = options or StoreOptions()
         self.read_only = read_only
@@ -914,7 +927,9 @@ class Store:
         tables = sum(name.endswith(".sst") for name in names)
         if "CURRENT" in names:
             try:
-                families = set(Rdict.list_cf(str(self.path)))
+                # With options of its own: without, rocksdict leaks ~200 bytes of native
+                # memory a call (measured with mallinfo2 over 3,000 opens).
+                families = set(Rdict.list_cf(str(self.path), Options(raw_mode=True)))
             except Exception as exc:
                 raise StorageError(
                     self.path,

@@ -388,3 +388,16 @@ def test_refusals_say_what_to_do(queue: Queue, db_path: Path, tmp_path: Path) ->
         pytest.raises(ImqError, match="open it without read_only=True"),
     ):
         reader.run_gc()
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_path_that_is_not_utf8_is_refused_before_anything_is_created(
+    tmp_path: Path, read_only: bool
+) -> None:
+    """RocksDB takes only UTF-8 paths; a name with undecodable bytes (as ``os.fsdecode``
+    gives them) was refused by rocksdict after the directory and its lock file existed,
+    as a "damaged files" StorageError."""
+    path = os.fsdecode(os.fsencode(tmp_path) + b"/q\xff/sub")
+    with pytest.raises(ValueError, match="is not valid UTF-8"):
+        Queue.open(path, quiet_config(), read_only=read_only)
+    assert list(tmp_path.iterdir()) == []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -254,3 +256,38 @@ def test_real_prometheus_client_survives_reimport() -> None:
     before = _sample("imq_events_total", **labels)
     Metrics().inc("gc_ranges_failed", 2)
     assert _sample("imq_events_total", **labels) == before + 2
+
+
+_HOST_CLASH = """
+import sys, tempfile
+import prometheus_client
+kind = sys.argv[1]
+if kind == "counter":
+    host = prometheus_client.Counter("imq_events", "the host's own")
+else:
+    host = prometheus_client.Histogram("imq_operation_seconds", "the host's own")
+import imq
+from imq.observability import metrics
+assert metrics._EXPORTER is None, metrics._EXPORTER
+with imq.Queue.open(tempfile.mkdtemp(), imq.QueueConfig.testing()) as queue:
+    queue.metrics.inc("gc_ranges_failed")
+    assert queue.metrics.snapshot()["counters"]["gc_ranges_failed"] == 1
+host.inc() if kind == "counter" else host.observe(1.0)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("kind", ["counter", "histogram"])
+def test_a_host_metric_named_like_imqs_leaves_imq_unexported_not_broken(kind: str) -> None:
+    """A host that registered a metric of one of imq's names first: importing imq and
+    opening a queue work, the host's metric is its own, imq's figures stay in
+    ``Queue.metrics`` (a fresh process: the registry is process-wide)."""
+    pytest.importorskip("prometheus_client")
+    done = subprocess.run(
+        [sys.executable, "-c", _HOST_CLASH, kind],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "ok\n", "")
