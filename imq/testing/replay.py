@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -241,7 +242,9 @@ def _parse(path: Path, number: int, raw: bytes) -> Any:
     except RecursionError:
         raise OpLogError(f"{where}: JSON nested too deeply to read") from None
     except ValueError as exc:  # NaN, or an integer of more digits than Python reads
-        reason = str(exc).split(";")[0].split(" for integer string conversion")[0]
+        reason = str(exc)
+        if "integer string conversion" in reason:  # its hint (a process-wide limit) is not ours
+            reason = f"an integer of more than {sys.get_int_max_str_digits()} digits"
         raise OpLogError(f"{where}: not JSON the replay can read ({reason})") from None
 
 

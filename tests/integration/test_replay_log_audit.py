@@ -144,7 +144,10 @@ UNREADABLE = [
     ([HEADER, OPEN, _step("iterate").replace('"step": 2', '"step": 1e400')], "line 3: a step"),
     (['{"imq_ops":1,"zerostate_seqno":1e400}', OPEN], 'line 1: "zerostate_seqno" is not'),
     ([HEADER, OPEN, f'{{"step":2,"op":"run_gc","args":{{}},"result":{DEEP}}}'], "line 3:"),
-    ([HEADER, f'{{"step":{HUGE},"op":"open","args":{{}},"result":null}}'], "line 2: not JSON"),
+    (
+        [HEADER, f'{{"step":{HUGE},"op":"open","args":{{}},"result":null}}'],
+        "line 2: not JSON the replay can read (an integer of more than 4300 digits)",
+    ),
     ([HEADER, OPEN, _raw("get_diff_info", "seqno", "NaN")], "line 3: not JSON"),
 ]
 UNREADABLE_IDS = ["inf-seqno", "inf-partition", "inf-pending", "inf-step"]
