@@ -182,11 +182,12 @@ class RecordingIterator:
     def __next__(self) -> IteratedMessage:
         # The message must be in _seen once the inner iterator has moved past it, or the
         # logged position is one message past the logged messages (a replay then reports
-        # a false divergence). A KeyboardInterrupt is raised where the interpreter checks
-        # for signals: after a call such as next() returns, before its value is stored,
-        # and when a Python function starts, never inside the pull of a for loop. So the
-        # pull is a for loop's, and nothing is called before the append (nor in it: the
-        # message is encoded when the line is written).
+        # a false divergence). CPython raises a KeyboardInterrupt where it checks for
+        # signals: when a call such as next() has returned, before its value is stored,
+        # and when a Python function starts; not when a for loop pulls. So the pull is a
+        # for loop's, and the first call after it is the append (the message is encoded
+        # only when the line is written): an interrupt lands before the pull or after
+        # the append.
         for item in self._inner:
             self._seen.append(item)
             return item  # type: ignore[no-any-return]
