@@ -434,7 +434,7 @@ class _Replayer:
         self._line = line
         real, model = self._run(op, args)
         recorded = _recorded(line)
-        if real != recorded:
+        if real != recorded or _json(real) != _json(recorded):
             raise ReplayDivergenceError(step, op, f"the log says {recorded}, the queue now {real}")
         if model != real:
             raise ReplayDivergenceError(step, op, f"the queue gives {real}, the model {model}")
@@ -683,6 +683,12 @@ def _enc_separated(stats: dict[int, dict[QueueKey, Any]]) -> dict[int, Any]:
         p: {c.enc_key(k): c.enc_stats_map(v) for k, v in sorted(d.items())}
         for p, d in sorted(stats.items())
     }
+
+
+def _json(value: Any) -> str:
+    """The JSON text of an outcome: "exactly" includes the type (Python has false == 0
+    and 1.0 == 1; the format does not)."""
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def _short(value: Any) -> str:

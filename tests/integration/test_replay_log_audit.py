@@ -38,7 +38,7 @@ from imq import (
     ShardIdent,
 )
 from imq.errors import FileAccessError
-from imq.testing import OpLog, OpLogError, replay
+from imq.testing import OpLog, OpLogError, ReplayDivergenceError, replay
 from imq.testing.record import RecordingIterator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -352,3 +352,18 @@ def test_a_sink_that_cannot_be_written_is_named() -> None:
             log.flush()
         with pytest.raises(OSError):  # the close flushes what is left
             sink.close()
+
+
+@pytest.mark.parametrize("value", [False, 0.0])
+def test_a_result_of_another_json_type_does_not_agree(tmp_path: Path, value: object) -> None:
+    """A result is compared exactly: ``false`` or ``0.0`` is not the ``0`` the queue gives."""
+    lines = KEPT.read_text().splitlines()
+    index = next(
+        i for i, line in enumerate(lines) if '"op":"run_gc"' in line and '"result":0' in line
+    )
+    step = json.loads(lines[index])
+    step["result"] = value
+    lines[index] = json.dumps(step)
+    with pytest.raises(ReplayDivergenceError) as caught:
+        replay(_log(tmp_path, *lines))
+    assert caught.value.step == step["step"] and caught.value.op == "run_gc"
