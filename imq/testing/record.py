@@ -10,12 +10,17 @@ A host application wraps its queue to capture what a live collator did::
 
 An iterator is written when it is closed (or exhausted), with the messages it yielded
 and its position, under the step number of its creation: an iterator reads one
-snapshot, so a replay runs it at that step, and a reader orders lines by step.
+snapshot, so a replay runs it at that step, and a reader orders lines by step. One still
+open when its queue is closed or killed is written then (the close ends it), and one
+dropped unclosed when it is freed, so that every step number taken is written: a replay
+refuses a log with a step missing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -35,6 +40,7 @@ from imq import (
     ShardIdent,
     TopBlock,
 )
+from imq.errors import FileAccessError
 from imq.testing.codec import (
     FORMAT_VERSION,
     enc_block,
@@ -63,7 +69,16 @@ class OpLog:
         self._write({"imq_ops": FORMAT_VERSION, "zerostate_seqno": zerostate_seqno})
 
     def _write(self, obj: dict[str, Any]) -> None:
-        self._sink.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        text = json.dumps(obj, separators=(",", ":")) + "\n"
+        try:
+            self._sink.write(text)
+        except OSError as exc:
+            raise self._sink_error(exc) from exc
+
+    def _sink_error(self, exc: OSError) -> FileAccessError:
+        name = getattr(self._sink, "name", None)
+        where = name if isinstance(name, str) and name else "its sink"
+        return FileAccessError(where, "write the op log to", exc)
 
     def reserve_step(self) -> int:
         """Take the next step number now for a line written later (an iterator's)."""
@@ -112,7 +127,10 @@ class OpLog:
         return RecordingQueue(queue, self)
 
     def flush(self) -> None:
-        self._sink.flush()
+        try:
+            self._sink.flush()
+        except OSError as exc:
+            raise self._sink_error(exc) from exc
 
 
 def _same(value: Any) -> Any:
@@ -154,7 +172,7 @@ class RecordingIterator:
         self._inner = inner
         self._log = log
         self._args = args
-        self._seen: list[Any] = []
+        self._seen: list[IteratedMessage] = []  # encoded when the line is written
         self._done = False
         self._step = log.reserve_step()
 
@@ -162,13 +180,19 @@ class RecordingIterator:
         return self
 
     def __next__(self) -> IteratedMessage:
-        try:
-            item: IteratedMessage = next(self._inner)
-        except StopIteration:
-            self._finish(exhausted=True)
-            raise
-        self._seen.append(enc_iterated(item))
-        return item
+        # The message must be in _seen once the inner iterator has moved past it, or the
+        # logged position is one message past the logged messages (a replay then reports
+        # a false divergence). CPython raises a KeyboardInterrupt where it checks for
+        # signals: when a call such as next() has returned, before its value is stored,
+        # and when a Python function starts; not when a for loop pulls. So the pull is a
+        # for loop's, and the first call after it is the append (the message is encoded
+        # only when the line is written): an interrupt lands before the pull or after
+        # the append.
+        for item in self._inner:
+            self._seen.append(item)
+            return item  # type: ignore[no-any-return]
+        self._finish(exhausted=True)
+        raise StopIteration
 
     def current_position(self) -> dict[ShardIdent, QueueKey]:
         position: dict[ShardIdent, QueueKey] = self._inner.current_position()
@@ -179,7 +203,8 @@ class RecordingIterator:
             return
         self._done = True
         position = {str(s): enc_key(k) for s, k in sorted(self.current_position().items())}
-        result = {"messages": self._seen, "exhausted": exhausted, "position": position}
+        messages = [enc_iterated(item) for item in self._seen]
+        result = {"messages": messages, "exhausted": exhausted, "position": position}
         self._log.record("iterate", self._args, result, step=self._step)
 
     def close(self) -> None:
@@ -187,6 +212,14 @@ class RecordingIterator:
         # consumed stays consumed, whether it or its queue was closed first.
         self._inner.close()
         self._finish(exhausted=False)
+
+    def __del__(self) -> None:
+        # Dropped unclosed: written now, or its step number would be missing from the log.
+        # Nothing may escape a finalizer; if the sink is gone, the line is lost (and a
+        # replay refuses the log, rather than replaying it without the step).
+        if not self._done:
+            with contextlib.suppress(Exception):  # nowhere to report it from here
+                self.close()
 
     def __enter__(self) -> RecordingIterator:
         return self
@@ -207,6 +240,9 @@ class RecordingQueue:
     def __init__(self, inner: Any, log: OpLog) -> None:
         self._inner = inner
         self._log = log
+        # Iterators not closed yet: the queue's close ends them, and their lines are
+        # written then (weak: a dropped iterator writes its line when freed).
+        self._iterators: weakref.WeakSet[RecordingIterator] = weakref.WeakSet()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -317,7 +353,9 @@ class RecordingQueue:
             "for_shard": str(for_shard),
         }
         inner = self._inner.iterator(partition, list(ranges), for_shard)
-        return RecordingIterator(inner, self._log, args)
+        it = RecordingIterator(inner, self._log, args)
+        self._iterators.add(it)
+        return it
 
     def get_commit_pointers(self) -> Any:
         return self._log.call(
@@ -378,13 +416,25 @@ class RecordingQueue:
         return int(self._log.call("run_gc", {}, self._inner.run_gc, int))
 
     def close(self) -> None:
-        self._log.call("close", {}, self._inner.close, lambda _: None)
+        try:
+            self._log.call("close", {}, self._inner.close, lambda _: None)
+        finally:
+            self._finish_iterators()
         self._log.flush()
 
     def kill(self) -> None:
         """Record a crash, then kill the inner queue (``kill()`` if it has one, else close)."""
         killer = getattr(self._inner, "kill", None)
-        self._log.call(
-            "kill", {}, killer if killer is not None else self._inner.close, lambda _: None
-        )
+        try:
+            self._log.call(
+                "kill", {}, killer if killer is not None else self._inner.close, lambda _: None
+            )
+        finally:
+            self._finish_iterators()
         self._log.flush()
+
+    def _finish_iterators(self) -> None:
+        """Write the line of every iterator still open: the queue's close ended it (what
+        it consumed stays consumed), so its messages and position are final."""
+        for it in list(self._iterators):
+            it.close()

@@ -11,14 +11,16 @@ yields it. The first difference raises :class:`ReplayDivergenceError`.
 prepared, unwritten diff dies with the process (the model drops it too). A call the host
 made after closing its queue (a queue call, or a pending diff written or discarded) is
 replayed on the closed queue, and the model, closed as well, answers
-``QueueClosedError``. A log that is not one (a step without an argument the replay reads,
-an undecodable value) raises :class:`OpLogError` naming the step.
+``QueueClosedError``. A log the replay cannot use (a line that is not JSON, a value not of
+the type the format gives, a step missing) raises :class:`OpLogError` naming the file and
+the line, before anything is replayed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ from imq import (
 from imq.errors import FileAccessError, ImqError, QueueClosedError
 from imq.testing import codec as c
 from imq.testing.model import DiffInput, QueueModel
+from imq.types import U32_MAX
 
 __all__ = [
     "OpLogError",
@@ -46,6 +49,7 @@ __all__ = [
     "ReplayDivergenceError",
     "ReplayReport",
     "assert_replays",
+    "check_log",
     "iter_steps",
     "read_log",
     "replay",
@@ -107,26 +111,258 @@ def _as_path(name: str, value: object) -> Path:
     return Path(value)
 
 
-def read_log(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    path = _as_path("the op log's path", path)
+# What the replay reads of each op's arguments (docs/replay-format.md, "Operations"): a
+# decoder per argument, strict about JSON types (codec.py).
+_Decode = Callable[[Any], object]
+
+
+def _each(decode: _Decode) -> _Decode:
+    def check(values: Any) -> object:
+        if not isinstance(values, list):
+            raise TypeError(f"expected an array, got {c.json_kind(values)}")
+        return [decode(v) for v in values]
+
+    return check
+
+
+def _int(what: str) -> _Decode:
+    return lambda v: c.dec_int(v, what)
+
+
+def _zone(v: Any) -> DiffZone:  # a query's zone: never null
+    zone = c.dec_zone(v)
+    if zone is None:
+        raise TypeError(f"expected one of {', '.join(DiffZone.__members__)}, got null")
+    return zone
+
+
+def _block_id(v: Any) -> BlockId:
+    if not isinstance(v, str):
+        raise TypeError(f"expected a string, got {c.json_kind(v)}")
+    return BlockId.parse(v)
+
+
+_DIFF_ARGS: dict[str, _Decode] = {
+    "block": c.dec_block,
+    "diff": c.dec_diff,
+    "hash": c.dec_hash,
+    "statistics": c.dec_statistics,
+    "check_sequence": c.dec_zone,
+}
+_ARGS: dict[str, dict[str, _Decode]] = {
+    "open": {},
+    "close": {},
+    "kill": {},
+    "prepare_diff": _DIFF_ARGS,
+    "apply_diff": _DIFF_ARGS,
+    "write": {"pending": _int("pending")},
+    "discard": {"pending": _int("pending")},
+    "commit_diff": {"top_blocks": _each(c.dec_top), "partitions": c.dec_partitions},
+    "clear_uncommitted_state": {"partitions": c.dec_partitions, "top_shards": _each(c.dec_shard)},
+    "startup": {
+        "last_applied_mc_block": _block_id,
+        "top_shards": _each(c.dec_shard),
+        "partitions": c.dec_partitions,
+    },
+    "iterate": {
+        "partition": c.dec_partition,
+        "ranges": _each(c.dec_range),
+        "for_shard": c.dec_shard,
+    },
+    "run_gc": {},
+    "get_commit_pointers": {},
+    "get_last_committed_mc_block_id": {},
+    "get_diff_info": {"shard": c.dec_shard, "seqno": _int("seqno"), "zone": _zone},
+    "get_diffs_tail_len": {"shard": c.dec_shard, "from_key": c.dec_key},
+    "get_last_applied_seqno": {"shard": c.dec_shard},
+    "load_diff_statistics": {"partition": c.dec_partition, "range": c.dec_range},
+}
+# Ops on the pending diff of an earlier prepare (they need no open queue of their own).
+_PENDING_OPS = {"write", "discard"}
+# What a malformed value raises in a decoder (ArithmeticError: an overflow, say).
+_BAD_VALUE = (ValueError, TypeError, KeyError, IndexError, AttributeError, ArithmeticError)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _check_step(line: dict[str, Any], where: str) -> None:
+    """One step line holds what the replay reads: a known op, its arguments (each one
+    decodable as the format says), and a result or an error with a type."""
+    op = line.get("op")
+    if not isinstance(op, str) or op not in _ARGS:
+        raise OpLogError(
+            f"{where}: unknown op {op!r} (the ops are listed in docs/replay-format.md)"
+        )
+    args = line.get("args", {})
+    if not isinstance(args, dict):
+        raise OpLogError(f'{where}: {op}: "args" is {c.json_kind(args)}, not an object')
+    for name, decode in _ARGS[op].items():
+        if name not in args:
+            raise OpLogError(f"{where}: {op} without its argument {name!r}")
+        try:
+            decode(args[name])
+        except _BAD_VALUE as exc:
+            reason = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise OpLogError(f"{where}: {op}: argument {name!r} is not valid ({reason})") from None
+    error = line.get("error")
+    if "error" in line:
+        if not (isinstance(error, dict) and isinstance(error.get("type"), str)):
+            raise OpLogError(f'{where}: {op}: "error" must be an object with a "type" string')
+    elif op == "iterate":  # the replay takes as many messages as the log's iterator did
+        result = line.get("result")
+        if not (
+            isinstance(result, dict)
+            and isinstance(result.get("messages"), list)
+            and isinstance(result.get("exhausted"), bool)
+        ):
+            raise OpLogError(
+                f'{where}: iterate: "result" must be an object with a "messages" array and '
+                'an "exhausted" boolean'
+            )
+
+
+@dataclass(frozen=True)
+class _Line:
+    number: int  # in the file, from 1 (the header)
+    step: int
+    op: str
+    line: dict[str, Any]
+
+
+def _parse(path: Path, number: int, raw: bytes) -> Any:
+    where = f"op log {path} line {number}"
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError as exc:
+        raise OpLogError(f"{where}: not UTF-8 text ({exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        raise OpLogError(f"{where}: not JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise OpLogError(f"{where}: JSON nested too deeply to read") from None
+    except ValueError as exc:  # NaN, or an integer of more digits than Python reads
+        reason = str(exc)
+        if "integer string conversion" in reason:  # its hint (a process-wide limit) is not ours
+            reason = f"an integer of more than {sys.get_int_max_str_digits()} digits"
+        raise OpLogError(f"{where}: not JSON the replay can read ({reason})") from None
+
+
+def _read(path: Path) -> tuple[dict[str, Any], list[_Line]]:
+    """The header and the steps in step order; :class:`OpLogError` naming the file and
+    the line for anything the replay cannot use (the list is in docs/replay-format.md)."""
+    try:
+        data = path.read_bytes()
     except OSError as exc:
         raise FileAccessError(path, "read the op log", exc) from exc
-    except UnicodeDecodeError as exc:
-        raise OpLogError(f"{path} is not an imq op log (not UTF-8 text: {exc})") from None
+    if not data:
+        raise OpLogError(f"op log {path} is empty")
+    raws = data.split(b"\n")
+    header = _parse(path, 1, raws[0])
+    where = f"op log {path} line 1"
+    if not isinstance(header, dict):
+        raise OpLogError(f"{where}: {c.json_kind(header)}, not an op log header (an object)")
+    version = header.get("imq_ops")
+    if type(version) is not int or version != c.FORMAT_VERSION:
+        raise OpLogError(
+            f"{where}: not an op log header of version {c.FORMAT_VERSION} "
+            f'("imq_ops": {json.dumps(version)}); this imq reads version '
+            f"{c.FORMAT_VERSION} only"
+        )
+    zerostate = header.get("zerostate_seqno", 0)
+    if type(zerostate) is not int or not 0 <= zerostate <= U32_MAX:
+        raise OpLogError(f'{where}: "zerostate_seqno" is not a seqno (an integer in 0..2^32-1)')
+    lines: list[_Line] = []
+    seen: dict[int, int] = {}
+    for number, raw in enumerate(raws[1:], start=2):
+        if not raw.strip():
+            continue
+        line = _parse(path, number, raw)
+        where = f"op log {path} line {number}"
+        if not isinstance(line, dict):
+            raise OpLogError(f"{where}: a JSON {type(line).__name__}, not an object")
+        step = line.get("step")
+        if type(step) is not int:
+            raise OpLogError(f'{where}: a step without an integer "step"')
+        if step in seen:
+            raise OpLogError(f"{where}: step {step} again (first on line {seen[step]})")
+        seen[step] = number
+        _check_step(line, where)
+        lines.append(_Line(number, step, line["op"], line))
     if not lines:
-        raise OpLogError(f"{path} is empty")
-    try:
-        header = json.loads(lines[0])
-        if not isinstance(header, dict) or header.get("imq_ops") != c.FORMAT_VERSION:
-            raise OpLogError(f"{path}: not an imq op log of version {c.FORMAT_VERSION}")
-        steps = [json.loads(line) for line in lines[1:] if line.strip()]
-        return header, sorted(steps, key=lambda line: int(line["step"]))
-    except (ValueError, TypeError, KeyError) as exc:  # JSON, or a step without its number
-        if isinstance(exc, OpLogError):
-            raise
-        raise OpLogError(f"{path}: not an op log ({type(exc).__name__}: {exc})") from None
+        raise OpLogError(
+            f"op log {path} holds no step, only its header: there is nothing to replay"
+        )
+    lines.sort(key=lambda s: s.step)
+    _check_numbers(path, lines)
+    _check_order(path, lines)
+    return header, lines
+
+
+def _check_numbers(path: Path, lines: list[_Line]) -> None:
+    """Steps 1, 2, 3, ... without a gap: the recorder writes every number it takes (an
+    iterator's at the latest when its queue closes), so a missing one is a step cut out
+    of the log, and a replay without it would vouch for a history that did not happen."""
+    for expected, s in enumerate(lines, start=1):
+        if s.step == expected:
+            continue
+        where = f"op log {path} line {s.number} (step {s.step}, {s.op})"
+        if expected == 1:
+            raise OpLogError(f"{where}: the first step is {s.step}; steps are numbered from 1")
+        missing = (
+            f"step {expected}" if s.step == expected + 1 else f"steps {expected}..{s.step - 1}"
+        )
+        raise OpLogError(
+            f"{where}: {missing} missing before it: the log was cut or edited (the "
+            "recorder writes every step it numbers), and a replay without a step cannot "
+            "vouch for the steps after it; replay the complete log"
+        )
+
+
+def _check_order(path: Path, lines: list[_Line]) -> None:
+    """In step order (the replay's): no queue call before the first open, no second open
+    before a close (a replay has one queue), and pending diffs only from an earlier
+    prepare. Calls after a close are fine: they replay to the host's QueueClosedError."""
+    state = "never opened"
+    pending: set[int] = set()
+    for s in lines:
+        op, line = s.op, s.line
+        where = f"op log {path} line {s.number} (step {s.step}, {op})"
+        if op == "open":
+            if state == "open":
+                raise OpLogError(
+                    f"{where}: the queue is opened again without a close; a replay "
+                    "replays one queue at a time"
+                )
+            state = "open"
+        elif op in ("close", "kill"):
+            if state == "open":
+                state = "closed"
+        elif op in _PENDING_OPS:
+            token = line["args"]["pending"]
+            if token not in pending:
+                raise OpLogError(
+                    f"{where}: pending diff {token} was not returned by an earlier prepare_diff"
+                )
+        elif state == "never opened":
+            raise OpLogError(f"{where}: a queue call before the log opens its queue")
+        elif op == "prepare_diff":
+            result = line.get("result")
+            if isinstance(result, dict) and type(result.get("pending")) is int:
+                pending.add(result["pending"])
+
+
+def read_log(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The header and the step lines, in step order, of a log the replay can use; else
+    :class:`OpLogError` naming the file and the line (``FileAccessError``: unreadable)."""
+    header, lines = _read(_as_path("the op log's path", path))
+    return header, [s.line for s in lines]
+
+
+def check_log(path: str | os.PathLike[str]) -> int:
+    """Check the whole log as :func:`replay` does before replaying it (every line, every
+    argument, the step numbers and their order); returns the number of steps."""
+    return len(_read(_as_path("the op log's path", path))[1])
 
 
 def _outcome(fn: Any, enc: Any) -> dict[str, Any]:
@@ -152,7 +388,7 @@ def _diff_input(args: dict[str, Any]) -> tuple[QueueDiff, Any, DiffInput]:
     dst = {a: p for p, addrs in router.dst_partitions().items() for a in addrs}
     model_input = DiffInput(
         block=block,
-        diff_hash=bytes.fromhex(args["hash"]),
+        diff_hash=c.dec_hash(args["hash"]),
         messages=diff.messages,
         processed_to=dict(diff.processed_to),
         router_src=src,
@@ -198,7 +434,7 @@ class _Replayer:
         self._line = line
         real, model = self._run(op, args)
         recorded = _recorded(line)
-        if real != recorded:
+        if real != recorded or _json(real) != _json(recorded):
             raise ReplayDivergenceError(step, op, f"the log says {recorded}, the queue now {real}")
         if model != real:
             raise ReplayDivergenceError(step, op, f"the queue gives {real}, the model {model}")
@@ -261,7 +497,7 @@ class _Replayer:
                 {"result": {"pending": token}} if modeled.get("result") is True else modeled
             )
         if op in ("write", "discard"):
-            token = int(a["pending"])
+            token = c.dec_int(a["pending"])
             pending = self.real_pending.get(token)
             if pending is None:
                 raise OpLogError(f"pending diff {token} was not returned by a prepare_diff")
@@ -274,20 +510,22 @@ class _Replayer:
             return real, real
         if op == "commit_diff":
             tops = [c.dec_top(t) for t in a["top_blocks"]]
-            parts = a["partitions"]
+            parts = c.dec_partitions(a["partitions"])
             return self._both(
                 lambda: self.q().commit_diff(tops, parts), lambda: m.commit(tops, parts)
             )
         if op == "clear_uncommitted_state":
-            parts, shards = a["partitions"], [c.dec_shard(s) for s in a["top_shards"]]
+            parts = c.dec_partitions(a["partitions"])
+            shards = [c.dec_shard(s) for s in a["top_shards"]]
             self.shards.update(shards)
             return self._both(
                 lambda: self.q().clear_uncommitted_state(parts, shards),
                 lambda: m.clear(parts, shards),
             )
         if op == "startup":
-            block = BlockId.parse(a["last_applied_mc_block"])
-            parts, shards = a["partitions"], [c.dec_shard(s) for s in a["top_shards"]]
+            block = _block_id(a["last_applied_mc_block"])
+            parts = c.dec_partitions(a["partitions"])
+            shards = [c.dec_shard(s) for s in a["top_shards"]]
             self.shards.update(shards)
             return self._both(
                 lambda: self.q().startup(block, shards, parts),
@@ -309,7 +547,8 @@ class _Replayer:
                 enc,
             )
         if op == "get_diff_info":
-            shard, seqno, zone = c.dec_shard(a["shard"]), int(a["seqno"]), DiffZone[a["zone"]]
+            shard, seqno = c.dec_shard(a["shard"]), c.dec_int(a["seqno"])
+            zone = _zone(a["zone"])
             return self._both(
                 lambda: self.q().get_diff_info(shard, seqno, zone),
                 lambda: m.get_diff_info(shard, seqno, zone),
@@ -328,7 +567,7 @@ class _Replayer:
                 lambda: m.get_last_applied_seqno(shard),
             )
         if op == "load_diff_statistics":
-            r, p = c.dec_range(a["range"]), int(a["partition"])
+            r, p = c.dec_range(a["range"]), c.dec_partition(a["partition"])
             return self._both(
                 lambda: self.q().load_diff_statistics(p, r),
                 lambda: m.load_diff_statistics(p, r),
@@ -340,7 +579,7 @@ class _Replayer:
     _line: dict[str, Any] = {}  # noqa: RUF012 - the line being replayed
 
     def _iterate(self, a: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        partition, for_shard = int(a["partition"]), c.dec_shard(a["for_shard"])
+        partition, for_shard = c.dec_partition(a["partition"]), c.dec_shard(a["for_shard"])
         ranges = [c.dec_range(r) for r in a["ranges"]]
         recorded = self._line.get("result") or {}
         want = None if recorded.get("exhausted", True) else len(recorded.get("messages", []))
@@ -446,6 +685,12 @@ def _enc_separated(stats: dict[int, dict[QueueKey, Any]]) -> dict[int, Any]:
     }
 
 
+def _json(value: Any) -> str:
+    """The JSON text of an outcome: "exactly" includes the type (Python has false == 0
+    and 1.0 == 1; the format does not)."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
 def _short(value: Any) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 600 else text[:600] + "..."
@@ -459,37 +704,42 @@ def replay(
 ) -> ReplayReport:
     """Replay the log at ``path`` on a fresh database in ``db`` (a temporary directory if
     None; ``db`` must not hold a database) and on the model. Raises
-    :class:`ReplayDivergenceError` at the first difference.
+    :class:`ReplayDivergenceError` at the first difference, and :class:`OpLogError` naming
+    the file and the line, before replaying anything, for a log it cannot replay.
 
     ``open_queue(config, zerostate_seqno)``, when given, opens the queue instead (every
     ``open`` of the log calls it; it must reopen one database, e.g.
     :meth:`MemoryDatabase.open`), and ``db`` is not used."""
-    header, lines = read_log(path)
+    log = _as_path("the op log's path", path)
+    header, lines = _read(log)
     if open_queue is not None:
-        return _replay(header, lines, Path("unused"), open_queue)
+        return _replay(log, header, lines, Path("unused"), open_queue)
     if db is None:
         with tempfile.TemporaryDirectory(prefix="imq-replay-") as tmp:
-            return _replay(header, lines, Path(tmp) / "queue")
+            return _replay(log, header, lines, Path(tmp) / "queue")
     where = _as_path("db", db)
     if where.exists() and any(where.iterdir()):
         raise ValueError(f"{where} is not empty: a replay needs a fresh database")
-    return _replay(header, lines, where)
+    return _replay(log, header, lines, where)
 
 
 def _replay(
-    header: dict[str, Any], lines: list[dict[str, Any]], db: Path, opener: Opener | None = None
+    path: Path,
+    header: dict[str, Any],
+    lines: list[_Line],
+    db: Path,
+    opener: Opener | None = None,
 ) -> ReplayReport:
-    r = _Replayer(db, int(header.get("zerostate_seqno", 0)), opener)
+    r = _Replayer(db, header.get("zerostate_seqno", 0), opener)
     try:
-        for line in lines:
+        for s in lines:
             try:
-                r.step(line)
-            except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-                step, op = line.get("step"), line.get("op")
+                r.step(s.line)
+            except (*_BAD_VALUE, RecursionError) as exc:  # OpLogError is a ValueError
                 what = f"missing {exc}" if type(exc) is KeyError else str(exc)
                 raise OpLogError(
-                    f"step {step} ({op}): the log cannot be replayed: {what}; check it "
-                    "against docs/replay-format.md"
+                    f"op log {path} line {s.number} (step {s.step}, {s.op}): the log cannot be "
+                    f"replayed: {what}; check it against docs/replay-format.md"
                 ) from exc
     finally:
         if r.queue is not None:
