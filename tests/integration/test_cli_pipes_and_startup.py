@@ -1,0 +1,186 @@
+"""The CLI's edges an audit found, each through a real ``imq`` process: a reader of stdout
+that goes away at once, a state or a diff read from a pipe, a Ctrl-C while the command is
+still starting, and ``simulate`` options that were not checked.
+
+A command runs as ``python -m imq`` does (or as the ``imq`` console script does), with
+Python's own Ctrl-C handler installed even when the test runner was started with SIGINT
+ignored (as a background job is).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FIRST_DIFF = REPO / "tests/data/tycho/first_block/first_block_queue_diff.bin"
+
+# Python's default SIGINT handler, whatever the parent ignores; then the command.
+_PREAMBLE = "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+_MODULE = _PREAMBLE + (
+    "sys.argv[0] = 'imq'; runpy.run_module('imq', run_name='__main__', alter_sys=True)"
+)
+# What the console script `imq` runs (pyproject.toml's [project.scripts]).
+_SCRIPT = _PREAMBLE + "from imq.cli.main import main; sys.exit(main())"
+# A real SIGINT to the process itself as the named module starts loading: the Ctrl-C of
+# a user who changed their mind while the command was still importing.
+_INTERRUPT_AT = (
+    "import importlib.abc, os, signal, sys\n"
+    "class Interrupt(importlib.abc.MetaPathFinder):\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name == os.environ['IMQ_TEST_INTERRUPT_AT']:\n"
+    "            os.kill(os.getpid(), signal.SIGINT)\n"
+    "        return None\n"
+    "sys.meta_path.insert(0, Interrupt())\n"
+)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), **extra}
+
+
+def _imq(
+    *argv: str | Path,
+    stdin: bytes | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _MODULE, *map(str, argv)],
+        input=stdin,
+        capture_output=True,
+        env=env or _env(),
+        timeout=120,
+        check=False,
+    )
+    return subprocess.CompletedProcess(
+        done.args, done.returncode, done.stdout.decode(), done.stderr.decode()
+    )
+
+
+def _into_closed_pipe(
+    *argv: str | Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``imq`` with stdout a pipe whose reader is gone before the command writes
+    (``imq ... | true``); stderr is captured."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _MODULE, *map(str, argv)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env or _env(),
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    return subprocess.CompletedProcess(done.args, done.returncode, "", done.stderr.decode())
+
+
+# -- a reader of stdout that goes away ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sim_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short verified simulation whose stdout reader left at once, unbuffered (every
+    print meets the closed pipe): it used to exit 1 before writing report.json."""
+    run_dir = tmp_path_factory.mktemp("sim")
+    done = _into_closed_pipe(
+        "simulate",
+        "--dir",
+        run_dir,
+        "--rounds",
+        "20",
+        "--shards",
+        "2",
+        "--no-plot",
+        env=_env(PYTHONUNBUFFERED="1"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return run_dir
+
+
+def test_simulate_into_a_closed_pipe_finishes_and_writes_its_report(sim_run: Path) -> None:
+    report = json.loads((sim_run / "report.json").read_text())
+    assert report["verified"] is True
+
+
+def test_verify_into_a_closed_pipe_exits_with_its_own_status(sim_run: Path) -> None:
+    """A healthy database is healthy whoever reads the verdict: exit 0, no error line."""
+    db = sim_run / "queue"
+    done = _into_closed_pipe("verify", "--no-progress", db)
+    assert (done.returncode, done.stderr) == (0, "")
+    # The same with stderr going into the closed pipe too (`2>&1 | true`).
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        both = subprocess.run(
+            [sys.executable, "-c", _MODULE, "verify", db],
+            stdout=write_end,
+            stderr=write_end,
+            env=_env(),
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert both.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["inspect", "{db}"], 0),
+        (["inspect", "--json", "{db}"], 0),
+        (["dump-diff", str(FIRST_DIFF)], 0),
+        (["--help"], 0),
+        (["inspect", "{db}-missing"], 1),
+    ],
+    ids=["inspect", "inspect-json", "dump-diff", "help", "refused"],
+)
+def test_a_closed_stdout_leaves_the_exit_status_alone(
+    argv: list[str], code: int, sim_run: Path
+) -> None:
+    done = _into_closed_pipe(*(a.format(db=sim_run / "queue") for a in argv))
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    if code:  # a refusal still says why, on stderr
+        assert done.stderr.startswith("imq: error: ") and done.stderr.count("\n") == 1
+
+
+# -- Ctrl-C while the command starts --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "module"),
+    [
+        (_MODULE, "imq.cli.main"),
+        (_MODULE, "imq.cli.simulate"),
+        (_MODULE, "imq.cli.common"),
+        (_SCRIPT, "imq.cli.state"),
+        (_SCRIPT, "imq.sim.child"),
+    ],
+    ids=["m-main", "m-simulate", "m-common", "script-state", "script-sim-child"],
+)
+def test_ctrl_c_while_starting_is_one_line_and_130(entry: str, module: str) -> None:
+    """A Ctrl-C in the first fraction of a second (the modules still loading) used to end
+    in a KeyboardInterrupt traceback and death by SIGINT."""
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPT_AT + entry, "inspect", "no-such-db"],
+        capture_output=True,
+        env=_env(IMQ_TEST_INTERRUPT_AT=module),
+        timeout=120,
+        check=False,
+    )
+    stderr = done.stderr.decode()
+    assert done.returncode == 130, stderr
+    assert stderr == "imq: interrupted while starting; nothing was done\n"
+    assert done.returncode != -signal.SIGINT
