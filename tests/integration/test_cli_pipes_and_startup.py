@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from state_fixtures import SHARD_BIN
 
 REPO = Path(__file__).resolve().parents[2]
 FIRST_DIFF = REPO / "tests/data/tycho/first_block/first_block_queue_diff.bin"
@@ -154,6 +155,26 @@ def test_a_closed_stdout_leaves_the_exit_status_alone(
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
     if code:  # a refusal still says why, on stderr
         assert done.stderr.startswith("imq: error: ") and done.stderr.count("\n") == 1
+
+
+# -- input from a pipe ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", [SHARD_BIN, FIRST_DIFF], ids=["state", "diff"])
+def test_dump_diff_reads_stdin_as_it_reads_the_file(source: Path) -> None:
+    """dump-diff read four bytes, then opened the path again: a pipe was drained by then
+    and the state was called 'truncated at offset 0 ... or it is damaged'."""
+    by_path = _imq("dump-diff", "--json", source)
+    by_pipe = _imq("dump-diff", "--json", "/dev/stdin", stdin=source.read_bytes())
+    assert by_path.returncode == 0, by_path.stderr
+    assert by_pipe.returncode == 0, by_pipe.stderr
+    assert json.loads(by_pipe.stdout) == json.loads(by_path.stdout)
+
+
+def test_dump_diff_of_a_cut_pipe_names_where_it_ends() -> None:
+    done = _imq("dump-diff", "/dev/stdin", stdin=SHARD_BIN.read_bytes()[:1000])
+    assert done.returncode == 1
+    assert done.stderr.startswith("imq: error: /dev/stdin: truncated at offset 272")
 
 
 # -- Ctrl-C while the command starts --------------------------------------------------------
