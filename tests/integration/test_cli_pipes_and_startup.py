@@ -205,3 +205,60 @@ def test_ctrl_c_while_starting_is_one_line_and_130(entry: str, module: str) -> N
     assert done.returncode == 130, stderr
     assert stderr == "imq: interrupted while starting; nothing was done\n"
     assert done.returncode != -signal.SIGINT
+
+
+# -- simulate's options -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("option", "says"),
+    [
+        (["--nodes", "100000"], "imq: nodes must be in 1..16, got 100000"),
+        (["--nodes", "17"], "imq: nodes must be in 1..16, got 17"),
+        (["--gc-every", "-1"], "imq: gc_every must be >= 0"),
+    ],
+    ids=["nodes-100000", "nodes-17", "gc-every-negative"],
+)
+def test_simulate_refuses_options_out_of_range(
+    option: list[str], says: str, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    done = _imq("simulate", "--dir", run_dir, "--rounds", "5", "--no-plot", *option)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(says) and done.stderr.count("\n") == 1, done.stderr
+    assert not run_dir.exists()  # refused before anything was made
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        ("/dev/full", "No space left on device"),
+        pytest.param(
+            "/proc/version",
+            "",
+            marks=pytest.mark.skipif(
+                os.access("/proc/version", os.W_OK) is False, reason="opens only as root"
+            ),
+        ),
+    ],
+    ids=["dev-full", "proc-version"],
+)
+def test_an_op_log_that_cannot_be_written_is_named(path: str, reason: str, tmp_path: Path) -> None:
+    """A file that opens but refuses writes used to print only the reason
+    ('imq: error: Input/output error')."""
+    done = _imq(
+        "simulate",
+        "--dir",
+        tmp_path,
+        "--rounds",
+        "5",
+        "--shards",
+        "1",
+        "--no-plot",
+        "--record",
+        path,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"imq: error: cannot write the op log {path}: {reason}"), line
