@@ -17,8 +17,9 @@ with its own status; what it would have printed there is dropped.
 
 The subcommands' modules are imported by :func:`main`, not at the import of this one (a
 console script imports it before calling ``main``): a Ctrl-C while they load is then an
-interrupt like any other. (This module imports only what ``import imq`` has loaded
-already.)
+interrupt like any other. This module imports only ``imq`` and ``imq.errors``; the
+interrupt of ``import imq`` itself, which a console script and ``python -m imq`` both
+run first, no code of the command can catch.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from typing import Any, TextIO, cast
 
 import imq
 from imq.errors import ImqError
-from imq.observability import configure_for_cli
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -167,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str], out: TextIO) -> int:
     from imq.cli.common import normalize_argv  # noqa: PLC0415 - see the module docstring
+    from imq.observability import configure_for_cli  # noqa: PLC0415
 
     args = build_parser().parse_args(normalize_argv(argv))
     try:
