@@ -186,14 +186,29 @@ def test_dump_diff_of_a_cut_pipe_names_where_it_ends() -> None:
         (_MODULE, "imq.cli.main"),
         (_MODULE, "imq.cli.simulate"),
         (_MODULE, "imq.cli.common"),
+        (_MODULE, "imq.observability"),
         (_SCRIPT, "imq.cli.state"),
         (_SCRIPT, "imq.sim.child"),
+        (_SCRIPT, "imq.queue"),
+        (_SCRIPT, "imq.storage.rocks"),
     ],
-    ids=["m-main", "m-simulate", "m-common", "script-state", "script-sim-child"],
+    ids=[
+        "m-main",
+        "m-simulate",
+        "m-common",
+        "m-observability",
+        "script-state",
+        "script-sim-child",
+        "script-queue",
+        "script-rocks",
+    ],
 )
 def test_ctrl_c_while_starting_is_one_line_and_130(entry: str, module: str) -> None:
     """A Ctrl-C in the first fraction of a second (the modules still loading) used to end
-    in a KeyboardInterrupt traceback and death by SIGINT."""
+    in a KeyboardInterrupt traceback and death by SIGINT. The library's modules (imq.queue,
+    imq.storage.rocks, imq.observability) load after the command's handler is in place,
+    since ``import imq`` loads nothing (the first import of a console script and of
+    ``python -m imq``, which no handler of the command can cover)."""
     done = subprocess.run(
         [sys.executable, "-c", _INTERRUPT_AT + entry, "inspect", "no-such-db"],
         capture_output=True,
