@@ -144,15 +144,22 @@ def _outputs_whose_reader_may_leave() -> Iterator[TextIO]:
     command's run (its prints, its progress lines, the log handler, argparse's help);
     yields the new stdout, flushed before the originals come back."""
     saved = sys.stdout, sys.stderr
-    out = cast("TextIO", _ReaderMayLeave(saved[0]))
-    err = cast("TextIO", _ReaderMayLeave(saved[1]))
-    sys.stdout, sys.stderr = out, err
-    try:
-        yield out
-    finally:
-        out.flush()
-        err.flush()
-        sys.stdout, sys.stderr = saved
+    with contextlib.ExitStack() as stack:
+        # Python makes a stream None when its file was closed before it started (`imq
+        # ... >&-`): then there is no reader from the start.
+        out, err = (
+            cast("TextIO", _ReaderMayLeave(stream))
+            if stream is not None
+            else stack.enter_context(open(os.devnull, "w", encoding="utf-8"))
+            for stream in saved
+        )
+        sys.stdout, sys.stderr = out, err
+        try:
+            yield out
+        finally:
+            out.flush()
+            err.flush()
+            sys.stdout, sys.stderr = saved
 
 
 def main(argv: Sequence[str] | None = None) -> int:

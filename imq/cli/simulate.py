@@ -167,7 +167,11 @@ class _OpLogFile:
     def __enter__(self) -> _OpLogFile:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is not None:  # the run's own error (or a Ctrl-C) is the one to tell
+            with contextlib.suppress(OSError):
+                self._file.close()
+            return
         with self._naming():
             self._file.close()
 

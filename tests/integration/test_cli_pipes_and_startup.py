@@ -157,6 +157,29 @@ def test_a_closed_stdout_leaves_the_exit_status_alone(
         assert done.stderr.startswith("imq: error: ") and done.stderr.count("\n") == 1
 
 
+def test_a_stdout_closed_before_the_start_changes_nothing(sim_run: Path) -> None:
+    """`imq verify DB >&-`: Python starts with sys.stdout None, which the command used to
+    flush (a traceback, exit 1)."""
+    done = subprocess.run(
+        [
+            "sh",
+            "-c",
+            'exec "$@" >&-',
+            "sh",
+            sys.executable,
+            "-c",
+            _MODULE,
+            "verify",
+            sim_run / "queue",
+        ],
+        capture_output=True,
+        env=_env(),
+        timeout=120,
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (0, b"")
+
+
 # -- input from a pipe ------------------------------------------------------------------------
 
 
