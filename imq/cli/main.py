@@ -10,27 +10,43 @@ A command may also set ``interrupted`` (``set_defaults(interrupted=text)``): the
 Ctrl-C leaves behind, printed as ``imq: interrupted; <text>`` instead of a traceback.
 
 Exit status: 0 done; 1 refused by imq (a typed ``ImqError``, or a path that cannot be
-used), with one line on stderr; 2 bad arguments; 130 interrupted (Ctrl-C).
+used), with one line on stderr; 2 bad arguments; 130 interrupted (Ctrl-C), also while
+the command is still starting (importing its modules). A reader of stdout or stderr that
+goes away (``imq ... | head``) changes nothing: the command finishes its work and exits
+with its own status; what it would have printed there is dropped.
+
+The subcommands' modules are imported by :func:`main`, not at the import of this one (a
+console script imports it before calling ``main``): a Ctrl-C while they load is then an
+interrupt like any other. This module imports only ``imq`` and ``imq.errors``; the
+interrupt of ``import imq`` itself, which a console script and ``python -m imq`` both
+run first, no code of the command can catch.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import os
 import sys
-from collections.abc import Sequence
-from types import ModuleType
+from collections.abc import Iterator, Sequence
+from typing import Any, TextIO, cast
 
 import imq
-from imq.cli import demo, inspect, maintenance, replay, simulate, state, verify
-from imq.cli.common import Parser, normalize_argv
 from imq.errors import ImqError
-from imq.observability import configure_for_cli
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
-# One module per group of subcommands, in the order `imq --help` lists them.
-COMMANDS: tuple[ModuleType, ...] = (simulate, replay, demo, inspect, state, maintenance, verify)
+# One module of imq.cli per group of subcommands, in the order `imq --help` lists them.
+COMMANDS: tuple[str, ...] = (
+    "simulate",
+    "replay",
+    "demo",
+    "inspect",
+    "state",
+    "maintenance",
+    "verify",
+)
 
 EXAMPLES = """\
 examples (from the repository root):
@@ -43,6 +59,8 @@ examples (from the repository root):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from imq.cli.common import Parser  # noqa: PLC0415 - see the module docstring
+
     parser = Parser(
         prog="imq",
         description="The internal message queue of a sharded blockchain collator.",
@@ -54,8 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-json", action="store_true", help="log events as JSON lines")
     parser.add_argument("--version", action="version", version=f"imq {imq.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMANDS:
-        module.register(commands)
+    for name in COMMANDS:
+        importlib.import_module(f"imq.cli.{name}").register(commands)
     return parser
 
 
@@ -71,30 +89,108 @@ def _one_line(text: str) -> str:
 
 
 _INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+_STARTING = "imq: interrupted while starting; nothing was done"
+
+
+class _ReaderMayLeave:
+    """stdout or stderr, whose reader may close it before the command is done (`imq
+    verify DB | head -1`, a monitor that stops reading). The command's outcome must not
+    depend on it: a write or flush that finds the pipe closed stops all further output
+    to the stream, and the work goes on. The stream's file is pointed at /dev/null (the
+    Python docs' recipe for SIGPIPE) so that what is still buffered, and Python's own
+    flush at exit, find no closed pipe either."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                self._stream.write(text)
+            except BrokenPipeError:
+                self._leave()
+        return len(text)
+
+    def writelines(self, lines: Iterator[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._leave()
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ...
+        return getattr(self._stream, name)
+
+    def _leave(self) -> None:
+        self._gone = True
+        # No file behind the stream (a test's buffer) never gets here; one that cannot be
+        # redirected keeps its buffer, which is then simply never written.
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self._stream.fileno())
+            finally:
+                os.close(devnull)
+
+
+@contextlib.contextmanager
+def _outputs_whose_reader_may_leave() -> Iterator[TextIO]:
+    """``sys.stdout`` and ``sys.stderr`` wrapped in :class:`_ReaderMayLeave` for the
+    command's run (its prints, its progress lines, the log handler, argparse's help);
+    yields the new stdout, flushed before the originals come back."""
+    saved = sys.stdout, sys.stderr
+    with contextlib.ExitStack() as stack:
+        # Python makes a stream None when its file was closed before it started (`imq
+        # ... >&-`): then there is no reader from the start.
+        out, err = (
+            cast("TextIO", _ReaderMayLeave(stream))
+            if stream is not None
+            else stack.enter_context(open(os.devnull, "w", encoding="utf-8"))
+            for stream in saved
+        )
+        sys.stdout, sys.stderr = out, err
+        try:
+            yield out
+        finally:
+            out.flush()
+            err.flush()
+            sys.stdout, sys.stderr = saved
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(normalize_argv(sys.argv[1:] if argv is None else argv))
+    with _outputs_whose_reader_may_leave() as out:
+        try:
+            return _main(sys.argv[1:] if argv is None else argv, out)
+        except KeyboardInterrupt:
+            # Ctrl-C before the command began (its modules were loading): one line too.
+            print(_STARTING, file=sys.stderr)
+            return _INTERRUPTED
+
+
+def _main(argv: Sequence[str], out: TextIO) -> int:
+    from imq.cli.common import normalize_argv  # noqa: PLC0415 - see the module docstring
+    from imq.observability import configure_for_cli  # noqa: PLC0415
+
+    args = build_parser().parse_args(normalize_argv(argv))
     try:
         configure_for_cli(args.log_level, json=args.log_json)
     except ValueError as exc:
         print(f"imq: {exc}", file=sys.stderr)
         return 2
     try:
-        code = args.run(args, sys.stdout)  # None or 0: success; a command may return 1
-        sys.stdout.flush()
+        code = args.run(args, out)  # None or 0: success; a command may return 1
+        out.flush()
         return int(code or 0)
     except KeyboardInterrupt:
         # Ctrl-C: one line saying what state the command leaves, not a traceback.
         what = getattr(args, "interrupted", "")
         print(f"imq: interrupted{'; ' + what if what else ''}", file=sys.stderr)
         return _INTERRUPTED
-    except BrokenPipeError:
-        # The reader of stdout went away (`imq ... | head`): stop quietly, and keep Python
-        # from reporting the same error again when it flushes stdout at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 1
     except ImqError as exc:
         print(f"imq: error: {_one_line(str(exc))}", file=sys.stderr)
         return 1

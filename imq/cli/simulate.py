@@ -10,8 +10,9 @@ import argparse
 import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from imq.cli.common import PathError
 from imq.config import QueueConfig
@@ -19,7 +20,7 @@ from imq.errors import FileAccessError
 from imq.observability import configure_for_cli
 from imq.sim import SimConfig, SimQueue, SimResult, Simulation
 from imq.sim.child import ChildQueue
-from imq.sim.engine import Opener, default_opener, frozen_startup_heap
+from imq.sim.engine import MAX_NODES, Opener, default_opener, frozen_startup_heap
 from imq.sim.report import PlotUnavailableError, table, write_json, write_plot
 from imq.testing.record import OpLog, RecordingQueue
 
@@ -72,7 +73,8 @@ def register(commands: Any) -> None:
         "--gc-every",
         type=int,
         default=0,
-        help="explicit GC every N rounds instead of the background worker (0 = background)",
+        help="explicit GC every N rounds instead of the background worker (0, the default: "
+        "background)",
     )
     sim.add_argument(
         "--kill",
@@ -84,7 +86,8 @@ def register(commands: Any) -> None:
         type=int,
         default=1,
         help="node processes, each with its own queue: one collates each shard, the others "
-        "apply its diffs; at the end all must agree (default 1: one in-process queue)",
+        f"apply its diffs; at the end all must agree (default 1: one in-process queue; at "
+        f"most {MAX_NODES})",
     )
     sim.add_argument(
         "--record",
@@ -141,6 +144,47 @@ class _Progress:
             self.stream.flush()
 
 
+_WRITE_LOG = "write the op log"
+
+
+class _OpLogFile:
+    """The ``--record`` file, whose write errors name it: a file that opens but refuses
+    writes (``/proc/version``; ``/dev/full``, a full disk) fails in a write or at the
+    close, where the ``OSError`` names no path."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._file = path.open("w", encoding="utf-8")
+
+    def write(self, text: str) -> int:
+        with self._naming():
+            return self._file.write(text)
+
+    def flush(self) -> None:
+        with self._naming():
+            self._file.flush()
+
+    def __enter__(self) -> _OpLogFile:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is not None:  # the run's own error (or a Ctrl-C) is the one to tell
+            with contextlib.suppress(OSError):
+                self._file.close()
+            return
+        with self._naming():
+            self._file.close()
+
+    @contextlib.contextmanager
+    def _naming(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            if isinstance(exc, FileAccessError):
+                raise
+            raise FileAccessError(self._path, _WRITE_LOG, exc) from exc
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
@@ -169,10 +213,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         if args.record is not None:
             try:
                 args.record.parent.mkdir(parents=True, exist_ok=True)
-                recording = stack.enter_context(args.record.open("w", encoding="utf-8"))
+                recording = stack.enter_context(_OpLogFile(args.record))
             except OSError as exc:
-                raise FileAccessError(args.record, "write the op log", exc) from exc
-            log = OpLog(recording)
+                raise FileAccessError(args.record, _WRITE_LOG, exc) from exc
+            log = OpLog(cast("TextIO", recording))
         sim = _build(config, args, progress, log)
         try:
             with frozen_startup_heap():  # this command is the host process

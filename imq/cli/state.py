@@ -308,6 +308,7 @@ class _StateInput:
 
     def __init__(self, raw: BinaryIO) -> None:
         self._raw = raw
+        self.name = raw.name  # what the readers' errors name
         self._seekable = raw.seekable()
         self._start = raw.tell() if self._seekable else 0
         self._kept: bytearray | None = None if self._seekable else bytearray()
@@ -420,27 +421,41 @@ def dump_diff(file: Path, *, as_json: bool, out: TextIO) -> None:
     """Print a bare queue diff, or every diff in a state's header, with computed hashes.
     JSON is always a list of diffs, so both kinds of file read back the same way."""
     input_file(file, "file")
-    with open(file, "rb") as f:
-        head = f.read(4)
-    if head == DIFF_MAGIC:
-        data = file.read_bytes()
-        with _naming(file, "a queue diff"):
-            diff = decode_diff(data)
-        entries = [diff_json(diff, diff_hash(data))]
-        title = f"queue diff {file.name}"
-    else:
-        with _naming(file, "a queue diff or a queue state"), open_source(file) as src:
-            reader = StateReader(src)
-            # The whole file, not only its header: a state cut short or damaged in its
-            # chunks must not be shown as sound (each message against its diff's hashes).
-            for _ in reader.segments():
-                pass
-        header = reader.header
-        entries = [diff_json(d, h) for d, h in zip(header.diffs, header.diff_hashes, strict=True)]
-        title = (
-            f"queue state {file.name}: {header.shard}:{header.seqno}, {header.n_chunks} "
-            f"chunks, {reader.total_messages} messages checked against their diffs' hashes"
-        )
+    try:
+        raw = open(file, "rb")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise FileAccessError(file, "read the file", exc) from exc
+    # Opened once and read once: a pipe (/dev/stdin, a FIFO) is drained by a first read,
+    # so its first bytes, which tell a diff from a state, are kept and read again.
+    with raw:
+        given = _StateInput(raw)
+        head = b""
+        while len(head) < len(DIFF_MAGIC) and (more := given.read(len(DIFF_MAGIC) - len(head))):
+            head += more  # a pipe may hand the first bytes over in pieces
+        if head == DIFF_MAGIC:
+            data = head + raw.read()
+            with _naming(file, "a queue diff"):
+                diff = decode_diff(data)
+            entries = [diff_json(diff, diff_hash(data))]
+            title = f"queue diff {file.name}"
+        else:
+            with (
+                _naming(file, "a queue diff or a queue state"),
+                open_source(given.again()) as src,
+            ):
+                reader = StateReader(src)
+                # The whole file, not only its header: a state cut short or damaged in its
+                # chunks must not be shown as sound (each message against its diff's hashes).
+                for _ in reader.segments():
+                    pass
+            header = reader.header
+            entries = [
+                diff_json(d, h) for d, h in zip(header.diffs, header.diff_hashes, strict=True)
+            ]
+            title = (
+                f"queue state {file.name}: {header.shard}:{header.seqno}, {header.n_chunks} "
+                f"chunks, {reader.total_messages} messages checked against their diffs' hashes"
+            )
     if as_json:
         json.dump(entries, out, indent=2)
         print(file=out)

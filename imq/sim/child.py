@@ -54,7 +54,15 @@ def _serve(
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if setup is not None:
         setup()
-    queue = Queue.open(Path(path), config)
+    try:
+        queue = Queue.open(Path(path), config)
+    except Exception as exc:
+        # The first call's answer is the open's own error (the database locked by another
+        # process, say), raised in the parent as it was raised here: not a traceback on
+        # this process's stderr and "the queue process died" there.
+        conn.recv()
+        conn.send(("error", exc))
+        return
     pending: dict[int, Any] = {}
     next_id = 0
     while True:

@@ -48,6 +48,7 @@ from imq.sim.world import ZERO_HASH, World, busiest_router, derive_rng, diff_has
 from imq.storage.rocks import DATABASE_FILE, LOCK_FILE, wipe_database
 
 __all__ = [
+    "MAX_NODES",
     "MessageId",
     "Opener",
     "PendingLike",
@@ -165,6 +166,11 @@ def default_opener(path: Path, config: QueueConfig) -> SimQueue:
     return Queue.open(path, config)
 
 
+# Each node is a process with a queue of its own (block cache, write buffers, cache of
+# fresh rows) that every round waits on: beyond 16 a run measures the machine, not imq.
+MAX_NODES = 16
+
+
 @dataclass(frozen=True)
 class SimConfig:
     """One simulation run. ``rounds`` or ``duration`` (seconds) bounds the main phase."""
@@ -200,8 +206,12 @@ class SimConfig:
             raise ValueError(f"duration must be a positive number of seconds, got {self.duration}")
         if self.fanout < 0:
             raise ValueError(f"fanout must be >= 0, got {self.fanout}")
-        if self.nodes < 1:
-            raise ValueError(f"nodes must be at least 1, got {self.nodes}")
+        if not 1 <= self.nodes <= MAX_NODES:
+            raise ValueError(f"nodes must be in 1..{MAX_NODES}, got {self.nodes}")
+        if self.gc_every < 0:
+            raise ValueError(
+                f"gc_every must be >= 0 (0: the background worker collects), got {self.gc_every}"
+            )
         if self.commit_every < 1 or self.read_limit < 1:
             raise ValueError("commit_every and read_limit must be at least 1")
 

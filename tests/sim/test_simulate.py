@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -475,3 +477,38 @@ def test_gc_that_keeps_diff_records_is_named(
     monkeypatch.setattr(imq_gc, "stage_delete", keeping_records)
     errors = _failed_checks(_run_wrapped(tmp_path, gc_every=2))  # GC in the run's thread
     assert any("stored after the final GC" in e for e in errors), errors
+
+
+def test_a_queue_process_that_cannot_open_says_why(tmp_path: Path) -> None:
+    """A queue process whose open failed (`imq gc` took the lock while a killed one was
+    restarting) died with a traceback on stderr, and the run said only "the queue process
+    died during get_last_committed_mc_block_id": the open's own error is the answer now."""
+    script = (
+        "import sys\n"
+        "from imq import Queue, QueueConfig\n"
+        "from imq.sim.child import ChildQueue\n"
+        "if __name__ == '__main__':\n"
+        "    config = QueueConfig(gc_enabled=False)\n"
+        "    holder = Queue.open(sys.argv[1], config)\n"
+        "    child = ChildQueue(holder.path, config)\n"
+        "    try:\n"
+        "        child.get_last_committed_mc_block_id()\n"
+        "    except Exception as exc:\n"
+        "        print(type(exc).__name__, exc)\n"
+        "    child.kill()\n"
+        "    holder.close()\n"
+    )
+    (tmp_path / "lock.py").write_text(script)
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "lock.py"), str(tmp_path / "db")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("DatabaseLockedError queue database "), done.stdout
+    assert "is already open" in done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
