@@ -9,9 +9,8 @@ from typing import Any, TextIO
 
 from imq.cli.common import Heartbeat, PathError, input_file
 from imq.testing.replay import OpLogError, ReplayDivergenceError, replay
-from imq.testing.replay import check_log as check_replayable
 
-__all__ = ["OpLogError", "check_log", "register", "run"]
+__all__ = ["OpLogError", "register", "run"]
 
 EXAMPLES = """\
 A log comes from `imq simulate --record` (or imq.testing.record); docs/replay-format.md
@@ -42,14 +41,6 @@ def register(commands: Any) -> None:
     )
 
 
-def check_log(path: Path) -> int:
-    """The whole log, checked before anything is replayed: :class:`OpLogError` naming the
-    file and the line (and the step) for one the replay cannot use. Returns the number of
-    steps."""
-    input_file(path, "op log")
-    return check_replayable(path)
-
-
 def _fresh_dir(db: Path) -> None:
     """``--db``: a directory to create, or an empty one."""
     if db.exists() and not db.is_dir():
@@ -63,13 +54,15 @@ def _fresh_dir(db: Path) -> None:
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
-    steps = check_log(args.log)
+    input_file(args.log, "op log")
     if args.db is not None:
         _fresh_dir(args.db)
     try:
         with Heartbeat("replay", enabled=not args.no_progress) as beat:
-            beat.update(f"{steps:,} steps")
-            report = replay(args.log, args.db)
+            # The log is read once, checked whole, then replayed: it may be a pipe.
+            report = replay(
+                args.log, args.db, checked=lambda steps: beat.update(f"{steps:,} steps")
+            )
     except ReplayDivergenceError as exc:
         print(f"replay: DIVERGED at step {exc.step} ({exc.op})", file=out)
         print(f"  first difference: {exc.difference}", file=out)

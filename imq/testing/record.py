@@ -72,6 +72,8 @@ class OpLog:
         text = json.dumps(obj, separators=(",", ":")) + "\n"
         try:
             self._sink.write(text)
+        except FileAccessError:
+            raise  # the sink named itself (the CLI's file does)
         except OSError as exc:
             raise self._sink_error(exc) from exc
 
@@ -129,6 +131,8 @@ class OpLog:
     def flush(self) -> None:
         try:
             self._sink.flush()
+        except FileAccessError:
+            raise
         except OSError as exc:
             raise self._sink_error(exc) from exc
 

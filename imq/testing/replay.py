@@ -701,17 +701,22 @@ def replay(
     db: str | os.PathLike[str] | None = None,
     *,
     open_queue: Opener | None = None,
+    checked: Callable[[int], object] | None = None,
 ) -> ReplayReport:
     """Replay the log at ``path`` on a fresh database in ``db`` (a temporary directory if
     None; ``db`` must not hold a database) and on the model. Raises
     :class:`ReplayDivergenceError` at the first difference, and :class:`OpLogError` naming
-    the file and the line, before replaying anything, for a log it cannot replay.
+    the file and the line, before replaying anything, for a log it cannot replay. The log
+    is read once (it may be a pipe); ``checked(steps)``, when given, is called once it
+    has passed its checks, before the first step.
 
     ``open_queue(config, zerostate_seqno)``, when given, opens the queue instead (every
     ``open`` of the log calls it; it must reopen one database, e.g.
     :meth:`MemoryDatabase.open`), and ``db`` is not used."""
     log = _as_path("the op log's path", path)
     header, lines = _read(log)
+    if checked is not None:
+        checked(len(lines))
     if open_queue is not None:
         return _replay(log, header, lines, Path("unused"), open_queue)
     if db is None:

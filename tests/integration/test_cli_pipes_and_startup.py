@@ -200,6 +200,20 @@ def test_dump_diff_of_a_cut_pipe_names_where_it_ends() -> None:
     assert done.stderr.startswith("imq: error: /dev/stdin: truncated at offset 272")
 
 
+def test_replay_reads_its_log_from_a_pipe() -> None:
+    """The replay checked the whole log, then opened it again to replay it: from a pipe
+    the second read found nothing ('op log /dev/stdin is empty', exit 1)."""
+    log = Path(__file__).parents[1] / "replays" / "sim-2shards-seed7.jsonl"
+    by_path = _imq("replay", "--no-progress", log)
+    by_pipe = _imq("replay", "--no-progress", "/dev/stdin", stdin=log.read_bytes())
+    assert by_path.returncode == 0, by_path.stderr
+    assert (by_pipe.returncode, by_pipe.stdout) == (0, by_path.stdout), by_pipe.stderr
+    assert "steps agree" in by_pipe.stdout
+    cut = _imq("replay", "--no-progress", "/dev/stdin", stdin=log.read_bytes()[:300])
+    assert cut.returncode == 1
+    assert cut.stderr.startswith("imq: error: op log /dev/stdin line "), cut.stderr
+
+
 # -- Ctrl-C while the command starts --------------------------------------------------------
 
 
@@ -300,3 +314,4 @@ def test_an_op_log_that_cannot_be_written_is_named(path: str, reason: str, tmp_p
     assert "Traceback" not in done.stderr
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith(f"imq: error: cannot write the op log {path}: {reason}"), line
+    assert line.count("cannot write") == 1 and line.count("retry") == 1, line  # named once
