@@ -623,6 +623,13 @@ _DAMAGED_HINT = (
 )
 
 
+# RocksDB's (and rocksdict's) words for a file system that refuses to write.
+_FILE_SYSTEM_REFUSALS = (
+    (errno.EROFS, "Read-only file system"),
+    (errno.EACCES, "Permission denied"),
+)
+
+
 def _open_hint(reason: str) -> str:
     """What to do about a failed RocksDB open, from its reason."""
     if _says_disk_full(reason):
@@ -1127,6 +1134,12 @@ class Store:
             text = str(exc)
             if "While lock file" in text or "lock hold by" in text or "/LOCK:" in text:
                 raise DatabaseLockedError(f"queue database {self.path} is locked: {exc}") from exc
+            for code, says in _FILE_SYSTEM_REFUSALS:
+                if says in text:  # the file system's refusal, not damage: as imq's own opens
+                    refused = OSError(code, f"{os.strerror(code)} ({text})")
+                    raise FileAccessError(
+                        self.path, "open queue database", refused, _open_hint(text)
+                    ) from exc
             raise StorageError(self.path, "open", str(exc), hint=_open_hint(str(exc))) from exc
         tables = {t: db.get_column_family(t.value) for t in Table}
         handles = {t: db.get_column_family_handle(t.value) for t in Table}

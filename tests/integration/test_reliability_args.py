@@ -3,11 +3,13 @@ the database unchanged."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import gc
 import io
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -401,3 +403,25 @@ def test_a_path_that_is_not_utf8_is_refused_before_anything_is_created(
     with pytest.raises(ValueError, match="is not valid UTF-8"):
         Queue.open(path, quiet_config(), read_only=read_only)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_read_only_file_system_is_a_file_access_error(tmp_path: Path, read_only: bool) -> None:
+    """A queue on a file system mounted read-only: rocksdict rewrites a file of its own at
+    every open, read-only ones too, so both opens fail; the file system's refusal is a
+    ``FileAccessError`` (EROFS) saying to copy the directory, not damage."""
+    root = tmp_path / "mnt"
+    root.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(root)]
+    if subprocess.run(mount, capture_output=True, check=False).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        with open_queue(root / "db") as queue:
+            Chain(queue).apply(BASE)
+        subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True, capture_output=True)
+        with pytest.raises(FileAccessError) as info:
+            Queue.open(root / "db", quiet_config(), read_only=read_only)
+        assert info.value.errno == errno.EROFS, info.value
+        assert "copy the directory" in str(info.value) or "read-only" in str(info.value)
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
