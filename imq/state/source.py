@@ -10,6 +10,7 @@ stream that stops inside a frame silently, so a small walker over the frame stru
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 from types import TracebackType
@@ -318,9 +319,17 @@ class _FileInput:
 
     def read(self, n: int = -1, /) -> bytes:
         try:
-            return self._file.read(n)
+            data = self._file.read(n)
         except OSError as exc:
             raise FileAccessError(self._path, _READ, exc, self._hint) from exc
+        if data is None:  # a non-blocking stream with nothing to read yet
+            raise FileAccessError(
+                self._path,
+                _READ,
+                BlockingIOError(errno.EAGAIN, "a non-blocking stream had no data ready"),
+                "pass a blocking file object (or the path): a state is read in one pass",
+            )
+        return data
 
 
 def open_source(source: str | os.PathLike[str] | BinaryIO) -> ByteSource:

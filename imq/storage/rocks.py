@@ -795,6 +795,15 @@ def _check_path(path: str | os.PathLike[str]) -> None:
             f"the queue database path {text!r} is not valid UTF-8, which RocksDB requires "
             "of its paths; pass a directory whose name is"
         ) from None
+    if os.path.islink(text) and not os.path.exists(text):  # mkdir: "File exists"
+        raise FileAccessError(
+            text,
+            "open queue database",
+            FileNotFoundError(
+                errno.ENOENT, f"it is a symbolic link to {os.readlink(text)}, which does not exist"
+            ),
+            "create the directory it points to, or pass another path",
+        )
 
 
 class Store:

@@ -425,3 +425,14 @@ def test_a_read_only_file_system_is_a_file_access_error(tmp_path: Path, read_onl
         assert "copy the directory" in str(info.value) or "read-only" in str(info.value)
     finally:
         subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_dangling_symlink_is_named_as_one(tmp_path: Path, read_only: bool) -> None:
+    """A database path that is a symbolic link to nothing: the open said 'File exists'
+    (its mkdir's complaint). Nothing is created at the link's target."""
+    link = tmp_path / "db"
+    link.symlink_to(tmp_path / "gone")
+    with pytest.raises(FileAccessError, match=r"symbolic link to .*gone, which does not exist"):
+        Queue.open(link, quiet_config(), read_only=read_only)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db"]

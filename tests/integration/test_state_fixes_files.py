@@ -369,3 +369,18 @@ def test_exporting_onto_a_full_disk_keeps_the_old_file(
         (disk / "filler").unlink()
         _export(shard_queue, dest)  # space freed: the same export works
         assert dest.stat().st_size > len(OLD)
+
+
+def test_a_non_blocking_stream_without_data_is_named(shard_queue: Queue) -> None:
+    """A non-blocking stream whose ``read`` returns ``None`` (no data yet) read as an
+    empty file: 'truncated at offset 0'."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    try:
+        with (
+            os.fdopen(r, "rb", buffering=0) as stream,
+            pytest.raises(FileAccessError, match="non-blocking stream had no data"),
+        ):
+            shard_queue.import_state(stream, BlockId(BASE, 161))
+    finally:
+        os.close(w)
