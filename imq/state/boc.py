@@ -480,8 +480,11 @@ def root_data(boc: bytes) -> tuple[bytes, int]:
     if cell is not None:
         d2 = cell[1]
         return cell[2:], d2 * 4 if not d2 & 1 else (d2 - 1) * 4 + _TAG_BITS[cell[-1]]
-    root = decode_boc(boc, max_roots=1)[0]
-    return root.data, root.bits
+    layout = _parse(boc, 1, None)  # the layout checked, no cell built (nor hashed)
+    buf, p = layout.buf, layout.starts[layout.roots[0]]
+    d2 = buf[p + 1]
+    q = p + 2 + ((d2 + 1) >> 1)
+    return buf[p + 2 : q], d2 * 4 if not d2 & 1 else (d2 - 1) * 4 + _TAG_BITS[buf[q - 1]]
 
 
 def _check_root_level(layout: _Layout, cell: Cell, r: int) -> None:

@@ -86,7 +86,7 @@ def export_state(
         hash_lists = []
         try:
             for i, (info, parts) in enumerate(records, start=1):
-                hash_lists.append(_spool_messages(store, shard, info, parts, spool))
+                hash_lists.append(_spool_messages(store, (shard, seqno), info, parts, spool))
                 if progress is not None and (spool.messages < total or i == len(records)):
                     progress(spool.messages, total)  # all done is reported once, at the end
             spool.finish()  # the last chunk: its messages are checked before dest is opened
@@ -170,10 +170,15 @@ def _message_reads(
 
 
 def _spool_messages(
-    store: Store, shard: ShardIdent, info: DiffInfo, parts: dict[int, int], spool: ChunkSpool
+    store: Store,
+    block: tuple[ShardIdent, int],
+    info: DiffInfo,
+    parts: dict[int, int],
+    spool: ChunkSpool,
 ) -> bytes:
-    """Spool one diff's messages in hash order, each to be checked against its key's
-    hash; return their hashes, concatenated."""
+    """Spool one diff's messages of the state of ``block`` in hash order, each to be
+    checked against its key's hash; return their hashes, concatenated."""
+    shard, seqno = block
     expected = sum(parts.values())
     reads = _message_reads(shard, info, parts)
     with ops.view(store, *reads) as view:
@@ -192,34 +197,31 @@ def _spool_messages(
             f"cannot export the diff of {shard}:{info.seqno}: its messages {_keys_text(keys)} "
             f"have the same hash; a state lists each message hash of a diff once"
         )
-    _check_headers(shard, info, rows)
+    _check_headers(shard, seqno, info, rows)
     spool.add_checked([row[:2] for row in rows])
     return b"".join(hashes)
 
 
 def _check_headers(
-    shard: ShardIdent, info: DiffInfo, rows: list[tuple[bytes, bytes, bytes, bytes]]
+    shard: ShardIdent, seqno: int, info: DiffInfo, rows: list[tuple[bytes, bytes, bytes, bytes]]
 ) -> None:
     """Each message's body must carry the lt, source and destination its row is stored
     under: the state holds only the body, and its import files the message by the
     body's header. (A body that is no BOC is left to the spool, which names it.)"""
     for hash_, body, lt, addresses in rows:
         try:
-            data, bits = root_data(body)
+            header = parse_internal_header(*root_data(body))
         except BocError:
             continue
-        key = QueueKey(int.from_bytes(lt), hash_)
-        where = f"message {_keys_text([key])} of the diff of {shard}:{info.seqno}"
-        try:
-            header = parse_internal_header(data, bits)
         except MessageFormatError as exc:
+            where = _where(shard, info, lt, hash_)
             raise StateFormatError(
-                f"cannot export the state of {shard}:{info.seqno}: the body of {where} is "
-                f"not an internal message with standard addresses (bad {exc.field}: {exc}); "
-                "a state holds only those"
+                f"cannot export the state of {shard}:{seqno}: the body of {where} is not an "
+                f"internal message with standard addresses (bad {exc.field}: {exc}); a "
+                "state holds only those"
             ) from None
         stored = (
-            key.lt,
+            int.from_bytes(lt),
             addresses[_SRC] - 128,
             addresses[_SRC + 1 :],
             addresses[0] - 128,
@@ -227,10 +229,15 @@ def _check_headers(
         )
         if header != stored:
             raise StateFormatError(
-                f"cannot export the state of {shard}:{info.seqno}: {where} is stored "
-                f"{_header_text(stored)}, but its body says {_header_text(header)}; the "
-                "state's import would file it by its body"
+                f"cannot export the state of {shard}:{seqno}: {_where(shard, info, lt, hash_)} "
+                f"is stored {_header_text(stored)}, but its body says {_header_text(header)}; "
+                "the state's import would file it by its body"
             )
+
+
+def _where(shard: ShardIdent, info: DiffInfo, lt: bytes, hash_: bytes) -> str:
+    key = QueueKey(int.from_bytes(lt), hash_)
+    return f"message {_keys_text([key])} of the diff of {shard}:{info.seqno}"
 
 
 def _header_text(header: tuple[int, int, bytes, int, bytes]) -> str:

@@ -26,6 +26,7 @@ from imq.state.boc import (
     decode_boc,
     encode_boc,
     join_roots,
+    root_data,
     split_roots,
 )
 from imq.state.message import build_internal_message
@@ -531,3 +532,18 @@ def test_random_bytes_raise_only_boc_error(data: bytes) -> None:
     for prefix in (b"", MAGIC):
         with contextlib.suppress(BocError):
             decode_boc(prefix + data)
+
+
+def test_root_data_is_the_root_cells_data_and_bits() -> None:
+    """The export reads each message's header from its root cell without building (or
+    hashing) the tree: the same data and bit length as the decoded root's."""
+    for root in (leaf(0xAB, 8), leaf(0b101, 3), small_boc_root(), leaf(0x1234, 13, leaf(1, 1))):
+        boc = encode_boc([root])
+        assert root_data(boc) == (root.data, root.bits)
+        assert root_data(with_extras(boc, index=True, crc=True)) == (root.data, root.bits)
+    with pytest.raises(BocError):
+        root_data(b"not a BOC")
+
+
+def small_boc_root() -> Cell:
+    return decode_boc(small_boc())[0]
