@@ -25,7 +25,9 @@ background worker never dies from one error.
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from dataclasses import dataclass
 from time import perf_counter
 
@@ -420,6 +422,19 @@ class _Held:
         self._rw.release_read()
 
 
+# Workers whose thread may run at interpreter exit (a queue never closed). Python ends
+# daemon threads when they next take the GIL after exit began, and one inside RocksDB (a
+# compaction, the GIL released) ended that way aborts the process ("FATAL: exception not
+# rethrown", SIGABRT): an exit hook, run before that, stops them as close() does.
+_LIVE_WORKERS: weakref.WeakSet[GcWorker] = weakref.WeakSet()
+_exit_hook: list[bool] = []  # registered once, when the first worker starts
+
+
+def _stop_workers_at_exit() -> None:
+    for worker in list(_LIVE_WORKERS):
+        worker.stop()
+
+
 class GcWorker:
     """The background thread: a pass at once, then one every ``interval`` seconds."""
 
@@ -434,6 +449,10 @@ class GcWorker:
         self._thread = threading.Thread(target=self._loop, name="imq-gc", daemon=True)
 
     def start(self) -> None:
+        if not _exit_hook:
+            atexit.register(_stop_workers_at_exit)
+            _exit_hook.append(True)
+        _LIVE_WORKERS.add(self)
         self._thread.start()
 
     @property

@@ -636,3 +636,48 @@ def test_a_forked_child_is_refused_the_parents_queue_and_exits_cleanly(db_path: 
     assert "child closed" in lines
     assert "child exit status 0" in lines
     assert "parent reopened True" in lines
+
+
+_EXIT_MID_COMPACTION = """
+import sys
+from imq import (Address, BlockId, BlockIdShort, Message, Queue, QueueConfig, QueueDiff,
+                 QueueKey, ShardIdent, TopBlock)
+config = QueueConfig(gc_enabled=True, gc_interval=3600, compaction_debt=0,
+                     compact_after_delete=True)
+queue = Queue.open(sys.argv[1], config)
+S, MC = ShardIdent.BASECHAIN, ShardIdent.MASTERCHAIN
+src, dst = Address(0, b"\\x11" * 32), Address(0, b"\\x22" * 32)
+lt = 1000
+for seqno in range(1, 101):
+    keys = [QueueKey(lt + i, (lt + i).to_bytes(32, "big")) for i in range(1000)]
+    diff = QueueDiff([Message(k, src, dst, b"x" * 300) for k in keys],
+                     {S: QueueKey.max_for_lt(lt - 1)})
+    queue.apply_diff(diff, BlockIdShort(S, seqno), seqno.to_bytes(32, "big"))
+    empty = QueueDiff(min_key=QueueKey.MIN, max_key=QueueKey.MIN)
+    queue.apply_diff(empty, BlockIdShort(MC, seqno), (10**6 + seqno).to_bytes(32, "big"))
+    queue.commit_diff([TopBlock(BlockId(MC, seqno), seqno), TopBlock(BlockId(S, seqno), seqno)])
+    lt += 2000
+queue.gc_worker.tick(timeout=0.005)  # a pass, which compacts what it deleted, in flight
+if sys.argv[2] == "error":
+    raise SystemExit("the host's own error")
+"""
+
+
+@pytest.mark.parametrize("end", ["normal", "error"])
+def test_exiting_without_close_while_gc_compacts_ends_the_process_normally(
+    tmp_path: Path, end: str
+) -> None:
+    """A host that ends (normally, or on its own error) without ``close()`` while the GC
+    worker is inside a compaction: Python ended the daemon thread inside RocksDB and the
+    process aborted ('FATAL: exception not rethrown', SIGABRT, 10 of 10 runs), hiding the
+    host's own exit status. An exit hook now stops the worker first."""
+    for run in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", _EXIT_MID_COMPACTION, str(tmp_path / f"db{run}"), end],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        expected = (0, "") if end == "normal" else (1, "the host's own error\n")
+        assert (done.returncode, done.stderr) == expected, done.stderr
