@@ -21,6 +21,7 @@ import operator
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -250,6 +251,14 @@ def test_a_log_cut_at_a_line_end_still_replays(tmp_path: Path) -> None:
     assert replay(_log(tmp_path, *lines[:20])).steps == 19
 
 
+def _reading(log: OpLog, path: Path) -> tuple[Queue, Iterator[IteratedMessage]]:
+    """A recorded queue holding three messages, and an iterator that has yielded one."""
+    queue, full = _queue_with_a_message(log, path)
+    it = queue.iterator(0, [full], ShardIdent.BASECHAIN)
+    next(it)
+    return queue, it
+
+
 def _queue_with_a_message(log: OpLog, path: Path) -> tuple[Queue, QueueShardRange]:
     queue = log.open(Queue.open, path, QueueConfig.testing())
     msgs = [
@@ -267,10 +276,7 @@ def _queue_with_a_message(log: OpLog, path: Path) -> tuple[Queue, QueueShardRang
 def test_an_iterator_open_when_its_queue_closes_is_written(tmp_path: Path) -> None:
     path = tmp_path / "ops.jsonl"
     with path.open("w") as sink:
-        log = OpLog(sink)
-        queue, full = _queue_with_a_message(log, tmp_path / "q")
-        it = queue.iterator(0, [full], ShardIdent.BASECHAIN)
-        next(it)
+        queue, it = _reading(OpLog(sink), tmp_path / "q")
         queue.close()  # the iterator is never closed
         steps = [json.loads(line) for line in path.read_text().splitlines()[1:]]
         assert [s["step"] for s in steps] == [1, 2, 4, 3]
@@ -282,10 +288,7 @@ def test_an_iterator_open_when_its_queue_closes_is_written(tmp_path: Path) -> No
 def test_an_iterator_dropped_unclosed_is_written(tmp_path: Path) -> None:
     path = tmp_path / "ops.jsonl"
     with path.open("w") as sink:
-        log = OpLog(sink)
-        queue, full = _queue_with_a_message(log, tmp_path / "q")
-        it = queue.iterator(0, [full], ShardIdent.BASECHAIN)
-        next(it)
+        queue, it = _reading(OpLog(sink), tmp_path / "q")
         next(it)
         del it
         gc.collect()
