@@ -86,7 +86,7 @@ def export_state(
         hash_lists = []
         try:
             for i, (info, parts) in enumerate(records, start=1):
-                hash_lists.append(_spool_messages(store, (shard, seqno), info, parts, spool))
+                hash_lists.append(_spool_messages(store, shard, info, parts, spool))
                 if progress is not None and (spool.messages < total or i == len(records)):
                     progress(spool.messages, total)  # all done is reported once, at the end
             spool.finish()  # the last chunk: its messages are checked before dest is opened
@@ -170,15 +170,10 @@ def _message_reads(
 
 
 def _spool_messages(
-    store: Store,
-    block: tuple[ShardIdent, int],
-    info: DiffInfo,
-    parts: dict[int, int],
-    spool: ChunkSpool,
+    store: Store, shard: ShardIdent, info: DiffInfo, parts: dict[int, int], spool: ChunkSpool
 ) -> bytes:
-    """Spool one diff's messages of the state of ``block`` in hash order, each to be
-    checked against its key's hash; return their hashes, concatenated."""
-    shard, seqno = block
+    """Spool one diff's messages in hash order, each to be checked against its key's
+    hash; return their hashes, concatenated."""
     expected = sum(parts.values())
     reads = _message_reads(shard, info, parts)
     with ops.view(store, *reads) as view:
@@ -197,29 +192,23 @@ def _spool_messages(
             f"cannot export the diff of {shard}:{info.seqno}: its messages {_keys_text(keys)} "
             f"have the same hash; a state lists each message hash of a diff once"
         )
-    _check_headers(shard, seqno, info, rows)
-    spool.add_checked([row[:2] for row in rows])
+    _check_headers(rows)
+    spool.add_checked(rows)
     return b"".join(hashes)
 
 
-def _check_headers(
-    shard: ShardIdent, seqno: int, info: DiffInfo, rows: list[tuple[bytes, bytes, bytes, bytes]]
-) -> None:
+def _check_headers(rows: list[tuple[bytes, bytes, bytes, bytes]]) -> None:
     """Each message's body must carry the lt, source and destination its row is stored
     under: the state holds only the body, and its import files the message by the
-    body's header. (A body that is no BOC is left to the spool, which names it.)"""
+    body's header. A mismatch is a :class:`BadMessageError`, named as the spool's are
+    (a body that is no BOC is left to the spool)."""
     for hash_, body, lt, addresses in rows:
         try:
             header = parse_internal_header(*root_data(body))
         except BocError:
             continue
         except MessageFormatError as exc:
-            where = _where(shard, info, lt, hash_)
-            raise StateFormatError(
-                f"cannot export the state of {shard}:{seqno}: the body of {where} is not an "
-                f"internal message with standard addresses (bad {exc.field}: {exc}); a "
-                "state holds only those"
-            ) from None
+            raise BadMessageError(hash_, "message kind", f"bad {exc.field}: {exc}") from None
         stored = (
             int.from_bytes(lt),
             addresses[_SRC] - 128,
@@ -228,16 +217,11 @@ def _check_headers(
             addresses[1:_SRC],
         )
         if header != stored:
-            raise StateFormatError(
-                f"cannot export the state of {shard}:{seqno}: {_where(shard, info, lt, hash_)} "
-                f"is stored {_header_text(stored)}, but its body says {_header_text(header)}; "
-                "the state's import would file it by its body"
+            raise BadMessageError(
+                hash_,
+                "message header",
+                f"{_header_text(stored)}, but its body says {_header_text(header)}",
             )
-
-
-def _where(shard: ShardIdent, info: DiffInfo, lt: bytes, hash_: bytes) -> str:
-    key = QueueKey(int.from_bytes(lt), hash_)
-    return f"message {_keys_text([key])} of the diff of {shard}:{info.seqno}"
 
 
 def _header_text(header: tuple[int, int, bytes, int, bytes]) -> str:
@@ -292,6 +276,13 @@ def _bad_message(
         problem = (
             f"{where} is stored with a body whose root cell does not hash to the key's "
             f"hash ({exc.detail}); the state's import would reject it"
+        )
+    elif exc.check == "message header":
+        problem = f"{where} is stored {exc.detail}; the state's import would file it by its body"
+    elif exc.check == "message kind":
+        problem = (
+            f"the body of {where} is not an internal message with standard addresses "
+            f"({exc.detail}); a state holds only those"
         )
     else:
         problem = f"the stored body of {where} is not a message BOC ({exc.detail})"

@@ -68,8 +68,10 @@ class Writable(Protocol):
 class BadMessageError(ValueError):
     """A message added to a :class:`ChunkSpool` cannot go into a chunk: its BOC is
     malformed (``check`` is the :class:`~imq.state.boc.BocError`'s check) or its root does
-    not hash to the hash it was added with (``check`` is ``"message hash"``). ``hash`` is
-    the hash it was added with (``None`` if none was)."""
+    not hash to the hash it was added with (``check`` is ``"message hash"``); the export
+    raises it too for a body that is no internal message (``"message kind"``) or whose
+    header disagrees with its row (``"message header"``). ``hash`` is the hash it was
+    added with (``None`` if none was)."""
 
     def __init__(self, hash_: bytes | None, check: str, detail: str) -> None:
         super().__init__(f"{check}: {detail}")
@@ -111,14 +113,14 @@ class ChunkSpool:
         self._size += len(boc)
         self.messages += 1
 
-    def add_checked(self, rows: Sequence[tuple[bytes, bytes]]) -> None:
-        """Append the next messages, given as ``(hash, one-root BOC)``: each root must hash
-        to its hash. One call per batch: the export's hot path. Do not mix with :meth:`add`
-        in one chunk."""
+    def add_checked(self, rows: Sequence[tuple[bytes, ...]]) -> None:
+        """Append the next messages, given as rows that start ``(hash, one-root BOC)``
+        (more items are ignored): each root must hash to its hash. One call per batch:
+        the export's hot path. Do not mix with :meth:`add` in one chunk."""
         max_roots, max_bytes = self._max_roots, self._max_bytes
         count, size, start = len(self._bocs), self._size, 0
-        for i, (_, boc) in enumerate(rows):
-            n = len(boc)
+        for i, row in enumerate(rows):
+            n = len(row[1])
             if count and (count >= max_roots or size + n > max_bytes):
                 self._take(rows[start:i])
                 self._cut()
@@ -129,9 +131,9 @@ class ChunkSpool:
         self._size = size
         self.messages += len(rows)
 
-    def _take(self, rows: Sequence[tuple[bytes, bytes]]) -> None:
-        self._hashes += [h for h, _ in rows]
-        self._bocs += [boc for _, boc in rows]
+    def _take(self, rows: Sequence[tuple[bytes, ...]]) -> None:
+        self._hashes += [row[0] for row in rows]
+        self._bocs += [row[1] for row in rows]
 
     def _cut(self) -> None:
         bocs, expected = self._bocs, self._hashes
