@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -39,6 +39,7 @@ __all__ = [
     "check_above_pointer",
     "check_sources",
     "resting_key",
+    "source_outside",
     "sequence_skips",
     "stage_diff",
 ]
@@ -63,19 +64,29 @@ def check_sources(diff: QueueDiff, block: BlockIdShort) -> None:
     ):
         return
     sources = list(map(_source, diff.messages))
-    workchains = set(map(_workchain, sources))
-    accounts = list(map(_account, sources))
+    outside = source_outside(shard, set(map(_workchain, sources)), list(map(_account, sources)))
+    if outside is not None:
+        raise ValueError(
+            f"diff of block {block}: message source {outside} is outside the block's shard"
+        )
+
+
+def source_outside(
+    shard: ShardIdent, workchains: set[int], accounts: Sequence[bytes]
+) -> Address | None:
+    """A source address outside ``shard`` among messages whose sources have these
+    workchains and (non-empty) accounts, else ``None``. The accounts of a shard are one
+    contiguous byte range of one workchain, so only the other workchains, the smallest
+    and the largest account are tested."""
     wc = shard.workchain
-    for src in (
+    for address in (
         *(Address(w, accounts[0]) for w in workchains if w != wc),
-        min(accounts),
-        max(accounts),
+        Address(wc, min(accounts)),
+        Address(wc, max(accounts)),
     ):
-        address = src if isinstance(src, Address) else Address(wc, src)
         if not shard.contains(address):
-            raise ValueError(
-                f"diff of block {block}: message source {address} is outside the block's shard"
-            )
+            return address
+    return None
 
 
 def resting_key(

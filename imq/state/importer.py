@@ -30,6 +30,7 @@ from operator import itemgetter
 from time import perf_counter
 from typing import BinaryIO, NoReturn
 
+from imq.apply import source_outside
 from imq.commit import check_forward
 from imq.delete import DeleteRange, stage_delete, tail_rows
 from imq.errors import CommitError, DiffConflictError, StateFormatError, StorageError
@@ -358,18 +359,14 @@ def _check_range(segment: Segment, diff: TlDiff, headers: list[_Header]) -> None
 
 
 def _check_sources(segment: Segment, diff: TlDiff, headers: list[_Header]) -> None:
-    """Every message's source lies in the state's shard, as ``apply_diff`` requires: a
-    shard's diff holds only what its accounts sent. A shard's accounts are one byte range
-    of one workchain, so only the workchains, the smallest and the largest are tested."""
+    """Every message's source lies in the state's shard, as ``apply_diff`` requires (the
+    same test): a shard's diff holds only what its accounts sent. The error names the
+    first message from outside."""
     if not headers:
         return
     shard = diff.shard
     workchains = set(map(_SOURCE_WORKCHAIN, headers))
-    accounts = list(map(_SOURCE_ACCOUNT, headers))
-    inside = shard.contains_prefix
-    if workchains == {shard.workchain} and all(
-        inside(int.from_bytes(a[:8])) for a in (min(accounts), max(accounts))
-    ):
+    if source_outside(shard, workchains, list(map(_SOURCE_ACCOUNT, headers))) is None:
         return
     for i, header in enumerate(headers):
         source = Address(header[1], header[2])
