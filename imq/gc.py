@@ -427,9 +427,9 @@ class _Held:
 # compaction, the GIL released) ended that way aborts the process ("FATAL: exception not
 # rethrown", SIGABRT): an exit hook, run before that, stops them as close() does.
 _LIVE_WORKERS: weakref.WeakSet[GcWorker] = weakref.WeakSet()
-_exit_hook: list[bool] = []  # registered once, when the first worker starts
 
 
+@atexit.register
 def _stop_workers_at_exit() -> None:
     for worker in list(_LIVE_WORKERS):
         worker.stop()
@@ -449,9 +449,6 @@ class GcWorker:
         self._thread = threading.Thread(target=self._loop, name="imq-gc", daemon=True)
 
     def start(self) -> None:
-        if not _exit_hook:
-            atexit.register(_stop_workers_at_exit)
-            _exit_hook.append(True)
         _LIVE_WORKERS.add(self)
         self._thread.start()
 

@@ -476,12 +476,11 @@ def join_roots(bocs: Sequence[bytes], hashes: list[bytes] | None = None) -> byte
 def root_data(boc: bytes) -> tuple[bytes, int]:
     """``(data, bits)`` of the root cell of a one-root BOC (:class:`BocError` if it is
     none); cheap for the canonical leaf form."""
-    cell = _leaf_cell_of(boc)
-    if cell is not None:
-        d2 = cell[1]
-        return cell[2:], d2 * 4 if not d2 & 1 else (d2 - 1) * 4 + _TAG_BITS[cell[-1]]
-    layout = _parse(boc, 1, None)  # the layout checked, no cell built (nor hashed)
-    buf, p = layout.buf, layout.starts[layout.roots[0]]
+    buf: bytes | None = _leaf_cell_of(boc)
+    p = 0
+    if buf is None:
+        layout = _parse(boc, 1, None)  # the layout checked, no cell built (nor hashed)
+        buf, p = layout.buf, layout.starts[layout.roots[0]]
     d2 = buf[p + 1]
     q = p + 2 + ((d2 + 1) >> 1)
     return buf[p + 2 : q], d2 * 4 if not d2 & 1 else (d2 - 1) * 4 + _TAG_BITS[buf[q - 1]]

@@ -640,7 +640,7 @@ def _open_hint(reason: str) -> str:
             "open): raise its limit (ulimit -n, LimitNOFILE) and open the queue again; "
             "nothing is damaged"
         )
-    if "Read-only file system" in reason or "Permission denied" in reason:
+    if any(says in reason for _, says in _FILE_SYSTEM_REFUSALS):
         return (
             "the directory is not writable (rocksdict rewrites its rocksdict-config.json at "
             "every open, read-only ones too): fix the permissions or mount, or copy the "
