@@ -97,17 +97,19 @@ def resting_key(
     the next key after the higher of the shard's commit pointer and the ``max_message``
     of the shard's newest stored diff below ``block`` (``previous`` is
     ``LastSeqno(block.shard, below=block.seqno)``); ``QueueKey.MIN`` when the shard has
-    neither.
+    neither or that position is ``MIN`` itself (the original's ``statistics=None`` rule:
+    such diffs share ``MIN``, and a pointer may stay at ``MIN`` with a higher seqno).
 
-    Committing it therefore never moves the pointer backwards (D6), and until it is
-    committed it is in the uncommitted zone, like any diff, so clear removes it."""
+    Committing it therefore never moves the pointer backwards (D6); above ``MIN``, until
+    it is committed it is in the uncommitted zone, like any diff, so clear removes it (at
+    ``MIN`` a pointer at ``MIN`` already covers it: SEMANTICS §6, as in the original)."""
     at = None if pointer is None else pointer.key
     seqno = view[previous]
     if seqno is not None:
         info = view.diff_info(block.shard, seqno)
         if info is not None and (at is None or info.max_message > at):
             at = info.max_message
-    return QueueKey.MIN if at is None else at.next_value()
+    return QueueKey.MIN if at is None or at == QueueKey.MIN else at.next_value()
 
 
 def already_applied(view: ops.View, block: BlockIdShort, diff_hash: bytes) -> bool:

@@ -229,13 +229,14 @@ class QueueModel:
     def _resting_key(self, shard: ShardIdent, seqno: int) -> QueueKey:
         """Where an empty diff without bounds sits: the key after the higher of the
         shard's pointer and the max_message of its newest stored diff below ``seqno``
-        (MIN if neither)."""
+        (MIN if neither, or if that is MIN itself)."""
         pointer = self.pointers.get(shard)
         candidates = [] if pointer is None else [pointer.key]
         below = [s for (sh, s) in self.diffs if sh == shard and s < seqno]
         if below:
             candidates.append(self.diffs[(shard, max(below))].info.max_message)
-        return max(candidates).next_value() if candidates else QueueKey.MIN
+        at = max(candidates, default=QueueKey.MIN)
+        return at if at == QueueKey.MIN else at.next_value()
 
     def _write(self, diff: DiffInput) -> None:
         shard, seqno = diff.block.shard, diff.block.seqno

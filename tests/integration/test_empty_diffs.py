@@ -1,7 +1,10 @@
 """Empty diffs commit (issue 8): with no hand-built ``DiffStatistics``, an empty diff
 takes the bounds of its block's lt span, or, without a span, rests just above its
-shard's newest position (pointer or newest stored diff), so committing it never moves a
-commit pointer backwards (D6) and, until committed, it is uncommitted like any diff."""
+shard's newest position (pointer or newest stored diff) once that position is above
+``MIN``, so committing it never moves a commit pointer backwards (D6) and, until
+committed, it is uncommitted like any diff. While the shard's newest position is
+``MIN`` (or it has none), a spanless empty diff is at ``MIN``, as the original's rule for
+``statistics=None`` and its tests have it."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from builders import MC, Clock, block, diff_hash, key, messages, open_queue, top
 
 from imq import (
     CommitPointer,
+    DiffConflictError,
     DiffZone,
     Queue,
     QueueDiff,
@@ -118,20 +122,68 @@ def test_an_uncommitted_predecessor_above_the_pointer_wins(queue: Queue) -> None
     assert queue.get_commit_pointers()[S] == CommitPointer(second[-1].key.next_value(), 3)
 
 
-def test_spanless_empty_diffs_in_a_row_each_rest_above_the_last(queue: Queue) -> None:
-    assert queue.apply_diff(QueueDiff(), block(S, 1), diff_hash(1))
+def test_spanless_empty_diffs_in_a_row_after_messages_each_rest_above_the_last(
+    queue: Queue,
+) -> None:
+    clock = Clock()
+    msgs = messages(clock, S, 2)
+    assert queue.apply_diff(QueueDiff(msgs), block(S, 1), diff_hash(1))
     assert queue.apply_diff(QueueDiff(), block(S, 2), diff_hash(2))
     assert queue.apply_diff(QueueDiff(), block(S, 3), diff_hash(3))
-    first = queue.get_diff_info(S, 1)
     second = queue.get_diff_info(S, 2)
     third = queue.get_diff_info(S, 3)
-    assert first is not None and second is not None and third is not None
-    assert first.max_message == QueueKey.MIN  # nothing before it: MIN, as in the original
-    assert second.max_message == QueueKey.MIN.next_value()
+    assert second is not None and third is not None
+    assert second.max_message == msgs[-1].key.next_value()
     assert third.max_message == second.max_message.next_value()
     _commit(queue, 1, 2)
     _commit(queue, 2, 3)
     assert queue.get_commit_pointers()[S] == CommitPointer(third.max_message, 3)
+
+
+def test_spanless_empty_diffs_from_a_shards_start_share_min_as_in_the_original(
+    queue: Queue,
+) -> None:
+    """The original's rule for ``statistics=None`` (an empty diff's bounds are ``MIN``)
+    holds while the shard's newest position is ``MIN``: a pointer at ``MIN`` with a
+    higher seqno is a legal move ("two empty diffs can share a key")."""
+    for seqno in (1, 2, 3):
+        assert queue.apply_diff(QueueDiff(), block(S, seqno), diff_hash(seqno))
+        info = queue.get_diff_info(S, seqno)
+        assert info is not None
+        assert (info.min_message, info.max_message) == (QueueKey.MIN, QueueKey.MIN)
+    _commit(queue, 1, 2)
+    assert queue.get_commit_pointers()[S] == CommitPointer(QueueKey.MIN, 2)
+    _commit(queue, 2, 3)
+    assert queue.get_commit_pointers()[S] == CommitPointer(QueueKey.MIN, 3)
+    assert queue.get_diffs_tail_len(S, QueueKey.MIN) == 3  # D3: none overwrites another
+    # The first diff with messages moves the shard off MIN: empty diffs rest above it.
+    clock = Clock()
+    msgs = messages(clock, S, 1)
+    assert queue.apply_diff(QueueDiff(msgs), block(S, 4), diff_hash(4))
+    assert queue.apply_diff(QueueDiff(), block(S, 5), diff_hash(5))
+    info = queue.get_diff_info(S, 5)
+    assert info is not None
+    assert info.max_message == msgs[-1].key.next_value()
+
+
+def test_a_spanless_empty_diff_at_a_pointer_at_min_is_in_the_committed_zone(
+    queue: Queue,
+) -> None:
+    """SEMANTICS §6: zones compare keys only, so an empty diff at ``MIN`` is committed as
+    soon as its shard's pointer is at ``MIN``: clear keeps it, and the block collated
+    again with another hash conflicts with it. A collator's empty diffs carry their
+    block's lt span and never rest at ``MIN`` (the tests above)."""
+    assert queue.apply_diff(QueueDiff(), block(S, 1), diff_hash(1))
+    _commit(queue, 1, 1)
+    assert queue.apply_diff(QueueDiff(), block(S, 2), diff_hash(2))
+    assert queue.get_diff_info(S, 2, DiffZone.COMMITTED) is not None
+    assert queue.get_diff_info(S, 2, DiffZone.UNCOMMITTED) is None
+    queue.clear_uncommitted_state(top_shards=[S])
+    assert queue.is_diff_exists(block(S, 2))
+    with pytest.raises(DiffConflictError):
+        queue.apply_diff(QueueDiff(), block(S, 2), diff_hash("again"))
+    _commit(queue, 2, 2)
+    assert queue.get_commit_pointers()[S] == CommitPointer(QueueKey.MIN, 2)
 
 
 def test_a_first_empty_diff_without_a_span_rests_at_min(queue: Queue) -> None:
