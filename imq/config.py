@@ -218,6 +218,7 @@ _RULES: dict[str, _Rule] = {
     "compact_after_delete": (_as_is, _check_bool),
     "compaction_debt": (_as_is, _check_int_between(0, 1 << 62)),
     "check_statistics": (_as_is, _check_bool),
+    "check_sources": (_as_is, _check_bool),
     "message_cache_size": (_size_from_toml, _check_int_between(0, 1 << 40)),
     "message_scans_fill_cache": (_as_is, _check_bool),
 }
@@ -246,6 +247,11 @@ class QueueConfig:
       messages and refuse ``statistics`` that differ in any count, or whose bounds leave
       out a message (about 6% of an apply, so off by default: statistics are then used
       as given).
+    - ``check_sources``: ``apply_diff``/``prepare_diff`` refuse a message whose source
+      address lies outside the block's shard (``ValueError``), which no real block holds.
+      Off by default, as in the original, whose queue stores a message under the block's
+      shard whatever its source (its own tests send from ``0:00..`` in masterchain
+      diffs). Such a message cannot be exported: a state's import refuses it.
     - ``message_cache_size``: bytes of freshly written message rows kept in memory, so
       that reads of recent diffs (what collators read) skip RocksDB (0: none; see
       ``imq.storage.cache``). Rows leave it when GC or a clear deletes them, or, past
@@ -278,6 +284,7 @@ class QueueConfig:
     compact_after_delete: bool = False
     compaction_debt: int = 1_000_000
     check_statistics: bool = False
+    check_sources: bool = False
     message_cache_size: int = 64 * _MIB
     message_scans_fill_cache: bool = True
 

@@ -358,7 +358,8 @@ class Queue(QueueReads):
         for an empty diff without a span (its bounds come from the store)."""
         check_type("diff", diff, QueueDiff)
         check_type("block", block, BlockIdShort)
-        apply.check_sources(diff, block)
+        if self._config.check_sources:
+            apply.check_sources(diff, block)
         if not isinstance(diff_hash, bytes):
             raise TypeError(f"diff_hash must be bytes, got {type(diff_hash).__name__}")
         if len(diff_hash) != 32:

@@ -220,6 +220,7 @@ class SimConfig:
             gc_enabled=self.gc_every == 0,
             gc_interval=self.gc_interval,
             sync_commits=False,
+            check_sources=True,  # every block's messages come from its own accounts
             block_cache_size=32 << 20,
             write_buffer_size=16 << 20,
         )

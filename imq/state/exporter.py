@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import BinaryIO
 
+from imq.apply import source_outside
 from imq.errors import ImqError, StateFormatError
 from imq.observability import ImqLogger
 from imq.state.boc import BocError, root_data
@@ -38,7 +39,7 @@ from imq.state.writer import BadMessageError, ChunkSpool, open_sink, write_state
 from imq.storage import CursorProtocol as Cursor
 from imq.storage import StoreProtocol as Store
 from imq.storage import codec, ops
-from imq.types import DiffInfo, QueueKey, ShardIdent
+from imq.types import Address, DiffInfo, QueueKey, ShardIdent
 
 __all__ = ["ExportReport", "export_state"]
 
@@ -192,9 +193,27 @@ def _spool_messages(
             f"cannot export the diff of {shard}:{info.seqno}: its messages {_keys_text(keys)} "
             f"have the same hash; a state lists each message hash of a diff once"
         )
+    _check_sources(shard, rows)
     _check_headers(rows)
     spool.add_checked(rows)
     return b"".join(hashes)
+
+
+def _check_sources(shard: ShardIdent, rows: list[tuple[bytes, bytes, bytes, bytes]]) -> None:
+    """Each message's stored source must lie in ``shard``: the state's import refuses a
+    shard's diff with a message from outside it (``apply_diff`` stores one unless
+    ``QueueConfig.check_sources`` is on). A :class:`BadMessageError` names the first."""
+    if not rows:
+        return
+    sources = [(addresses[_SRC] - 128, addresses[_SRC + 1 :]) for *_, addresses in rows]
+    workchains = {wc for wc, _ in sources}
+    if source_outside(shard, workchains, [account for _, account in sources]) is None:
+        return
+    for (hash_, *_), (wc, account) in zip(rows, sources, strict=True):
+        source = Address(wc, account)
+        if not shard.contains(source):
+            raise BadMessageError(hash_, "message source", f"{source}")
+    raise AssertionError("unreachable: the range test found a source the scan did not")
 
 
 def _check_headers(rows: list[tuple[bytes, bytes, bytes, bytes]]) -> None:
@@ -279,6 +298,11 @@ def _bad_message(
         )
     elif exc.check == "message header":
         problem = f"{where} is stored {exc.detail}; the state's import would file it by its body"
+    elif exc.check == "message source":
+        problem = (
+            f"{where} was sent from {exc.detail}, outside the shard (stored as "
+            "QueueConfig.check_sources=False allows); the state's import would refuse it"
+        )
     elif exc.check == "message kind":
         problem = (
             f"the body of {where} is not an internal message with standard addresses "

@@ -508,17 +508,40 @@ def test_check_statistics_mode_refuses_bounds_that_miss_messages(tmp_path: Path)
         q.close()
 
 
-def test_a_source_outside_the_block_shard_is_refused(queue: Queue, chain: Chain) -> None:
-    inside = chain.build(S, 3)
-    before = dump(queue)
-    for stranger in (address_in(OTHER, 5), address_in(MC, 5)):
-        msgs = [*inside.messages[:2], message(chain.clock.next_key(), stranger, stranger)]
-        diff = make_diff(msgs)
-        with pytest.raises(ValueError, match="outside the block's shard"):
-            queue.apply_diff(diff, inside.block, inside.hash)
-        with pytest.raises(ValueError, match="outside the block's shard"):
-            queue.prepare_diff(diff, inside.block, inside.hash)
-    assert dump(queue) == before
+def test_a_source_outside_the_block_shard_is_refused_with_check_sources(
+    tmp_path: Path, chain: Chain
+) -> None:
+    q = Queue.open(tmp_path / "q", replace(quiet_config(), check_sources=True))
+    try:
+        inside = chain.build(S, 3)
+        before = dump(q)
+        for stranger in (address_in(OTHER, 5), address_in(MC, 5)):
+            msgs = [*inside.messages[:2], message(chain.clock.next_key(), stranger, stranger)]
+            diff = make_diff(msgs)
+            with pytest.raises(ValueError, match="outside the block's shard"):
+                q.apply_diff(diff, inside.block, inside.hash)
+            with pytest.raises(ValueError, match="outside the block's shard"):
+                q.prepare_diff(diff, inside.block, inside.hash)
+        assert dump(q) == before
+        assert q.apply_diff(inside.diff, inside.block, inside.hash) is True
+    finally:
+        q.close()
+
+
+def test_a_source_outside_the_block_shard_is_stored_under_the_block_shard_by_default(
+    queue: Queue, chain: Chain
+) -> None:
+    """As in the original, whose own tests send masterchain diffs' messages from the
+    default address ``0:00..``: the queue files a message under its block's shard."""
+    stranger = address_in(OTHER, 5)
+    first, second = chain.clock.next_key(), chain.clock.next_key()
+    msgs = [message(first, stranger, address_in(MC, 1)), message(second, stranger, stranger)]
+    assert queue.apply_diff(make_diff(msgs), block(MC, 1), diff_hash("mc")) is True
+    ranges = [QueueShardRange(MC, QueueKey.MIN, QueueKey.MAX)]
+    with queue.iterator(0, ranges, MC) as it:
+        assert [(m.source, m.message) for m in it] == [(MC, msgs[0])]
+    with queue.iterator(0, ranges, OTHER) as it:
+        assert [(m.source, m.message) for m in it] == [(MC, msgs[1])]
 
 
 def test_statistics_for_another_shard(queue: Queue, chain: Chain) -> None:

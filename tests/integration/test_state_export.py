@@ -381,6 +381,26 @@ def test_a_row_its_body_does_not_describe_refuses_the_export(
     )
 
 
+def test_a_source_outside_the_shard_refuses_the_export(tmp_path: Path, queue: Queue) -> None:
+    """``apply_diff`` stores a message sent from outside its block's shard (as the
+    original does; ``QueueConfig.check_sources`` refuses it), but a state's import refuses
+    one: so does the export, naming the message and its source."""
+    src, dst = address_in(BASE, 1), address_in(MC, 2)
+    cell = build_internal_message(src, dst, 1_100, body=b"from the basechain")
+    stranger = Message(QueueKey(1_100, cell.hash), src, dst, encode_boc([cell]))
+    assert queue.apply_diff(QueueDiff([stranger]), block(MC, 1), b"\x01" * 32)
+    buffer = io.BytesIO()
+    with pytest.raises(StateFormatError) as info:
+        queue.export_state(MC, 1, 1, buffer)
+    assert str(info.value) == (
+        f"cannot export the state of {MC}:1: message (lt 1100, hash {cell.hash.hex()}) of "
+        f"the diff of {MC}:1 was sent from {src}, outside the shard (stored as "
+        "QueueConfig.check_sources=False allows); the state's import would refuse it"
+    )
+    assert buffer.getvalue() == b""
+    assert _no_leftovers(tmp_path) == []
+
+
 def test_a_body_that_is_no_internal_message_refuses_the_export(
     tmp_path: Path, queue: Queue
 ) -> None:
