@@ -359,8 +359,9 @@ def _check_range(segment: Segment, diff: TlDiff, headers: list[_Header]) -> None
 
 
 def _check_sources(segment: Segment, diff: TlDiff, headers: list[_Header]) -> None:
-    """Every message's source lies in the state's shard, as ``apply_diff`` requires (the
-    same test): a shard's diff holds only what its accounts sent. The error names the
+    """Every message's source lies in the state's shard, as ``apply_diff`` requires with
+    ``QueueConfig.check_sources`` (the same test): a shard's diff holds only what its
+    accounts sent (and the export refuses to write anything else). The error names the
     first message from outside."""
     if not headers:
         return
