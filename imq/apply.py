@@ -52,10 +52,11 @@ _account = itemgetter(1)
 
 def check_sources(diff: QueueDiff, block: BlockIdShort) -> None:
     """Every message's source address lies inside the block's shard (run with
-    ``QueueConfig.check_sources``; the original's queue does not check). One C pass when ``imq._speedups`` is built; otherwise, or when that pass
-    finds a source outside, C-level passes of Python that name the address: the accounts
-    of a shard are one contiguous byte range, so only the workchains, the smallest and
-    the largest account are tested."""
+    ``QueueConfig.check_sources``; the original's queue does not check). One C pass when
+    ``imq._speedups`` is built; otherwise, or when that pass finds a source outside,
+    C-level passes of Python that name the address: the accounts of a shard are one
+    contiguous byte range, so only the workchains, the smallest and the largest account
+    are tested."""
     if not diff.messages:
         return
     shard = block.shard

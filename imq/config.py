@@ -14,6 +14,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from decimal import Decimal
+from fractions import Fraction
 from typing import Self
 
 from imq.errors import ConfigError
@@ -34,18 +35,19 @@ MAX_SECONDS = 1e9
 # Seconds per duration unit. A compound duration must use strictly smaller units from left
 # to right ("1h30m" is fine, "30m1h" and "1s2s" are not).
 # The units of the original's config (Rust's humantime): short and long forms. A month
-# and a year are humantime's 30.44 and 365.25 days.
-_DURATION_UNITS: dict[str, float] = {
-    **dict.fromkeys(("years", "year", "y"), 31_557_600.0),
-    **dict.fromkeys(("months", "month", "M"), 2_630_016.0),
-    **dict.fromkeys(("weeks", "week", "w"), 604_800.0),
-    **dict.fromkeys(("days", "day", "d"), 86_400.0),
-    **dict.fromkeys(("hours", "hour", "hrs", "hr", "h"), 3_600.0),
-    **dict.fromkeys(("minutes", "minute", "mins", "min", "m"), 60.0),
-    **dict.fromkeys(("seconds", "second", "secs", "sec", "s"), 1.0),
-    **dict.fromkeys(("msec", "ms"), 1e-3),
-    **dict.fromkeys(("usec", "us", "µs"), 1e-6),
-    **dict.fromkeys(("nsec", "ns"), 1e-9),
+# and a year are humantime's 30.44 and 365.25 days. Exact fractions: a duration is summed
+# exactly and rounded once, so "700ms" is the float 0.7 (not 700 * 1e-3 = 0.7000000000000001).
+_DURATION_UNITS: dict[str, Fraction] = {
+    **dict.fromkeys(("years", "year", "y"), Fraction(31_557_600)),
+    **dict.fromkeys(("months", "month", "M"), Fraction(2_630_016)),
+    **dict.fromkeys(("weeks", "week", "w"), Fraction(604_800)),
+    **dict.fromkeys(("days", "day", "d"), Fraction(86_400)),
+    **dict.fromkeys(("hours", "hour", "hrs", "hr", "h"), Fraction(3_600)),
+    **dict.fromkeys(("minutes", "minute", "mins", "min", "m"), Fraction(60)),
+    **dict.fromkeys(("seconds", "second", "secs", "sec", "s"), Fraction(1)),
+    **dict.fromkeys(("msec", "ms"), Fraction(1, 1_000)),
+    **dict.fromkeys(("usec", "us", "µs"), Fraction(1, 1_000_000)),
+    **dict.fromkeys(("nsec", "ns"), Fraction(1, 1_000_000_000)),
 }
 _BARE_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 # Longest unit first, so that "5ms" is not 5 m and an "s"; a unit ends where letters do.
@@ -88,8 +90,8 @@ def parse_duration(text: str) -> float:
         raise ValueError(f"negative duration {text!r}")
     if _BARE_NUMBER.fullmatch(stripped):
         raise ValueError(f"duration {text!r} needs a unit, e.g. '5s' or '500ms'")
-    total = 0.0
-    last_unit = math.inf
+    total = Fraction(0)
+    last_unit: Fraction | float = math.inf
     pos = 0
     while pos < len(stripped):
         match = _DURATION_PART.match(stripped, pos)
@@ -107,11 +109,12 @@ def parse_duration(text: str) -> float:
                 "each at most once"
             )
         last_unit = seconds
-        total += float(number) * seconds
+        total += Fraction(number) * seconds
         pos = match.end()
-    if not math.isfinite(total):
-        raise ValueError(f"duration {text!r} is too large")
-    return total
+    try:
+        return float(total)
+    except OverflowError:
+        raise ValueError(f"duration {text!r} is too large") from None
 
 
 def parse_size(text: str) -> int:

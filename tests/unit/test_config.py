@@ -65,6 +65,16 @@ def test_parse_duration(text: str, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("700ms", 0.7), ("9ms", 0.009), ("100us", 0.0001), ("1.1s", 1.1), ("1s100ms", 1.1)],
+)
+def test_parse_duration_rounds_once_to_the_nearest_float(text: str, seconds: float) -> None:
+    """Summed exactly, then rounded: "700ms" is the float 0.7, as a user writing
+    ``gc_interval == 0.7`` expects (700 * 1e-3 is 0.7000000000000001)."""
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
     ("text", "reason"),
     [
         ("", "empty"),
