@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from types import TracebackType
 
 from imq.errors import ImqError
@@ -289,12 +289,16 @@ class PendingDiff:
     def __del__(self) -> None:
         if getattr(self, "_state", None) != "pending":
             return
-        self._state = "discarded"
         try:
+            self._state = "discarded"
             self._guard.release()
             self._on_drop(self)
         except Exception:  # pragma: no cover -- interpreter shutdown: nothing to release to
             pass
+        except BaseException as exc:  # a KeyboardInterrupt inside: a lock may stay held
+            with suppress(Exception):
+                self._on_interrupt("PendingDiff.__del__", exc)
+            raise
 
     def __enter__(self) -> PendingDiff:
         return self
@@ -306,5 +310,6 @@ class PendingDiff:
         tb: TracebackType | None,
     ) -> None:
         # Unless written meanwhile, possibly by another thread: then nothing to do.
-        if self._try_finish("discarded"):
-            self._guard.release()
+        with self._interruptible("PendingDiff.__exit__"):
+            if self._try_finish("discarded"):
+                self._guard.release()

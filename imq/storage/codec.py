@@ -171,6 +171,19 @@ _I32_OFFSET = 1 << 31
 _WC_BYTE = {wc: bytes((wc + 128,)) for wc in range(-128, 128)}
 
 _pack = msgpack.Packer(use_bin_type=True).pack
+# What decoding a damaged record raises (msgpack's own errors included): reported as
+# CorruptDataError. Nothing broader: an exception a signal handler raises inside a decode
+# (an alarm's TimeoutError) is no damage and goes to the caller as it is.
+_UNDECODABLE = (
+    ValueError,
+    TypeError,
+    IndexError,
+    KeyError,
+    AttributeError,
+    OverflowError,
+    struct.error,
+    msgpack.UnpackException,
+)
 
 
 def _unpack(data: bytes) -> Any:
@@ -621,7 +634,7 @@ def decode_diff_span(key: bytes, value: bytes) -> tuple[QueueKey, QueueKey, dict
                 raise ValueError(f"bad message count {n!r} for partition {p!r}")
             partitions[check_partition(p)] = n
         return decode_key(record[1]), decode_key(record[2]), partitions
-    except Exception as exc:
+    except _UNDECODABLE as exc:
         raise CorruptDataError("diff_info", key, f"{type(exc).__name__}: {exc}") from None
 
 
@@ -667,9 +680,7 @@ def decode_diff_record(key: bytes, value: bytes) -> tuple[DiffInfo, dict[int, in
         return info, partitions
     except CorruptDataError:
         raise
-    except (ValueError, TypeError, IndexError, KeyError, struct.error) as exc:
-        raise CorruptDataError("diff_info", key, f"{type(exc).__name__}: {exc}") from None
-    except Exception as exc:  # msgpack's own exception types
+    except _UNDECODABLE as exc:
         raise CorruptDataError("diff_info", key, f"{type(exc).__name__}: {exc}") from None
 
 
@@ -738,7 +749,7 @@ def decode_commit_record(value: bytes) -> dict[ShardIdent, dict[ShardIdent, Queu
             decode_shard(top): {decode_shard(s): decode_key(k) for s, k in entries}
             for top, entries in rows
         }
-    except Exception as exc:
+    except _UNDECODABLE as exc:
         raise CorruptDataError("vars", COMMIT_RECORD, f"{type(exc).__name__}: {exc}") from None
 
 
@@ -753,7 +764,7 @@ def decode_gc_bounds(name: bytes, value: bytes) -> dict[tuple[int, ShardIdent], 
         if version != _RECORD_VERSION:
             raise ValueError(f"unknown GC bounds version {version!r}")
         return {(check_partition(p), decode_shard(s)): decode_key(k) for p, s, k in rows}
-    except Exception as exc:
+    except _UNDECODABLE as exc:
         raise CorruptDataError("vars", name, f"{type(exc).__name__}: {exc}") from None
 
 
@@ -792,7 +803,7 @@ def decode_import_marker(
         return block_id, diffs, [check_partition(p) for p in record[3]]
     except CorruptDataError:
         raise
-    except Exception as exc:
+    except _UNDECODABLE as exc:
         raise CorruptDataError("vars", IMPORT_MARKER, f"{type(exc).__name__}: {exc}") from None
 
 

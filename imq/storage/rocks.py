@@ -1409,7 +1409,13 @@ class Store:
         floor = cache.missed(prefix)
         below = None if floor is None else self._load_below(prefix, floor)
         if below is not None:
-            cache.extend_down(prefix, below)
+            try:
+                cache.extend_down(prefix, below)
+            except BaseException:
+                # Cut short (what a signal handler raised, landing mid-splice): the
+                # segment's lists may be out of step. A forgotten cache is always right.
+                cache.forget()
+                raise
             rows = cache.scan(lo, hi, reader)
             if rows is not None:
                 cache.hits += 1
@@ -1482,6 +1488,7 @@ class Store:
                 # it, so the batch's own rows are cached.
                 for prefix in cache.unknown(txn.kept):
                     self._establish(prefix)
+            failed: ImqError | None = None
             try:
                 try:
                     self._db.write(txn.batch)
@@ -1491,27 +1498,37 @@ class Store:
                         # holds the GIL through a write, fsync included, and releases it
                         # in flush_wal: the host's other threads run while the disk syncs.
                         self._db.flush_wal(True)
-                except Exception as exc:  # rocksdict raises a bare Exception("IO error")
-                    self._forget_memory()  # whatever the batch did, memory must not vouch for it
-                    raise self._failed("write", exc) from exc
-                self.diff_tops.after_write(txn.diffs_blind, txn.diff_tops)
-                if txn.cache_blind or not txn.kept_all:
-                    cache.forget()
-                elif txn.kept or txn.deleted_messages:
-                    cache.after_write(txn.kept, txn.deleted_messages, in_order=txn.kept_in_order)
-                state = self._state
-                for update in txn.state_updates:
-                    state = update(state)
-                self._state = state
-            except Exception:
-                raise
+                except Exception as exc:
+                    if type(exc) is not Exception:  # not RocksDB's: handled below
+                        raise
+                    # rocksdict raises a bare Exception("IO error"): whatever the batch
+                    # did, memory must not vouch for it
+                    self._forget_memory()
+                    failed = self._failed("write", exc)
+                    failed.__cause__ = exc
+                else:
+                    self.diff_tops.after_write(txn.diffs_blind, txn.diff_tops)
+                    if txn.cache_blind or not txn.kept_all:
+                        cache.forget()
+                    elif txn.kept or txn.deleted_messages:
+                        cache.after_write(
+                            txn.kept, txn.deleted_messages, in_order=txn.kept_in_order
+                        )
+                    state = self._state
+                    for update in txn.state_updates:
+                        state = update(state)
+                    self._state = state
             except BaseException as exc:
-                # A KeyboardInterrupt (or a signal handler's exception) between RocksDB
-                # taking the batch, or not, and this handle's memory following it: which
-                # one happened, the handle cannot tell. It dies, so that no later call
-                # answers from a state, cache or tops the disk no longer matches.
+                # Any other exception between RocksDB taking the batch, or not, and this
+                # handle's memory following it: a KeyboardInterrupt, or what a signal
+                # handler raised there (an alarm's TimeoutError), or a failure half-way
+                # through the memory's update. Whether the batch reached the disk, and how
+                # far the memory followed, the handle cannot tell. It dies, so that no
+                # later call answers from a state, cache or tops the disk no longer matches.
                 self._interrupted(exc)
                 raise
+            if failed is not None:
+                raise failed
 
     def _establish(self, prefix: bytes) -> None:
         """Start watching the segment ``prefix`` above its greatest stored key. Under
