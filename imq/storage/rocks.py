@@ -250,29 +250,39 @@ class Cursor:
         self.rows: Iterator[Any] = self._items
         self._end: _EndCheck | None = None
         self._raw: Any = None
-        if scan.seekable:
-            self._raw = rdict.iter(self._ro)
-            return
-        if scan.reverse:
-            if scan.hi is None:
-                raise ValueError("a reverse scan needs an upper bound")
-            # seek_for_prev(hi) under upper bound hi: the last key below hi.
-            read = rdict.keys if scan.keys_only else rdict.items
-            rows = read(backwards=True, from_key=scan.hi, read_opt=self._ro)
-        elif scan.keys_only:
-            rows = rdict.keys(from_key=scan.lo, read_opt=self._ro)
-        else:
-            rows = rdict.items(from_key=scan.lo, read_opt=self._ro)
-        # Opened at the same instant as ``rows``: the same implicit snapshot.
-        end = _EndCheck(rdict.iter(self._ro), scan, path)
-        if scan.reverse or scan.keys_only:
-            self._items = self.rows = self._checked(rows, end)
-        else:
-            self.rows = rows
-            self._end = end
-            # ``items`` wraps the rows when first asked for: the merge iterator, which
-            # opens most cursors, pulls the bare rows and never needs it.
-            self._items = None
+        rows: Any = None
+        end: _EndCheck | None = None
+        try:
+            if scan.seekable:
+                self._raw = rdict.iter(self._ro)
+                return
+            if scan.reverse:
+                if scan.hi is None:
+                    raise ValueError("a reverse scan needs an upper bound")
+                # seek_for_prev(hi) under upper bound hi: the last key below hi.
+                read = rdict.keys if scan.keys_only else rdict.items
+                rows = read(backwards=True, from_key=scan.hi, read_opt=self._ro)
+            elif scan.keys_only:
+                rows = rdict.keys(from_key=scan.lo, read_opt=self._ro)
+            else:
+                rows = rdict.items(from_key=scan.lo, read_opt=self._ro)
+            # Opened at the same instant as ``rows``: the same implicit snapshot.
+            end = _EndCheck(rdict.iter(self._ro), scan, path)
+            if scan.reverse or scan.keys_only:
+                self._items = self.rows = self._checked(rows, end)
+            else:
+                self.rows = rows
+                self._end = end
+                # ``items`` wraps the rows when first asked for: the merge iterator, which
+                # opens most cursors, pulls the bare rows and never needs it.
+                self._items = None
+        except BaseException:
+            # Cut short (a Ctrl-C): a traceback kept by the host holds this frame, and a
+            # RocksDB iterator it held would keep the database, and its directory's lock,
+            # open after the queue's close(), so that no new open could take them.
+            rdict = rows = end = None  # the table object too: it keeps RocksDB open
+            self.close()
+            raise
 
     @staticmethod
     def _checked(rows: Iterator[Any], end: _EndCheck) -> Iterator[Any]:
@@ -349,6 +359,17 @@ class Cursor:
         self._items = self.rows = iter(())
         self._end = None
         self._raw = None
+
+
+def _release_views(snaps: dict[Table, Any], cursors: list[Cursor | CursorProtocol]) -> None:
+    """Let go of the RocksDB snapshots and cursors of a view whose opening was cut short
+    (a Ctrl-C): a traceback the host keeps holds the opening frame, and they would keep
+    the database and its directory's lock open after the queue's close()."""
+    snaps.clear()
+    for cursor in cursors:
+        with contextlib.suppress(Exception):
+            cursor.close()
+    cursors.clear()
 
 
 class Snapshot:
@@ -1330,17 +1351,23 @@ class Store:
         of fresh rows when it can be (:mod:`imq.storage.cache`)."""
         with self._gate:
             self._check_open()
-            snaps = {t: self._tables[t].snapshot() for t in points}
+            snaps: dict[Table, Any] = {}
             cursors: list[Cursor | CursorProtocol] = []
-            for s in scans:
-                cached = None
-                if (
-                    s.table is Table.MESSAGES
-                    and s.hi is not None
-                    and not (s.reverse or s.keys_only or s.seekable)
-                ):
-                    cached = self._cached(s.lo, s.hi, None)
-                cursors.append(self._cursor(s) if cached is None else cached)
+            try:
+                for t in points:
+                    snaps[t] = self._tables[t].snapshot()
+                for s in scans:
+                    cached = None
+                    if (
+                        s.table is Table.MESSAGES
+                        and s.hi is not None
+                        and not (s.reverse or s.keys_only or s.seekable)
+                    ):
+                        cached = self._cached(s.lo, s.hi, None)
+                    cursors.append(self._cursor(s) if cached is None else cached)
+            except BaseException:
+                _release_views(snaps, cursors)
+                raise
             state = self._state
         return Snapshot(self, snaps, cursors, state)
 
@@ -1359,17 +1386,21 @@ class Store:
             found = cache.scan_many(list(bounds), reader) if cache.enabled else None
             cursors: list[Cursor | CursorProtocol] = []
             hits = 0
-            for i, (lo, hi) in enumerate(bounds):
-                cached = None
-                if found is not None:
-                    cached = found[i]
-                    if cached is None:
-                        cached = self._cache_miss(lo, hi, reader)
-                    else:
-                        hits += 1
-                cursors.append(
-                    self._cursor(Scan(Table.MESSAGES, lo, hi)) if cached is None else cached
-                )
+            try:
+                for i, (lo, hi) in enumerate(bounds):
+                    cached = None
+                    if found is not None:
+                        cached = found[i]
+                        if cached is None:
+                            cached = self._cache_miss(lo, hi, reader)
+                        else:
+                            hits += 1
+                    cursors.append(
+                        self._cursor(Scan(Table.MESSAGES, lo, hi)) if cached is None else cached
+                    )
+            except BaseException:
+                _release_views({}, cursors)
+                raise
             cache.hits += hits
             state = self._state
         return Snapshot(self, {}, cursors, state)

@@ -11,7 +11,9 @@ says so, and a reopen reads what the disk holds.
 
 from __future__ import annotations
 
+import inspect
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from builders import BASE, MC, Chain, full_range, open_queue, top
 from imq import Queue, StorageError
 from imq.locks import RWLock
 from imq.pending import LockGuard, PendingRegistry
+from imq.storage import rocks
 from imq.verify import verify
 
 
@@ -188,3 +191,49 @@ def test_a_ctrl_c_that_may_leave_a_lock_held_retires_the_handle(
     queue.close()
     with open_queue(path) as again:
         assert again.get_diff_info(BASE, first.seqno) is not None
+
+
+def _interrupt_at_line(function: Any, text: str) -> Any:
+    """A trace function that raises KeyboardInterrupt once, as a Ctrl-C would, when
+    ``function`` reaches its line containing ``text`` (its frame holds what it held
+    there; a patched callee's frame would hold the arguments too)."""
+    lines, first = inspect.getsourcelines(function)
+    (at,) = [first + i for i, line in enumerate(lines) if text in line]
+    code = function.__code__
+    fired = [False]
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and frame.f_lineno == at and not fired[0]:
+            fired[0] = True
+            raise KeyboardInterrupt
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code is code else None
+
+    return tracer
+
+
+def test_a_queue_reopens_inside_the_except_block_of_a_ctrl_c_while_a_view_opens(
+    tmp_path: Path,
+) -> None:
+    """An outside audit: a Ctrl-C while a call opened its RocksDB cursors left them in the
+    interrupted frame, which the exception's traceback keeps alive; they held the
+    database, and the directory's lock, open after ``close()``, so an open in the
+    ``except`` block (where a host recovers) raised ``DatabaseLockedError``."""
+    path, queue, _, _, _, _ = _queue_with_a_diff_to_come(tmp_path, 3)
+    queue.close()
+    queue = open_queue(path)  # nothing in the cache of fresh rows: RocksDB serves reads
+    before = sys.gettrace()
+    sys.settrace(_interrupt_at_line(rocks.Cursor.__init__, "if scan.reverse or scan.keys_only"))
+    try:
+        list(queue.iterator(0, [full_range(BASE)], BASE))
+    except KeyboardInterrupt:
+        sys.settrace(before)
+        queue.close()
+        with open_queue(path) as again:  # still inside the except block
+            assert len(list(again.iterator(0, [full_range(BASE)], BASE))) == 3
+    else:
+        pytest.fail("the interrupt did not land")
+    finally:
+        sys.settrace(before)
