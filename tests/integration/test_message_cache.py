@@ -338,7 +338,8 @@ def test_a_failed_write_makes_the_cache_forget(written: tuple[Queue, Any, Chain]
             self.db = db
 
         def write(self, *_: Any) -> None:
-            raise OSError("IO error: No space left on device")
+            # what rocksdict raises for RocksDB's failures: a bare Exception
+            raise Exception("IO error: No space left on device")
 
         def __getattr__(self, name: str) -> Any:
             return getattr(self.db, name)
