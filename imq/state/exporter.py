@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from time import perf_counter
 from typing import BinaryIO
 
@@ -46,6 +47,7 @@ __all__ = ["ExportReport", "export_state"]
 MAX_TAIL_LEN = 1000
 _ZERO_HASH = bytes(32)
 _SRC = codec.MESSAGE_SRC_AT  # stored addresses: destination, then source
+_ADDRESSES = itemgetter(3)  # a DiffMessages row's stored addresses
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,12 +207,14 @@ def _check_sources(shard: ShardIdent, rows: list[tuple[bytes, bytes, bytes, byte
     ``QueueConfig.check_sources`` is on). A :class:`BadMessageError` names the first."""
     if not rows:
         return
-    sources = [(addresses[_SRC] - 128, addresses[_SRC + 1 :]) for *_, addresses in rows]
-    workchains = {wc for wc, _ in sources}
-    if source_outside(shard, workchains, [account for _, account in sources]) is None:
+    stored = list(map(_ADDRESSES, rows))
+    workchains = {addresses[_SRC] - 128 for addresses in stored}
+    # A full shard holds every account of its workchain: one account stands for all.
+    accounts = [a[_SRC + 1 :] for a in (stored if shard.prefix_len else stored[:1])]
+    if source_outside(shard, workchains, accounts) is None:
         return
-    for (hash_, *_), (wc, account) in zip(rows, sources, strict=True):
-        source = Address(wc, account)
+    for (hash_, *_), addresses in zip(rows, stored, strict=True):
+        source = Address(addresses[_SRC] - 128, addresses[_SRC + 1 :])
         if not shard.contains(source):
             raise BadMessageError(hash_, "message source", f"{source}")
     raise AssertionError("unreachable: the range test found a source the scan did not")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import address_in, block, dump, message, open_queue, top
+from builders import address_in, block, dump, message, open_queue, split_shard, top
 from state_fixtures import (
     BASE,
     MC,
@@ -381,20 +381,32 @@ def test_a_row_its_body_does_not_describe_refuses_the_export(
     )
 
 
-def test_a_source_outside_the_shard_refuses_the_export(tmp_path: Path, queue: Queue) -> None:
+@pytest.mark.parametrize("where", ["another workchain", "the other half"])
+def test_a_source_outside_the_shard_refuses_the_export(
+    tmp_path: Path, queue: Queue, where: str
+) -> None:
     """``apply_diff`` stores a message sent from outside its block's shard (as the
     original does; ``QueueConfig.check_sources`` refuses it), but a state's import refuses
     one: so does the export, naming the message and its source."""
-    src, dst = address_in(BASE, 1), address_in(MC, 2)
-    cell = build_internal_message(src, dst, 1_100, body=b"from the basechain")
+    if where == "another workchain":
+        shard, src = MC, address_in(BASE, 1)
+    else:  # 0:4000..: a source in 0:c000.., after one from inside
+        shard, src = split_shard(0, 1, 0), address_in(split_shard(0, 1, 1), 1)
+    inside = []
+    if where == "the other half":
+        own, to = address_in(shard, 7), address_in(MC, 3)
+        first = build_internal_message(own, to, 1_000)
+        inside = [Message(QueueKey(1_000, first.hash), own, to, encode_boc([first]))]
+    dst = address_in(MC, 2)
+    cell = build_internal_message(src, dst, 1_100, body=b"from outside")
     stranger = Message(QueueKey(1_100, cell.hash), src, dst, encode_boc([cell]))
-    assert queue.apply_diff(QueueDiff([stranger]), block(MC, 1), b"\x01" * 32)
+    assert queue.apply_diff(QueueDiff([*inside, stranger]), block(shard, 1), b"\x01" * 32)
     buffer = io.BytesIO()
     with pytest.raises(StateFormatError) as info:
-        queue.export_state(MC, 1, 1, buffer)
+        queue.export_state(shard, 1, 1, buffer)
     assert str(info.value) == (
-        f"cannot export the state of {MC}:1: message (lt 1100, hash {cell.hash.hex()}) of "
-        f"the diff of {MC}:1 was sent from {src}, outside the shard (stored as "
+        f"cannot export the state of {shard}:1: message (lt 1100, hash {cell.hash.hex()}) of "
+        f"the diff of {shard}:1 was sent from {src}, outside the shard (stored as "
         "QueueConfig.check_sources=False allows); the state's import would refuse it"
     )
     assert buffer.getvalue() == b""
