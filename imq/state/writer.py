@@ -70,9 +70,9 @@ class BadMessageError(ValueError):
     malformed (``check`` is the :class:`~imq.state.boc.BocError`'s check) or its root does
     not hash to the hash it was added with (``check`` is ``"message hash"``); the export
     raises it too for a body that is no internal message (``"message kind"``) or whose
-    header disagrees with its row (``"message header"``) and for a source outside the
-    state's shard (``"message source"``). ``hash`` is the hash it was
-    added with (``None`` if none was)."""
+    header disagrees with its row (``"message header"``), and for a source outside the
+    state's shard (``"message source"``). ``hash`` is the hash it was added with
+    (``None`` if none was)."""
 
     def __init__(self, hash_: bytes | None, check: str, detail: str) -> None:
         super().__init__(f"{check}: {detail}")

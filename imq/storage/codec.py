@@ -678,8 +678,6 @@ def decode_diff_record(key: bytes, value: bytes) -> tuple[DiffInfo, dict[int, in
                 raise ValueError(f"bad message count {n!r} for partition {p!r}")
             partitions[check_partition(p)] = n
         return info, partitions
-    except CorruptDataError:
-        raise
     except _UNDECODABLE as exc:
         raise CorruptDataError("diff_info", key, f"{type(exc).__name__}: {exc}") from None
 
@@ -801,8 +799,6 @@ def decode_import_marker(
         block_id = decode_block_id(record[1])
         diffs = [(int(s), decode_key(lo), decode_key(hi)) for s, lo, hi in record[2]]
         return block_id, diffs, [check_partition(p) for p in record[3]]
-    except CorruptDataError:
-        raise
     except _UNDECODABLE as exc:
         raise CorruptDataError("vars", IMPORT_MARKER, f"{type(exc).__name__}: {exc}") from None
 
