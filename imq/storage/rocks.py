@@ -361,17 +361,6 @@ class Cursor:
         self._raw = None
 
 
-def _release_views(snaps: dict[Table, Any], cursors: list[Cursor | CursorProtocol]) -> None:
-    """Let go of the RocksDB snapshots and cursors of a view whose opening was cut short
-    (a Ctrl-C): a traceback the host keeps holds the opening frame, and they would keep
-    the database and its directory's lock open after the queue's close()."""
-    snaps.clear()
-    for cursor in cursors:
-        with contextlib.suppress(Exception):
-            cursor.close()
-    cursors.clear()
-
-
 class Snapshot:
     """A consistent read view: point reads on the tables named at creation, the cursors
     declared at creation, and the queue state as it was at that instant."""
@@ -1366,7 +1355,10 @@ class Store:
                         cached = self._cached(s.lo, s.hi, None)
                     cursors.append(self._cursor(s) if cached is None else cached)
             except BaseException:
-                _release_views(snaps, cursors)
+                # Cut short (a Ctrl-C): a traceback the host keeps holds this frame, whose
+                # RocksDB snapshots and cursors would keep the database and its lock open
+                # after the queue's close(). Closed as a finished view's are.
+                Snapshot(self, snaps, cursors, self._state).close()
                 raise
             state = self._state
         return Snapshot(self, snaps, cursors, state)
@@ -1398,8 +1390,8 @@ class Store:
                     cursors.append(
                         self._cursor(Scan(Table.MESSAGES, lo, hi)) if cached is None else cached
                     )
-            except BaseException:
-                _release_views({}, cursors)
+            except BaseException:  # cut short: let go of RocksDB, as snapshot() does
+                Snapshot(self, {}, cursors, self._state).close()
                 raise
             cache.hits += hits
             state = self._state
