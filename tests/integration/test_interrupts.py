@@ -11,7 +11,6 @@ says so, and a reopen reads what the disk holds.
 
 from __future__ import annotations
 
-import inspect
 import signal
 import sys
 import threading
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 from builders import BASE, MC, Chain, full_range, open_queue, top
+from threads import at_line
 
 from imq import Queue, StorageError
 from imq.locks import RWLock
@@ -195,23 +195,15 @@ def test_a_ctrl_c_that_may_leave_a_lock_held_retires_the_handle(
 
 def _interrupt_at_line(function: Any, text: str) -> Any:
     """A trace function that raises KeyboardInterrupt once, as a Ctrl-C would, when
-    ``function`` reaches its line containing ``text`` (its frame holds what it held
-    there; a patched callee's frame would hold the arguments too)."""
-    lines, first = inspect.getsourcelines(function)
-    (at,) = [first + i for i, line in enumerate(lines) if text in line]
-    code = function.__code__
+    ``function`` reaches its line containing ``text``."""
     fired = [False]
 
-    def local(frame: Any, event: str, arg: Any) -> Any:
-        if event == "line" and frame.f_lineno == at and not fired[0]:
+    def ctrl_c() -> None:
+        if not fired[0]:
             fired[0] = True
             raise KeyboardInterrupt
-        return local
 
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        return local if frame.f_code is code else None
-
-    return tracer
+    return at_line(function, text, ctrl_c)
 
 
 def test_a_queue_reopens_inside_the_except_block_of_a_ctrl_c_while_a_view_opens(

@@ -17,12 +17,11 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import pytest
 from builders import MC, Chain, split_shard
-from threads import TIMEOUT, Worker, hang_guard, started
+from threads import TIMEOUT, Worker, at_line, hang_guard, started
 
 from imq import ImqError, PendingDiff, Queue
 from imq import pending as pending_module
@@ -112,26 +111,9 @@ def _pause_in_finish(checked: threading.Event, go: threading.Event) -> Callable[
     new state, until ``go`` is set or a second passes."""
     for name in ("_finish", "_try_finish"):
         function = getattr(pending_module.PendingDiff, name, None)
-        if function is None:
-            continue
-        source, first = inspect.getsourcelines(function)
-        lines = [i for i, text in enumerate(source) if "self._state = state" in text]
-        if lines:
-            line, code = first + lines[0], function.__code__
-            break
-    else:
-        raise AssertionError("no state change found in PendingDiff")
-
-    def local(frame: FrameType, event: str, arg: object) -> Any:
-        if event == "line" and frame.f_lineno == line:
-            checked.set()
-            go.wait(1.0)
-        return local
-
-    def tracer(frame: FrameType, event: str, arg: object) -> Any:
-        return local if frame.f_code is code else None
-
-    return tracer
+        if function is not None and "self._state = state" in inspect.getsource(function):
+            return at_line(function, "self._state = state", lambda: (checked.set(), go.wait(1.0)))
+    raise AssertionError("no state change found in PendingDiff")
 
 
 @pytest.mark.parametrize("first", ["write", "discard"])

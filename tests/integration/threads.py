@@ -1,12 +1,16 @@
-"""Threads for the concurrency tests: a worker that keeps its result or exception, and a
-guard that dumps every thread's stack when a test hangs far past its own timeouts."""
+"""Threads for the concurrency tests: a worker that keeps its result or exception, a
+guard that dumps every thread's stack when a test hangs far past its own timeouts, and a
+trace function that acts when a function reaches a given line (a thread switch or a
+signal landing there)."""
 
 from __future__ import annotations
 
 import faulthandler
+import inspect
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 TIMEOUT = 15.0  # upper bound for anything that must finish, seconds
@@ -69,3 +73,24 @@ def guarded(
             stop.set()
 
     return run
+
+
+def at_line(function: Any, text: str, action: Callable[[], object]) -> Any:
+    """A trace function (for ``sys.settrace``) that calls ``action()`` each time
+    ``function`` reaches its one line containing ``text``, before the line runs. What
+    ``action`` raises goes into that frame, as a signal handler's exception would, and
+    the frame holds what it held there (a patched callee's frame would also hold its
+    arguments)."""
+    lines, first = inspect.getsourcelines(function)
+    (at,) = [first + i for i, line in enumerate(lines) if text in line]
+    code = function.__code__
+
+    def local(frame: FrameType, event: str, arg: object) -> Any:
+        if event == "line" and frame.f_lineno == at:
+            action()
+        return local
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Any:
+        return local if frame.f_code is code else None
+
+    return tracer
