@@ -54,10 +54,12 @@ import contextlib
 import operator
 import os
 import struct
+from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from functools import partial
-from heapq import heapify, heappop, heapreplace
-from itertools import chain, islice, repeat, starmap
+from itertools import chain, compress, count, islice, repeat, starmap
+from operator import and_, eq, rshift
 from types import TracebackType
 from typing import Any, NoReturn, cast
 
@@ -157,16 +159,19 @@ class QueueIterator(chain[IteratedMessage]):
         for_shard: ShardIdent,
         on_done: Callable[[int, int], None] | None = None,
     ) -> QueueIterator:
-        merge_fill = _merge_fill
+        merge_fill, longest = _merge_fill, _RUN
         if merge_fill is None:  # the pure-Python merge caches source addresses per iterator
             merge_fill = partial(_py_merge_fill, _cache=_AddressCache())
+            longest *= _PY_RUN_FACTOR
         shards = [r.shard for r in ranges]
         positions: list[bytes | QueueKey | None] = [None] * len(ranges)
         # The bare rows: the merge knows the last key it read from each source, so it
         # runs each cursor's end check itself when its rows run out (``finish``).
         sources = [c.rows for c in snap.cursors]
         box: list[Any] = [None, 0, None]
-        producer = _merged(box, merge_fill, for_shard, shards, positions, sources, snap, on_done)
+        producer = _merged(
+            box, merge_fill, longest, for_shard, shards, positions, sources, snap, on_done
+        )
         self = cast(QueueIterator, cls.from_iterable(producer))
         self._snap = snap
         self._shards = shards
@@ -311,6 +316,7 @@ def destination_test(for_shard: ShardIdent) -> tuple[int, int, int]:
 def _merged(  # noqa: PLR0917 - the iterator's state, shared with it
     box: list[Any],
     merge_fill: Callable[..., Any],
+    longest: int,
     for_shard: ShardIdent,
     shards: list[ShardIdent],
     positions: list[Any],
@@ -333,6 +339,7 @@ def _merged(  # noqa: PLR0917 - the iterator's state, shared with it
             yield from _merge_batches(
                 box,
                 merge_fill,
+                longest,
                 wc_byte,
                 prefix_len,
                 want,
@@ -364,6 +371,7 @@ def _merged(  # noqa: PLR0917 - the iterator's state, shared with it
 def _merge_batches(  # noqa: PLR0917 - the merge's state
     box: list[Any],
     merge_fill: Callable[..., Any],
+    longest: int,
     wc_byte: int,
     prefix_len: int,
     want: int,
@@ -379,7 +387,7 @@ def _merge_batches(  # noqa: PLR0917 - the merge's state
     heads: list[tuple[bytes, bytes] | None] = [None] * n
     lastkeys: list[bytes | None] = [None] * n
     need = list(range(n))
-    limit = min(_RUN_FIRST, _RUN)  # batches grow: the first message comes soon
+    limit = min(_RUN_FIRST, longest)  # batches grow: the first message comes soon
     while True:
         try:
             batch, final, records, ended, need, n_skipped = merge_fill(
@@ -409,7 +417,7 @@ def _merge_batches(  # noqa: PLR0917 - the merge's state
                     sources[idx] = _EXHAUSTED
             snap.close()
             return
-        limit = min(2 * limit, _RUN)
+        limit = min(2 * limit, longest)
         run = iter(batch)
         box[0] = (batch, run, records)
         yield run
@@ -422,12 +430,20 @@ def _merge_batches(  # noqa: PLR0917 - the merge's state
 _NO_BOUND = b"\xff" * (_KEY_LEN + 1)  # above every message key
 _RUN = 256  # messages per batch, at most (re-measure with benchmarks/bench_floor.py)
 _RUN_FIRST = 16  # the first batch's limit; each next batch's doubles, up to _RUN
+# The pure-Python merge's batches may be this many times longer: each costs it a Python
+# step per source, so a long run of one shard is read ahead in larger pieces.
+_PY_RUN_FACTOR = 4
+_AHEAD_MIN = 8  # rows the pure-Python merge reads of a source at a time, at least
 _unpack_key = codec.MESSAGE_KEY_LT_HASH.unpack
 _src_of = operator.itemgetter(slice(_ADDR, _HEADER))
 _dst_workchain_byte = operator.itemgetter(0)
 _dst_account = operator.itemgetter(slice(1, _ADDR))
 _workchain_of_byte = tuple(range(-128, 128)).__getitem__  # a stored workchain byte is wc + 128
 _body_of = operator.itemgetter(slice(_HEADER, None))
+_dst_top = operator.itemgetter(slice(1, 9))  # the destination account's top 64 bits
+_queue_key_of = operator.itemgetter(slice(_QK, None))
+_first_item = operator.itemgetter(0)
+_from_bytes: Callable[..., int] = int.from_bytes
 # ``_new_each(zip(repeat(cls), fields))`` makes each fields tuple a ``cls``. starmap passes
 # zip's (cls, fields) tuple on as the arguments of ``tuple.__new__``, where
 # ``map(tuple.__new__, repeat(cls), fields)`` builds an argument tuple per call (measured:
@@ -496,11 +512,86 @@ def _decode(
         _corrupt(keys, values)
 
 
-def _py_merge_fill(  # noqa: PLR0915, PLR0917 - one hot loop
+class _Ahead:
+    """What the pure-Python merge has read of one source and not handed out yet: its
+    accepted rows (for this shard) in order, and the keys of skipped rows that the
+    source's position must still pass (``current_position()`` counts them consumed)."""
+
+    __slots__ = ("base", "keys", "live", "skips", "tail", "values")
+
+    def __init__(self) -> None:
+        self.keys: list[bytes] = []  # accepted rows not yet handed out
+        self.values: list[bytes] = []
+        self.base = 0  # the running number of keys[0] among the source's accepted rows
+        # running number of an accepted row -> the key of the last row skipped just before
+        # it: the position moves there once the accepted row before it is taken
+        self.skips: dict[int, bytes] = {}
+        self.tail: bytes | None = None  # the last row skipped after keys[-1]
+        self.live = True  # the source may have more rows
+
+
+def _read_ahead(  # noqa: PLR0917 - the merge's state
+    source: Iterator[tuple[bytes, bytes]],
+    ahead: _Ahead,
+    size: int,
+    wc_byte: int,
+    prefix_len: int,
+    want: int,
+) -> tuple[int, bytes | None]:
+    """Read up to ``size`` rows of ``source`` into ``ahead``: (rows skipped, the last key
+    read or None). Each step runs over the whole chunk in C; bytecode runs only per
+    accepted row that follows a skipped one."""
+    rows = list(islice(source, size))
+    if len(rows) < size:
+        ahead.live = False
+        if not rows:
+            return 0, None
+    keys, values = zip(*rows, strict=True)
+    if min(map(len, values)) < _HEADER:  # corrupt, whether for this shard or not
+        _short_row(keys, values)
+    mask: list[bool] | None
+    if 0 <= wc_byte < 256:  # a byte (-1: no std address lives in this workchain)
+        firsts = bytes(map(_dst_workchain_byte, values))
+        if prefix_len:
+            tops = map(_from_bytes, map(_dst_top, values), repeat("big"))
+            in_prefix = map(eq, map(rshift, tops, repeat(64 - prefix_len)), repeat(want))
+            mask = list(map(and_, map(eq, firsts, repeat(wc_byte)), in_prefix))
+            accepted = mask.count(True)
+        else:
+            accepted = firsts.count(wc_byte)
+            mask = None if accepted == len(keys) else list(map(eq, firsts, repeat(wc_byte)))
+    else:  # no std address lives in this workchain: every row is skipped
+        accepted, mask = 0, []
+    if mask is None:  # every row is for this shard
+        if ahead.tail is not None:
+            ahead.skips[ahead.base + len(ahead.keys)] = ahead.tail
+            ahead.tail = None
+        ahead.keys += keys
+        ahead.values += values
+        return 0, keys[-1]
+    if accepted:
+        number = ahead.base + len(ahead.keys)
+        skips, tail = ahead.skips, ahead.tail
+        for i in compress(range(len(keys)), mask):
+            if i:
+                if not mask[i - 1]:
+                    skips[number] = keys[i - 1]
+            elif tail is not None:
+                skips[number] = tail
+            number += 1
+        ahead.keys += compress(keys, mask)
+        ahead.values += compress(values, mask)
+        ahead.tail = None if mask[-1] else keys[-1]
+    else:
+        ahead.tail = keys[-1]
+    return len(keys) - accepted, keys[-1]
+
+
+def _py_merge_fill(  # noqa: PLR0915, PLR0917 - one merge step
     sources: list[Iterator[tuple[bytes, bytes]]],
-    heads: list[tuple[bytes, bytes] | None],
+    heads: list[Any],
     lastkeys: list[bytes | None],
-    need: list[int],
+    need: list[int],  # C's: this merge tops every source up itself
     limit: int,
     wc_byte: int,
     prefix_len: int,
@@ -510,108 +601,126 @@ def _py_merge_fill(  # noqa: PLR0915, PLR0917 - one hot loop
     _cache: dict[bytes, Address] | None = None,
 ) -> tuple[list[IteratedMessage], list[Any], list[Any], list[int], list[int], int]:
     """The pure-Python ``imq._speedups.merge_fill``: same arguments, same contract (see
-    ``merge_fill`` in ``imq/_speedups.c``), the same messages and positions. A batch may
-    end sooner than C's: a streak reads at most as many rows as the batch has room for,
-    and when they run out the source is refilled first at the next call (its skips
-    recorded just past the batch's last message, which ``_merged`` applies then).
+    ``merge_fill`` in ``imq/_speedups.c``), the same messages and positions. ``heads``
+    holds each source's :class:`_Ahead` instead of one pending row; ``need`` is not used.
 
-    The pending rows sit in a heap of ``(queue key, source, key, value)``; the top
-    source's rows stream in one ``for`` loop while they stay below the runner-up (compared
-    as whole stored keys, the runner-up's queue key under the top source's key prefix, so
-    no key is sliced per row), as long blocks of one shard do; interleaved shards pay one
-    heap step per message, all in C (``heapreplace``).
+    C takes one message at a time; here a batch is built from whole runs so that C does
+    the per-row work. Each source's rows are read ahead in chunks and filtered at once
+    (:func:`_read_ahead`); the *bound* is the lowest of the live sources' last accepted
+    rows, below which no source can still bring a row; every row up to it (at most
+    ``limit``) is merged by one stable sort of the queue keys, which finds each source's
+    run already in order (rows of one source only: no sort). The batch ends at the bound,
+    so a source whose rows read ahead ran out is read again before any later message, as
+    in C; each run of skipped rows is recorded after the message after which C reads it.
+    A batch may hold fewer messages than C's (each source reads ahead about ``limit``
+    divided by the live sources), never different ones.
     """
-    shift = 64 - prefix_len
-    from_bytes = int.from_bytes
+    n = len(sources)
     final = list(positions)
     records: list[tuple[int, int, bytes]] = []
     ended: list[int] = []
     skipped = 0
-    k = v = b""
-    keys: list[bytes] = []
-    values: list[bytes] = []
-    append_k, append_v = keys.append, values.append
-    owners: list[tuple[ShardIdent, int]] = []  # (source shard, rows) per streak
-    need_out: list[int] = []
-    try:
-        for idx in need:  # the refills before the first message: recorded in positions
-            if heads[idx] is not None:
-                continue
-            last_skip = None
-            for k, v in sources[idx]:
-                if v[0] == wc_byte and (
-                    not prefix_len or from_bytes(v[1:9], "big") >> shift == want
-                ):
-                    heads[idx] = (k, v)
+    live = [a is None or a.live for a in heads].count(True)
+    size = max(limit // max(live, 1), _AHEAD_MIN)
+    bound: tuple[bytes, int] | None = None  # (queue key, source) of the lowest live last row
+    for idx in range(n):
+        ahead = heads[idx]
+        if ahead is None:
+            ahead = heads[idx] = _Ahead()
+        if ahead.live and len(ahead.keys) < size:
+            empty = not ahead.keys
+            while True:
+                n_skipped, last_read = _read_ahead(
+                    sources[idx], ahead, size, wc_byte, prefix_len, want
+                )
+                skipped += n_skipped
+                if last_read is not None:
+                    lastkeys[idx] = last_read
+                if ahead.keys or not ahead.live:
                     break
-                if len(v) < _HEADER:  # corrupt, whether for this shard or not
-                    _short_row((k,), (v,))
-                last_skip = k
-                skipped += 1
-            else:
+            if not ahead.live:
                 ended.append(idx)
-            if last_skip is not None:
-                lastkeys[idx] = final[idx] = positions[idx] = last_skip
-        heap = [(h[0][_QK:], i, h[0], h[1]) for i, h in enumerate(heads) if h is not None]
-        heapify(heap)
-        while heap:
-            _qk, idx, k, v = heap[0]
-            heads[idx] = None
-            n = len(heap)
-            # The runner-up, as a whole key of this source: rows below it stream on.
-            runner = None if n == 1 else heap[1] if n == 2 else min(heap[1], heap[2])
-            bound = _NO_BOUND if runner is None else k[:_QK] + runner[0]
-            beats_tie = runner is not None and idx < runner[1]
-            start = len(keys)
-            append_k(k)
-            append_v(v)
-            last_skip = None
-            # The streak: this source's rows while they stay below the runner-up, at most
-            # as many as the batch has room for (so no row count per row).
-            quota = limit - start - 1
-            stopped = True  # by the quota: the source is neither pending nor ended
-            if quota:
-                skipped_before = skipped
-                for k, v in islice(sources[idx], quota):
-                    if v[0] != wc_byte or (
-                        prefix_len and from_bytes(v[1:9], "big") >> shift != want
-                    ):
-                        if len(v) < _HEADER:  # corrupt, whether for this shard or not
-                            _short_row((k,), (v,))
-                        last_skip = k
-                        skipped += 1
-                    elif k < bound or (k == bound and beats_tie):
-                        append_k(k)  # the streak goes on: skips before it are overwritten
-                        append_v(v)
-                        last_skip = None
-                    else:
-                        heapreplace(heap, (k[_QK:], idx, k, v))
-                        heads[idx] = (k, v)
-                        stopped = False
-                        break
+            if empty:  # read before this call's first message: the position moves now
+                if ahead.keys:
+                    skip = ahead.skips.pop(ahead.base, None)
                 else:
-                    if len(keys) - start - 1 + skipped - skipped_before < quota:
-                        heappop(heap)
-                        ended.append(idx)
-                        stopped = False
-            owners.append((shards[idx], len(keys) - start))
-            last = keys[-1] if last_skip is None else last_skip
-            lastkeys[idx] = final[idx] = last
-            if last_skip is not None:
-                records.append((len(keys), idx, last_skip))
-            if stopped:  # the source is refilled first at the next call
-                heappop(heap)
-                need_out = [idx]
-                break
-    except IndexError:  # v[0] of an empty value
-        raise ValueError("empty message value", k) from None
-    if not keys:
-        return [], final, records, ended, need_out, skipped
+                    skip, ahead.tail = ahead.tail, None
+                if skip is not None:
+                    final[idx] = positions[idx] = skip
+        if ahead.live:
+            last = (ahead.keys[-1][_QK:], idx)
+            if bound is None or last < bound:
+                bound = last
+    # (source, rows it hands out, where they start among all the batch's rows)
+    parts: list[tuple[int, int, int]] = []
+    total = 0
+    for idx in range(n):
+        keys = heads[idx].keys
+        if not keys:
+            continue
+        if bound is None:
+            taken = len(keys)
+        else:  # whole stored keys compared: a source's keys share their prefix
+            edge = keys[0][:_QK] + bound[0]
+            taken = (bisect_right if idx <= bound[1] else bisect_left)(keys, edge)
+        if taken:
+            parts.append((idx, taken, total))
+            total += taken
+    if not parts:  # every source ran out
+        return [], final, records, ended, [], skipped
+    at: Callable[[int], int] | None  # batch index of a row's index among all rows
+    owners: Iterable[ShardIdent]
+    if len(parts) == 1:
+        idx, taken, _ = parts[0]
+        taken = min(taken, limit)
+        parts = [(idx, taken, 0)]
+        ahead = heads[idx]
+        batch_keys, batch_values = ahead.keys[:taken], ahead.values[:taken]
+        owners, at = repeat(shards[idx]), None
+    else:
+        all_keys: list[bytes] = []
+        all_values: list[bytes] = []
+        source_of: list[int] = []
+        for idx, taken, _ in parts:
+            ahead = heads[idx]
+            all_keys += ahead.keys[:taken]
+            all_values += ahead.values[:taken]
+            source_of += repeat(idx, taken)
+        queue_keys = list(map(_queue_key_of, all_keys))
+        # Stable: equal queue keys keep the source order (the lower source first, as C).
+        order = sorted(range(total), key=queue_keys.__getitem__)
+        if total > limit:  # each source's share of the first `limit` is still a prefix
+            del order[limit:]
+            counts = Counter(map(source_of.__getitem__, order))
+            parts = [(idx, counts[idx], start) for idx, _, start in parts if counts[idx]]
+        batch_keys = list(map(all_keys.__getitem__, order))
+        batch_values = list(map(all_values.__getitem__, order))
+        owners = map(shards.__getitem__, map(source_of.__getitem__, order))
+        at = dict(zip(order, count(), strict=False)).__getitem__
+    # Positions: the skips between (and after) the rows each source hands out.
+    for idx, taken, start in parts:
+        ahead = heads[idx]
+        first = ahead.base
+        final[idx] = ahead.keys[taken - 1]
+        skips = ahead.skips
+        if skips:  # the skip before row r is read once row r - 1 is taken
+            due = [r for r in skips if r <= first + taken]
+            for r in due:
+                j = r - 1 - first
+                records.append(((j if at is None else at(start + j)) + 1, idx, skips.pop(r)))
+                final[idx] = records[-1][2] if r == first + taken else final[idx]
+        if taken == len(ahead.keys) and ahead.tail is not None:
+            j = taken - 1
+            records.append(((j if at is None else at(start + j)) + 1, idx, ahead.tail))
+            final[idx], ahead.tail = ahead.tail, None
+        del ahead.keys[:taken], ahead.values[:taken]
+        ahead.base = first + taken
+    if len(parts) > 1:
+        records.sort(key=_first_item)
     cache = _AddressCache() if _cache is None else _cache
-    row_shards = chain.from_iterable(starmap(repeat, owners))
     # Every accepted row names a destination in the workchain of `wc_byte`.
-    batch = _decode(keys, values, row_shards, cache, wc_byte - 128)
-    return batch, final, records, ended, need_out, skipped
+    batch = _decode(batch_keys, batch_values, owners, cache, wc_byte - 128)
+    return batch, final, records, ended, [], skipped
 
 
 def _short_row(keys: Sequence[bytes], values: Sequence[bytes]) -> NoReturn:
