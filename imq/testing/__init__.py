@@ -1,6 +1,7 @@
 """Testing aids for imq and for applications built on it.
 
-- :class:`OpLog` / :class:`RecordingQueue`: record every queue call as JSON lines;
+- :class:`OpLog` / :class:`RecordingQueue`: record a queue's calls as JSON lines (those
+  of the log's format; what it cannot hold raises :class:`UnrecordableCallError`);
 - :func:`replay` / :func:`assert_replays`: replay a log on a fresh database and on the
   model, comparing every result and the observable state after every step;
 - :class:`QueueModel`: the plain-Python model of the queue's semantics (the oracle);
@@ -12,7 +13,7 @@ The format is in ``docs/replay-format.md``.
 
 from imq.testing.memory import MemoryDatabase
 from imq.testing.model import DiffInput, QueueModel
-from imq.testing.record import OpLog, RecordingQueue
+from imq.testing.record import OpLog, RecordingQueue, UnrecordableCallError
 from imq.testing.replay import (
     OpLogError,
     ReplayDivergenceError,
@@ -30,6 +31,7 @@ __all__ = [
     "RecordingQueue",
     "ReplayDivergenceError",
     "ReplayReport",
+    "UnrecordableCallError",
     "assert_replays",
     "replay",
 ]

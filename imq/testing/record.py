@@ -1,5 +1,10 @@
-"""A recording wrapper around :class:`imq.Queue`: every call, its arguments and what it
-returned (or raised), one JSON object per line (``docs/replay-format.md``).
+"""A recording wrapper around :class:`imq.Queue`: every call of the op log's format, its
+arguments and what it returned (or raised), one JSON object per line
+(``docs/replay-format.md``). Reads outside the format (``is_diff_exists``, the
+separated statistics, ``export_state``) and ``compact`` pass through unrecorded: they
+change nothing a replay compares. What would change the queue unrecorded is refused:
+the background GC worker (open with ``gc_enabled=False`` and call ``run_gc()``) and
+``import_state`` (a log holds no state file).
 
 A host application wraps its queue to capture what a live collator did::
 
@@ -40,7 +45,7 @@ from imq import (
     ShardIdent,
     TopBlock,
 )
-from imq.errors import FileAccessError
+from imq.errors import ConfigError, FileAccessError, ImqError
 from imq.testing.codec import (
     FORMAT_VERSION,
     enc_block,
@@ -56,7 +61,13 @@ from imq.testing.codec import (
     enc_zone,
 )
 
-__all__ = ["OpLog", "RecordingIterator", "RecordingPending", "RecordingQueue"]
+__all__ = [
+    "OpLog",
+    "RecordingIterator",
+    "RecordingPending",
+    "RecordingQueue",
+    "UnrecordableCallError",
+]
 
 
 class OpLog:
@@ -123,9 +134,20 @@ class OpLog:
     def open(
         self, opener: Callable[[Path, QueueConfig], Any], path: Path, config: QueueConfig
     ) -> RecordingQueue:
-        """Open a queue with ``opener`` and record it (the path and config are not logged:
-        a replay opens a fresh database of its own)."""
-        queue = self.call("open", {}, lambda: opener(path, config), lambda _: None)
+        """Open a queue with ``opener`` and record it. The path is not logged (a replay
+        opens a fresh database of its own), nor the config but for the checks that make
+        a call fail (``check_sources``, ``check_statistics``), which the replay's queue
+        then runs too. A config with the background GC worker is refused: its passes
+        happen between the recorded calls, so no replay could repeat them."""
+        if config.gc_enabled:
+            raise ConfigError(
+                "a recorded queue cannot run the background GC worker (its passes are not "
+                "calls the log can hold, so the log would not replay): open it with "
+                "QueueConfig(gc_enabled=False) and call run_gc() where a pass should run, "
+                "as imq simulate --record does"
+            )
+        args = {name: True for name in _RECORDED_CHECKS if getattr(config, name)}
+        queue = self.call("open", args, lambda: opener(path, config), lambda _: None)
         return RecordingQueue(queue, self)
 
     def flush(self) -> None:
@@ -135,6 +157,14 @@ class OpLog:
             raise
         except OSError as exc:
             raise self._sink_error(exc) from exc
+
+
+# The config's checks that make calls fail: logged with "open", run by the replay.
+_RECORDED_CHECKS = ("check_sources", "check_statistics")
+
+
+class UnrecordableCallError(ImqError, TypeError):
+    """A call on a :class:`RecordingQueue` that the op log cannot hold."""
 
 
 def _same(value: Any) -> Any:
@@ -239,7 +269,9 @@ def _parts(partitions: Iterable[int]) -> list[int]:
 
 
 class RecordingQueue:
-    """A queue whose every call is recorded; anything not listed here is forwarded as is."""
+    """A queue whose calls are recorded. What is not listed here is forwarded as is: the
+    reads outside the log's format and ``compact``, which change nothing a replay
+    compares."""
 
     def __init__(self, inner: Any, log: OpLog) -> None:
         self._inner = inner
@@ -418,6 +450,18 @@ class RecordingQueue:
 
     def run_gc(self) -> int:
         return int(self._log.call("run_gc", {}, self._inner.run_gc, int))
+
+    def run_gc_report(self) -> Any:
+        """A GC pass, recorded as ``run_gc`` (its result: the report's ``executed``)."""
+        return self._log.call("run_gc", {}, self._inner.run_gc_report, lambda r: r.executed)
+
+    def import_state(self, *args: Any, **kwargs: Any) -> Any:
+        """Refused: an import changes the queue by a state file the log cannot hold."""
+        raise UnrecordableCallError(
+            "import_state cannot be recorded (an op log holds no state file, so a replay "
+            "could not repeat it): import on the bare queue (Queue.open, import_state) "
+            "and record another session, or record from a new database"
+        )
 
     def close(self) -> None:
         try:

@@ -29,6 +29,7 @@ from typing import Any
 
 from imq import (
     BlockId,
+    DiffStatistics,
     DiffZone,
     PartitionRouter,
     Queue,
@@ -416,6 +417,9 @@ class _Replayer:
         self.model_pending: dict[int, DiffInput] = {}
         self.shards: set[ShardIdent] = set()
         self.checks = 0
+        # The recorded queue's checks that make an apply fail (logged with "open")
+        self.check_sources = False
+        self.check_statistics = False
 
     def q(self) -> Queue:
         """The open queue, or the one the log closed last (its calls raise
@@ -443,6 +447,23 @@ class _Replayer:
             if difference is not None:
                 raise ReplayDivergenceError(step, op, difference)
 
+    def _refused(self, diff: QueueDiff, inp: DiffInput, stats: DiffStatistics | None) -> bool:
+        """The recorded config's argument checks on the model's side: raises ValueError
+        where they refuse the diff, else False."""
+        shard = inp.block.shard
+        if self.check_sources and not all(shard.contains(m.src) for m in diff.messages):
+            raise ValueError(f"{inp.block}: a message source outside the shard")
+        if self.check_statistics and stats is not None and stats.shard == shard:
+            counted = DiffStatistics.from_diff(diff, shard, stats.min_message, stats.max_message)
+            first, last = diff.min_message, diff.max_message
+            if stats != counted or (
+                first is not None
+                and last is not None
+                and not stats.min_message <= first <= last <= stats.max_message
+            ):
+                raise ValueError(f"{inp.block}: statistics contradict the messages")
+        return False
+
     def _both(
         self, real: Any, model: Any, enc: Any = lambda v: v
     ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -452,7 +473,14 @@ class _Replayer:
         m = self.m()
         none = _outcome(lambda: None, lambda v: v)
         if op == "open":
-            config = QueueConfig(gc_enabled=False, sync_commits=False)
+            self.check_sources = a.get("check_sources") is True
+            self.check_statistics = a.get("check_statistics") is True
+            config = QueueConfig(
+                gc_enabled=False,
+                sync_commits=False,
+                check_sources=self.check_sources,
+                check_statistics=self.check_statistics,
+            )
             if self.queue is not None:  # the host opened a second queue: refused here
                 raise OpLogError("the log opens a queue while one is open; a replay has one")
             self.queue = self.opener(config, self.zerostate)
@@ -475,13 +503,15 @@ class _Replayer:
             if op == "apply_diff":
                 return self._both(
                     lambda: self.q().apply_diff(diff, inp.block, inp.diff_hash, stats, zone),
-                    lambda: m.apply(inp, zone),
+                    lambda: self._refused(diff, inp, stats) or m.apply(inp, zone),
                 )
             real = _outcome(
                 lambda: self.q().prepare_diff(diff, inp.block, inp.diff_hash, stats, zone),
                 lambda p: p,
             )
-            modeled = _outcome(lambda: m.check_diff(inp, zone), lambda ok: ok)
+            modeled = _outcome(
+                lambda: self._refused(diff, inp, stats) or m.check_diff(inp, zone), lambda ok: ok
+            )
             if "error" in real:
                 return real, modeled
             pending = real["result"]

@@ -1,0 +1,122 @@
+"""What a recording holds and what it refuses (found by a docs audit: the recorder was
+documented as recording every call, while state-changing calls outside the log's format
+went through unrecorded and the logs then failed to replay).
+
+- the config's checks that make an apply fail (``check_sources``, ``check_statistics``)
+  are logged with ``open`` and run by the replay, so a refused diff replays as refused;
+- ``run_gc_report`` is a GC pass like ``run_gc``: recorded as ``run_gc``;
+- the background GC worker and ``import_state`` change the queue outside any call the log
+  can hold: refused, with what to do instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from imq import (
+    Address,
+    BlockId,
+    BlockIdShort,
+    DiffStatistics,
+    Message,
+    Queue,
+    QueueConfig,
+    QueueDiff,
+    QueueKey,
+    ShardIdent,
+    TopBlock,
+)
+from imq.errors import ConfigError
+from imq.testing import OpLog, ReplayDivergenceError, UnrecordableCallError, replay
+
+SHARD = ShardIdent(0, 0x4000_0000_0000_0000)  # accounts 0x0000.. to 0x7fff..
+INSIDE = Address(0, b"\x10" * 32)
+OUTSIDE = Address(0, b"\x90" * 32)
+CONFIG = QueueConfig.testing()
+
+
+def _diff(lt: int, src: Address = INSIDE) -> QueueDiff:
+    return QueueDiff([Message(QueueKey(lt, bytes([lt % 256]) * 32), src, OUTSIDE)])
+
+
+def _steps(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()[1:]]
+
+
+def test_a_refusal_by_check_sources_replays(tmp_path: Path) -> None:
+    log_path = tmp_path / "ops.jsonl"
+    config = dataclasses.replace(CONFIG, check_sources=True)
+    with log_path.open("w") as sink:
+        queue = OpLog(sink).open(Queue.open, tmp_path / "q", config)
+        with pytest.raises(ValueError, match="outside the block's shard"):
+            queue.apply_diff(_diff(10, OUTSIDE), BlockIdShort(SHARD, 1), b"\x01" * 32)
+        assert queue.apply_diff(_diff(11), BlockIdShort(SHARD, 1), b"\x02" * 32)
+        queue.close()
+    steps = _steps(log_path)
+    assert steps[0]["args"] == {"check_sources": True}
+    assert steps[1]["error"]["type"] == "ValueError"  # type: ignore[index]
+    assert replay(log_path).steps == 4
+    # Without the check logged, the replay's queue would take the diff the host's refused.
+    text = log_path.read_text().replace('{"check_sources":true}', "{}")
+    log_path.write_text(text)
+    with pytest.raises(ReplayDivergenceError, match="step 2"):
+        replay(log_path)
+
+
+def test_a_refusal_by_check_statistics_replays(tmp_path: Path) -> None:
+    log_path = tmp_path / "ops.jsonl"
+    config = dataclasses.replace(CONFIG, check_statistics=True)
+    diff = _diff(10)
+    wrong = DiffStatistics(SHARD, QueueKey(10, bytes(32)), QueueKey(20, bytes(32)), {0: {}})
+    with log_path.open("w") as sink:
+        queue = OpLog(sink).open(Queue.open, tmp_path / "q", config)
+        with pytest.raises(ValueError, match="contradict"):
+            queue.apply_diff(diff, BlockIdShort(SHARD, 1), b"\x01" * 32, wrong)
+        assert queue.apply_diff(diff, BlockIdShort(SHARD, 1), b"\x01" * 32)
+        queue.close()
+    assert _steps(log_path)[0]["args"] == {"check_statistics": True}
+    assert replay(log_path).steps == 4
+
+
+def test_run_gc_report_is_recorded_as_a_gc_pass(tmp_path: Path) -> None:
+    log_path = tmp_path / "ops.jsonl"
+    mc = ShardIdent.MASTERCHAIN
+    with log_path.open("w") as sink:
+        queue = OpLog(sink).open(Queue.open, tmp_path / "q", CONFIG)
+        assert queue.apply_diff(_diff(10), BlockIdShort(SHARD, 1), b"\x01" * 32)
+        # The masterchain block's diff has read the shard past its message: GC may go.
+        mc_diff = QueueDiff([], processed_to={SHARD: QueueKey(10, bytes([10]) * 32)})
+        assert queue.apply_diff(mc_diff, BlockIdShort(mc, 1), b"\x02" * 32)
+        top = [TopBlock(BlockId(mc, 1, b"\x00" * 32, b"\x00" * 32), 1)]
+        top.append(TopBlock(BlockId(SHARD, 1, b"\x00" * 32, b"\x00" * 32), 1))
+        assert queue.commit_diff(top)
+        report = queue.run_gc_report()
+        assert report.executed >= 1
+        queue.close()
+    gc_steps = [s for s in _steps(log_path) if s["op"] == "run_gc"]
+    assert [s["result"] for s in gc_steps] == [report.executed]
+    assert replay(log_path).steps == len(_steps(log_path))
+
+
+def test_the_background_gc_worker_is_refused(tmp_path: Path) -> None:
+    with (tmp_path / "ops.jsonl").open("w") as sink:
+        log = OpLog(sink)
+        with pytest.raises(ConfigError, match="gc_enabled=False"):
+            log.open(Queue.open, tmp_path / "q", QueueConfig())
+    assert not (tmp_path / "q").exists()  # refused before anything was opened
+
+
+def test_import_state_is_refused(tmp_path: Path) -> None:
+    with (tmp_path / "ops.jsonl").open("w") as sink:
+        queue = OpLog(sink).open(Queue.open, tmp_path / "q", CONFIG)
+        try:
+            with pytest.raises(UnrecordableCallError, match="import_state cannot be recorded"):
+                queue.import_state(tmp_path / "missing.bin", None)
+            assert queue.get_commit_pointers() == {}  # nothing happened
+        finally:
+            queue.close()
+    assert replay(tmp_path / "ops.jsonl").steps == 3
