@@ -10,7 +10,7 @@ import argparse
 import contextlib
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -209,15 +209,22 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         )
     progress = _Progress(rounds, args.duration, err)
     with contextlib.ExitStack() as stack:
-        log = None
-        if args.record is not None:
-            try:
-                args.record.parent.mkdir(parents=True, exist_ok=True)
-                recording = stack.enter_context(_OpLogFile(args.record))
-            except OSError as exc:
-                raise FileAccessError(args.record, _WRITE_LOG, exc) from exc
-            log = OpLog(cast("TextIO", recording))
-        sim = _build(config, args, progress, log)
+        log: OpLog | None = None
+
+        def recording() -> OpLog:
+            """The op log, its file created (or emptied) at the recorded queue's first
+            open: after the run's own checks, so a refused run leaves the file alone."""
+            nonlocal log
+            if log is None:
+                try:
+                    args.record.parent.mkdir(parents=True, exist_ok=True)
+                    sink = stack.enter_context(_OpLogFile(args.record))
+                except OSError as exc:
+                    raise FileAccessError(args.record, _WRITE_LOG, exc) from exc
+                log = OpLog(cast("TextIO", sink))
+            return log
+
+        sim = _build(config, args, progress, recording if args.record is not None else None)
         try:
             with frozen_startup_heap():  # this command is the host process
                 result = sim.run()
@@ -264,7 +271,10 @@ def _child(path: Path, queue_config: QueueConfig) -> SimQueue:
 
 
 def _build(
-    config: SimConfig, args: argparse.Namespace, progress: _Progress, log: OpLog | None
+    config: SimConfig,
+    args: argparse.Namespace,
+    progress: _Progress,
+    log: Callable[[], OpLog] | None,
 ) -> Simulation:
     base: Opener = _child if args.kill or args.nodes > 1 else default_opener
     opener = base
@@ -274,7 +284,7 @@ def _build(
         def opener(path: Path, queue_config: QueueConfig) -> SimQueue:
             if path.name != "queue":
                 return base(path, queue_config)
-            return log.open(base, path, queue_config)
+            return log().open(base, path, queue_config)
 
     crash = _kill if args.kill else None  # with --nodes alone, restarts close cleanly
     return Simulation(config, opener=opener, on_round=progress, crash=crash)

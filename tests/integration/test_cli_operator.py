@@ -257,3 +257,25 @@ def test_a_failure_as_a_command_closes_the_queue_says_what_to_do(
         pass
     assert failure in str(info.value)
     assert says in str(info.value)
+
+
+def test_a_refused_simulation_leaves_the_record_file_as_it_was(imq: Imq, tmp_path: Path) -> None:
+    """An outside audit: a second ``simulate --record`` on a used --dir was refused (its
+    queue is a previous run's) after it had emptied the log file it was given."""
+    log = tmp_path / "ops.jsonl"
+    run_dir = tmp_path / "run"
+    assert (
+        imq("simulate", "--dir", run_dir, "--rounds", "2", "--no-plot", "--record", log).code == 0
+    )
+    kept = log.read_bytes()
+    assert len(kept.splitlines()) > 10
+    line = _one_error_line(
+        imq("simulate", "--dir", run_dir, "--rounds", "2", "--no-plot", "--record", log)
+    )
+    assert "holds the queue of a previous run" in line, line
+    assert log.read_bytes() == kept
+    missing = tmp_path / "new" / "ops.jsonl"
+    _one_error_line(
+        imq("simulate", "--dir", run_dir, "--rounds", "2", "--no-plot", "--record", missing)
+    )
+    assert not missing.parent.exists()  # nothing created for a refused run
