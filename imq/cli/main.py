@@ -11,7 +11,8 @@ Ctrl-C leaves behind, printed as ``imq: interrupted; <text>`` instead of a trace
 
 Exit status: 0 done; 1 refused by imq (a typed ``ImqError``, or a path that cannot be
 used), with one line on stderr; 2 bad arguments; 130 interrupted (Ctrl-C), also while
-the command is still starting (importing its modules). A reader of stdout or stderr that
+the command is still starting (importing its modules); 143 terminated (SIGTERM), which
+stops a command as Ctrl-C does, with the same clean-up. A reader of stdout or stderr that
 goes away (``imq ... | head``) changes nothing: the command finishes its work and exits
 with its own status; what it would have printed there is dropped.
 
@@ -28,6 +29,7 @@ import argparse
 import contextlib
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any, TextIO, cast
@@ -89,6 +91,40 @@ def _one_line(text: str) -> str:
 
 
 _INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+_TERMINATED = 143  # 128 + SIGTERM
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, systemd, ``docker stop``, ``timeout``), raised where the command
+    is: it stops the command as Ctrl-C does, so the same clean-up runs (an import rolled
+    back, a temporary database removed), and the exit status says which signal it was."""
+
+
+@contextlib.contextmanager
+def _sigterm_stops_like_ctrl_c() -> Iterator[None]:
+    """SIGTERM raises :class:`_Terminated` while the command runs (main thread only;
+    the previous handler is put back after, for a host that calls :func:`main`)."""
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise _Terminated
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: the host's handling stays as it is
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stopped(exc: KeyboardInterrupt) -> tuple[str, int]:
+    if isinstance(exc, _Terminated):
+        return "terminated", _TERMINATED
+    return "interrupted", _INTERRUPTED
+
+
 _STARTING = "imq: interrupted while starting; nothing was done"
 
 
@@ -163,13 +199,14 @@ def _outputs_whose_reader_may_leave() -> Iterator[TextIO]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    with _outputs_whose_reader_may_leave() as out:
+    with _outputs_whose_reader_may_leave() as out, _sigterm_stops_like_ctrl_c():
         try:
             return _main(sys.argv[1:] if argv is None else argv, out)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             # Ctrl-C before the command began (its modules were loading): one line too.
-            print(_STARTING, file=sys.stderr)
-            return _INTERRUPTED
+            word, code = _stopped(exc)
+            print(_STARTING.replace("interrupted", word), file=sys.stderr)
+            return code
 
 
 def _main(argv: Sequence[str], out: TextIO) -> int:
@@ -186,11 +223,12 @@ def _main(argv: Sequence[str], out: TextIO) -> int:
         code = args.run(args, out)  # None or 0: success; a command may return 1
         out.flush()
         return int(code or 0)
-    except KeyboardInterrupt:
-        # Ctrl-C: one line saying what state the command leaves, not a traceback.
+    except KeyboardInterrupt as exc:
+        # Ctrl-C or SIGTERM: one line saying what state the command leaves, no traceback.
         what = getattr(args, "interrupted", "")
-        print(f"imq: interrupted{'; ' + what if what else ''}", file=sys.stderr)
-        return _INTERRUPTED
+        word, code = _stopped(exc)
+        print(f"imq: {word}{'; ' + what if what else ''}", file=sys.stderr)
+        return code
     except ImqError as exc:
         print(f"imq: error: {_one_line(str(exc))}", file=sys.stderr)
         return 1

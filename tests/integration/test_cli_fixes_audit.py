@@ -284,10 +284,19 @@ def test_compact_of_a_sound_database_still_succeeds(tmp_path: Path) -> None:
 # -- 5. Ctrl-C ----------------------------------------------------------------------------------
 
 
-def test_ctrl_c_during_an_import_is_one_line_and_rolls_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("sig", "code", "word"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")],
+    ids=["SIGINT", "SIGTERM"],
+)
+def test_ctrl_c_during_an_import_is_one_line_and_rolls_back(
+    tmp_path: Path, sig: signal.Signals, code: int, word: str
+) -> None:
     """A state of about 5 MB (its header 1.4 MB, which the check reads before the
     database is created) fed through a FIFO that stalls at 80 %: the import is under way
-    (database created, rows written) when SIGINT arrives."""
+    (database created, rows written) when SIGINT arrives. SIGTERM (``kill``, systemd,
+    ``timeout``) stops it the same way (a user audit: it left the partial import and no
+    message), with its own exit status."""
     state = synth_state(diffs=3, messages_per_diff=15_000, seed=3)
     path = tmp_path / "state.bin"
     write_synth_state(state, path)
@@ -319,19 +328,19 @@ def test_ctrl_c_during_an_import_is_one_line_and_rolls_back(tmp_path: Path) -> N
             time.sleep(0.02)
         assert (db / "CURRENT").exists(), "the import did not start"
         time.sleep(0.5)  # let it read what the pipe holds, then block on the rest
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
         resume.set()
         if proc.poll() is None:
             proc.kill()
         writer.join(10)
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert out == b""
     assert b"Traceback" not in err
     *logged, last = err.decode().strip().splitlines()
     assert last == (
-        "imq: interrupted; the import was rolled back (or is, at the database's next open): "
+        f"imq: {word}; the import was rolled back (or is, at the database's next open): "
         "the database keeps nothing of the state (a directory the import created is removed)"
     )
     # The queue's own log: the rollback, and the interrupted call retiring the handle.
