@@ -46,7 +46,8 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_scaling
 	$(BIN)/python -m benchmarks.bench_sim --profile --out benchmarks/results/sim.md
 
-# The 30-minute steady state (issue 11), apart from `make bench` for its length.
+# The steady state (issue 11): a 10-minute warm-up, then 30 minutes measured (about 40
+# minutes), apart from `make bench` for its length.
 bench-endurance: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.bench_endurance

@@ -271,8 +271,9 @@ class QueueConfig:
       a message through the iterator, 10^6 stored messages (306 MB, 256 MiB cache): the
       first read in a process 523-632 on, 394-404 off; later reads 412-476 on, 390-402
       off; a re-read of a range that fits in the cache 350 on, 385 off. Iterator
-      creation and first message at 10^6 and 10^7 stored messages: 70-74 us on, 115-136
-      off (at 10^3: 45 either way). Off suits a host whose reads are mostly long
+      creation and first message at 10^6 and 10^7 stored messages: 61 and 76 us on
+      (``benchmarks/results/scaling.md``), 115-136 off in a run with it off (at 10^3:
+      about 45 either way). Off suits a host whose reads are mostly long
       catch-up scans.
 
     Constructing with a wrong type raises ``TypeError``, with a bad value ``ValueError``.

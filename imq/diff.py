@@ -192,8 +192,9 @@ class QueueDiff:
         passed: ``min_key``/``max_key`` if given; else the first and last message keys;
         else, for an empty diff, ``(min_for_lt(start_lt), max_for_lt(end_lt))``; else
         ``None``, and ``Queue.prepare_diff`` derives them from the store: an empty diff
-        without a span rests just above its shard's newest position (pointer or newest
-        stored diff), so committing it never moves a pointer backwards."""
+        without a span rests at ``MIN`` while its shard's newest position (pointer or
+        newest stored diff below it) is ``MIN`` or absent, else just above that
+        position, so committing it never moves a pointer backwards."""
         if self.min_key is not None and self.max_key is not None:
             return self.min_key, self.max_key
         if self.messages:
