@@ -668,7 +668,7 @@ def _py_merge_fill(  # noqa: PLR0915, PLR0917 - one merge step
             total += taken
     if not parts:  # every source ran out
         return [], final, records, ended, [], skipped
-    at: Callable[[int], int] | None  # batch index of a row's index among all rows
+    order: list[int] | None  # the batch's rows by their index among all rows (None: as is)
     owners: Iterable[ShardIdent]
     if len(parts) == 1:
         idx, taken, _ = parts[0]
@@ -676,7 +676,7 @@ def _py_merge_fill(  # noqa: PLR0915, PLR0917 - one merge step
         parts = [(idx, taken, 0)]
         ahead = heads[idx]
         batch_keys, batch_values = ahead.keys[:taken], ahead.values[:taken]
-        owners, at = repeat(shards[idx]), None
+        owners, order = repeat(shards[idx]), None
     else:
         all_keys: list[bytes] = []
         all_values: list[bytes] = []
@@ -696,23 +696,28 @@ def _py_merge_fill(  # noqa: PLR0915, PLR0917 - one merge step
         batch_keys = list(map(all_keys.__getitem__, order))
         batch_values = list(map(all_values.__getitem__, order))
         owners = map(shards.__getitem__, map(source_of.__getitem__, order))
-        at = dict(zip(order, count(), strict=False)).__getitem__
+    # A row's batch index from its index among all rows: built once a record needs it.
+    index: dict[int, int] | None = None
     # Positions: the skips between (and after) the rows each source hands out.
     for idx, taken, start in parts:
         ahead = heads[idx]
         first = ahead.base
         final[idx] = ahead.keys[taken - 1]
-        skips = ahead.skips
-        if skips:  # the skip before row r is read once row r - 1 is taken
-            due = [r for r in skips if r <= first + taken]
-            for r in due:
-                j = r - 1 - first
-                records.append(((j if at is None else at(start + j)) + 1, idx, skips.pop(r)))
-                final[idx] = records[-1][2] if r == first + taken else final[idx]
-        if taken == len(ahead.keys) and ahead.tail is not None:
-            j = taken - 1
-            records.append(((j if at is None else at(start + j)) + 1, idx, ahead.tail))
-            final[idx], ahead.tail = ahead.tail, None
+        due = [r for r in ahead.skips if r <= first + taken]  # read once row r - 1 is taken
+        tail = ahead.tail if taken == len(ahead.keys) else None
+        for r, key in [*((r, ahead.skips.pop(r)) for r in due), (first + taken, tail)]:
+            if key is None:
+                continue
+            j = r - 1 - first  # the row it follows
+            if order is not None:
+                if index is None:
+                    index = dict(zip(order, count(), strict=False))
+                j = index[start + j]
+            records.append((j + 1, idx, key))
+            if r == first + taken:
+                final[idx] = key
+        if tail is not None:
+            ahead.tail = None
         del ahead.keys[:taken], ahead.values[:taken]
         ahead.base = first + taken
     if len(parts) > 1:
