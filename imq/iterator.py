@@ -18,14 +18,17 @@ Speed note: the merge is the per-message hot path and trades some clarity for sp
   message comes after a few rows' decode and a long scan pays the Python per 256;
 - one ``merge_fill`` call fills a batch from every source: ``imq._speedups.merge_fill``
   in C when built, else ``_py_merge_fill`` (``pure_python()`` and ``IMQ_PURE_PYTHON=1``
-  select it too), with one contract and identical results. It takes the pending row with
-  the smallest queue key (C: compared in place, no slicing; Python: a heap of sliced keys,
-  stepped by C's ``heapreplace``), then streams the same source's rows while they stay
-  below the runner-up without another comparison (Python: one ``for`` loop comparing
-  whole stored keys). So blocks of one shard cost one merge step per block, and shards
-  whose blocks interleave in lt (a live network's shards, whose lt clocks run side by
-  side) one step per message: in C as cheap as ``heapq.merge`` over raw rows. The skips
-  inside a batch are recorded, so ``current_position()`` there is exact;
+  select it too), with one contract and identical results. C takes the pending row with
+  the smallest queue key (compared in place, no slicing), then streams the same source's
+  rows while they stay below the runner-up without another comparison: blocks of one
+  shard cost one merge step per block, and shards whose blocks interleave in lt (a live
+  network's shards, whose lt clocks run side by side) one step per message, as cheap as
+  ``heapq.merge`` over raw rows. Python cannot afford a step per message, so it merges
+  whole runs: each source's rows are read ahead in chunks and filtered in C passes, and
+  every row below the lowest of the live sources' last rows is ordered by one stable
+  ``sorted`` of the queue keys (one source's rows alone: no sort); its batches may be
+  ``_PY_RUN_FACTOR`` times longer. The skips inside a batch are recorded, so
+  ``current_position()`` there is exact;
 - the destination test, key decoding and value-type construction happen in that call,
   at the message row's offsets from :mod:`imq.storage.codec`; decoded addresses may be
   shared (in C, the previous row's, which a row naming the same account reuses: a
