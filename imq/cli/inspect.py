@@ -28,7 +28,9 @@ def register(commands: Commands) -> None:
         "inspect",
         help="show what a queue database holds (read-only; safe beside a live node)",
         description="Show the commit pointers, the diffs per shard and the GC bounds of a "
-        "queue database, through a read-only open that takes no lock and changes nothing.",
+        "queue database, through a read-only open that takes no lock and changes no data "
+        "(rocksdict rewrites its rocksdict-config.json at every open, so the directory "
+        "must be writable; for one that is not, inspect a copy).",
         epilog=EXAMPLES,
     )
     show.add_argument("db", type=Path, help="database directory")

@@ -122,7 +122,8 @@ def import_state(
             _finish(store, block_id, header.diffs[0])
         except BaseException as exc:
             if new and store.dead is None:
-                rollback_import(store, log, reason="failed")
+                stopped = not isinstance(exc, Exception)  # a Ctrl-C, SIGTERM in the CLI
+                rollback_import(store, log, reason="interrupted" if stopped else "failed")
             elif new and isinstance(exc, StorageError):
                 # A dead handle (a failed write) cannot roll back: the marker stays and
                 # the next open rolls the import back. Say so: the data is not as before.

@@ -347,6 +347,8 @@ def test_ctrl_c_during_an_import_is_one_line_and_rolls_back(
     assert all(
         "import_rolled_back" in line or "queue_call_interrupted" in line for line in logged
     ), err
+    rolled_back = [line for line in logged if "import_rolled_back" in line]
+    assert rolled_back and all("reason=interrupted" in line for line in rolled_back), err
     assert not db.exists()  # the import created it: it went with the import
 
 
