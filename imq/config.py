@@ -339,7 +339,9 @@ class QueueConfig:
         """Read the ``[internal_queue]`` table of the TOML file at ``path``.
 
         A missing table or key takes the default. An unreadable or malformed file, an unknown
-        key, a wrong type, or a bad duration or size raises ``ConfigError`` naming the file.
+        key, a wrong type, a bad duration or size, and (without ``[internal_queue]``) a
+        misspelt table name or imq's settings above any table raise ``ConfigError``
+        naming the file.
         """
         source = os.fspath(path)
         try:
@@ -351,8 +353,30 @@ class QueueConfig:
             raise ConfigError(f"{source}: not UTF-8 text, so not TOML: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{source}: malformed TOML: {exc}") from exc
+        if TABLE not in document:
+            _check_no_misplaced_keys(document, source)
         table = document.get(TABLE, {})
         return cls.from_mapping(table, source=source)
+
+
+def _check_no_misplaced_keys(document: Mapping[str, object], source: str) -> None:
+    """A file without the ``[internal_queue]`` table takes every default, which is also
+    what a misspelt table name or settings written above any table would give: refuse
+    those two, since a typo must not look like a file read as written."""
+    names = {f.name for f in fields(QueueConfig)}
+    loose = sorted(key for key in document if key in names)
+    if loose:
+        raise ConfigError(
+            f"{source}: {', '.join(loose)} outside any table: imq reads its settings from "
+            f"the [{TABLE}] table; put them under a [{TABLE}] line"
+        )
+    for key, value in document.items():
+        spelt = key.lower().replace("-", "_").replace(" ", "_")
+        holds_settings = isinstance(value, dict) and any(k in names for k in value)
+        if spelt in (TABLE, "internalqueue") or (spelt == "imq" and holds_settings):
+            raise ConfigError(
+                f"{source}: table [{key}] is not [{TABLE}], which imq reads: rename it [{TABLE}]"
+            )
 
 
 # Every dataclass field has exactly one rule, in field order; a field added without one

@@ -385,3 +385,29 @@ def test_from_mapping_names_its_source() -> None:
 
 def test_from_mapping_empty_is_default() -> None:
     assert QueueConfig.from_mapping({}) == QueueConfig()
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[internal-queue]\ngc_interval = '1s'\n", "table [internal-queue] is not"),
+        ("[Internal_Queue]\ngc_interval = '1s'\n", "table [Internal_Queue] is not"),
+        ("[imq]\ngc_interval = '1s'\n", "table [imq] is not"),
+        ("gc_interval = '1s'\n[node]\nname = 'a'\n", "gc_interval outside any table"),
+    ],
+)
+def test_settings_imq_would_not_read_are_refused(tmp_path: Path, text: str, says: str) -> None:
+    """A user audit: a misspelt table or settings above any table gave every default
+    without a word, the same as a file without imq's table."""
+    path = write_toml(tmp_path, text)
+    with pytest.raises(ConfigError, match=r"\[internal_queue\]") as info:
+        QueueConfig.from_toml(path)
+    assert says in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_other_tables_of_a_node_config_are_left_alone(tmp_path: Path) -> None:
+    """A node's config file holds other components' tables, some with keys imq also
+    uses: without [internal_queue], every default, as documented."""
+    path = write_toml(tmp_path, "[storage]\ngc_interval = 3\n[imq]\nother = 1\n")
+    assert QueueConfig.from_toml(path) == QueueConfig()
