@@ -14,6 +14,7 @@ from typing import Any, BinaryIO, TextIO, cast
 
 from imq.cli.common import (
     Commands,
+    Heartbeat,
     block_id_arg,
     checked_queue,
     database_dir,
@@ -142,6 +143,7 @@ def register(commands: Commands) -> None:
     )
     dump.add_argument("file", type=Path, help="queue diff (.bin) or queue state file")
     dump.add_argument("--json", action="store_true", help="print JSON (a list of diffs)")
+    dump.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     dump.set_defaults(run=_dump_command, interrupted="nothing was changed")
 
 
@@ -182,7 +184,7 @@ def _export_command(args: argparse.Namespace, out: TextIO) -> None:
 
 
 def _dump_command(args: argparse.Namespace, out: TextIO) -> None:
-    dump_diff(args.file, as_json=args.json, out=out)
+    dump_diff(args.file, as_json=args.json, out=out, progress=not args.no_progress)
 
 
 def resolve_block_id(text: str | None, file: Path) -> BlockId:
@@ -419,9 +421,10 @@ def diff_json(diff: TlDiff, digest: bytes) -> dict[str, Any]:
     }
 
 
-def dump_diff(file: Path, *, as_json: bool, out: TextIO) -> None:
+def dump_diff(file: Path, *, as_json: bool, out: TextIO, progress: bool = False) -> None:
     """Print a bare queue diff, or every diff in a state's header, with computed hashes.
-    JSON is always a list of diffs, so both kinds of file read back the same way."""
+    JSON is always a list of diffs, so both kinds of file read back the same way. A
+    state's messages are all checked first; ``progress`` shows how far on stderr."""
     input_file(file, "file")
     try:
         raw = open(file, "rb")  # noqa: SIM115 - closed below
@@ -448,8 +451,11 @@ def dump_diff(file: Path, *, as_json: bool, out: TextIO) -> None:
                 reader = StateReader(src)
                 # The whole file, not only its header: a state cut short or damaged in its
                 # chunks must not be shown as sound (each message against its diff's hashes).
-                for _ in reader.segments():
-                    pass
+                total, done = reader.total_messages, 0
+                with Heartbeat(f"checking {file.name}", enabled=progress) as beat:
+                    for segment in reader.segments():
+                        done += len(segment.roots)
+                        beat.update(f"{done:,}/{total:,} messages")
             header = reader.header
             entries = [
                 diff_json(d, h) for d, h in zip(header.diffs, header.diff_hashes, strict=True)
