@@ -21,6 +21,7 @@ from imq.types import (
     ShardIdent,
     check_mapping,
     check_partition,
+    listed,
 )
 
 __all__ = ["DiffStatistics", "QueueDiff"]
@@ -144,7 +145,7 @@ class QueueDiff:
         min_key: QueueKey | None = None,
         max_key: QueueKey | None = None,
     ) -> None:
-        msgs = list(messages)
+        msgs = listed("QueueDiff.messages", messages, Message)
         if not _strictly_ascending(msgs):
             for m in msgs:
                 if type(m) is not Message:

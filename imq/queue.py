@@ -47,6 +47,7 @@ from imq.types import (
     TopBlock,
     check_partition,
     check_u32,
+    listed,
 )
 
 __all__ = ["CompactReport", "Queue", "store_options"]
@@ -56,7 +57,7 @@ _CLEAR_COMPACT_DIFFS = 256  # a clear of at least this many diffs compacts their
 
 
 def _partitions(partitions: Iterable[int]) -> frozenset[int]:
-    return frozenset(check_partition(p) for p in partitions)
+    return frozenset(check_partition(p) for p in listed("partitions", partitions, int))
 
 
 def _check_file(name: str, value: object, method: str, binary: str) -> None:
@@ -198,6 +199,11 @@ class Queue(QueueReads):
         config = config if config is not None else QueueConfig()
         check_type("config", config, QueueConfig)
         check_u32("zerostate_seqno", zerostate_seqno)
+        if not isinstance(path, str | os.PathLike):
+            raise TypeError(
+                f"path must be a str or os.PathLike (the database directory), got "
+                f"{type(path).__name__}"
+            )
         if not os.fspath(path):  # Path("") is the working directory
             raise ValueError("the queue database path is empty; pass its directory")
         check_type("read_only", read_only, bool)
@@ -515,7 +521,7 @@ class Queue(QueueReads):
         """Commit the queue on the masterchain block in ``top_blocks``; ``False`` if an
         equal or later masterchain block was already committed."""
         self._check_writable("commit_diff")
-        tops = list(top_blocks)
+        tops = listed("top_blocks", top_blocks, TopBlock)
         for top in tops:
             check_type("top block", top, TopBlock)
         parts = _partitions(partitions)
@@ -558,7 +564,7 @@ class Queue(QueueReads):
         entirely when listed in ``top_shards`` and left alone otherwise."""
         self._check_writable("clear_uncommitted_state")
         parts = _partitions(partitions)
-        tops = list(top_shards)
+        tops = listed("top_shards", top_shards, ShardIdent)
         for shard in tops:
             check_type("top shard", shard, ShardIdent)
         self._pending.check_no_pending("clear_uncommitted_state")
@@ -623,7 +629,7 @@ class Queue(QueueReads):
         self._check_writable("startup")
         check_type("last_applied_mc_block", last_applied_mc_block, BlockId)
         check_masterchain_block(last_applied_mc_block)
-        tops = list(top_shards)
+        tops = listed("top_shards", top_shards, ShardIdent)
         if ShardIdent.MASTERCHAIN not in tops:
             tops.insert(0, ShardIdent.MASTERCHAIN)
         with self.metrics.time("startup"):

@@ -29,6 +29,7 @@ from imq.types import (
     QueueShardRange,
     ShardIdent,
     check_partition,
+    listed,
 )
 
 __all__ = ["QueueReads"]
@@ -64,7 +65,7 @@ class QueueReads:
         self._check_open()
         check_partition(partition)
         check_type("for_shard", for_shard, ShardIdent)
-        ranges = list(ranges)
+        ranges = listed("ranges", ranges, QueueShardRange)
         with self.metrics.time("iterator_create"):
             reads.check_ranges(ranges)
             snap = ops.open_messages(self._store, partition, ranges, destination_test(for_shard))
@@ -125,7 +126,7 @@ class QueueReads:
     ) -> dict[int, dict[QueueKey, dict[Address, int]]]:
         """partition -> diff max_message -> account -> count; every partition present."""
         self._check_open()
-        parts = sorted({check_partition(p) for p in partitions})
+        parts = sorted({check_partition(p) for p in listed("partitions", partitions, int)})
         check_type("range", range, QueueShardRange)
         with self.metrics.time("load_separated_diff_statistics"):
             per_partition = {p: ops.StatsByDiff(p, range) for p in parts}

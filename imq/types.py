@@ -40,6 +40,7 @@ __all__ = [
     "ShardIdent",
     "TopBlock",
     "check_partition",
+    "listed",
     "check_u32",
 ]
 
@@ -51,6 +52,7 @@ U32_MAX = 0xFFFF_FFFF
 U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
 FULL_PREFIX = 0x8000_0000_0000_0000
 _V = TypeVar("_V", bound=tuple[object, ...])
+_T = TypeVar("_T")
 _KEY_BYTES = 40  # QueueKey.to_bytes: lt (8) + hash (32)
 _ZERO32 = bytes(32)
 _FF32 = b"\xff" * 32
@@ -101,6 +103,25 @@ def check_u32(name: str, value: object) -> int:
 def check_partition(partition: object) -> int:
     """Validate a partition index (a plain int in 0..=65535) and return it."""
     return _check_int("partition", partition, 0, MAX_PARTITION)
+
+
+def listed(name: str, value: Iterable[_T], item: type[_T]) -> list[_T]:
+    """The items of the argument ``name`` as a list; a ``TypeError`` naming the argument
+    when it is no iterable, or is one ``item`` where a list of them belongs (a
+    ``ShardIdent`` is a tuple: iterated, it would read as a list of ints). The items'
+    own checks are the caller's."""
+    if isinstance(value, item):
+        raise TypeError(
+            f"{name} must be a list of {item.__name__} values, got one {item.__name__}: "
+            "pass it in a list"
+        )
+    try:
+        items = iter(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a list of {item.__name__} values, got {type(value).__name__}"
+        ) from None
+    return list(items)
 
 
 def _validated_make(cls: Callable[..., _V], iterable: Iterable[object]) -> _V:
