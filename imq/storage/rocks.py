@@ -1698,12 +1698,17 @@ class Store:
             raise self._failed("property read", exc) from exc
 
     def disk_usage(self) -> int:
-        """Bytes of the files under the database directory. RocksDB deletes obsolete
-        files from its background threads, so a file listed may be gone by the time it
-        is measured: it counts nothing (it raised ``FileNotFoundError`` before)."""
+        """Bytes of the files under the database directory but RocksDB's text info logs
+        (``LOG``, ``LOG.old.*``), which grow at every open and say nothing of the data (a
+        compaction's before and after compared them too, and a compaction that shrank
+        the tables could look like growth). RocksDB deletes obsolete files from its
+        background threads, so a file listed may be gone by the time it is measured: it
+        counts nothing (it raised ``FileNotFoundError`` before)."""
         total = 0
         try:
             for f in self.path.rglob("*"):
+                if f.name == "LOG" or f.name.startswith("LOG.old."):
+                    continue
                 try:
                     st = f.stat()
                 except FileNotFoundError:

@@ -946,3 +946,15 @@ def test_each_deletion_reports_the_rows_and_diffs_it_removed(db_path: Path, rows
         assert message_keys(queue, 0, A) == message_keys(queue, 1, A) == []
     finally:
         queue.close()
+
+
+def test_disk_usage_leaves_out_rocksdbs_text_logs(queue: Queue) -> None:
+    """A user audit: ``imq compact`` reported 540,632 -> 580,439 bytes, the difference
+    RocksDB's text info log (``LOG``, and ``LOG.old.*`` kept from earlier opens), which
+    grows at every open and holds no data. Only the database's own files count."""
+    store = queue._store
+    before = store.disk_usage()
+    (store.path / "LOG.old.1700000000000000").write_bytes(b"x" * 100_000)
+    with (store.path / "LOG").open("ab") as log:
+        log.write(b"y" * 100_000)
+    assert store.disk_usage() == before
