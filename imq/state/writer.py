@@ -52,7 +52,10 @@ MAX_CHUNK_BYTES = 10 * 2**20  # a chunk is closed before it would pass this size
 ZSTD_LEVEL = 9
 _COPY_BUFFER = 1 << 20
 _WRITE = "write the state file"
-_SPOOL = "write a temporary file (the chunks of a state being written) in"
+_SPOOL = (
+    "write a temporary file (the chunks of a state being written, about the state's size; "
+    "the directory is $TMPDIR's, which may point elsewhere) in"
+)
 _PIPE_HINT = "the reader of the pipe closed it before the state was complete"
 # A file descriptor's alias: opening it opens what the descriptor refers to.
 _FD_ALIAS = re.compile(
