@@ -24,7 +24,14 @@ from imq.cli.common import (
     shard_arg,
 )
 from imq.config import QueueConfig
-from imq.errors import CommitError, DiffConflictError, FileAccessError, ImqError, StateFormatError
+from imq.errors import (
+    CommitError,
+    DiffConflictError,
+    FileAccessError,
+    ImqError,
+    StateFormatError,
+    StorageError,
+)
 from imq.queue import Queue
 from imq.state.block import check_block_id, parse_block_id_name, read_block_top_update
 from imq.state.exporter import MAX_TAIL_LEN
@@ -280,9 +287,21 @@ def run_import(
                         f"different diffs of {block_id.shard}; import the state into a new "
                         "directory, or use the queue as it is"
                     ) from exc
-        except BaseException:
+        except BaseException as exc:
             if created:  # all or nothing: the directory this failed import made goes too
                 _remove_created(db)
+                if isinstance(exc, StorageError) and not db.exists():
+                    # The library's hint is a host's (close, reopen, the open rolls back);
+                    # here nothing is left to reopen.
+                    full = "disk is full" in exc.hint
+                    raise StorageError(
+                        exc.path,
+                        exc.operation,
+                        exc.reason,
+                        f"{'the disk is full: ' if full else ''}the directory this import "
+                        "created was removed; free the space (or fix the fault) and run the "
+                        "import again",
+                    ) from exc
             raise
     rate = report.messages / report.seconds if report.seconds else 0.0
     print(

@@ -36,6 +36,7 @@ from builders import (
     state,
     top,
 )
+from cli_runner import Imq
 from state_fixtures import write_state
 
 from imq import Queue
@@ -245,3 +246,24 @@ def test_export_to_a_full_disk_leaves_no_file_and_the_queue_usable(
         assert report.messages == 900
     finally:
         queue.close()
+
+
+def test_imq_import_on_a_full_disk_says_what_an_operator_does(
+    disk: Disk, tmp_path: Path, imq: Imq
+) -> None:
+    """A user audit: on a full disk `imq import` removed the directory it had created,
+    then told the operator to close the queue and reopen it so that the open rolls the
+    import back. It says what is left to do: free space, import again."""
+    if not disk.mounted:
+        pytest.skip("needs a small tmpfs (root): the command's own RocksDB must hit ENOSPC")
+    synth = synth_state(diffs=2, messages_per_diff=2_000, body_bytes=600, seed=5)
+    src, _ = write_state(synth, tmp_path / "in.bin")
+    with open(disk.root / "filler", "wb") as out:  # leave about 1 MB free
+        out.write(b"\0" * (23 << 20))
+    db = disk.root / "db"
+    run = imq("import", db, src, "--block-id", str(synth.block_id), "--no-progress")
+    assert run.code == 1, run
+    (line,) = run.err.strip().splitlines()[-1:]
+    assert "the directory this import created was removed" in line, line
+    assert "run the import again" in line and "close the queue" not in line, line
+    assert not db.exists()
