@@ -191,7 +191,7 @@ class Queue(QueueReads):
         zerostate_seqno: int = 0,
         read_only: bool = False,
     ) -> Queue:
-        """Open (creating if missing) the queue database in directory ``path``.
+        """Open (creating if missing, parents too) the queue database in directory ``path``.
 
         ``read_only=True`` opens an existing database beside a live writer, for inspection:
         no lock, no GC worker, and every call that would write raises ``ImqError``.

@@ -150,6 +150,8 @@ class _Scenario:
             for item in got[:3]:
                 m = item.message
                 self.say(f"    {_short(m.key)}  from {item.source}  to {str(m.dst)[:14]}..")
+            if len(got) > 3:
+                self.say(f"    ... and {len(got) - 3} more")
             if got:
                 self.say(
                     "    read position: "
