@@ -675,13 +675,19 @@ class Queue(QueueReads):
                     self._store, source, block_id, top_update, log=self._log, progress=callback
                 )
         except StateFormatError as exc:
-            if not isinstance(source, str | os.PathLike):
-                raise  # a file object: the caller knows what it is
-            # The readers name the offset; the caller asked for a file: name it too.
+            # The readers name the offset; name the file too (a file object by its own
+            # name, when it has one), and what to do.
+            if isinstance(source, str | os.PathLike):
+                raise StateFormatError(
+                    f"{os.fsdecode(source)}: {exc}; the file is not the queue state of "
+                    f"{block_id.short}, or it is damaged: check the path, or fetch it again"
+                ) from exc
+            name = getattr(source, "name", None)
+            named = f"{name}: " if isinstance(name, str) and name else ""
             raise StateFormatError(
-                f"{os.fsdecode(source)}: {exc}; the file is not the queue state of "
-                f"{block_id.short}, or it is damaged: check the path, or fetch it again"
-            ) from exc
+                f"{named}{exc}; the data is not the queue state of {block_id.short}, or it "
+                "is damaged: check what was passed, or fetch the state again"
+            ) from None  # the reader's own error, with the file's name and what to do
         finally:
             if line is not None:
                 line.close()

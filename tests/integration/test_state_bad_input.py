@@ -1002,7 +1002,8 @@ def test_a_kept_import_error_does_not_keep_the_database_open(db_path: Path) -> N
 
 def test_a_bad_file_given_by_path_is_named_with_what_to_do(prior: Queue, tmp_path: Path) -> None:
     """The readers name an offset; a caller who passed a path gets the path and the next
-    step too (a file object passes the error through as the readers raise it)."""
+    step too, and so does one who passed a file object (by its name when it has one: a
+    user audit found both missing there)."""
     cut = tmp_path / "shard-cut.bin"
     cut.write_bytes(SHARD_BIN[: len(SHARD_BIN) // 2])
     error = rejected(prior, cut, SHARD_BLOCK, SHARD_TOP, match="offset")
@@ -1011,8 +1012,12 @@ def test_a_bad_file_given_by_path_is_named_with_what_to_do(prior: Queue, tmp_pat
     assert f"not the queue state of {SHARD_BLOCK.short}" in message
     assert message.endswith("check the path, or fetch it again"), message
     bare = rejected(prior, SHARD_BIN[: len(SHARD_BIN) // 2], SHARD_BLOCK, SHARD_TOP, match="offset")
-    assert not str(bare).startswith(str(cut))
-    assert "fetch it again" not in str(bare)
+    assert str(bare).startswith("truncated at offset"), bare
+    assert str(bare).endswith("check what was passed, or fetch the state again"), bare
+    with cut.open("rb") as opened, pytest.raises(StateFormatError) as info:
+        prior.import_state(opened, SHARD_BLOCK, SHARD_TOP)
+    assert str(info.value).startswith(f"{cut}: truncated at offset"), info.value
+    assert str(info.value).endswith("or fetch the state again"), info.value
 
 
 def test_a_master_state_of_the_committed_seqno_but_another_block_is_refused(
