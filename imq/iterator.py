@@ -430,7 +430,6 @@ def _merge_batches(  # noqa: PLR0917 - the merge's state
         positions[:] = final
 
 
-_NO_BOUND = b"\xff" * (_KEY_LEN + 1)  # above every message key
 _RUN = 256  # messages per batch, at most (re-measure with benchmarks/bench_floor.py)
 _RUN_FIRST = 16  # the first batch's limit; each next batch's doubles, up to _RUN
 # The pure-Python merge's batches may be this many times longer: each costs it a Python
