@@ -1186,7 +1186,11 @@ class Store:
     def _check_schema(self) -> None:
         raw = self.get_latest(Table.VARS, codec.SCHEMA_VERSION_KEY)
         if raw is None and self.read_only:
-            raise SchemaVersionError(f"queue database {self.path} has no schema version")
+            raise SchemaVersionError(
+                f"queue database {self.path} has no schema version: it is not an imq queue, "
+                "or a writer never finished creating it (a writer's open completes it) or "
+                "it is damaged (restore it from a copy); nothing in it was changed"
+            )
         if raw is None:
             if self._tables_before or any(self._has_rows(t) for t in Table if t is not Table.VARS):
                 # imq writes the version (synced) when it creates the tables, before any
@@ -1206,7 +1210,9 @@ class Store:
         if version != codec.SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"queue database {self.path} has schema version {version}; "
-                f"this imq reads version {codec.SCHEMA_VERSION}"
+                f"this imq reads version {codec.SCHEMA_VERSION}: open it with the imq "
+                "version that wrote it, or import a persistent state into a new directory "
+                "(nothing in it was changed)"
             )
 
     def _cursor(self, scan: Scan) -> Cursor:

@@ -278,8 +278,11 @@ def test_schema_version_mismatch(db_path: Path) -> None:
         Chain(queue).apply(S, 1)
         queue._store._tables[Table.VARS].put(codec.SCHEMA_VERSION_KEY, codec.u32_value(99))
     for _ in range(2):  # a failed open releases the lock: the same error again
-        with pytest.raises(SchemaVersionError, match="99"):
+        with pytest.raises(SchemaVersionError, match="99") as info:
             open_queue(db_path)
+        assert "open it with the imq version that wrote it" in str(info.value)  # what to do
+    with pytest.raises(SchemaVersionError, match="imq version that wrote it"):
+        Queue.open(db_path, read_only=True)
 
 
 def test_missing_schema_version_with_data(db_path: Path) -> None:
