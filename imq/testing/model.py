@@ -78,6 +78,9 @@ class DiffInput:
     prev_hash: bytes | None = None
     bounds: tuple[QueueKey, QueueKey] | None = None
     span: tuple[int, int] | None = None  # the block's (start_lt, end_lt), if the diff has one
+    # The caller's statistics, stored as given (SEMANTICS §5.3; the queue recounts them only
+    # in its check_statistics mode): partition -> destination -> count. None: counted here.
+    given_statistics: dict[int, dict[Address, int]] | None = None
 
     def sorted_messages(self) -> list[Message]:
         return sorted(self.messages, key=lambda m: m.key)
@@ -99,7 +102,10 @@ class DiffInput:
         return QueueKey.MIN, QueueKey.MIN
 
     def statistics(self) -> dict[int, dict[Address, int]]:
-        """partition -> destination -> count, as ``DiffStatistics.from_diff`` counts."""
+        """partition -> destination -> count: the caller's, else as
+        ``DiffStatistics.from_diff`` counts."""
+        if self.given_statistics is not None:
+            return {p: dict(c) for p, c in self.given_statistics.items()}
         counts: dict[int, dict[Address, int]] = {}
         for message in self.messages:
             bucket = counts.setdefault(self.partition_for(message), {})

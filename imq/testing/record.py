@@ -147,7 +147,10 @@ class OpLog:
                 "as imq simulate --record does"
             )
         args = {name: True for name in _RECORDED_CHECKS if getattr(config, name)}
-        queue = self.call("open", args, lambda: opener(path, config), lambda _: None)
+        # An open that failed opened nothing a replay could repeat (the replay's own open
+        # would succeed): it is not logged.
+        queue = opener(path, config)
+        self.record("open", args, None)
         return RecordingQueue(queue, self)
 
     def flush(self) -> None:
@@ -182,12 +185,22 @@ class RecordingPending:
         return getattr(self._inner, name)
 
     def write(self) -> None:
+        self._finished = True  # logged either way: a failed write is a step too
         self._log.call("write", {"pending": self.token}, self._inner.write, _same)
-        self._finished = True
 
     def discard(self) -> None:
-        self._log.call("discard", {"pending": self.token}, self._inner.discard, _same)
         self._finished = True
+        self._log.call("discard", {"pending": self.token}, self._inner.discard, _same)
+
+    def __del__(self) -> None:
+        """Dropped unwritten: the queue frees the pending diff (``pending_diff_dropped``)
+        as a discard does, so the log says ``discard`` here (without it a replay would
+        hold the diff and refuse the shard's next prepare)."""
+        if getattr(self, "_finished", True):
+            return
+        self._finished = True
+        with contextlib.suppress(Exception):  # never raise from a finalizer
+            self._log.record("discard", {"pending": self.token}, None)
 
     def __enter__(self) -> RecordingPending:
         return self
@@ -282,6 +295,14 @@ class RecordingQueue:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+    def __enter__(self) -> RecordingQueue:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()  # recorded, as the queue's own ``with`` closes it
 
     @property
     def inner(self) -> Any:

@@ -22,7 +22,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from imq import (
 from imq.errors import FileAccessError, ImqError, QueueClosedError
 from imq.testing import codec as c
 from imq.testing.model import DiffInput, QueueModel
-from imq.types import U32_MAX
+from imq.types import U32_MAX, check_partition, check_u32
 
 __all__ = [
     "OpLogError",
@@ -396,6 +396,9 @@ def _diff_input(args: dict[str, Any]) -> tuple[QueueDiff, Any, DiffInput]:
         router_dst=dst,
         prev_hash=diff.prev_hash,
         bounds=diff.bounds if stats is None else (stats.min_message, stats.max_message),
+        given_statistics=None
+        if stats is None
+        else {p: dict(counts) for p, counts in stats.partitions.items()},
     )
     return diff, stats, model_input
 
@@ -448,9 +451,17 @@ class _Replayer:
                 raise ReplayDivergenceError(step, op, difference)
 
     def _refused(self, diff: QueueDiff, inp: DiffInput, stats: DiffStatistics | None) -> bool:
-        """The recorded config's argument checks on the model's side: raises ValueError
-        where they refuse the diff, else False."""
+        """The queue's refusals of a diff on the model's side: raises where it refuses
+        (statistics of another shard or partition, the recorded config's checks, a
+        prepare of a shard whose pending diff this log holds), else False."""
         shard = inp.block.shard
+        if stats is not None:
+            if stats.shard != shard:
+                raise ValueError(f"statistics are for shard {stats.shard}, the block {shard}")
+            for partition in stats.partitions:
+                check_partition(partition)
+        if any(d.block.shard == shard for d in self.model_pending.values()):
+            raise ImqError(f"{inp.block}: the shard's pending diff is not written or discarded")
         if self.check_sources and not all(shard.contains(m.src) for m in diff.messages):
             raise ValueError(f"{inp.block}: a message source outside the shard")
         if self.check_statistics and stats is not None and stats.shard == shard:
@@ -463,6 +474,20 @@ class _Replayer:
             ):
                 raise ValueError(f"{inp.block}: statistics contradict the messages")
         return False
+
+    def _guarded(self, partitions: Iterable[int], model: Callable[[], Any]) -> Callable[[], Any]:
+        """``model`` behind the queue's checks of a call that writes: its partitions
+        (``ValueError``), then a pending diff the log holds unwritten (``ImqError``: the
+        queue refuses what would deadlock on it)."""
+
+        def checked() -> Any:
+            for partition in partitions:
+                check_partition(partition)
+            if self.model_pending:
+                raise ImqError("a pending diff is neither written nor discarded")
+            return model()
+
+        return checked
 
     def _both(
         self, real: Any, model: Any, enc: Any = lambda v: v
@@ -542,7 +567,8 @@ class _Replayer:
             tops = [c.dec_top(t) for t in a["top_blocks"]]
             parts = c.dec_partitions(a["partitions"])
             return self._both(
-                lambda: self.q().commit_diff(tops, parts), lambda: m.commit(tops, parts)
+                lambda: self.q().commit_diff(tops, parts),
+                self._guarded(parts, lambda: m.commit(tops, parts)),
             )
         if op == "clear_uncommitted_state":
             parts = c.dec_partitions(a["partitions"])
@@ -550,7 +576,7 @@ class _Replayer:
             self.shards.update(shards)
             return self._both(
                 lambda: self.q().clear_uncommitted_state(parts, shards),
-                lambda: m.clear(parts, shards),
+                self._guarded(parts, lambda: m.clear(parts, shards)),
             )
         if op == "startup":
             block = _block_id(a["last_applied_mc_block"])
@@ -559,7 +585,7 @@ class _Replayer:
             self.shards.update(shards)
             return self._both(
                 lambda: self.q().startup(block, shards, parts),
-                lambda: m.startup(block, shards, parts),
+                self._guarded(parts, lambda: m.startup(block, shards, parts)),
             )
         if op == "run_gc":
             return self._both(lambda: self.q().run_gc(), m.run_gc)
@@ -581,7 +607,7 @@ class _Replayer:
             zone = _zone(a["zone"])
             return self._both(
                 lambda: self.q().get_diff_info(shard, seqno, zone),
-                lambda: m.get_diff_info(shard, seqno, zone),
+                lambda: (check_u32("seqno", seqno), m.get_diff_info(shard, seqno, zone))[1],
                 c.enc_diff_info,
             )
         if op == "get_diffs_tail_len":
@@ -600,7 +626,7 @@ class _Replayer:
             r, p = c.dec_range(a["range"]), c.dec_partition(a["partition"])
             return self._both(
                 lambda: self.q().load_diff_statistics(p, r),
-                lambda: m.load_diff_statistics(p, r),
+                lambda: (check_partition(p), m.load_diff_statistics(p, r))[1],
                 c.enc_stats_map,
             )
         raise OpLogError(f"unknown op {op!r} (the ops are listed in docs/replay-format.md)")

@@ -12,8 +12,11 @@ went through unrecorded and the logs then failed to replay).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,21 +25,24 @@ from imq import (
     BlockId,
     BlockIdShort,
     DiffStatistics,
+    DiffZone,
     Message,
     Queue,
     QueueConfig,
     QueueDiff,
     QueueKey,
+    QueueShardRange,
     ShardIdent,
     TopBlock,
 )
-from imq.errors import ConfigError
+from imq.errors import ConfigError, DatabaseLockedError, ImqError
 from imq.testing import OpLog, ReplayDivergenceError, UnrecordableCallError, replay
 
 SHARD = ShardIdent(0, 0x4000_0000_0000_0000)  # accounts 0x0000.. to 0x7fff..
 INSIDE = Address(0, b"\x10" * 32)
 OUTSIDE = Address(0, b"\x90" * 32)
 CONFIG = QueueConfig.testing()
+_RANGE = QueueShardRange(SHARD, QueueKey.MIN, QueueKey.MAX)
 
 
 def _diff(lt: int, src: Address = INSIDE) -> QueueDiff:
@@ -120,3 +126,85 @@ def test_import_state_is_refused(tmp_path: Path) -> None:
         finally:
             queue.close()
     assert replay(tmp_path / "ops.jsonl").steps == 3
+
+
+# -- honest recordings the replay's model refused (a record/replay audit) --------------------
+
+
+def _record(tmp_path: Path, session: Callable[[Any], None]) -> Path:
+    log_path = tmp_path / "ops.jsonl"
+    with log_path.open("w") as sink, OpLog(sink).open(Queue.open, tmp_path / "q", CONFIG) as q:
+        session(q)
+    return log_path
+
+
+def test_statistics_the_caller_passes_are_stored_as_given_in_the_replay(tmp_path: Path) -> None:
+    """The queue stores the caller's statistics as given (check_statistics off); the model
+    recounted them, so an honest log with other counts diverged."""
+    diff = _diff(10)
+    off = DiffStatistics(SHARD, diff.min_message, diff.max_message, {0: {OUTSIDE: 5}})
+    log = _record(tmp_path, lambda q: q.apply_diff(diff, BlockIdShort(SHARD, 1), b"\x01" * 32, off))
+    assert replay(log).steps == 3
+
+
+def test_the_pending_diff_guard_replays(tmp_path: Path) -> None:
+    """With a pending diff held, commit, clear, startup and a prepare of its shard are
+    refused (ImqError); the model said yes."""
+    mc = BlockId(ShardIdent.MASTERCHAIN, 1, b"\x00" * 32, b"\x00" * 32)
+
+    def session(q: Any) -> None:
+        pending = q.prepare_diff(_diff(10), BlockIdShort(SHARD, 1), b"\x01" * 32)
+        for call in (
+            lambda: q.commit_diff([TopBlock(mc, 1)]),
+            q.clear_uncommitted_state,
+            lambda: q.startup(mc, []),
+            lambda: q.prepare_diff(_diff(11), BlockIdShort(SHARD, 2), b"\x02" * 32),
+        ):
+            with pytest.raises(ImqError):
+                call()
+        pending.write()
+
+    assert replay(_record(tmp_path, session)).steps == 8
+
+
+def test_a_dropped_pending_diff_is_logged_as_discarded(tmp_path: Path) -> None:
+    def session(q: Any) -> None:
+        q.prepare_diff(_diff(10), BlockIdShort(SHARD, 1), b"\x01" * 32)  # dropped at once
+        gc.collect()
+        assert q.apply_diff(_diff(10), BlockIdShort(SHARD, 1), b"\x01" * 32)
+
+    log = _record(tmp_path, session)
+    assert [s["op"] for s in _steps(log)][1:3] == ["prepare_diff", "discard"]
+    assert replay(log).steps == 5
+
+
+def test_argument_errors_replay(tmp_path: Path) -> None:
+    """Refused arguments (a partition out of range, a seqno no u32, statistics of another
+    shard) are refused by the model too."""
+    mc = BlockId(ShardIdent.MASTERCHAIN, 1, b"\x00" * 32, b"\x00" * 32)
+    other = DiffStatistics(ShardIdent.BASECHAIN, QueueKey.MIN, QueueKey.MAX, {0: {}})
+
+    def session(q: Any) -> None:
+        for call in (
+            lambda: q.commit_diff([TopBlock(mc, 1)], [70_000]),
+            lambda: q.clear_uncommitted_state([-1]),
+            lambda: q.get_diff_info(SHARD, 2**40, DiffZone.BOTH),
+            lambda: q.load_diff_statistics(70_000, _RANGE),
+            lambda: q.apply_diff(_diff(10), BlockIdShort(SHARD, 1), b"\x01" * 32, other),
+        ):
+            with pytest.raises(ValueError):
+                call()
+
+    assert replay(_record(tmp_path, session)).steps == 7
+
+
+def test_a_failed_open_is_not_logged(tmp_path: Path) -> None:
+    log_path = tmp_path / "ops.jsonl"
+    with log_path.open("w") as sink:
+        log = OpLog(sink)
+        with Queue.open(tmp_path / "q", CONFIG), pytest.raises(DatabaseLockedError):
+            log.open(Queue.open, tmp_path / "q", CONFIG)  # another handle holds it
+        with log.open(Queue.open, tmp_path / "q", CONFIG) as queue:  # the recorder's with
+            assert queue.apply_diff(_diff(10), BlockIdShort(SHARD, 1), b"\x01" * 32)
+    assert [s["op"] for s in _steps(log_path)] == ["open", "apply_diff", "close"]
+    assert replay(log_path).steps == 3
