@@ -202,7 +202,7 @@ class QueueIterator(chain[IteratedMessage]):
         """Last key consumed per source shard, skipped messages included; what was consumed
         stays consumed once the iterator or its queue is closed."""
         return {
-            shard: raw if isinstance(raw, QueueKey) else codec.decode_key(raw[_QK:])
+            shard: raw if isinstance(raw, QueueKey) else _position_key(raw)
             for shard, raw in zip(self._shards, self._consumed(), strict=True)
             if raw is not None
         }
@@ -303,6 +303,14 @@ class _ClosedQueueIterator(QueueIterator):
 
 
 # -- the merge --------------------------------------------------------------------------------
+
+
+def _position_key(raw: bytes) -> QueueKey:
+    """The queue key of a stored row a position stopped at. A skipped row is read no
+    further than its destination header, so a damaged key shows here first."""
+    if len(raw) != _KEY_LEN:
+        raise CorruptDataError("messages", raw, f"message key of {len(raw)} bytes, not {_KEY_LEN}")
+    return codec.decode_key(raw[_QK:])
 
 
 def destination_test(for_shard: ShardIdent) -> tuple[int, int, int]:
@@ -615,7 +623,12 @@ def _py_merge_fill(  # noqa: PLR0915, PLR0917 - one merge step
     so a source whose rows read ahead ran out is read again before any later message, as
     in C; each run of skipped rows is recorded after the message after which C reads it.
     A batch may hold fewer messages than C's (each source reads ahead about ``limit``
-    divided by the live sources), never different ones.
+    divided by the live sources), never different ones. What the read-ahead does show:
+    a damaged row (or a damaged table's end check) raises a batch sooner or later than
+    in C, so a bounded read just before one can succeed on one path and fail on the
+    other (C too loses the whole batch it was filling; both raise, neither ends early);
+    after such an error ``current_position()`` may be behind C's (never ahead); and the
+    skipped-rows count of an iterator closed early includes rows read ahead.
     """
     n = len(sources)
     final = list(positions)

@@ -45,3 +45,27 @@ def test_an_iterator_that_met_a_damaged_row_keeps_raising(db_path: Path, pure: b
         it.close()
         assert list(it) == []
         assert it.current_position() == position
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["default", "pure-python"])
+def test_a_skipped_row_with_a_damaged_key_is_corrupt_data_in_the_position(
+    db_path: Path, pure: bool
+) -> None:
+    """A row for another shard is read no further than its destination header, so a key
+    one byte short is skipped like any other; the position then stops at it, and
+    ``current_position()`` raised a bare ``ValueError`` from the key's decode (found by
+    an outside review of the merge). It is ``CorruptDataError``, as the row's damage."""
+    with Queue.open(db_path, quiet_config(message_cache_size=0)) as queue:
+        chain = Chain(queue)
+        first = chain.apply(SOURCES[0], 3)
+        good = codec.message_prefix(0, SOURCES[0]) + codec.key_bytes(first.messages[-1].key)
+        value = queue._store._tables[Table.MESSAGES][good]
+        prefix = codec.message_prefix(0, SOURCES[0])
+        short = prefix + b"\xff" * (codec.MESSAGE_KEY_LEN - len(prefix) - 1)  # after the rest
+        other = bytes([value[0] ^ 0x01]) + value[1:]  # another workchain: skipped
+        queue._store._tables[Table.MESSAGES][short] = other
+        with iterator_module.pure_python() if pure else contextlib.nullcontext():
+            it = queue.iterator(0, [full_range(s) for s in SOURCES], BASE)
+        with pytest.raises(CorruptDataError, match="message key of 53 bytes"):
+            list(it)
+            it.current_position()
