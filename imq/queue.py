@@ -264,6 +264,11 @@ class Queue(QueueReads):
                 self._log.warning("queue_closed_with_error", error=failure)
 
     @property
+    def zerostate_seqno(self) -> int:
+        """The seqno of the zerostate this queue was opened with (``Queue.open``)."""
+        return self._zerostate_seqno
+
+    @property
     def close_error(self) -> str | None:
         """RocksDB's error while the queue closed (``None``: closed cleanly, or still
         open). A background job that failed (a compaction that met a damaged table file)

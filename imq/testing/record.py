@@ -75,6 +75,7 @@ class OpLog:
 
     def __init__(self, sink: TextIO, *, zerostate_seqno: int = 0) -> None:
         self._sink = sink
+        self._zerostate_seqno = zerostate_seqno
         self._step = 0
         self._pending = 0
         self._write({"imq_ops": FORMAT_VERSION, "zerostate_seqno": zerostate_seqno})
@@ -150,6 +151,14 @@ class OpLog:
         # An open that failed opened nothing a replay could repeat (the replay's own open
         # would succeed): it is not logged.
         queue = opener(path, config)
+        opened_with = getattr(queue, "zerostate_seqno", self._zerostate_seqno)
+        if opened_with != self._zerostate_seqno:  # a replay would open with the header's
+            queue.close()
+            raise ConfigError(
+                f"the queue was opened with zerostate_seqno={opened_with}, the op log's "
+                f"header says {self._zerostate_seqno}: create the log with "
+                f"OpLog(sink, zerostate_seqno={opened_with})"
+            )
         self.record("open", args, None)
         return RecordingQueue(queue, self)
 

@@ -12,6 +12,7 @@ went through unrecorded and the logs then failed to replay).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 from collections.abc import Callable
@@ -208,3 +209,18 @@ def test_a_failed_open_is_not_logged(tmp_path: Path) -> None:
             assert queue.apply_diff(_diff(10), BlockIdShort(SHARD, 1), b"\x01" * 32)
     assert [s["op"] for s in _steps(log_path)] == ["open", "apply_diff", "close"]
     assert replay(log_path).steps == 3
+
+
+def test_a_zerostate_the_log_header_does_not_say_is_refused(tmp_path: Path) -> None:
+    """The header's zerostate seqno is what the replay opens with; a queue opened with
+    another diverged at its first commit of an older top block (record/replay audit)."""
+    with (tmp_path / "ops.jsonl").open("w") as sink:
+        log = OpLog(sink)
+        opener = functools.partial(Queue.open, zerostate_seqno=5)
+        with pytest.raises(ConfigError, match=r"OpLog\(sink, zerostate_seqno=5\)"):
+            log.open(opener, tmp_path / "q", CONFIG)
+    with Queue.open(tmp_path / "q", CONFIG) as queue:  # refused, and closed again
+        assert queue.zerostate_seqno == 0
+    with (tmp_path / "ops2.jsonl").open("w") as sink:
+        OpLog(sink, zerostate_seqno=5).open(opener, tmp_path / "q2", CONFIG).close()
+    assert replay(tmp_path / "ops2.jsonl").steps == 2
