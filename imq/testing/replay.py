@@ -498,6 +498,12 @@ class _Replayer:
         m = self.m()
         none = _outcome(lambda: None, lambda v: v)
         if op == "open":
+            for name, value in a.items():  # a typo must not turn a check off unseen
+                if name not in ("check_sources", "check_statistics") or value is not True:
+                    raise OpLogError(
+                        f"open: unknown argument {name}={json.dumps(value)} (open takes "
+                        'only "check_sources": true and "check_statistics": true)'
+                    )
             self.check_sources = a.get("check_sources") is True
             self.check_statistics = a.get("check_statistics") is True
             config = QueueConfig(

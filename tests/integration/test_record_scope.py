@@ -37,7 +37,7 @@ from imq import (
     TopBlock,
 )
 from imq.errors import ConfigError, DatabaseLockedError, ImqError
-from imq.testing import OpLog, ReplayDivergenceError, UnrecordableCallError, replay
+from imq.testing import OpLog, OpLogError, ReplayDivergenceError, UnrecordableCallError, replay
 
 SHARD = ShardIdent(0, 0x4000_0000_0000_0000)  # accounts 0x0000.. to 0x7fff..
 INSIDE = Address(0, b"\x10" * 32)
@@ -224,3 +224,16 @@ def test_a_zerostate_the_log_header_does_not_say_is_refused(tmp_path: Path) -> N
     with (tmp_path / "ops2.jsonl").open("w") as sink:
         OpLog(sink, zerostate_seqno=5).open(opener, tmp_path / "q2", CONFIG).close()
     assert replay(tmp_path / "ops2.jsonl").steps == 2
+
+
+@pytest.mark.parametrize("args", ['{"check_source":true}', '{"check_sources":1}'])
+def test_an_open_with_an_unknown_check_is_refused(tmp_path: Path, args: str) -> None:
+    """A misspelt or non-boolean check was ignored, so the replay ran without it."""
+    log = tmp_path / "ops.jsonl"
+    log.write_text(
+        '{"imq_ops":1,"zerostate_seqno":0}\n'
+        f'{{"step":1,"op":"open","args":{args},"result":null}}\n'
+        '{"step":2,"op":"close","args":{},"result":null}\n'
+    )
+    with pytest.raises(OpLogError, match="open: unknown argument"):
+        replay(log)
