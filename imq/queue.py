@@ -45,7 +45,7 @@ from imq.types import (
     QueueKey,
     ShardIdent,
     TopBlock,
-    check_partition,
+    check_partitions,
     check_u32,
     listed,
 )
@@ -54,10 +54,6 @@ __all__ = ["CompactReport", "Queue", "store_options"]
 
 _DEFAULT_PARTITIONS = (0, 1)
 _CLEAR_COMPACT_DIFFS = 256  # a clear of at least this many diffs compacts their diff infos
-
-
-def _partitions(partitions: Iterable[int]) -> frozenset[int]:
-    return frozenset(check_partition(p) for p in listed("partitions", partitions, int))
 
 
 def _check_file(name: str, value: object, method: str, binary: str) -> None:
@@ -529,7 +525,7 @@ class Queue(QueueReads):
         tops = listed("top_blocks", top_blocks, TopBlock)
         for top in tops:
             check_type("top block", top, TopBlock)
-        parts = _partitions(partitions)
+        parts = check_partitions(partitions)
         self._pending.check_no_pending("commit_diff")
         with self.metrics.time("commit_diff"), self._rw.write_locked():
             self._check_open()
@@ -568,7 +564,7 @@ class Queue(QueueReads):
         """Delete everything above the commit pointers; shards without a pointer are cleared
         entirely when listed in ``top_shards`` and left alone otherwise."""
         self._check_writable("clear_uncommitted_state")
-        parts = _partitions(partitions)
+        parts = check_partitions(partitions)
         tops = listed("top_shards", top_shards, ShardIdent)
         for shard in tops:
             check_type("top shard", shard, ShardIdent)

@@ -29,6 +29,7 @@ from imq.types import (
     QueueShardRange,
     ShardIdent,
     check_partition,
+    check_partitions,
     listed,
 )
 
@@ -126,7 +127,7 @@ class QueueReads:
     ) -> dict[int, dict[QueueKey, dict[Address, int]]]:
         """partition -> diff max_message -> account -> count; every partition present."""
         self._check_open()
-        parts = sorted({check_partition(p) for p in listed("partitions", partitions, int)})
+        parts = sorted(check_partitions(partitions))
         check_type("range", range, QueueShardRange)
         with self.metrics.time("load_separated_diff_statistics"):
             per_partition = {p: ops.StatsByDiff(p, range) for p in parts}

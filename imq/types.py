@@ -40,6 +40,7 @@ __all__ = [
     "ShardIdent",
     "TopBlock",
     "check_partition",
+    "check_partitions",
     "listed",
     "check_u32",
 ]
@@ -122,6 +123,12 @@ def listed(name: str, value: Iterable[_T], item: type[_T]) -> list[_T]:
             f"{name} must be a list of {item.__name__} values, got {type(value).__name__}"
         ) from None
     return list(items)
+
+
+def check_partitions(partitions: Iterable[int]) -> frozenset[int]:
+    """Validate a ``partitions`` argument (a list of partition indexes; ``TypeError``
+    naming it otherwise) and return its distinct partitions."""
+    return frozenset(check_partition(p) for p in listed("partitions", partitions, int))
 
 
 def _validated_make(cls: Callable[..., _V], iterable: Iterable[object]) -> _V:

@@ -42,7 +42,7 @@ from imq import (
 from imq.errors import FileAccessError, ImqError, QueueClosedError
 from imq.testing import codec as c
 from imq.testing.model import DiffInput, QueueModel
-from imq.types import U32_MAX, check_partition, check_u32
+from imq.types import U32_MAX, check_partition, check_partitions, check_u32
 
 __all__ = [
     "OpLogError",
@@ -458,8 +458,7 @@ class _Replayer:
         if stats is not None:
             if stats.shard != shard:
                 raise ValueError(f"statistics are for shard {stats.shard}, the block {shard}")
-            for partition in stats.partitions:
-                check_partition(partition)
+            check_partitions(stats.partitions)
         if any(d.block.shard == shard for d in self.model_pending.values()):
             raise ImqError(f"{inp.block}: the shard's pending diff is not written or discarded")
         if self.check_sources and not all(shard.contains(m.src) for m in diff.messages):
@@ -481,8 +480,7 @@ class _Replayer:
         queue refuses what would deadlock on it)."""
 
         def checked() -> Any:
-            for partition in partitions:
-                check_partition(partition)
+            check_partitions(partitions)
             if self.model_pending:
                 raise ImqError("a pending diff is neither written nor discarded")
             return model()
