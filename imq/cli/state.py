@@ -38,7 +38,7 @@ from imq.state.exporter import MAX_TAIL_LEN
 from imq.state.reader import StateReader
 from imq.state.source import DIFF_MAGIC, open_source
 from imq.state.tl import TlDiff, decode_diff, diff_hash
-from imq.storage.rocks import LOCK_FILE, wipe_database
+from imq.storage.rocks import LOCK_FILE, says_disk_full, wipe_database
 from imq.types import BlockId, BlockIdShort, ShardIdent
 
 __all__ = [
@@ -293,7 +293,7 @@ def run_import(
                 if isinstance(exc, StorageError) and not db.exists():
                     # The library's hint is a host's (close, reopen, the open rolls back);
                     # here nothing is left to reopen.
-                    full = "disk is full" in exc.hint
+                    full = says_disk_full(exc.reason)
                     raise StorageError(
                         exc.path,
                         exc.operation,

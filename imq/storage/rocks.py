@@ -106,7 +106,7 @@ def _says_damaged(reason: str) -> bool:
     return "Corruption" in reason or "checksum" in reason.lower()
 
 
-def _says_disk_full(reason: str) -> bool:
+def says_disk_full(reason: str) -> bool:
     """Whether RocksDB's error text reports a full disk (or an exhausted quota)."""
     return "No space left" in reason or "Disk quota" in reason
 
@@ -643,7 +643,7 @@ _FILE_SYSTEM_REFUSALS = (
 
 def _open_hint(reason: str) -> str:
     """What to do about a failed RocksDB open, from its reason."""
-    if _says_disk_full(reason):
+    if says_disk_full(reason):
         return "the disk is full: free space and open the queue again (nothing was lost)"
     if "Too many open files" in reason:
         return (
@@ -671,7 +671,7 @@ def _failed_hint(reason: str) -> str:
             "a persistent state in a new directory (nothing the failed call staged was "
             "written)"
         )
-    if _says_disk_full(reason):
+    if says_disk_full(reason):
         return (
             "the disk is full: free space, close the queue and open it again (nothing the "
             "failed call staged was written)"
