@@ -48,6 +48,7 @@ from imq import (
 from imq.errors import ConfigError, FileAccessError, ImqError
 from imq.testing.codec import (
     FORMAT_VERSION,
+    OPEN_CHECKS,
     enc_block,
     enc_diff,
     enc_diff_info,
@@ -147,7 +148,7 @@ class OpLog:
                 "QueueConfig(gc_enabled=False) and call run_gc() where a pass should run, "
                 "as imq simulate --record does"
             )
-        args = {name: True for name in _RECORDED_CHECKS if getattr(config, name)}
+        args = {name: True for name in OPEN_CHECKS if getattr(config, name)}
         # An open that failed opened nothing a replay could repeat (the replay's own open
         # would succeed): it is not logged.
         queue = opener(path, config)
@@ -169,10 +170,6 @@ class OpLog:
             raise
         except OSError as exc:
             raise self._sink_error(exc) from exc
-
-
-# The config's checks that make calls fail: logged with "open", run by the replay.
-_RECORDED_CHECKS = ("check_sources", "check_statistics")
 
 
 class UnrecordableCallError(ImqError, TypeError):

@@ -463,7 +463,7 @@ class _Replayer:
             raise ImqError(f"{inp.block}: the shard's pending diff is not written or discarded")
         if self.check_sources and not all(shard.contains(m.src) for m in diff.messages):
             raise ValueError(f"{inp.block}: a message source outside the shard")
-        if self.check_statistics and stats is not None and stats.shard == shard:
+        if self.check_statistics and stats is not None:  # of this shard: checked above
             counted = DiffStatistics.from_diff(diff, shard, stats.min_message, stats.max_message)
             first, last = diff.min_message, diff.max_message
             if stats != counted or (
@@ -497,13 +497,13 @@ class _Replayer:
         none = _outcome(lambda: None, lambda v: v)
         if op == "open":
             for name, value in a.items():  # a typo must not turn a check off unseen
-                if name not in ("check_sources", "check_statistics") or value is not True:
+                if name not in c.OPEN_CHECKS or value is not True:
                     raise OpLogError(
                         f"open: unknown argument {name}={json.dumps(value)} (open takes "
                         'only "check_sources": true and "check_statistics": true)'
                     )
-            self.check_sources = a.get("check_sources") is True
-            self.check_statistics = a.get("check_statistics") is True
+            self.check_sources = "check_sources" in a
+            self.check_statistics = "check_statistics" in a
             config = QueueConfig(
                 gc_enabled=False,
                 sync_commits=False,
