@@ -549,8 +549,9 @@ def _read_ahead(  # noqa: PLR0917 - the merge's state
     want: int,
 ) -> tuple[int, bytes | None]:
     """Read up to ``size`` rows of ``source`` into ``ahead``: (rows skipped, the last key
-    read or None). Each step runs over the whole chunk in C; bytecode runs only per
-    accepted row that follows a skipped one."""
+    read or None). The length check and the destination test run over the whole chunk
+    in C; bytecode runs per row only in a chunk that mixes accepted and skipped rows (one
+    step per accepted row, to note the skip before it)."""
     rows = list(islice(source, size))
     if len(rows) < size:
         ahead.live = False
