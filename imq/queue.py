@@ -190,7 +190,8 @@ class Queue(QueueReads):
         """Open (creating if missing, parents too) the queue database in directory ``path``.
 
         ``read_only=True`` opens an existing database beside a live writer, for inspection:
-        no lock, no GC worker, and every call that would write raises ``ImqError``.
+        no lock, no GC worker, and every call that would write raises ``ImqError``. An open
+        the writer's flushes tear is tried again, for up to 15 s, before ``StorageError``.
         """
         config = config if config is not None else QueueConfig()
         check_type("config", config, QueueConfig)

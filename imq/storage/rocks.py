@@ -79,6 +79,7 @@ __all__ = [
 LOCK_FILE = "imq.lock"
 INFO_LOG_FILES = 10  # RocksDB's text logs kept (LOG and LOG.old.*), at most
 INFO_LOG_FILE_SIZE = 16 << 20  # bytes; past it the LOG rolls over
+MANIFEST_FILE_SIZE = 1 << 20  # bytes; past it RocksDB starts a new MANIFEST
 _SEGMENT = codec.MESSAGE_PREFIX_LEN  # a message key's (partition, source shard) prefix
 
 
@@ -757,6 +758,12 @@ def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) ->
     # would fill its queue directory with them.
     db_opts.set_keep_log_file_num(INFO_LOG_FILES)
     db_opts.set_max_log_file_size(INFO_LOG_FILE_SIZE)
+    # Every flush and compaction appends an edit to the MANIFEST, and RocksDB starts a
+    # new one only at open or past this size (its default: 1 GB). Every open reads the
+    # whole file three times (the list of tables, imq's log check, RocksDB's recovery):
+    # a writer that ran 20 s beside the read-only stress test left a 2 MB MANIFEST and
+    # opens of 45 ms, 43 of them on the MANIFEST. A new one holds only the live files.
+    db_opts.set_max_manifest_file_size(MANIFEST_FILE_SIZE)
     cfs = {t.value: table_options(spec, cache, options) for t, spec in TABLES.items()}
     access = AccessType.read_only() if read_only else AccessType.read_write()
     return Rdict(str(path), options=db_opts, column_families=cfs, access_type=access)
@@ -773,7 +780,9 @@ def _no_log_deleted(before: tuple[Any, ...], after: tuple[Any, ...]) -> bool:
     return set(before[-1]) <= set(after[-1])
 
 
-_READ_ONLY_ATTEMPTS = 20  # read-only opens tried while a live writer changes its files
+# A read-only open beside a live writer is tried again while the writer's flushes tear it,
+# for up to this many seconds.
+_READ_ONLY_BUDGET = 15.0
 _READ_ONLY_PAUSE = 0.005  # seconds slept after the first attempt; growing, jittered
 # The pauses' jitter: a private generator, so the host's `random` sequence is not touched.
 _jitter = random.Random()
@@ -1026,14 +1035,15 @@ class Store:
         """Refuse a database whose write-ahead log is missing, or whose logs or current
         MANIFEST hold a record RocksDB's recovery would never finish reading or would
         silently drop with everything after it (:mod:`imq.storage.wal`). Nothing is
-        changed. ``FileNotFoundError`` if a log disappears while it is read (a live
-        writer beside a read-only open)."""
+        changed. A read-only open passes over a log that disappears while it is read (a
+        live writer deleted it: the open after this check cannot read it either);
+        ``FileNotFoundError`` if the MANIFEST does (the writer started a new one)."""
         if not self._complete:  # no database yet (or its creation was cut short)
             return
         zeroed: list[tuple[str, int]] = []
         try:
             names = os.listdir(self.path)
-            damage = wal.find_log_damage(self.path, names, zeroed)
+            damage = wal.find_log_damage(self.path, names, zeroed, skip_vanished=self.read_only)
             manifest = self._current_manifest()
             if damage is None and manifest is not None:
                 damage = wal.find_file_damage(self.path, manifest, zeroed)
@@ -1119,24 +1129,33 @@ class Store:
         and the others had not (a view torn across tables: measured by an outside audit,
         ``imq verify`` then reported damage). So an open that failed while the files
         changed is tried again, and so is one during which a log was deleted (a log
-        created meanwhile holds only later writes: see :func:`_no_log_deleted`). A
-        compaction alone cannot tear the view: the open holds every table file it read."""
+        created meanwhile holds only later writes: see :func:`_no_log_deleted`), for up
+        to ``_READ_ONLY_BUDGET`` seconds. A compaction alone cannot tear the view: the
+        open holds every table file it read.
+
+        Only RocksDB's own open must see no log deleted, so the window watched is that
+        open alone, not the checks before it: a log the checks find gone is one the open
+        cannot read, and one created after them is a live writer's newest (not what a
+        crash left)."""
         failure: BaseException | None = None
-        for attempt in range(_READ_ONLY_ATTEMPTS):
-            if attempt:
+        deadline = time.monotonic() + _READ_ONLY_BUDGET
+        attempts = 0
+        while not attempts or time.monotonic() < deadline:
+            if attempts:
                 # Growing and jittered: a writer that flushes on a steady beat (every few
                 # ms, say) would otherwise meet attempts paced like it in the same phase
-                # every time (an open takes about 7 ms here; measured: 6 of 76 opens
-                # failed all 20 attempts with a fixed 5 ms pause beside a writer
-                # flushing every 19 ms).
-                time.sleep(_READ_ONLY_PAUSE * min(attempt, 8) * _jitter.uniform(0.5, 1.5))
-            before = self._files_now()
+                # every time (measured: 6 of 76 opens failed all of 20 attempts with a
+                # fixed 5 ms pause beside a writer flushing every 19 ms).
+                time.sleep(_READ_ONLY_PAUSE * min(attempts, 8) * _jitter.uniform(0.5, 1.5))
+            attempts += 1
+            listed = self._files_now()
             try:
                 self._tables_before = self._check_directory()
                 self._check_logs()
+                before = self._files_now()
                 opened = self._open_rocksdb()
             except (StorageError, FileNotFoundError) as exc:
-                if self._files_now() == before:  # the files held still: their own failure
+                if self._files_now() == listed:  # the files held still: their own failure
                     if isinstance(exc, StorageError):
                         raise
                     raise self._unreadable_log(exc) from exc
@@ -1145,12 +1164,13 @@ class Store:
             if _no_log_deleted(before, self._files_now()):
                 return opened
             _close_rdict(opened)
+            failure = None
         last = "" if failure is None else f" (the last attempt failed: {failure})"
         raise StorageError(
             self.path,
             "open (read-only)",
-            f"the live writer changed the database's files during each of "
-            f"{_READ_ONLY_ATTEMPTS} attempts{last}",
+            f"the live writer changed the database's files during each of {attempts} "
+            f"attempts in {_READ_ONLY_BUDGET:g} s{last}",
             hint="it is flushing or compacting without pause: try again, or open a copy",
         )
 

@@ -38,6 +38,7 @@ RocksDB to replay either. An empty log, what a clean close leaves, costs one ope
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -112,27 +113,38 @@ def log_files(names: Iterable[str]) -> list[str]:
 
 
 def find_log_damage(
-    directory: Path, names: Iterable[str], zeroed: list[tuple[str, int]] | None = None
+    directory: Path,
+    names: Iterable[str],
+    zeroed: list[tuple[str, int]] | None = None,
+    *,
+    skip_vanished: bool = False,
 ) -> LogDamage | None:
     """The first damaged record of the directory's log files, or ``None``: a record of
     a recyclable type, or a last record whose length runs past its log's end although
     the record is whole at a shorter length (``whole_length``).
 
     Raises ``FileNotFoundError`` when a log file disappears while it is read (a live
-    writer deleted it: only a read-only open beside one sees that) and ``OSError`` when
-    one cannot be read. Where a header is cut short or its length runs past its block,
-    the walk of that file stops there: a torn tail (a record cut short, which no shorter
-    length makes whole: nothing to report), damage RocksDB itself reports (a length past
-    a whole block), or a whole record's damaged length, reported here. A writer's last
-    record, read while it is appended, is whole at its own length by the time it is
-    checked, or not yet whole at any: never reported. After a crash the check of a cut
-    record costs up to 5 ms (a 32 KiB block's checksum, byte by byte in Python).
+    writer deleted it: only a read-only open beside one sees that), unless
+    ``skip_vanished`` (then that file is passed over: an open after the check cannot
+    read it either), and ``OSError`` when one cannot be read. Where a header is cut
+    short or its length runs past its block, the walk of that file stops there: a torn
+    tail (a record cut short, which no shorter length makes whole: nothing to report),
+    damage RocksDB itself reports (a length past a whole block), or a whole record's
+    damaged length, reported here. A writer's last record, read while it is appended, is
+    whole at its own length by the time it is checked, or not yet whole at any: never
+    reported. After a crash the check of a cut record costs up to 5 ms (a 32 KiB block's
+    checksum, byte by byte in Python).
 
     ``zeroed``, when given, receives ``(file, offset)`` of each zero header with data
     after it in its block (see :func:`record_headers`), in the files walked: not damage
     for certain (a power loss can leave that), but records RocksDB did not replay."""
     for name in log_files(names):
-        damage = find_file_damage(directory, name, zeroed)
+        try:
+            damage = find_file_damage(directory, name, zeroed)
+        except FileNotFoundError:
+            if skip_vanished and not os.path.lexists(directory / name):
+                continue
+            raise
         if damage is not None:
             return damage
     return None

@@ -44,7 +44,7 @@ from imq import (
     QueueShardRange,
     SchemaVersionError,
 )
-from imq.storage import Table, codec
+from imq.storage import Table, codec, rocks
 from imq.storage.rocks import INFO_LOG_FILES
 
 S = split_shard(0, 1, 0)
@@ -171,6 +171,34 @@ def test_restarts_keep_a_bounded_number_of_rocksdb_text_logs(db_path: Path) -> N
     logs = sorted(p.name for p in db_path.iterdir() if p.name.startswith("LOG"))
     assert "LOG" in logs
     assert len(logs) == INFO_LOG_FILES, logs
+
+
+def test_a_long_running_writer_starts_new_manifests(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every flush and compaction appends to the MANIFEST, which every open reads three
+    times; RocksDB's default cap is 1 GB. A writer that compacted after each of ~800
+    diffs left a 2 MB MANIFEST and 45 ms read-only opens: imq caps it (at 1 MiB; 16 KiB
+    here, so that a few compactions pass it)."""
+    cap = 16 << 10
+    monkeypatch.setattr(rocks, "MANIFEST_FILE_SIZE", cap)
+    with open_queue(db_path) as queue:
+        first = _manifests(db_path)
+        chain = Chain(queue)
+        for _ in range(40):
+            chain.apply(S, 5)
+            queue.compact()
+        last = _manifests(db_path)
+        assert chain.applied and queue.get_last_applied_seqno(S) == 40
+    assert len(first) == len(last) == 1, (first, last)
+    assert last[0][0] != first[0][0]  # a new MANIFEST while the queue stayed open
+    assert last[0][1] < 2 * cap, last  # RocksDB passes the cap by at most one edit
+    with open_queue(db_path) as queue:
+        assert queue.get_last_applied_seqno(S) == 40
+
+
+def _manifests(path: Path) -> list[tuple[str, int]]:
+    return [(p.name, p.stat().st_size) for p in path.iterdir() if p.name.startswith("MANIFEST")]
 
 
 # -- locking ----------------------------------------------------------------------------------

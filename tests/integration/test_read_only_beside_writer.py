@@ -11,12 +11,17 @@ tried again while the writer changed its files (``Store._open_read_only``).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from imq import Queue
+import pytest
+from builders import quiet_config
+
+from imq import Queue, StorageError
+from imq.storage import rocks
 from imq.verify import verify
 
 _HERE = Path(__file__).resolve().parent
@@ -75,3 +80,26 @@ def test_read_only_opens_beside_a_compacting_writer_see_whole_queues(tmp_path: P
         if writer.poll() is None:
             writer.kill()
             writer.wait()
+
+
+def test_a_writer_that_never_pauses_ends_the_read_only_open_with_a_typed_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every attempt torn (a log deleted during each): the open gives up when its time is
+    out, with a ``StorageError`` that says what to do, and holds nothing open."""
+    db = tmp_path / "db"
+    Queue.open(db, quiet_config()).close()
+    monkeypatch.setattr(rocks, "_READ_ONLY_BUDGET", 0.3)
+    monkeypatch.setattr(rocks, "_no_log_deleted", lambda before, after: False)
+    with pytest.raises(
+        StorageError, match=r"changed the database's files during each of \d+ attempts in 0\.3 s"
+    ) as info:
+        Queue.open(db, read_only=True)
+    assert "try again, or open a copy" in str(info.value)
+    assert _files_open_in(db) == []  # every attempt's RocksDB handle was closed
+
+
+def _files_open_in(path: Path) -> list[str]:
+    fds = Path("/proc/self/fd")
+    targets = (os.readlink(fd) for fd in fds.iterdir() if fd.is_symlink())
+    return [t for t in targets if t.startswith(str(path))]

@@ -193,6 +193,25 @@ def test_whole_logs_and_full_blocks_are_no_damage(tmp_path: Path) -> None:
     assert wal.find_log_damage(tmp_path, [log.name]) is None
 
 
+def test_a_log_deleted_before_it_is_read_is_passed_over_only_when_asked(tmp_path: Path) -> None:
+    """A read-only open's check beside a live writer passes over a log the writer deleted
+    after the listing (the open cannot read it either); a dangling link is no deleted
+    log, and the writer's own open never passes one over."""
+    data, headers = write_log(TAIL)
+    (tmp_path / "000009.log").write_bytes(data)
+    names = ["000008.log", "000009.log"]  # 000008.log was listed, then deleted
+    with pytest.raises(FileNotFoundError):
+        wal.find_log_damage(tmp_path, names)
+    assert wal.find_log_damage(tmp_path, names, skip_vanished=True) is None
+    offset, length, kind = headers[-1]  # the next log is still checked
+    (tmp_path / "000009.log").write_bytes(_with_length(data, offset, length + 1))
+    found = wal.find_log_damage(tmp_path, names, skip_vanished=True)
+    assert found == wal.LogDamage("000009.log", offset, kind, length)
+    (tmp_path / "000008.log").symlink_to(tmp_path / "nowhere.log")
+    with pytest.raises(FileNotFoundError):
+        wal.find_log_damage(tmp_path, names, skip_vanished=True)
+
+
 def test_a_zero_header_with_data_after_it_in_its_block_is_reported(tmp_path: Path) -> None:
     """RocksDB reads a zero header (length and type 0) as padding and skips the rest of
     its block in silence; its writer never leaves one with data after it. The walk skips
