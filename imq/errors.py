@@ -187,6 +187,14 @@ class FileAccessError(ImqError, OSError):
     def __str__(self) -> str:
         return str(self.strerror)
 
+    def noting(self, note: str) -> FileAccessError:
+        """The same error with ``note`` said before its hint (what else the caller must
+        know: that the call took effect all the same, say)."""
+        assert self._made_with is not None  # set by __init__
+        path, operation, exc, hint = self._made_with
+        hint = hint or _ERRNO_HINTS.get(exc.errno or 0, "check the path and retry")
+        return FileAccessError(path, operation, exc, f"{note}; {hint}")
+
 
 _ERRNO_HINTS = {
     errno.ENOENT: "check the path (it, or a directory on the way to it, does not exist)",

@@ -24,6 +24,7 @@ refuses a log with a step missing.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -89,11 +90,18 @@ class OpLog:
             raise  # the sink named itself (the CLI's file does)
         except OSError as exc:
             raise self._sink_error(exc) from exc
+        except ValueError as exc:  # a closed file's "I/O operation on closed file"
+            if not getattr(self._sink, "closed", False):
+                raise
+            raise self._sink_error(
+                OSError(errno.EBADF, "the sink is closed"),
+                "keep the op log's file open until the recorded queue is closed",
+            ) from exc
 
-    def _sink_error(self, exc: OSError) -> FileAccessError:
+    def _sink_error(self, exc: OSError, hint: str = "") -> FileAccessError:
         name = getattr(self._sink, "name", None)
         where = name if isinstance(name, str) and name else "its sink"
-        return FileAccessError(where, "write the op log to", exc)
+        return FileAccessError(where, "write the op log to", exc, hint)
 
     def reserve_step(self) -> int:
         """Take the next step number now for a line written later (an iterator's)."""
@@ -130,7 +138,16 @@ class OpLog:
         except Exception as exc:
             self.record(op, args, error=exc)
             raise
-        self.record(op, args, enc(value))
+        step = self._step + 1
+        try:
+            self.record(op, args, enc(value))
+        except FileAccessError as exc:
+            # Raised for a call that took effect: say so, or the caller takes it for
+            # failed (and a collator would, say, apply the diff again).
+            raise exc.noting(
+                f"{op} took effect on the queue all the same (do not repeat it), but the "
+                f"op log lacks its line (step {step}), so the log will not replay"
+            ) from exc
         return value
 
     def open(

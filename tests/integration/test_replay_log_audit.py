@@ -13,6 +13,7 @@ message past the logged messages.
 from __future__ import annotations
 
 import ctypes
+import errno
 import gc
 import io
 import itertools
@@ -355,6 +356,57 @@ def test_a_sink_that_cannot_be_written_is_named() -> None:
             log.flush()
         with pytest.raises(OSError):  # the close flushes what is left
             sink.close()
+
+
+def test_a_closed_sink_is_a_typed_error_that_says_to_keep_it_open(tmp_path: Path) -> None:
+    """A bare ``ValueError: I/O operation on closed file`` until stop 40."""
+    sink = io.StringIO()
+    log = OpLog(sink)
+    queue = log.open(Queue.open, tmp_path / "db", QueueConfig.testing())
+    try:
+        sink.close()
+        with pytest.raises(FileAccessError, match="keep the op log's file open") as caught:
+            queue.get_last_applied_seqno(SHARD)
+        assert caught.value.errno == errno.EBADF
+    finally:
+        queue.inner.close()
+
+
+class _FailingSink(io.StringIO):
+    """A sink that fails with ENOSPC from its ``fail_at``-th write on."""
+
+    def __init__(self, fail_at: int) -> None:
+        super().__init__()
+        self.fail_at = fail_at
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        if self.writes >= self.fail_at:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(text)
+
+
+def test_a_sink_that_fails_after_the_call_says_the_call_took_effect(tmp_path: Path) -> None:
+    """The queue wrote the diff, then the log's line failed: the error says the call took
+    effect (a caller taking it for failed would apply it again), and which step the log
+    lacks."""
+    sink = _FailingSink(fail_at=3)  # the header, the open, then the apply's line
+    log = OpLog(sink)
+    queue = log.open(Queue.open, tmp_path / "db", QueueConfig.testing())
+    src = Address(0, bytes(32))
+    dst = Address(0, b"\x80" + bytes(31))
+    diff = QueueDiff([Message(QueueKey(1, bytes(32)), src, dst, b"m")])
+    try:
+        with pytest.raises(FileAccessError) as caught:
+            queue.apply_diff(diff, BlockIdShort(SHARD, 1), b"\x01" * 32)
+        text = str(caught.value)
+        assert "apply_diff took effect on the queue all the same" in text, text
+        assert "lacks its line (step 2)" in text and "the disk is full" in text, text
+        assert caught.value.errno == errno.ENOSPC
+        assert queue.inner.get_last_applied_seqno(SHARD) == 1  # it did take effect
+    finally:
+        queue.inner.close()
 
 
 @pytest.mark.parametrize("value", [False, 0.0])
