@@ -27,7 +27,7 @@ import contextlib
 import errno
 import json
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
@@ -62,6 +62,7 @@ from imq.testing.codec import (
     enc_top,
     enc_zone,
 )
+from imq.testing.replay import holds_arguments
 
 __all__ = [
     "OpLog",
@@ -131,16 +132,38 @@ class OpLog:
         return self._pending
 
     def call(
-        self, op: str, args: dict[str, Any], fn: Callable[[], Any], enc: Callable[[Any], Any]
+        self,
+        op: str,
+        args: dict[str, Any] | Callable[[], dict[str, Any]],
+        fn: Callable[[], Any],
+        enc: Callable[[Any], Any],
     ) -> Any:
+        """Make the call ``fn`` and log it: ``args`` (or what the callable gives: it is
+        asked before the call) and what the call returned, through ``enc``, or raised.
+
+        A call the queue refuses for arguments no log line can hold (a value of another
+        type, a boolean or a string where an integer belongs, a partition out of range)
+        is not logged: it changed nothing, and no replay could make it. The caller gets
+        the queue's own error, as from a bare queue."""
+        try:
+            encoded: dict[str, Any] | None = args() if callable(args) else args
+        except Exception:  # what the encoders cannot take, the queue refuses
+            encoded = None
         try:
             value = fn()
         except Exception as exc:
-            self.record(op, args, error=exc)
+            if encoded is not None and holds_arguments(op, encoded):
+                self.record(op, encoded, error=exc)
             raise
+        if encoded is None:
+            raise UnrecordableCallError(
+                f"{op} took effect on the queue all the same (do not repeat it), but the "
+                "op log cannot hold its arguments, so the log will not replay: report it "
+                "as a bug of imq's recorder"
+            )
         step = self._step + 1
         try:
-            self.record(op, args, enc(value))
+            self.record(op, encoded, enc(value))
         except FileAccessError as exc:
             # Raised for a call that took effect: say so, or the caller takes it for
             # failed (and a collator would, say, apply the diff again).
@@ -304,6 +327,27 @@ def _parts(partitions: Iterable[int]) -> list[int]:
     return sorted(set(partitions))
 
 
+def _listed(values: Any) -> Any:
+    """An iterable argument as a list (a generator is read once, for the log and the
+    queue alike); anything else as it is, for the queue to refuse with its own words."""
+    if isinstance(values, Iterable) and not isinstance(values, str | bytes | Mapping):
+        return list(values)
+    return values
+
+
+def _shard(shard: ShardIdent) -> str:
+    """A shard's log form; another type cannot be logged (the queue refuses it)."""
+    if not isinstance(shard, ShardIdent):
+        raise TypeError(f"not a ShardIdent: {type(shard).__name__}")
+    return str(shard)
+
+
+def _block_id(block: BlockId) -> str:
+    if not isinstance(block, BlockId):
+        raise TypeError(f"not a BlockId: {type(block).__name__}")
+    return str(block)
+
+
 class RecordingQueue:
     """A queue whose calls are recorded. What is not listed here is forwarded as is: the
     reads outside the log's format and ``compact``, which change nothing a replay
@@ -331,15 +375,15 @@ class RecordingQueue:
     def inner(self) -> Any:
         return self._inner
 
+    @staticmethod
     def _diff_args(
-        self,
         diff: QueueDiff,
         block: BlockIdShort,
         diff_hash: bytes,
         statistics: DiffStatistics | None,
         check_sequence: DiffZone | None,
-    ) -> dict[str, Any]:
-        return {
+    ) -> Callable[[], dict[str, Any]]:
+        return lambda: {
             "block": enc_block(block),
             "diff": enc_diff(diff),
             "hash": diff_hash.hex(),
@@ -387,8 +431,11 @@ class RecordingQueue:
     def commit_diff(
         self, top_blocks: Sequence[TopBlock], partitions: Iterable[int] = (0, 1)
     ) -> bool:
-        tops, parts = list(top_blocks), _parts(partitions)
-        args = {"top_blocks": [enc_top(t) for t in tops], "partitions": parts}
+        tops, parts = _listed(top_blocks), _listed(partitions)
+
+        def args() -> dict[str, Any]:
+            return {"top_blocks": [enc_top(t) for t in tops], "partitions": _parts(parts)}
+
         return bool(
             self._log.call("commit_diff", args, lambda: self._inner.commit_diff(tops, parts), bool)
         )
@@ -396,8 +443,11 @@ class RecordingQueue:
     def clear_uncommitted_state(
         self, partitions: Iterable[int] = (0, 1), top_shards: Iterable[ShardIdent] = ()
     ) -> None:
-        parts, shards = _parts(partitions), list(top_shards)
-        args = {"partitions": parts, "top_shards": [str(s) for s in shards]}
+        parts, shards = _listed(partitions), _listed(top_shards)
+
+        def args() -> dict[str, Any]:
+            return {"partitions": _parts(parts), "top_shards": [_shard(s) for s in shards]}
+
         self._log.call(
             "clear_uncommitted_state",
             args,
@@ -411,12 +461,15 @@ class RecordingQueue:
         top_shards: Iterable[ShardIdent],
         partitions: Iterable[int] = (0, 1),
     ) -> None:
-        shards, parts = list(top_shards), _parts(partitions)
-        args = {
-            "last_applied_mc_block": str(last_applied_mc_block),
-            "top_shards": [str(s) for s in shards],
-            "partitions": parts,
-        }
+        shards, parts = _listed(top_shards), _listed(partitions)
+
+        def args() -> dict[str, Any]:
+            return {
+                "last_applied_mc_block": _block_id(last_applied_mc_block),
+                "top_shards": [_shard(s) for s in shards],
+                "partitions": _parts(parts),
+            }
+
         self._log.call(
             "startup",
             args,
@@ -427,12 +480,23 @@ class RecordingQueue:
     def iterator(
         self, partition: int, ranges: Sequence[QueueShardRange], for_shard: ShardIdent
     ) -> RecordingIterator:
-        args = {
-            "partition": partition,
-            "ranges": [enc_range(r) for r in ranges],
-            "for_shard": str(for_shard),
-        }
-        inner = self._inner.iterator(partition, list(ranges), for_shard)
+        ranges = _listed(ranges)
+        try:
+            args = {
+                "partition": partition,
+                "ranges": [enc_range(r) for r in ranges],
+                "for_shard": _shard(for_shard),
+            }
+        except Exception:  # what the encoders cannot take, the queue refuses
+            args = None
+        # One the queue refuses is not logged (it changed nothing), as in ``OpLog.call``.
+        inner = self._inner.iterator(partition, ranges, for_shard)
+        if args is None or not holds_arguments("iterate", args):
+            inner.close()
+            raise UnrecordableCallError(
+                "the queue made an iterator of arguments the op log cannot hold: report "
+                "it as a bug of imq's recorder"
+            )
         it = RecordingIterator(inner, self._log, args)
         self._iterators.add(it)
         return it
@@ -454,21 +518,19 @@ class RecordingQueue:
     def get_diff_info(
         self, shard: ShardIdent, seqno: int, zone: DiffZone = DiffZone.BOTH
     ) -> DiffInfo | None:
-        args = {"shard": str(shard), "seqno": seqno, "zone": zone.name}
         result: DiffInfo | None = self._log.call(
             "get_diff_info",
-            args,
+            lambda: {"shard": _shard(shard), "seqno": seqno, "zone": zone.name},
             lambda: self._inner.get_diff_info(shard, seqno, zone),
             enc_diff_info,
         )
         return result
 
     def get_diffs_tail_len(self, shard: ShardIdent, from_key: QueueKey) -> int:
-        args = {"shard": str(shard), "from_key": enc_key(from_key)}
         return int(
             self._log.call(
                 "get_diffs_tail_len",
-                args,
+                lambda: {"shard": _shard(shard), "from_key": enc_key(from_key)},
                 lambda: self._inner.get_diffs_tail_len(shard, from_key),
                 int,
             )
@@ -477,17 +539,16 @@ class RecordingQueue:
     def get_last_applied_seqno(self, shard: ShardIdent) -> int | None:
         result: int | None = self._log.call(
             "get_last_applied_seqno",
-            {"shard": str(shard)},
+            lambda: {"shard": _shard(shard)},
             lambda: self._inner.get_last_applied_seqno(shard),
             _same,
         )
         return result
 
     def load_diff_statistics(self, partition: int, range: QueueShardRange) -> Any:
-        args = {"partition": partition, "range": enc_range(range)}
         return self._log.call(
             "load_diff_statistics",
-            args,
+            lambda: {"partition": partition, "range": enc_range(range)},
             lambda: self._inner.load_diff_statistics(partition, range),
             enc_stats_map,
         )

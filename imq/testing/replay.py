@@ -184,6 +184,21 @@ _PENDING_OPS = {"write", "discard"}
 _BAD_VALUE = (ValueError, TypeError, KeyError, IndexError, AttributeError, ArithmeticError)
 
 
+def holds_arguments(op: str, args: dict[str, Any]) -> bool:
+    """Whether a log line could hold these encoded arguments of ``op``: each one, written
+    as JSON and read back, decodes as the format says (what :func:`read_log` checks)."""
+    decoders = _ARGS.get(op)
+    if decoders is None:
+        return False
+    try:
+        read = json.loads(json.dumps(args))
+        for name, decode in decoders.items():
+            decode(read[name])
+    except (*_BAD_VALUE, RecursionError):
+        return False
+    return True
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 

@@ -237,3 +237,44 @@ def test_an_open_with_an_unknown_check_is_refused(tmp_path: Path, args: str) -> 
     )
     with pytest.raises(OpLogError, match="open: unknown argument"):
         replay(log)
+
+
+# A call with arguments a log line cannot hold (found by stop 40's review: the recorder's
+# encoders raised their own errors first, "Object of type object is not JSON
+# serializable", "'int' object is not iterable", and a bool seqno was logged in a form
+# the reader refuses, so the whole log would not replay).
+_BAD_CALLS: dict[str, Callable[[Any], Any]] = {
+    "seqno a bool": lambda q: q.get_diff_info(SHARD, True),
+    "seqno an object": lambda q: q.get_diff_info(SHARD, object()),
+    "seqno a string": lambda q: q.get_diff_info(SHARD, "5"),
+    "shard a string": lambda q: q.get_diff_info("0:40", 1),
+    "zone a string": lambda q: q.get_diff_info(SHARD, 1, "BOTH"),
+    "last applied of a string": lambda q: q.get_last_applied_seqno("0:40"),
+    "partitions an int": lambda q: q.commit_diff([], 5),
+    "top blocks an int": lambda q: q.commit_diff(5),
+    "top shards a string": lambda q: q.clear_uncommitted_state([0], "0:40"),
+    "startup of a string block": lambda q: q.startup("-1:8000000000000000:1", [SHARD]),
+    "iterator ranges an int": lambda q: q.iterator(0, 5, SHARD),
+    "iterator partition a bool": lambda q: q.iterator(True, [_RANGE], SHARD),
+    "tail of an int key": lambda q: q.get_diffs_tail_len(SHARD, 5),
+    "statistics of no range": lambda q: q.load_diff_statistics(0, None),
+    "apply of no diff": lambda q: q.apply_diff(None, BlockIdShort(SHARD, 1), bytes(32)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_BAD_CALLS))
+def test_a_call_refused_for_its_arguments_raises_the_queues_error_and_replays(
+    tmp_path: Path, name: str
+) -> None:
+    call = _BAD_CALLS[name]
+    with Queue.open(tmp_path / "bare", CONFIG) as bare, pytest.raises(Exception) as expected:
+        call(bare)
+    log_path = tmp_path / "ops.jsonl"
+    with log_path.open("w") as sink:
+        queue = OpLog(sink).open(Queue.open, tmp_path / "db", CONFIG)
+        with pytest.raises(type(expected.value)) as got:
+            call(queue)
+        assert str(got.value) == str(expected.value)
+        queue.apply_diff(_diff(1), BlockIdShort(SHARD, 1), bytes([1]) * 32)
+        queue.close()
+    assert replay(log_path).steps >= 3  # open, apply, close (and the refused call if held)
