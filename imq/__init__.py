@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from imq.errors import (
         CommitError,
         ConfigError,
+        ConfigTypeError,
         CorruptDataError,
         DatabaseLockedError,
         DiffBelowCommitPointerError,
@@ -68,6 +69,7 @@ __all__ = [
     "CommitPointer",
     "CompactReport",
     "ConfigError",
+    "ConfigTypeError",
     "CorruptDataError",
     "DatabaseLockedError",
     "DiffBelowCommitPointerError",
@@ -107,6 +109,7 @@ _LAZY: dict[str, str] = {
     "QueueDiff": "imq.diff",
     "CommitError": "imq.errors",
     "ConfigError": "imq.errors",
+    "ConfigTypeError": "imq.errors",
     "CorruptDataError": "imq.errors",
     "DatabaseLockedError": "imq.errors",
     "DiffBelowCommitPointerError": "imq.errors",

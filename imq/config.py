@@ -17,7 +17,7 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Self
 
-from imq.errors import ConfigError
+from imq.errors import ConfigError, ConfigTypeError
 
 __all__ = [
     "QueueConfig",
@@ -152,11 +152,11 @@ def parse_size(text: str) -> int:
 
 def _check_seconds(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+        raise ConfigTypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be finite and > 0 seconds, got {value!r}")
+        raise ConfigError(f"{name} must be finite and > 0 seconds, got {value!r}")
     if value > MAX_SECONDS:  # a thread's wait takes at most threading.TIMEOUT_MAX
-        raise ValueError(
+        raise ConfigError(
             f"{name} must be at most {MAX_SECONDS:.0e} seconds (about 30 years), got "
             f"{value!r}; to turn background GC off, set gc_enabled to false"
         )
@@ -164,7 +164,7 @@ def _check_seconds(name: str, value: object) -> None:
 
 def _check_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        raise ConfigTypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def _check_int_between(minimum: int, maximum: int) -> Callable[[str, object], None]:
@@ -173,11 +173,11 @@ def _check_int_between(minimum: int, maximum: int) -> Callable[[str, object], No
 
     def check(name: str, value: object) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            raise ConfigTypeError(f"{name} must be an int, got {type(value).__name__}")
         if value < minimum:
-            raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+            raise ConfigError(f"{name} must be >= {minimum}, got {value!r}")
         if value > maximum:
-            raise ValueError(f"{name} must be <= {maximum}, got {value!r}")
+            raise ConfigError(f"{name} must be <= {maximum}, got {value!r}")
 
     return check
 

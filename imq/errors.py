@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 __all__ = [
     "CommitError",
     "ConfigError",
+    "ConfigTypeError",
     "CorruptDataError",
     "DatabaseLockedError",
     "DiffBelowCommitPointerError",
@@ -99,8 +100,15 @@ class DatabaseLockedError(ImqError):
     )
 
 
-class ConfigError(ImqError):
-    """A configuration file or value is invalid."""
+class ConfigError(ImqError, ValueError):
+    """A configuration file or value is invalid. Also a ``ValueError``: a bad value given
+    to ``QueueConfig(...)`` is both what the API's rule for constructors says (a
+    ``ValueError``) and what its errors table says (a ``ConfigError``)."""
+
+
+class ConfigTypeError(ConfigError, TypeError):
+    """A configuration value of the wrong type (``QueueConfig(sync_commits=1)``): a
+    ``ConfigError`` and a ``TypeError``."""
 
 
 class CorruptDataError(ImqError):

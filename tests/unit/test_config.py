@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from imq.config import QueueConfig, parse_duration, parse_size
-from imq.errors import ConfigError
+from imq.errors import ConfigError, ConfigTypeError
 
 SHIPPED_CONFIG = Path(__file__).parents[2] / "config" / "imq.toml"
 MIB = 1024**2
@@ -210,8 +210,12 @@ def test_int_gc_interval_is_stored_as_float() -> None:
     ],
 )
 def test_bad_values_raise_value_error(field: str, value: object) -> None:
-    with pytest.raises(ValueError, match=field):
+    # A ValueError (the API's rule for constructors) and a ConfigError (its errors table
+    # for an invalid configuration value): an outside audit found a bare ValueError.
+    with pytest.raises(ValueError, match=field) as caught:
         QueueConfig(**{field: value})  # type: ignore[arg-type]
+    assert isinstance(caught.value, ConfigError)
+    assert not isinstance(caught.value, TypeError)
 
 
 @pytest.mark.parametrize(
@@ -229,8 +233,10 @@ def test_bad_values_raise_value_error(field: str, value: object) -> None:
     ],
 )
 def test_wrong_types_raise_type_error(field: str, value: object) -> None:
-    with pytest.raises(TypeError, match=field):
+    with pytest.raises(TypeError, match=field) as caught:
         QueueConfig(**{field: value})  # type: ignore[arg-type]
+    assert isinstance(caught.value, ConfigError)
+    assert isinstance(caught.value, ConfigTypeError)
 
 
 # --- from_toml / from_mapping ---------------------------------------------------------
