@@ -563,6 +563,37 @@ def test_a_record_of_a_recycled_logs_type_fails_the_open_instead_of_hanging(
     assert _listing(image) == before
 
 
+@pytest.mark.parametrize(("record", "kind"), [(0, 6), (4, 5), (-1, 7)])
+def test_a_manifest_record_of_a_recycled_logs_type_fails_the_open_instead_of_hanging(
+    tmp_path: Path, record: int, kind: int
+) -> None:
+    """RocksDB reads the MANIFEST with the same log reader, first for its list of tables:
+    one bit flipped in a record's type hung every open, writer, read-only and `imq
+    verify`, Ctrl-C ignored; type 6 in the first record made the queue look like a
+    foreign database (an outside audit). The MANIFEST is walked before that read now."""
+    path = tmp_path / "db"
+    q, _ = _written(path, 4)
+    q.close()
+    manifest = (path / "CURRENT").read_text().strip()
+    headers = list(wal.record_headers(path / manifest))
+    offset = headers[record][0]
+    with open(path / manifest, "r+b") as file:
+        file.seek(offset + 6)  # the header's type byte
+        file.write(bytes([kind]))
+    before = _listing(path)
+    for mode in ("rw", "ro"):
+        done = subprocess.run(
+            [sys.executable, "-c", _OPEN_IN_CHILD, str(path), mode],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        expected = f"{manifest} holds a damaged record at offset {offset} (type {kind},"
+        assert expected in done.stdout, done.stdout + done.stderr
+    assert _listing(path) == before
+
+
 def test_a_database_that_lost_its_log_is_refused(tmp_path: Path) -> None:
     """The log holds every write not yet in a table file (here: all of them). Without it,
     RocksDB opens what the tables hold, here nothing, and imq took that for a new queue
