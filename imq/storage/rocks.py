@@ -1117,6 +1117,17 @@ class Store:
     def _log_damage_error(self, damage: wal.LogDamage) -> StorageError:
         manifest = damage.name.startswith("MANIFEST")
         where = f"{'' if manifest else 'write-ahead log '}{damage.name}"
+        if damage.cut:
+            return StorageError(
+                self.path,
+                "open",
+                f"{where} is cut short at offset {damage.offset} (its last record is not "
+                "whole), yet a newer log follows it: a crash cuts only the newest log, so "
+                "the file is damaged or was truncated. RocksDB's open would skip the rest "
+                "of it in silence and replay the newer logs, losing the writes in between, "
+                "committed diffs included",
+                hint=f"{_DAMAGED_HINT}; nothing in it was changed",
+            )
         if damage.whole_length is None:
             return StorageError(
                 self.path,

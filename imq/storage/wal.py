@@ -98,12 +98,14 @@ def _unmask(masked: int) -> int:
 class LogDamage(NamedTuple):
     """A damaged record: the log file, the record's offset, its type, and for a record
     whose length field runs past the log's end, the length at which it is whole
-    (``whole_length``; ``None`` for a record of a type imq never writes)."""
+    (``whole_length``; ``None`` for a record of a type imq never writes, or for the
+    record a log other than the newest is cut short in: ``cut``)."""
 
     name: str
     offset: int
     kind: int
     whole_length: int | None = None
+    cut: bool = False
 
 
 def log_files(names: Iterable[str]) -> list[str]:
@@ -135,12 +137,22 @@ def find_log_damage(
     reported. After a crash the check of a cut record costs up to 5 ms (a 32 KiB block's
     checksum, byte by byte in Python).
 
+    A log other than the newest one holding data must end in a whole record: a crash
+    cuts only the log being written, and RocksDB writes to one log at a time (a flush
+    also syncs the logs before the current one). RocksDB's recovery skips the cut end of
+    an older log in silence and replays the newer ones, losing the writes in between,
+    committed ones included (measured by an outside audit): such a log is damage
+    (``cut``), as is one whose last record is the first or a middle fragment of a
+    record split across blocks.
+
     ``zeroed``, when given, receives ``(file, offset)`` of each zero header with data
     after it in its block (see :func:`record_headers`), in the files walked: not damage
     for certain (a power loss can leave that), but records RocksDB did not replay."""
-    for name in log_files(names):
+    logs = log_files(names)
+    newest = _newest_with_data(directory, logs)
+    for name in logs:
         try:
-            damage = find_file_damage(directory, name, zeroed)
+            damage = find_file_damage(directory, name, zeroed, whole=name != newest)
         except FileNotFoundError:
             if skip_vanished and not os.path.lexists(directory / name):
                 continue
@@ -150,24 +162,68 @@ def find_log_damage(
     return None
 
 
+def _newest_with_data(directory: Path, logs: list[str]) -> str | None:
+    """The newest of ``logs`` (oldest first) that is not empty: the one a crash may have
+    cut. A log that cannot be looked at counts as holding data (its walk reports it)."""
+    for name in reversed(logs):
+        try:
+            if os.stat(directory / name).st_size:
+                return name
+        except OSError:
+            return name
+    return None
+
+
+_FIRST, _MIDDLE = 2, 3  # fragments of a record split across blocks, not its last
+
+
 def find_file_damage(
-    directory: Path, name: str, zeroed: list[tuple[str, int]] | None = None
+    directory: Path, name: str, zeroed: list[tuple[str, int]] | None = None, *, whole: bool = False
 ) -> LogDamage | None:
     """:func:`find_log_damage` of one file in RocksDB's log format: a write-ahead log,
     or a MANIFEST (RocksDB writes its edits as such records and reads them back with
-    the same tolerance of a cut tail)."""
+    the same tolerance of a cut tail). ``whole``: the file must end in a whole record
+    (a log older than the newest one holding data)."""
     last = None
     offsets: list[int] | None = None if zeroed is None else []
-    for offset, length, kind in record_headers(directory / name, offsets):
+    path = directory / name
+    for offset, length, kind in record_headers(path, offsets):
         if kind in RECYCLABLE:
             return LogDamage(name, offset, kind)
         last = offset, length, kind
     if zeroed is not None and offsets:
         zeroed += ((name, offset) for offset in offsets)
     if last is not None:
-        whole = _whole_length(directory / name, *last)
-        if whole is not None:
-            return LogDamage(name, last[0], last[2], whole)
+        whole_length = _whole_length(path, *last)
+        if whole_length is not None:
+            return LogDamage(name, last[0], last[2], whole_length)
+    if whole:
+        cut = _cut_at(path, last)
+        if cut is not None:
+            return LogDamage(name, cut, 0 if last is None or cut != last[0] else last[2], cut=True)
+    return None
+
+
+def _cut_at(path: Path, last: tuple[int, int, int] | None) -> int | None:
+    """Where the log ``path`` is cut short, given its last record header ``last`` (from
+    :func:`record_headers`), or ``None`` when it ends in a whole record: the offset of a
+    last record that runs past the end or is only a record's first or middle fragment,
+    or of a header cut short by the end (fewer than 7 bytes, not all zero)."""
+    size = os.stat(path).st_size
+    if last is None:
+        end = 0
+    else:
+        offset, length, kind = last
+        end = offset + _HEADER_LEN + length
+        if end > size or kind in (_FIRST, _MIDDLE):
+            return offset
+    left = BLOCK - end % BLOCK
+    rest = size - end
+    if 0 < rest < _HEADER_LEN <= left:  # a header cut short by the end of the file
+        with open(path, "rb", buffering=0) as file:
+            file.seek(end)
+            if any(file.read(rest)):
+                return end
     return None
 
 

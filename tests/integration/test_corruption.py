@@ -594,6 +594,54 @@ def test_a_manifest_record_of_a_recycled_logs_type_fails_the_open_instead_of_han
     assert _listing(path) == before
 
 
+def _logs_image(tmp_path: Path) -> Path:
+    """A crash image with several logs holding data: small write buffers make the
+    messages table flush (each flush starts a log) while the small tables keep their
+    rows in the older logs."""
+    path = tmp_path / "db"
+    q = Queue.open(path, quiet_config(write_buffer_size=256 * 1024, message_cache_size=0))
+    chain = Chain(q)
+    for _ in range(40):
+        chain.apply(APPLIED[0], 60, body=bytes(200))
+    image = tmp_path / "image"
+    shutil.copytree(path, image)
+    q.close()
+    logs = [n for n in wal.log_files(os.listdir(image)) if (image / n).stat().st_size]
+    assert len(logs) >= 3, logs
+    return image
+
+
+@pytest.mark.parametrize("cut", ["half", "inside its last record", "inside a header"])
+def test_an_older_log_cut_short_is_refused(tmp_path: Path, cut: str) -> None:
+    """A crash cuts only the newest log; RocksDB's recovery skips the cut end of an older
+    one in silence and replays the newer ones: acknowledged diffs (and synced commits)
+    from the middle of the history vanished, `imq verify` alone noticed (an outside
+    audit)."""
+    image = _logs_image(tmp_path)
+    oldest = wal.log_files(os.listdir(image))[0]
+    log = image / oldest
+    size = log.stat().st_size
+    last = list(wal.record_headers(log))[-1][0]
+    at = {"half": size // 2, "inside its last record": size - 10, "inside a header": last + 3}
+    os.truncate(log, at[cut])
+    before = _listing(image)
+    for read_only in (False, True):
+        with pytest.raises(StorageError, match=rf"write-ahead log {oldest} is cut short at"):
+            Queue.open(image, quiet_config(), read_only=read_only)
+    assert _listing(image) == before
+
+
+def test_a_newest_log_cut_short_beside_older_logs_opens(tmp_path: Path) -> None:
+    """What a crash leaves (a torn last record in the newest log) still opens."""
+    image = _logs_image(tmp_path)
+    newest = image / wal.log_files(os.listdir(image))[-1]
+    os.truncate(newest, newest.stat().st_size - 10)
+    with Queue.open(image, quiet_config(), read_only=True) as q:
+        assert q.get_last_applied_seqno(APPLIED[0]) is not None
+    with Queue.open(image, quiet_config()) as q:
+        assert q.get_last_applied_seqno(APPLIED[0]) is not None
+
+
 def test_a_database_that_lost_its_log_is_refused(tmp_path: Path) -> None:
     """The log holds every write not yet in a table file (here: all of them). Without it,
     RocksDB opens what the tables hold, here nothing, and imq took that for a new queue

@@ -193,6 +193,45 @@ def test_whole_logs_and_full_blocks_are_no_damage(tmp_path: Path) -> None:
     assert wal.find_log_damage(tmp_path, [log.name]) is None
 
 
+@pytest.mark.parametrize(
+    ("cut", "at"),
+    [
+        ("at a block's end, after a first fragment", wal.BLOCK),
+        ("inside a payload", 100),
+        ("inside a header", "header"),
+    ],
+)
+def test_an_older_log_must_end_in_a_whole_record(tmp_path: Path, cut: str, at: object) -> None:
+    """Only the newest log holding data may be cut (a crash); an older one cut short, even
+    at a block boundary after the first fragment of a record, is damage."""
+    data, headers = write_log((30, 100_000, 64))
+    if at == "header":
+        end = headers[-1][0] + 3  # 3 bytes of the last record's header
+    else:
+        end = at if isinstance(at, int) and at != 100 else headers[1][0] + 100
+    (tmp_path / "000007.log").write_bytes(data[:end])
+    (tmp_path / "000009.log").write_bytes(data)  # the newest
+    names = ["000007.log", "000009.log"]
+    found = wal.find_log_damage(tmp_path, names)
+    assert found is not None and found.cut and found.name == "000007.log", (cut, found)
+    assert found.offset == (headers[-1][0] if at == "header" else headers[1][0])
+    # The newest log cut the same way is a crash's doing: no damage.
+    (tmp_path / "000009.log").write_bytes(data[:end])
+    (tmp_path / "000007.log").write_bytes(data)
+    assert wal.find_log_damage(tmp_path, names) is None
+    # An empty newer log does not make the cut one older.
+    (tmp_path / "000007.log").write_bytes(data[:end])
+    (tmp_path / "000009.log").write_bytes(b"")
+    assert wal.find_log_damage(tmp_path, names) is None
+
+
+def test_whole_older_logs_are_no_damage(tmp_path: Path) -> None:
+    data, _ = write_log(SIZES)
+    for name in ("000003.log", "000005.log", "000008.log"):
+        (tmp_path / name).write_bytes(data)
+    assert wal.find_log_damage(tmp_path, ["000003.log", "000005.log", "000008.log"]) is None
+
+
 def test_a_log_deleted_before_it_is_read_is_passed_over_only_when_asked(tmp_path: Path) -> None:
     """A read-only open's check beside a live writer passes over a log the writer deleted
     after the listing (the open cannot read it either); a dangling link is no deleted
