@@ -399,7 +399,9 @@ def _merge_batches(  # noqa: PLR0917 - the merge's state
     lastkeys: list[bytes | None] = [None] * n
     need = list(range(n))
     limit = min(_RUN_FIRST, longest)  # batches grow: the first message comes soon
+    usable = snap.check_usable
     while True:
+        usable()  # a forked child reads nothing of its parent's RocksDB
         try:
             batch, final, records, ended, need, n_skipped = merge_fill(
                 sources,

@@ -80,6 +80,10 @@ class SnapshotProtocol(Protocol):
 
     def get(self, table: Table, key: bytes) -> bytes | None: ...
 
+    def check_usable(self) -> None:
+        """Raise what every call on the store raises once it cannot be used any more in
+        this process (a forked child); else nothing. The merge asks before each batch."""
+
     def close(self) -> str | None:
         """Close (idempotent); what went wrong while closing, if anything."""
 

@@ -100,6 +100,9 @@ class MemorySnapshot:
             raise ImqError(f"snapshot was not opened for point reads on {table.value}") from None
         return rows.get(key)
 
+    def check_usable(self) -> None:
+        """Always usable: an in-memory store belongs to every process that has it."""
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True

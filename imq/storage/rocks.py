@@ -395,6 +395,14 @@ class Snapshot:
             raise _read_error(self._store.path, table, key, exc) from None
         return value
 
+    def check_usable(self) -> None:
+        """Raise the store's refusal in a forked child (a snapshot taken before the fork
+        would go on reading RocksDB there, whose threads and locks stayed with the
+        parent: an outside audit found its iterator still yielding)."""
+        store = self._store
+        if store._forked and store._dead is not None:
+            raise store._dead.again()
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True

@@ -18,7 +18,12 @@ Damage RocksDB's own open does not report (it hangs, or opens less than was writ
   directory whose MANIFEST lists imq's tables but that holds no ``.log`` file lost the
   log, and with it every write not yet in a table file: opened, it would look like an
   emptier queue, or a new one.
-
+- **An older log cut short.** A crash cuts only the log being written, the newest one
+  holding data; RocksDB's recovery (in the mode imq uses) skips the cut end of any log
+  in silence and replays the newer ones, so a log cut short with a newer one after it
+  lost the writes in between, committed ones included. Such a log is refused. (A log
+  *deleted* whole is not found: its neighbours do not say it existed; RocksDB's
+  ``track_and_verify_wals_in_manifest``, which would, is not reachable from rocksdict.)
 - **A length field that points past the log's end.** RocksDB's recovery (in the mode
   imq uses, which tolerates a write cut short by a crash) takes a record in the log's last
   block whose length runs past the end of the file for such a torn write, and silently

@@ -620,12 +620,14 @@ _FORK = textwrap.dedent(
     q = Queue.open(sys.argv[1], QueueConfig(gc_enabled=False))
     H, A, S = b"\\x11" * 32, Address(0, b"\\x01" * 32), ShardIdent.BASECHAIN
     q.apply_diff(QueueDiff([Message(QueueKey(10, H), A, A)]), BlockIdShort(S, 1), H)
+    it = q.iterator(0, [QueueShardRange(S, QueueKey.MIN, QueueKey.MAX)], S)
     pid = os.fork()
     if pid == 0:
         for name, call in (
             ("apply", lambda: q.apply_diff(
                 QueueDiff([Message(QueueKey(20, H), A, A)]), BlockIdShort(S, 2), H)),
             ("read", lambda: q.get_diff_info(S, 1)),
+            ("iterate", lambda: next(it)),  # opened before the fork
         ):
             try:
                 call()
@@ -661,7 +663,7 @@ def test_a_forked_child_is_refused_the_parents_queue_and_exits_cleanly(db_path: 
     )
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
-    for name in ("apply", "read"):
+    for name in ("apply", "read", "iterate"):
         (line,) = [x for x in lines if x.startswith(f"child {name} ")]
         assert "refused:" in line and "forked from it" in line, line
     assert "child closed" in lines

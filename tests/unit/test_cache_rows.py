@@ -509,6 +509,9 @@ class _Snap:
         self.cursors = cursors
         self.state = None
 
+    def check_usable(self) -> None:
+        pass
+
     def close(self) -> None:
         for c in self.cursors:
             c.close()
