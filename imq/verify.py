@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from imq.errors import CorruptDataError, ImqError
+from imq.errors import CorruptDataError, ImqError, StorageError
 from imq.storage import Scan, Store, StoreOptions, Table, codec, ops
 from imq.storage.backend import StoreProtocol
 from imq.storage.queue_state import GcBounds
@@ -87,10 +87,20 @@ def _decode_all(
     return out
 
 
+_SELF_ADVICE = "; run `imq verify` on it for details"
+
+
 def verify(path: str | Path, options: StoreOptions | None = None) -> Report:
     """Check the database in ``path`` (opened read-only: safe beside a live writer)."""
     report = Report(Path(path))
-    store = Store(Path(path), options, read_only=True)
+    try:
+        store = Store(Path(path), options, read_only=True)
+    except StorageError as exc:
+        # The open's advice to run `imq verify` is no advice when that is what failed.
+        if _SELF_ADVICE not in exc.hint:
+            raise
+        where, operation, reason, hint = exc._made_with or (path, "open", str(exc), "")
+        raise StorageError(where, operation, reason, hint.replace(_SELF_ADVICE, "")) from exc
     report.notes += store.log_notes
     try:
         _verify(store, report)
