@@ -23,6 +23,7 @@ import fcntl
 import os
 import random
 import re
+import shutil
 import stat
 import threading
 import time
@@ -686,6 +687,15 @@ def _failed_hint(reason: str) -> str:
             "failed call staged was written)"
         )
     return StorageError.WRITE_HINT
+
+
+def _free_space(path: Path) -> str:
+    """The free space of ``path``'s file system, said for an error message."""
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return "the free space of its disk is unknown"
+    return f"{free:,} bytes free on its disk"
 
 
 def _synced() -> WriteOptions:
@@ -1714,10 +1724,36 @@ class Store:
         opts = CompactOptions()
         opts.set_bottommost_level_compaction(BottommostLevelCompaction.force())
         tables = list(Table)
+        errors = self._background_errors()
         for done, table in enumerate(tables, start=1):
             self._compact_one(table, None, None, opts, fail=False)
+            # rocksdict's compact_range returns no error: a compaction that failed (a
+            # full disk, a damaged file) shows only in RocksDB's count of background
+            # errors, and as the next write's failure (an outside audit found compact()
+            # reporting success on a full disk).
+            if self._background_errors() > errors:
+                error = StorageError(
+                    self.path,
+                    "compaction",
+                    f"RocksDB's compaction of table {table.value} failed (a background "
+                    f"error; {_free_space(self.path)}); its reason is in the directory's "
+                    "LOG file",
+                    hint="if the disk is full, free space; close the queue and open it "
+                    "again (a compaction changes no data: nothing was lost); if it fails "
+                    "again, run `imq verify` on the directory",
+                )
+                self._dead = self._dead or error  # RocksDB refuses writes until reopened
+                raise error
             if progress is not None:
                 progress(done, len(tables))
+
+    def _background_errors(self) -> int:
+        """RocksDB's count of its background jobs' errors since the open (0 when it
+        cannot be read)."""
+        try:
+            return int(self._db.property_int_value("rocksdb.background-errors") or 0)
+        except Exception:  # a property read that fails says nothing of the compaction
+            return 0
 
     def _compact_one(
         self, table: Table, lo: bytes | None, hi: bytes | None, opts: Any, *, fail: bool

@@ -27,6 +27,7 @@ from builders import (
     Clock,
     block,
     diff_hash,
+    full_range,
     iterate_all,
     make_diff,
     messages,
@@ -267,3 +268,30 @@ def test_imq_import_on_a_full_disk_says_what_an_operator_does(
     assert "the directory this import created was removed" in line, line
     assert "run the import again" in line and "close the queue" not in line, line
     assert not db.exists()
+
+
+def test_a_compaction_on_a_full_disk_raises_instead_of_reporting_success(disk: Disk) -> None:
+    """rocksdict's ``compact_range`` returns no error: ``compact()`` returned a report of
+    success on a full disk and the next write failed (an outside audit). RocksDB's count
+    of background errors tells; the handle is dead as after a failed write, and a reopen
+    once space is back holds every message."""
+    if not disk.mounted:
+        pytest.skip("needs a real tmpfs (root): an injected write fault cannot fail a compaction")
+    path = disk.root / "db"
+    config = quiet_config(gc_enabled=False, write_buffer_size=512 * 1024, message_cache_size=0)
+    queue = Queue.open(path, config)
+    chain = Chain(queue)
+    for i in range(24):
+        chain.apply(SHARDS[i % 4], 300, body=bytes(range(200)))
+    disk.fill(queue)
+    with pytest.raises(StorageError, match=r"compaction of table \w+ failed") as info:
+        queue.compact()
+    assert "if the disk is full, free space" in str(info.value)
+    with pytest.raises(StorageError, match="dead"):
+        chain.apply(SHARDS[0], 1)
+    queue.close()
+    disk.free()
+    with Queue.open(path, config) as again:
+        for shard in SHARDS:
+            assert sum(1 for _ in again.iterator(0, [full_range(shard)], BASE)) == 6 * 300
+        assert again.compact().bytes_after > 0
