@@ -15,18 +15,21 @@ that exists -- a FIFO, a character device, a socket, or a file descriptor's alia
 regular file nobody reads. File-system failures raise :class:`~imq.errors.FileAccessError`
 naming the destination the caller gave (never the temporary file); a failed write leaves
 no temporary file and a replaced file as it was (a file written in place may have
-received part of the state).
+received part of the state). A process killed while it wrote leaves its temporary file:
+the next export to the destination removes it (see :func:`_remove_abandoned`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import secrets
 import stat
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, Protocol, cast
@@ -325,6 +328,7 @@ def _in_place(path: Path) -> Iterator[tuple[BinaryIO, _Output]]:
 def _replacing(path: Path, target: Path) -> Iterator[tuple[BinaryIO, _Output]]:
     """Write a new ``<target>.<random>.temp``, then sync it and rename it over ``target``;
     on any failure remove it, leaving ``target`` as it was."""
+    _remove_abandoned(target)
     raw, temp = _new_temp(path, target)
     try:
         yield raw, _Output(raw, path)
@@ -341,6 +345,39 @@ def _replacing(path: Path, target: Path) -> Iterator[tuple[BinaryIO, _Output]]:
         raise
 
 
+_ABANDONED_AGE = 60.0  # seconds untouched before another export's temporary file is removed
+
+
+def _remove_abandoned(target: Path) -> None:
+    """Remove the temporary files of exports to ``target`` that were killed (SIGKILL, a
+    power loss) before they could remove them: an outside audit found one more left at
+    every killed export. One is abandoned when no process holds its lock (a live export
+    holds it until its file is renamed into place) and it was not written for a minute
+    (so that one just created, not yet locked, is never taken). Best effort: whatever
+    cannot be looked at or removed stays."""
+    pattern = re.compile(re.escape(target.name) + r"\.[0-9a-f]{8}\.temp")
+    try:
+        names = [n for n in os.listdir(target.parent) if pattern.fullmatch(n)]
+    except OSError:
+        return
+    for name in names:
+        temp = target.parent / name
+        try:
+            fd = os.open(temp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or time.time() - info.st_mtime < _ABANDONED_AGE:
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises while its writer lives
+            temp.unlink()
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+
+
 def _new_temp(path: Path, target: Path) -> tuple[BinaryIO, Path]:
     """A temporary file of a name no one else uses, created by this call (``O_EXCL``): two
     exports to one destination each write their own and the last rename wins, where a
@@ -354,6 +391,10 @@ def _new_temp(path: Path, target: Path) -> tuple[BinaryIO, Path]:
             continue
         except OSError as exc:
             raise _write_error(path, exc) from exc
+        # Held until the file is closed (renamed into place, or removed): a later export
+        # that can take it knows the writer died (see _remove_abandoned).
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return os.fdopen(fd, "wb"), temp
     raise _write_error(path, FileExistsError(errno.EEXIST, "no free temporary file name"))
 

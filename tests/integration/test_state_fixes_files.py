@@ -20,7 +20,9 @@ import re
 import socket
 import stat
 import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,6 +95,55 @@ def test_two_exports_to_one_path_each_write_their_own_temporary_file(
     assert dest.read_bytes() == SHARD_BIN.read_bytes()  # the outer export renamed last
     assert users.read_bytes() == b"mine"
     assert _temps(tmp_path) == ["state.bin.temp"]
+
+
+_HOLD_TEMP = """
+import sys, time
+from pathlib import Path
+from imq.state import writer
+raw, temp = writer._new_temp(Path(sys.argv[1]), Path(sys.argv[1]))
+raw.write(b"half a state")
+raw.flush()
+print(temp.name, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_exports_temporary_file_is_removed_by_the_next_export(
+    tmp_path: Path, shard_queue: Queue
+) -> None:
+    """An export killed while it wrote (SIGKILL) left its ``<file>.<random>.temp`` for
+    good, one more at every kill (an outside audit). The next export to the path removes
+    one whose writer is gone (nobody holds its lock) and that was not written for a
+    minute; a live export's (locked), a fresh one and the user's own files stay."""
+    dest = tmp_path / "state.bin"
+    killed = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_TEMP, str(dest)], stdout=subprocess.PIPE, text=True
+    )
+    live = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_TEMP, str(dest)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert killed.stdout is not None and live.stdout is not None
+        abandoned, held = killed.stdout.readline().strip(), live.stdout.readline().strip()
+        killed.kill()
+        killed.wait()
+        fresh = tmp_path / "state.bin.0123abcd.temp"  # unlocked, but written just now
+        fresh.write_bytes(b"x")
+        users = tmp_path / "state.bin.feedf00d.temp.keep"
+        users.write_bytes(b"mine")
+        old = time.time() - 120
+        for name in (abandoned, held):
+            os.utime(tmp_path / name, (old, old))
+        _export(shard_queue, dest)
+        assert dest.read_bytes() == SHARD_BIN.read_bytes()
+        assert sorted(p.name for p in tmp_path.glob("state.bin*")) == sorted(
+            ["state.bin", held, fresh.name, users.name]
+        )
+    finally:
+        for child in (killed, live):
+            child.kill()
+            child.wait()
 
 
 def _check_error(
