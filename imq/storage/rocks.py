@@ -1135,6 +1135,18 @@ class Store:
     def _log_damage_error(self, damage: wal.LogDamage) -> StorageError:
         manifest = damage.name.startswith("MANIFEST")
         where = f"{'' if manifest else 'write-ahead log '}{damage.name}"
+        if damage.gap is not None:
+            expected, found = damage.gap
+            return StorageError(
+                self.path,
+                "open",
+                f"{where} does not continue the log before it: its first write batch "
+                f"(offset {damage.offset}) has sequence number {found}, where the log "
+                f"before it leaves off at {expected}. A log between them was lost, or the "
+                "earlier one lost records at its end; RocksDB's open would replay the rest "
+                "in silence, without the writes in between, committed diffs included",
+                hint=f"{_DAMAGED_HINT}; nothing in it was changed",
+            )
         if damage.cut:
             return StorageError(
                 self.path,

@@ -21,8 +21,12 @@ Damage RocksDB's own open does not report (it hangs, or opens less than was writ
 - **An older log cut short.** A crash cuts only the log being written, the newest one
   holding data; RocksDB's recovery (in the mode imq uses) skips the cut end of any log
   in silence and replays the newer ones, so a log cut short with a newer one after it
-  lost the writes in between, committed ones included. Such a log is refused. (A log
-  *deleted* whole is not found: its neighbours do not say it existed; RocksDB's
+  lost the writes in between, committed ones included. Such a log is refused.
+- **A log lost between two others.** RocksDB numbers every entry it writes, one log
+  after the other, and imq writes every batch to the log: a log whose first write batch
+  does not take the sequence numbers up where the log before it left them follows a
+  lost log (or an older log cut exactly at a record boundary). Refused. (The *newest*
+  log deleted whole is not found: nothing after it says it existed; RocksDB's
   ``track_and_verify_wals_in_manifest``, which would, is not reachable from rocksdict.)
 - **A length field that points past the log's end.** RocksDB's recovery (in the mode
   imq uses, which tolerates a write cut short by a crash) takes a record in the log's last
@@ -43,6 +47,7 @@ RocksDB to replay either. An empty log, what a clean close leaves, costs one ope
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 from collections.abc import Iterable, Iterator
@@ -104,13 +109,16 @@ class LogDamage(NamedTuple):
     """A damaged record: the log file, the record's offset, its type, and for a record
     whose length field runs past the log's end, the length at which it is whole
     (``whole_length``; ``None`` for a record of a type imq never writes, or for the
-    record a log other than the newest is cut short in: ``cut``)."""
+    record a log other than the newest is cut short in: ``cut``). ``gap``: the log's
+    first write batch does not continue the sequence numbers of the log before it
+    (``(expected, found)``; ``offset`` is that batch's)."""
 
     name: str
     offset: int
     kind: int
     whole_length: int | None = None
     cut: bool = False
+    gap: tuple[int, int] | None = None
 
 
 def log_files(names: Iterable[str]) -> list[str]:
@@ -155,15 +163,41 @@ def find_log_damage(
     for certain (a power loss can leave that), but records RocksDB did not replay."""
     logs = log_files(names)
     newest = _newest_with_data(directory, logs)
+    batches: list[tuple[str, _Batches]] = []
     for name in logs:
+        found: _Batches = {}
         try:
-            damage = find_file_damage(directory, name, zeroed, whole=name != newest)
+            damage = find_file_damage(directory, name, zeroed, whole=name != newest, batches=found)
         except FileNotFoundError:
             if skip_vanished and not os.path.lexists(directory / name):
                 continue
             raise
         if damage is not None:
             return damage
+        if found:
+            batches.append((name, found))
+    return _sequence_gap(batches)
+
+
+# A log's first and last write batches: (record offset, sequence number, count).
+_Batches = dict[str, tuple[int, int, int]]
+_BATCH_HEAD = struct.Struct("<QI")  # a write batch starts with its sequence and entry count
+
+
+def _sequence_gap(logs: list[tuple[str, _Batches]]) -> LogDamage | None:
+    """Damage where a log's first write batch does not take the sequence numbers up where
+    the batches of the log before it left them. RocksDB numbers every entry it writes,
+    one log after another, and writes every batch to the log (imq never turns the log
+    off): a log between them was lost (deleted), or the older one lost whole records at
+    its end (cut at a record boundary), and RocksDB's recovery would replay the rest in
+    silence. Logs whose batches could not be read are left out of the comparison."""
+    for (_, older), (name, newer) in itertools.pairwise(logs):
+        if "last" not in older or "first" not in newer:
+            continue
+        _, seq, count = older["last"]
+        offset, first, _ = newer["first"]
+        if first != seq + count:
+            return LogDamage(name, offset, 0, gap=(seq + count, first))
     return None
 
 
@@ -183,19 +217,31 @@ _FIRST, _MIDDLE = 2, 3  # fragments of a record split across blocks, not its las
 
 
 def find_file_damage(
-    directory: Path, name: str, zeroed: list[tuple[str, int]] | None = None, *, whole: bool = False
+    directory: Path,
+    name: str,
+    zeroed: list[tuple[str, int]] | None = None,
+    *,
+    whole: bool = False,
+    batches: _Batches | None = None,
 ) -> LogDamage | None:
     """:func:`find_log_damage` of one file in RocksDB's log format: a write-ahead log,
     or a MANIFEST (RocksDB writes its edits as such records and reads them back with
     the same tolerance of a cut tail). ``whole``: the file must end in a whole record
-    (a log older than the newest one holding data)."""
+    (a log older than the newest one holding data). ``batches``, when given, receives
+    the ``first`` and ``last`` write batch that starts in a whole record (a log's)."""
     last = None
+    starts: list[tuple[int, int]] = []  # the first and the last record a batch starts in
     offsets: list[int] | None = None if zeroed is None else []
     path = directory / name
     for offset, length, kind in record_headers(path, offsets):
         if kind in RECYCLABLE:
             return LogDamage(name, offset, kind)
         last = offset, length, kind
+        if kind in _BATCH_STARTS:
+            if len(starts) == 2:
+                starts[1] = (offset, length)
+            else:
+                starts.append((offset, length))
     if zeroed is not None and offsets:
         zeroed += ((name, offset) for offset in offsets)
     if last is not None:
@@ -206,7 +252,38 @@ def find_file_damage(
         cut = _cut_at(path, last)
         if cut is not None:
             return LogDamage(name, cut, 0 if last is None or cut != last[0] else last[2], cut=True)
+    if batches is not None and starts:
+        # Marked even when neither head can be read, so that the logs around this one
+        # are not compared with each other as if it held no batch.
+        batches["seen"] = (starts[0][0], 0, 0)
+        _read_batches(path, starts, last, batches)
     return None
+
+
+_BATCH_STARTS = frozenset((1, 2))  # a full record, a first fragment: a batch starts there
+
+
+def _read_batches(
+    path: Path,
+    starts: list[tuple[int, int]],
+    last: tuple[int, int, int] | None,
+    batches: _Batches,
+) -> None:
+    """Put the sequence number and count of the first and last batches into ``batches``
+    (``first``, ``last``): those whose record is whole in the file and holds the 12
+    bytes of the batch's head in its first fragment (else that one is left out)."""
+    size = os.stat(path).st_size
+    with open(path, "rb", buffering=0) as file:
+        for key, (offset, length) in zip(("first", "last"), (starts[0], starts[-1]), strict=False):
+            if length < _BATCH_HEAD.size or offset + _HEADER_LEN + length > size:
+                continue
+            if key == "last" and last is not None and last[0] == offset and last[2] != 1:
+                continue  # a first fragment whose rest is not in the file (the newest log)
+            file.seek(offset + _HEADER_LEN)
+            head = file.read(_BATCH_HEAD.size)
+            if len(head) == _BATCH_HEAD.size:
+                seq, count = _BATCH_HEAD.unpack(head)
+                batches[key] = (offset, seq, count)
 
 
 def _cut_at(path: Path, last: tuple[int, int, int] | None) -> int | None:

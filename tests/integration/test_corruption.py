@@ -636,6 +636,32 @@ def test_an_older_log_cut_short_is_refused(tmp_path: Path, cut: str) -> None:
     assert _listing(image) == before
 
 
+def test_a_log_lost_between_two_others_is_refused(tmp_path: Path) -> None:
+    """A middle log deleted: its writes (diff info, tail and statistics rows, whose tables
+    had not flushed) were gone without a word at open, only `imq verify` noticed (an
+    outside audit). The next log's first batch does not continue the sequence numbers
+    of the one before: refused."""
+    image = _logs_image(tmp_path)
+    logs = [n for n in wal.log_files(os.listdir(image)) if (image / n).stat().st_size]
+    (image / logs[1]).unlink()
+    before = _listing(image)
+    for read_only in (False, True):
+        with pytest.raises(StorageError, match=rf"{logs[2]} does not continue the log before"):
+            Queue.open(image, quiet_config(), read_only=read_only)
+    assert _listing(image) == before
+
+
+def test_an_older_log_cut_at_a_record_boundary_is_refused(tmp_path: Path) -> None:
+    """Cut exactly after a whole record, an older log looks whole: the sequence numbers
+    of the next log's first batch show what is missing."""
+    image = _logs_image(tmp_path)
+    oldest = image / wal.log_files(os.listdir(image))[0]
+    offset = [o for o, _, kind in wal.record_headers(oldest) if kind in (1, 2)][-1]
+    os.truncate(oldest, offset)  # the last batch's record gone, whole
+    with pytest.raises(StorageError, match="does not continue the log before"):
+        Queue.open(image, quiet_config(), read_only=True)
+
+
 def test_a_newest_log_cut_short_beside_older_logs_opens(tmp_path: Path) -> None:
     """What a crash leaves (a torn last record in the newest log) still opens."""
     image = _logs_image(tmp_path)

@@ -201,9 +201,13 @@ def test_whole_logs_and_full_blocks_are_no_damage(tmp_path: Path) -> None:
         ("inside a header", "header"),
     ],
 )
-def test_an_older_log_must_end_in_a_whole_record(tmp_path: Path, cut: str, at: object) -> None:
+def test_an_older_log_must_end_in_a_whole_record(
+    tmp_path: Path, cut: str, at: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Only the newest log holding data may be cut (a crash); an older one cut short, even
     at a block boundary after the first fragment of a record, is damage."""
+    # These logs' payloads are no write batches: their sequence numbers are not checked.
+    monkeypatch.setattr(wal, "_sequence_gap", lambda logs: None)
     data, headers = write_log((30, 100_000, 64))
     if at == "header":
         end = headers[-1][0] + 3  # 3 bytes of the last record's header
@@ -225,11 +229,57 @@ def test_an_older_log_must_end_in_a_whole_record(tmp_path: Path, cut: str, at: o
     assert wal.find_log_damage(tmp_path, names) is None
 
 
-def test_whole_older_logs_are_no_damage(tmp_path: Path) -> None:
+def _batches_log(*heads: tuple[int, int]) -> bytes:
+    """A log of small write batches (full records) with these (sequence, count) heads."""
+    out = b""
+    for seq, count in heads:
+        payload = struct.pack("<QI", seq, count) + bytes(20)
+        out += struct.pack("<IHB", masked_crc(FULL, payload), len(payload), FULL) + payload
+    return out
+
+
+@pytest.mark.parametrize(
+    ("older", "newer", "gap"),
+    [
+        (((1, 5), (6, 3)), ((9, 2),), None),  # 6 + 3 = 9: continued
+        (((1, 5), (6, 3)), ((20, 2),), (9, 20)),  # a log lost between them
+        (((1, 5),), ((9, 2),), (6, 9)),  # the older one lost its last batch, whole
+        (((1, 5), (6, 3)), ((7, 1),), (9, 7)),  # numbers taken twice: not one history
+    ],
+)
+def test_logs_must_continue_each_others_sequence_numbers(
+    tmp_path: Path,
+    older: tuple[tuple[int, int], ...],
+    newer: tuple[tuple[int, int], ...],
+    gap: tuple[int, int] | None,
+) -> None:
+    (tmp_path / "000004.log").write_bytes(_batches_log(*older))
+    (tmp_path / "000006.log").write_bytes(b"")  # an empty log between them is no gap
+    (tmp_path / "000007.log").write_bytes(_batches_log(*newer))
+    found = wal.find_log_damage(tmp_path, ["000004.log", "000006.log", "000007.log"])
+    if gap is None:
+        assert found is None
+    else:
+        assert found == wal.LogDamage("000007.log", 0, 0, gap=gap)
+
+
+def test_a_log_whose_batch_heads_cannot_be_read_stops_the_comparison(tmp_path: Path) -> None:
+    """A log between two others whose batches' heads are not in their first fragments
+    (fewer than 12 bytes there): its neighbours are not compared with each other."""
+    short = b"\x01" * 8
+    middle = struct.pack("<IHB", masked_crc(FULL, short), len(short), FULL) + short
+    (tmp_path / "000004.log").write_bytes(_batches_log((1, 5)))
+    (tmp_path / "000005.log").write_bytes(middle)
+    (tmp_path / "000007.log").write_bytes(_batches_log((90, 2)))
+    assert wal.find_log_damage(tmp_path, ["000004.log", "000005.log", "000007.log"]) is None
+
+
+def test_whole_older_logs_are_no_damage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wal, "_sequence_gap", lambda logs: None)  # no write batches here
     data, _ = write_log(SIZES)
-    for name in ("000003.log", "000005.log", "000008.log"):
+    for name in ("000003.log", "000005.log"):
         (tmp_path / name).write_bytes(data)
-    assert wal.find_log_damage(tmp_path, ["000003.log", "000005.log", "000008.log"]) is None
+    assert wal.find_log_damage(tmp_path, ["000003.log", "000005.log"]) is None
 
 
 def test_a_log_deleted_before_it_is_read_is_passed_over_only_when_asked(tmp_path: Path) -> None:
