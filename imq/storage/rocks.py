@@ -1744,6 +1744,10 @@ class Store:
             # errors, and as the next write's failure (an outside audit found compact()
             # reporting success on a full disk).
             if self._background_errors() > errors:
+                try:  # RocksDB's reason: a flush returns the background error it keeps
+                    self._tables[table].flush()
+                except Exception as exc:
+                    raise self._failed("compaction", exc) from exc
                 error = StorageError(
                     self.path,
                     "compaction",

@@ -361,8 +361,11 @@ def record_headers(path: Path, zeroed: list[int] | None = None) -> Iterator[tupl
     The file is read in chunks of whole blocks (a record never crosses a block), not
     mapped: a mapped file that shrinks under the reader kills the process (SIGBUS)."""
     unpack = _HEADER.unpack_from
-    chunk = bytearray(_CHUNK)  # one buffer, refilled: no fresh memory per chunk
     with open(path, "rb", buffering=0) as file:
+        # One buffer, refilled: no fresh memory per chunk; no larger than the file's
+        # whole blocks (a fresh MANIFEST or log is a few KiB).
+        blocks = -(-os.fstat(file.fileno()).st_size // BLOCK)
+        chunk = bytearray(BLOCK * min(max(blocks, 1), _CHUNK // BLOCK))
         base = 0
         while size := file.readinto(chunk):
             pos = 0
@@ -382,6 +385,6 @@ def record_headers(path: Path, zeroed: list[int] | None = None) -> Iterator[tupl
                 if kind in RECYCLABLE or length > left - _HEADER_LEN:
                     return  # a recycled log's header is longer: nothing to walk on
                 pos += _HEADER_LEN + length
-            if size < _CHUNK:
+            if size < len(chunk):
                 return  # the end of the file (a header cut short there is a torn tail)
             base += size
