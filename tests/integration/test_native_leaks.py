@@ -49,8 +49,14 @@ def test_the_open_check_of_a_directory_leaks_no_native_memory(queue: Queue) -> N
     check = queue._store._check_directory  # type: ignore[attr-defined]
     for _ in range(200):  # warm: one-off allocations
         check()
-    before = _native_heap()
-    for _ in range(3_000):
-        check()
-    grown = _native_heap() - before  # type: ignore[operator]
-    assert grown < 3_000 * 20, f"{grown / 3_000:.0f} bytes a call"
+    # Three windows of 3,000 calls: a leak grows the heap in each, while a one-off step
+    # (Python's allocator taking one more 1 MiB arena in a suite's fragmented heap: 320
+    # bytes "a call" in one window, measured, with no Python object left behind per
+    # call under tracemalloc) shows in one only.
+    grown = []
+    for _ in range(3):
+        before = _native_heap()
+        for _ in range(3_000):
+            check()
+        grown.append(_native_heap() - before)  # type: ignore[operator]
+    assert min(grown) < 3_000 * 20, [f"{g / 3_000:.0f} bytes a call" for g in grown]
