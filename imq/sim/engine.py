@@ -83,6 +83,15 @@ def frozen_startup_heap() -> Iterator[None]:
 
 MC = ShardIdent.MASTERCHAIN
 PARTITIONS = (0, 1)
+# Message body sizes, drawn evenly: empty bodies too (a mutant that dropped them went
+# unseen while every body was 8 bytes), and a few large ones.
+_BODY_SIZES = (0, 8, 8, 8, 8, 8, 8, 64, 64, 512)
+
+
+def _body(rng: Any) -> bytes:
+    return bytes(rng.randbytes(rng.choice(_BODY_SIZES)))
+
+
 _message_key = attrgetter("message.key")  # the collator's merge order of its two partitions
 MessageId = tuple[ShardIdent, QueueKey]  # (source shard, key): unique in the network
 START_LT = 1_000
@@ -784,18 +793,76 @@ class Simulation:
         started = time.perf_counter()
         queue = self._node(shard)
         parts: list[list[IteratedMessage]] = []
-        for partition in PARTITIONS:
-            it = queue.iterator(partition, ranges, shard)
-            try:
+        iterators: list[Any] = []
+        try:
+            for partition in PARTITIONS:
+                it = queue.iterator(partition, ranges, shard)
+                iterators.append(it)
                 parts.append(list(itertools.islice(it, limit)))
-            finally:
+            self._timed("read", started)
+            with self._checking():
+                for partition, it, got in zip(PARTITIONS, iterators, parts, strict=True):
+                    self._check_read(shard, partition, ranges, it, got)
+        finally:
+            for it in iterators:
                 it.close()
-        self._timed("read", started)
         normal, low = parts
         from_low = frozenset((m.source, m.message.key) for m in low)
         if not (normal and low):
             return normal or low, from_low
         return list(itertools.islice(heapq.merge(normal, low, key=_message_key), limit)), from_low
+
+    def _check_read(
+        self,
+        shard: ShardIdent,
+        partition: int,
+        ranges: list[QueueShardRange],
+        it: Any,
+        got: list[IteratedMessage],
+    ) -> None:
+        """What a collator relies on besides the messages themselves (mutation testing
+        found the run blind to it): each message lies in its source's range, the
+        iterator's position has passed every message it yielded, and not the next one
+        it would yield (a collator takes its processed_to from the position)."""
+        bounds = {r.shard: r for r in ranges}
+        last: dict[ShardIdent, QueueKey] = {}
+        for m in got:
+            r = bounds.get(m.source)
+            key = m.message.key
+            if not self._check(r is not None and r.from_key <= key < r.to_key):
+                self._state_error(
+                    f"read for {shard}, partition {partition}: message {key} of {m.source} "
+                    f"outside its range {r}"
+                )
+            last[m.source] = key
+        position = it.current_position()
+        for source, key in last.items():
+            at = position.get(source)
+            if not self._check(at is not None and at >= key):
+                self._state_error(
+                    f"read for {shard}, partition {partition}: position of {source} is "
+                    f"{at}, behind its last message read, {key}"
+                )
+        following = next(it, None)
+        if following is not None:
+            at = position.get(following.source)
+            if not self._check(at is None or at < following.message.key):
+                self._state_error(
+                    f"read for {shard}, partition {partition}: position of "
+                    f"{following.source} is {at}, past the message {following.message.key} "
+                    "not read yet"
+                )
+        # A range's end is excluded: the empty range at a message just read yields nothing.
+        for source, key in itertools.islice(last.items(), 1):
+            empty = self._node(shard).iterator(
+                partition, [QueueShardRange(source, key, key)], shard
+            )
+            try:
+                found = next(empty, None)
+            finally:
+                empty.close()
+            if not self._check(found is None):
+                self._state_error(f"the empty range [{key}, {key}) of {source} yielded {found}")
 
     def _collate(
         self,
@@ -889,7 +956,7 @@ class Simulation:
             own = self._accounts[shard]
             senders.extend(rng.choice(own) for _ in range(cfg.inject))
         return [
-            Message(message_key(shard, lt), src, self._destination(rng), rng.randbytes(8))
+            Message(message_key(shard, lt), src, self._destination(rng), _body(rng))
             for lt, src in enumerate(senders, start=start_lt)
         ]
 
