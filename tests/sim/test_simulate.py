@@ -94,20 +94,36 @@ class _FaultyQueue:
         outer = self
 
         class _It:
-            def __iter__(self) -> Iterator[IteratedMessage]:
+            def __init__(self) -> None:
+                self._items = self._faulty()
+
+            def __iter__(self) -> _It:
+                return self
+
+            def __next__(self) -> IteratedMessage:
+                return next(self._items)
+
+            def current_position(self) -> dict[ShardIdent, QueueKey]:
+                position: dict[ShardIdent, QueueKey] = inner.current_position()
+                if outer._fault == "lag":  # a position behind what was read
+                    return {source: QueueKey.MIN for source in position}
+                return position
+
+            def _faulty(self) -> Iterator[IteratedMessage]:
                 for item in inner:
                     if outer.victim is None and not for_shard.is_masterchain:
                         outer.victim = item
                         if outer._fault == "drop":
                             continue
-                        if outer._fault == "alter":
-                            m = item.message
-                            yield IteratedMessage(
-                                item.source, Message(m.key, m.src, m.dst, m.body + b"!")
-                            )
-                            continue
                         if outer._fault == "repeat":
                             yield item  # and again below
+                    if outer._fault == "alter" and item == outer.victim:
+                        # every time it is read: a block that read it may be cancelled
+                        m = item.message
+                        yield IteratedMessage(
+                            item.source, Message(m.key, m.src, m.dst, m.body + b"!")
+                        )
+                        continue
                     yield item
 
             def close(self) -> None:
@@ -146,6 +162,15 @@ def test_a_message_read_back_different_is_named(tmp_path: Path) -> None:
     (violation,) = [v for v in result.violations if v.kind == "misdelivered"]
     assert violation.message == (altered.source, altered.message.key)
     assert "read it back different" in violation.detail
+
+
+def test_an_iterator_position_behind_its_messages_fails_the_run(tmp_path: Path) -> None:
+    """A collator takes its processed_to from the iterator's position: one behind the
+    messages read fails the run's checks (a mutant that put it one message behind went
+    unseen before they were added)."""
+    result, _ = _run_faulty(tmp_path, "lag")
+    assert not result.verified
+    assert any("behind its last message read" in e for e in result.state_errors)
 
 
 def test_a_message_served_to_another_shard_is_named(tmp_path: Path) -> None:
