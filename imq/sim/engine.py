@@ -524,8 +524,9 @@ class Simulation:
 
     def _check_committed(self, shard: ShardIdent, blocks: list[BlockRecord]) -> None:
         """Right after a commit on ``blocks`` of ``shard``, on every node: its new top diff
-        is stored as written, and the statistics of the committed diffs count, per
-        partition, the destinations of their messages as each block's router sent them.
+        is stored as written, the tail lengths from the committed diffs' max messages
+        count them, and the statistics of the committed diffs count, per partition, the
+        destinations of their messages as each block's router sent them.
         (GC cannot have touched them yet: no other shard has read them.)"""
         top = blocks[-1]
         before, last = self.committed[shard].top_max, top.state.top_max
@@ -548,6 +549,17 @@ class Simulation:
                 )
             else:
                 self._check_diff(info, top, f"committed diff of {shard}:{top.seqno}")
+            # The tail from a diff's own max message counts that diff (">=", not ">"):
+            # from the new top's, just it; from the first committed now, all of them.
+            first = blocks[0].state.top_max
+            for key, want in ((last, 1), (first, len(blocks))):
+                tail = None if key is None else node.get_diffs_tail_len(shard, key)
+                if not self._check(tail == want):
+                    self._state_error(
+                        f"get_diffs_tail_len({shard}, {key}) right after the commit of "
+                        f"diffs {blocks[0].seqno}..{top.seqno}: {tail}, the run stored {want} "
+                        "diffs from there on"
+                    )
             for partition in PARTITIONS:
                 stats = node.load_diff_statistics(partition, committed)
                 if not self._check(stats == expected[partition]):
