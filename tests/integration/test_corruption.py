@@ -544,23 +544,28 @@ def test_a_record_of_a_recycled_logs_type_fails_the_open_instead_of_hanging(
     (log,) = _files(image, ".log")
     headers = list(wal.record_headers(image / log))
     assert len(headers) > 4 and {k for _, _, k in headers} <= {1, 2, 3, 4}
-    offset = headers[len(headers) // 2][0]
-    with open(image / log, "r+b") as file:
+    _retyped_record_is_refused(image, log, headers[len(headers) // 2][0], kind)
+
+
+def _retyped_record_is_refused(db: Path, name: str, offset: int, kind: int) -> None:
+    """Set the type byte of the record header at ``offset`` of file ``name`` to ``kind``:
+    both open modes (each in a child, so that a hang fails the test instead of hanging
+    the suite) refuse it, naming the file, the offset and the type, and change nothing."""
+    with open(db / name, "r+b") as file:
         file.seek(offset + 6)  # the header's type byte
         file.write(bytes([kind]))
-    before = _listing(image)
+    before = _listing(db)
     for mode in ("rw", "ro"):
         done = subprocess.run(
-            [sys.executable, "-c", _OPEN_IN_CHILD, str(image), mode],
+            [sys.executable, "-c", _OPEN_IN_CHILD, str(db), mode],
             capture_output=True,
             text=True,
             timeout=120,
             check=False,
         )
-        assert f"{log} holds a damaged record at offset {offset} (type {kind}," in done.stdout, (
-            done.stdout + done.stderr
-        )
-    assert _listing(image) == before
+        expected = f"{name} holds a damaged record at offset {offset} (type {kind},"
+        assert expected in done.stdout, done.stdout + done.stderr
+    assert _listing(db) == before
 
 
 @pytest.mark.parametrize(("record", "kind"), [(0, 6), (4, 5), (-1, 7)])
@@ -576,22 +581,7 @@ def test_a_manifest_record_of_a_recycled_logs_type_fails_the_open_instead_of_han
     q.close()
     manifest = (path / "CURRENT").read_text().strip()
     headers = list(wal.record_headers(path / manifest))
-    offset = headers[record][0]
-    with open(path / manifest, "r+b") as file:
-        file.seek(offset + 6)  # the header's type byte
-        file.write(bytes([kind]))
-    before = _listing(path)
-    for mode in ("rw", "ro"):
-        done = subprocess.run(
-            [sys.executable, "-c", _OPEN_IN_CHILD, str(path), mode],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        expected = f"{manifest} holds a damaged record at offset {offset} (type {kind},"
-        assert expected in done.stdout, done.stdout + done.stderr
-    assert _listing(path) == before
+    _retyped_record_is_refused(path, manifest, headers[record][0], kind)
     if kind == 5:  # the check runs first, so `imq verify` fails at once too
         with pytest.raises(StorageError, match="damaged record") as caught:
             verify(path)
@@ -629,9 +619,15 @@ def test_an_older_log_cut_short_is_refused(tmp_path: Path, cut: str) -> None:
     last = list(wal.record_headers(log))[-1][0]
     at = {"half": size // 2, "inside its last record": size - 10, "inside a header": last + 3}
     os.truncate(log, at[cut])
+    _refused_in_both_modes(image, rf"write-ahead log {oldest} is cut short at")
+
+
+def _refused_in_both_modes(image: Path, pattern: str) -> None:
+    """The writer's open and a read-only one raise ``StorageError`` matching ``pattern``;
+    the directory is left as it was."""
     before = _listing(image)
     for read_only in (False, True):
-        with pytest.raises(StorageError, match=rf"write-ahead log {oldest} is cut short at"):
+        with pytest.raises(StorageError, match=pattern):
             Queue.open(image, quiet_config(), read_only=read_only)
     assert _listing(image) == before
 
@@ -644,11 +640,7 @@ def test_a_log_lost_between_two_others_is_refused(tmp_path: Path) -> None:
     image = _logs_image(tmp_path)
     logs = [n for n in wal.log_files(os.listdir(image)) if (image / n).stat().st_size]
     (image / logs[1]).unlink()
-    before = _listing(image)
-    for read_only in (False, True):
-        with pytest.raises(StorageError, match=rf"{logs[2]} does not continue the log before"):
-            Queue.open(image, quiet_config(), read_only=read_only)
-    assert _listing(image) == before
+    _refused_in_both_modes(image, rf"{logs[2]} does not continue the log before")
 
 
 def test_an_older_log_cut_at_a_record_boundary_is_refused(tmp_path: Path) -> None:
