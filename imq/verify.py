@@ -99,8 +99,8 @@ def verify(path: str | Path, options: StoreOptions | None = None) -> Report:
         # The open's advice to run `imq verify` is no advice when that is what failed.
         if _SELF_ADVICE not in exc.hint:
             raise
-        where, operation, reason, hint = exc._made_with or (path, "open", str(exc), "")
-        raise StorageError(where, operation, reason, hint.replace(_SELF_ADVICE, "")) from exc
+        hint = exc.hint.replace(_SELF_ADVICE, "")
+        raise StorageError(exc.path, exc.operation, exc.reason, hint) from exc
     report.notes += store.log_notes
     try:
         _verify(store, report)

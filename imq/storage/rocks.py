@@ -900,6 +900,9 @@ class Store:
         # zeroed record header with data after it): the queue logs them as warnings at
         # open, ``imq verify`` lists them.
         self.log_notes: list[str] = []
+        # The zeroed headers of the current MANIFEST, found by its walk before RocksDB's
+        # list of tables (``_check_manifest``), noted with the logs' (``_check_logs``).
+        self._manifest_zeroed: list[tuple[str, int]] = []
         if read_only:
             self._db, self._tables, self._handles = self._open_read_only()
         else:
@@ -1056,24 +1059,21 @@ class Store:
         return tables
 
     def _check_logs(self) -> None:
-        """Refuse a database whose write-ahead log is missing, or whose logs or current
-        MANIFEST hold a record RocksDB's recovery would never finish reading or would
-        silently drop with everything after it (:mod:`imq.storage.wal`). Nothing is
-        changed. A read-only open passes over a log that disappears while it is read (a
-        live writer deleted it: the open after this check cannot read it either);
-        ``FileNotFoundError`` if the MANIFEST does (the writer started a new one)."""
+        """Refuse a database whose write-ahead log is missing, or whose logs hold a record
+        RocksDB's recovery would never finish reading or would silently drop with
+        everything after it (:mod:`imq.storage.wal`; the current MANIFEST was walked by
+        ``_check_manifest`` before RocksDB's list of tables read it). Nothing is changed.
+        A read-only open passes over a log that disappears while it is read (a live
+        writer deleted it: the open after this check cannot read it either)."""
         if not self._complete:  # no database yet (or its creation was cut short)
             return
         zeroed: list[tuple[str, int]] = []
         try:
             names = os.listdir(self.path)
             damage = wal.find_log_damage(self.path, names, zeroed, skip_vanished=self.read_only)
-            manifest = self._current_manifest()
-            if damage is None and manifest is not None:
-                damage = wal.find_file_damage(self.path, manifest, zeroed)
         except FileNotFoundError as exc:
             if self.read_only:
-                raise  # a live writer deleted it: the read-only open tries again
+                raise  # a dangling link, or the directory gone: the read-only open decides
             raise self._unreadable_log(exc) from exc
         except OSError as exc:
             raise FileAccessError(self.path, "read the write-ahead log of", exc) from exc
@@ -1095,7 +1095,7 @@ class Store:
             "systems leaves zeros in the unsynced end of a log), the file is damaged: "
             "compare the queue with a copy, or rebuild it from a persistent state in a new "
             "directory"
-            for name, offset in zeroed
+            for name, offset in zeroed + self._manifest_zeroed
         ]
 
     def _unreadable_log(self, exc: FileNotFoundError) -> FileAccessError:
@@ -1112,11 +1112,14 @@ class Store:
 
     def _check_manifest(self) -> None:
         """Refuse a current MANIFEST holding a record RocksDB's reader would never finish
-        or would silently drop (:func:`wal.find_file_damage`); nothing is changed. A
-        MANIFEST that cannot be read is left to RocksDB's own open to report."""
+        or would silently drop (:func:`wal.find_file_damage`); nothing is changed. Its
+        zeroed headers are kept for the open's notes. A MANIFEST that cannot be read is
+        left to RocksDB's own open to report."""
+        zeroed: list[tuple[str, int]] = []
+        self._manifest_zeroed = zeroed
         try:
             manifest = self._current_manifest()
-            damage = None if manifest is None else wal.find_file_damage(self.path, manifest)
+            damage = None if manifest is None else wal.find_file_damage(self.path, manifest, zeroed)
         except FileNotFoundError:
             if self.read_only:
                 raise  # a live writer started a new MANIFEST: the read-only open retries
