@@ -52,7 +52,7 @@ import os
 import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 __all__ = [
     "LogDamage",
@@ -165,7 +165,7 @@ def find_log_damage(
     newest = _newest_with_data(directory, logs)
     batches: list[tuple[str, _Batches]] = []
     for name in logs:
-        found: _Batches = {}
+        found: list[_Batches] = []
         try:
             damage = find_file_damage(directory, name, zeroed, whole=name != newest, batches=found)
         except FileNotFoundError:
@@ -174,14 +174,21 @@ def find_log_damage(
             raise
         if damage is not None:
             return damage
-        if found:
-            batches.append((name, found))
+        batches += ((name, heads) for heads in found)
     return _sequence_gap(batches)
 
 
-# A log's first and last write batches: (record offset, sequence number, count).
-_Batches = dict[str, tuple[int, int, int]]
+_Batch = tuple[int, int, int]  # a write batch's record offset, sequence number, entry count
 _BATCH_HEAD = struct.Struct("<QI")  # a write batch starts with its sequence and entry count
+
+
+class _Batches(NamedTuple):
+    """A log's first and last write batches, each ``None`` where its head cannot be read
+    (not whole in the file, or not in its record's first fragment; the last is read only
+    in a log that must end whole)."""
+
+    first: _Batch | None
+    last: _Batch | None
 
 
 def _sequence_gap(logs: list[tuple[str, _Batches]]) -> LogDamage | None:
@@ -192,10 +199,10 @@ def _sequence_gap(logs: list[tuple[str, _Batches]]) -> LogDamage | None:
     its end (cut at a record boundary), and RocksDB's recovery would replay the rest in
     silence. Logs whose batches could not be read are left out of the comparison."""
     for (_, older), (name, newer) in itertools.pairwise(logs):
-        if "last" not in older or "first" not in newer:
+        if older.last is None or newer.first is None:
             continue
-        _, seq, count = older["last"]
-        offset, first, _ = newer["first"]
+        _, seq, count = older.last
+        offset, first, _ = newer.first
         if first != seq + count:
             return LogDamage(name, offset, 0, gap=(seq + count, first))
     return None
@@ -222,13 +229,13 @@ def find_file_damage(
     zeroed: list[tuple[str, int]] | None = None,
     *,
     whole: bool = False,
-    batches: _Batches | None = None,
+    batches: list[_Batches] | None = None,
 ) -> LogDamage | None:
     """:func:`find_log_damage` of one file in RocksDB's log format: a write-ahead log,
     or a MANIFEST (RocksDB writes its edits as such records and reads them back with
     the same tolerance of a cut tail). ``whole``: the file must end in a whole record
     (a log older than the newest one holding data). ``batches``, when given, receives
-    the ``first`` and ``last`` write batch that starts in a whole record (a log's)."""
+    the file's first and last write batches (:class:`_Batches`) if it holds any."""
     last = None
     starts: list[tuple[int, int]] = []  # the first and the last record a batch starts in
     offsets: list[int] | None = None if zeroed is None else []
@@ -244,19 +251,19 @@ def find_file_damage(
                 starts.append((offset, length))
     if zeroed is not None and offsets:
         zeroed += ((name, offset) for offset in offsets)
+    size = os.stat(path).st_size  # after the walk: a live writer's log may have grown
     if last is not None:
-        whole_length = _whole_length(path, *last)
+        whole_length = _whole_length(path, size, *last)
         if whole_length is not None:
             return LogDamage(name, last[0], last[2], whole_length)
     if whole:
-        cut = _cut_at(path, last)
+        cut = _cut_at(path, size, last)
         if cut is not None:
             return LogDamage(name, cut, 0 if last is None or cut != last[0] else last[2], cut=True)
     if batches is not None and starts:
-        # Marked even when neither head can be read, so that the logs around this one
-        # are not compared with each other as if it held no batch.
-        batches["seen"] = (starts[0][0], 0, 0)
-        _read_batches(path, starts, last, batches)
+        # Added even when neither head can be read, so that the logs around this one are
+        # not compared with each other as if it held no batch.
+        batches.append(_read_batches(path, size, starts[0], starts[-1] if whole else None))
     return None
 
 
@@ -264,34 +271,38 @@ _BATCH_STARTS = frozenset((1, 2))  # a full record, a first fragment: a batch st
 
 
 def _read_batches(
-    path: Path,
-    starts: list[tuple[int, int]],
-    last: tuple[int, int, int] | None,
-    batches: _Batches,
-) -> None:
-    """Put the sequence number and count of the first and last batches into ``batches``
-    (``first``, ``last``): those whose record is whole in the file and holds the 12
-    bytes of the batch's head in its first fragment (else that one is left out)."""
-    size = os.stat(path).st_size
+    path: Path, size: int, first: tuple[int, int], last: tuple[int, int] | None
+) -> _Batches:
+    """The heads of the batches that start in the records ``first`` and ``last``
+    (``(offset, payload length)``; ``last`` None: not wanted) of the log ``path`` of
+    ``size`` bytes."""
     with open(path, "rb", buffering=0) as file:
-        for key, (offset, length) in zip(("first", "last"), (starts[0], starts[-1]), strict=False):
-            if length < _BATCH_HEAD.size or offset + _HEADER_LEN + length > size:
-                continue
-            if key == "last" and last is not None and last[0] == offset and last[2] != 1:
-                continue  # a first fragment whose rest is not in the file (the newest log)
-            file.seek(offset + _HEADER_LEN)
-            head = file.read(_BATCH_HEAD.size)
-            if len(head) == _BATCH_HEAD.size:
-                seq, count = _BATCH_HEAD.unpack(head)
-                batches[key] = (offset, seq, count)
+        return _Batches(_batch_head(file, size, first), _batch_head(file, size, last))
 
 
-def _cut_at(path: Path, last: tuple[int, int, int] | None) -> int | None:
-    """Where the log ``path`` is cut short, given its last record header ``last`` (from
-    :func:`record_headers`), or ``None`` when it ends in a whole record: the offset of a
-    last record that runs past the end or is only a record's first or middle fragment,
-    or of a header cut short by the end (fewer than 7 bytes, not all zero)."""
-    size = os.stat(path).st_size
+def _batch_head(file: BinaryIO, size: int, start: tuple[int, int] | None) -> _Batch | None:
+    """The batch starting in the record at ``start`` (``(offset, payload length)``): its
+    offset, sequence number and count, when the record is in the file and holds the 12
+    bytes of the batch's head in its first fragment; else ``None``."""
+    if start is None:
+        return None
+    offset, length = start
+    if length < _BATCH_HEAD.size or offset + _HEADER_LEN + length > size:
+        return None
+    file.seek(offset + _HEADER_LEN)
+    head = file.read(_BATCH_HEAD.size)
+    if len(head) < _BATCH_HEAD.size:
+        return None
+    seq, count = _BATCH_HEAD.unpack(head)
+    return offset, seq, count
+
+
+def _cut_at(path: Path, size: int, last: tuple[int, int, int] | None) -> int | None:
+    """Where the log ``path`` of ``size`` bytes is cut short, given its last record
+    header ``last`` (from :func:`record_headers`), or ``None`` when it ends in a whole
+    record: the offset of a last record that runs past the end or is only a record's
+    first or middle fragment, or of a header cut short by the end (fewer than 7 bytes,
+    not all zero)."""
     if last is None:
         end = 0
     else:
@@ -309,12 +320,13 @@ def _cut_at(path: Path, last: tuple[int, int, int] | None) -> int | None:
     return None
 
 
-def _whole_length(path: Path, offset: int, length: int, kind: int) -> int | None:
-    """For the last record header of a log: ``None`` unless the record runs past the
-    file's end inside its block (what RocksDB's recovery takes for a torn write) and yet
-    is whole at a shorter payload length ``n`` (its checksum matches there, and what
-    follows it up to the end is nothing, zeros or a well-formed header): then ``n``."""
-    if offset + _HEADER_LEN + length <= path.stat().st_size:
+def _whole_length(path: Path, size: int, offset: int, length: int, kind: int) -> int | None:
+    """For the last record header of a log of ``size`` bytes: ``None`` unless the record
+    runs past the file's end inside its block (what RocksDB's recovery takes for a torn
+    write) and yet is whole at a shorter payload length ``n`` (its checksum matches
+    there, and what follows it up to the end is nothing, zeros or a well-formed header):
+    then ``n``."""
+    if offset + _HEADER_LEN + length <= size:
         return None  # it ends inside the file (a sound log: nothing more to read)
     room = BLOCK - offset % BLOCK  # the header and payload must fit in the block
     with open(path, "rb", buffering=0) as file:
