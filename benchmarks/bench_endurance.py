@@ -520,13 +520,19 @@ def write_plot(samples: list[Sample], path: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--minutes", type=float, default=None)
-    extra.add_argument("--block-cache-mib", type=int, default=None)
-    known, rest = extra.parse_known_args(argv)
-    args = parse_args(rest, "endurance", "producer-consumer steady state", "unused")
-    args.minutes = known.minutes
-    args.block_cache_mib = known.block_cache_mib
+    def own(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--minutes", type=float, default=None, help="measured minutes (default 30; 2 quick)"
+        )
+        parser.add_argument(
+            "--block-cache-mib",
+            type=int,
+            default=None,
+            help="the queue's block cache in MiB (default: the benchmark's config), to watch "
+            "the RSS once the cache is full",
+        )
+
+    args = parse_args(argv, "endurance", "producer-consumer steady state", "unused", extra=own)
     quiet_logs()
     with temp_workdir(args, "endurance") as work:
         text, samples = run(args, work)

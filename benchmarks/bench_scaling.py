@@ -457,11 +457,12 @@ def write_plot(sizes: list[Size], path: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    extra = argparse.ArgumentParser(add_help=False)
-    extra.add_argument("--max-exp", type=int, default=None)
-    known, rest = extra.parse_known_args(argv)
-    args = parse_args(rest, "scaling", "latency against queue size", "unused")
-    args.max_exp = known.max_exp
+    def own(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--max-exp", type=int, default=None, help="largest size as a power of ten (default 7)"
+        )
+
+    args = parse_args(argv, "scaling", "latency against queue size", "unused", extra=own)
     quiet_logs()
     with temp_workdir(args, "scaling") as work:
         text, sizes, _ = run(args, work)

@@ -41,9 +41,11 @@ def parse_args(
     out_note: str = "",
     *,
     steps: Sequence[str] = (),
+    extra: Callable[[argparse.ArgumentParser], object] | None = None,
 ) -> argparse.Namespace:
     """The flags every benchmark takes: --quick, --repeats, --out, --dir, and --only when
-    the benchmark names its ``steps``. ``--out`` defaults to ``results/<name>.md``
+    the benchmark names its ``steps``; ``extra`` adds the benchmark's own (listed by
+    --help with the rest). ``--out`` defaults to ``results/<name>.md``
     (``<name>-quick.md`` with --quick)."""
     parser = argparse.ArgumentParser(
         prog=f"python -m benchmarks.bench_{name}", description=description
@@ -67,6 +69,8 @@ def parse_args(
             choices=steps,
             help="run only this step (repeatable; default: every step)",
         )
+    if extra is not None:
+        extra(parser)
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be >= 1")

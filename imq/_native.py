@@ -1,11 +1,12 @@
 """The optional C extension ``imq._speedups``, loaded once for the write path.
 
 ``speedups`` is the module when it was built (``setup.py`` builds it when the machine has
-a C compiler) and ``IMQ_PURE_PYTHON`` is unset, else ``None``: every caller then runs its
-pure-Python form, with identical results (``tests/unit/test_speedups.py``). Callers take
-the functions they use into module globals (``None`` when absent), which tests
-monkeypatch to run the pure-Python forms in one process. The iterator loads the same
-module for its decode (``imq.iterator``).
+a C compiler) and ``IMQ_PURE_PYTHON`` does not ask for pure Python (any value but
+empty, ``0``, ``false``, ``no`` or ``off`` does: :func:`pure_python_requested`), else
+``None``: every caller then runs its pure-Python form, with identical results
+(``tests/unit/test_speedups.py``). Callers take the functions they use into module
+globals (``None`` when absent), which tests monkeypatch to run the pure-Python forms in
+one process. The iterator loads the same module for its decode (``imq.iterator``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,19 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
-__all__ = ["speedups"]
+__all__ = ["pure_python_requested", "speedups"]
+
+_OFF = frozenset({"", "0", "false", "no", "off"})
+
+
+def pure_python_requested() -> bool:
+    """Whether ``IMQ_PURE_PYTHON`` asks for the pure-Python paths (``1``, ``yes``...; unset,
+    empty, ``0``, ``false``, ``no`` and ``off`` do not)."""
+    return os.environ.get("IMQ_PURE_PYTHON", "").strip().lower() not in _OFF
 
 
 def _load() -> ModuleType | None:
-    if os.environ.get("IMQ_PURE_PYTHON"):
+    if pure_python_requested():
         return None
     try:
         from imq import _speedups  # noqa: PLC0415 -- optional, built only with a compiler

@@ -340,8 +340,8 @@ class QueueConfig:
 
         A missing table or key takes the default. An unreadable or malformed file, an unknown
         key, a wrong type, a bad duration or size, and (without ``[internal_queue]``) a
-        misspelt table name or imq's settings above any table raise ``ConfigError``
-        naming the file.
+        misspelt table name, a nested one (``[node.internal_queue]``) or imq's settings
+        above any table raise ``ConfigError`` naming the file.
         """
         source = os.fspath(path)
         try:
@@ -371,12 +371,57 @@ def _check_no_misplaced_keys(document: Mapping[str, object], source: str) -> Non
             f"the [{TABLE}] table; put them under a [{TABLE}] line"
         )
     for key, value in document.items():
-        spelt = key.lower().replace("-", "_").replace(" ", "_")
+        spelt = _spelt(key)
         holds_settings = isinstance(value, dict) and any(k in names for k in value)
-        if spelt in (TABLE, "internalqueue") or (spelt == "imq" and holds_settings):
+        if _near_table_name(spelt) or (spelt == "imq" and holds_settings):
             raise ConfigError(
                 f"{source}: table [{key}] is not [{TABLE}], which imq reads: rename it [{TABLE}]"
             )
+    nested = _nested_table(document)
+    if nested:
+        raise ConfigError(
+            f"{source}: table [{nested}] is not [{TABLE}]: imq reads the top-level "
+            f"[{TABLE}] table only; move its settings there"
+        )
+
+
+def _spelt(key: str) -> str:
+    return key.lower().replace("-", "_").replace(" ", "_")
+
+
+def _near_table_name(spelt: str) -> bool:
+    """``[internal_queue]`` spelt another way or mistyped (``internalqueue``,
+    ``internal_queues``, ``intenal_queue``): at most two characters' edits away."""
+    return _edits(spelt, TABLE, limit=2) <= 2
+
+
+def _edits(a: str, b: str, *, limit: int) -> int:
+    """Levenshtein distance of ``a`` and ``b``, or ``limit + 1`` once it is over limit."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+        if min(row) > limit:
+            return limit + 1
+    return row[-1]
+
+
+def _nested_table(table: Mapping[str, object], path: str = "") -> str | None:
+    """The dotted name of a table named like ``internal_queue`` below the top level
+    (``[node.internal_queue]``), or None."""
+    for key, value in table.items():
+        if not isinstance(value, dict):
+            continue
+        name = f"{path}.{key}" if path else key
+        if path and _near_table_name(_spelt(key)):
+            return name
+        found = _nested_table(value, name)
+        if found:
+            return found
+    return None
 
 
 # Every dataclass field has exactly one rule, in field order; a field added without one

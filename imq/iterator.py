@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import os
 import struct
 from bisect import bisect_left, bisect_right
 from collections import Counter
@@ -66,6 +65,7 @@ from operator import and_, eq, rshift
 from types import TracebackType
 from typing import Any, NoReturn, cast
 
+from imq._native import pure_python_requested
 from imq.errors import CorruptDataError, ImqError, QueueClosedError
 from imq.storage import SnapshotProtocol as Snapshot
 from imq.storage import codec
@@ -769,7 +769,7 @@ def _corrupt(keys: Sequence[bytes], values: Sequence[bytes]) -> NoReturn:
 
 def _compiled() -> Any:
     """``imq._speedups`` when it was built (and not disabled with ``IMQ_PURE_PYTHON=1``)."""
-    if os.environ.get("IMQ_PURE_PYTHON"):
+    if pure_python_requested():
         return None
     try:
         from imq import _speedups  # noqa: PLC0415 -- optional, built only with a compiler

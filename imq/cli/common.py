@@ -44,6 +44,7 @@ __all__ = [
     "new_database_dir",
     "normalize_argv",
     "output_file",
+    "path_arg",
     "shard_arg",
     "wipe_database",
 ]
@@ -92,6 +93,14 @@ def normalize_argv(argv: Sequence[str]) -> list[str]:
 
 
 # -- value types --------------------------------------------------------------------------------
+
+
+def path_arg(text: str) -> Path:
+    """A path given on the command line. An empty word (an unset variable: ``--db "$DB"``)
+    is refused, as ``Queue.open`` refuses it, instead of meaning the current directory."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path (an unset variable?): pass a path")
+    return Path(text)
 
 
 def shard_arg(text: str) -> ShardIdent:

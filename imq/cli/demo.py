@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 from typing import TextIO
 
-from imq.cli.common import Commands, wipe_database
+from imq.cli.common import Commands, path_arg, wipe_database
 from imq.config import QueueConfig
 from imq.diff import QueueDiff
 from imq.queue import Queue
@@ -50,7 +50,7 @@ def register(commands: Commands) -> None:
     )
     demo.add_argument(
         "--db",
-        type=Path,
+        type=path_arg,
         default=DEFAULT_DB,
         help=f"database directory, wiped first (default: {DEFAULT_DB})",
     )
@@ -165,8 +165,8 @@ def run(db: Path, out: TextIO) -> None:
     say = scenario.say
     wipe_database(db)
     config = QueueConfig(gc_enabled=False)  # the demo runs GC itself, at a chosen step
-    say(f"imq demo: database {db}")
     with Queue.open(db, config) as queue:
+        say(f"imq demo: database {db}")  # once it opened: a refused path prints nothing here
         say("\n1. The collator writes each block's diff at once, uncommitted:")
         for seqno in SEQNOS:
             scenario.apply_round(queue, seqno)

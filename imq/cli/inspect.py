@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, TextIO
 
-from imq.cli.common import Commands, database_dir
+from imq.cli.common import Commands, database_dir, path_arg
 from imq.config import QueueConfig
 from imq.queue import Queue
 
@@ -33,7 +33,7 @@ def register(commands: Commands) -> None:
         "must be writable; for one that is not, inspect a copy).",
         epilog=EXAMPLES,
     )
-    show.add_argument("db", type=Path, help="database directory")
+    show.add_argument("db", type=path_arg, help="database directory")
     show.add_argument("--json", action="store_true", help="print the summary as JSON")
     show.set_defaults(run=_run_args, interrupted="nothing was changed")
 

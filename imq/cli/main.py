@@ -68,15 +68,35 @@ def build_parser() -> argparse.ArgumentParser:
         description="The internal message queue of a sharded blockchain collator.",
         epilog=EXAMPLES,
     )
-    parser.add_argument(
-        "--log-level", default="warning", help="structlog level for events on stderr"
-    )
-    parser.add_argument("--log-json", action="store_true", help="log events as JSON lines")
+    _log_options(parser, default_level="warning", default_json=False)
     parser.add_argument("--version", action="version", version=f"imq {imq.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"imq.cli.{name}").register(commands)
+    # The log options also after the command's name (`imq import ... --log-level error`):
+    # given there, they override the ones before it; absent, they leave those as they are.
+    for command in commands.choices.values():
+        _log_options(command, default_level=argparse.SUPPRESS, default_json=argparse.SUPPRESS)
     return parser
+
+
+def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The subcommand ``name``'s own parser."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return cast("argparse.ArgumentParser", action.choices[name])
+    return parser
+
+
+def _log_options(parser: argparse.ArgumentParser, *, default_level: str, default_json: Any) -> None:
+    parser.add_argument(
+        "--log-level",
+        default=default_level,
+        help="level of the events written to stderr (default: warning)",
+    )
+    parser.add_argument(
+        "--log-json", action="store_true", default=default_json, help="log events as JSON lines"
+    )
 
 
 def _os_error(exc: OSError) -> str:
@@ -213,7 +233,10 @@ def _main(argv: Sequence[str], out: TextIO) -> int:
     from imq.cli.common import normalize_argv  # noqa: PLC0415 - see the module docstring
     from imq.observability import configure_for_cli  # noqa: PLC0415
 
-    args = build_parser().parse_args(normalize_argv(argv))
+    parser = build_parser()
+    args, extra = parser.parse_known_args(normalize_argv(argv))
+    if extra:  # argparse would show the top-level usage; the command's says more
+        _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         configure_for_cli(args.log_level, json=args.log_json)
     except ValueError as exc:

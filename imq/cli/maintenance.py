@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import TextIO
 
-from imq.cli.common import Commands, Heartbeat, checked_queue, database_dir
+from imq.cli.common import Commands, Heartbeat, checked_queue, database_dir, path_arg
 from imq.errors import ImqError
 
 __all__ = ["register", "run_compact", "run_gc"]
@@ -40,7 +40,7 @@ def register(commands: Commands) -> None:
         "for writing: stop the node that holds it first.",
         epilog=GC_EXAMPLES,
     )
-    gc.add_argument("db", type=Path, help="database directory")
+    gc.add_argument("db", type=path_arg, help="database directory")
     gc.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     gc.set_defaults(
         run=_gc_args,
@@ -55,7 +55,7 @@ def register(commands: Commands) -> None:
         "stop the node that holds it first.",
         epilog=COMPACT_EXAMPLES,
     )
-    compact.add_argument("db", type=Path, help="database directory")
+    compact.add_argument("db", type=path_arg, help="database directory")
     compact.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     compact.set_defaults(
         run=_compact_args,

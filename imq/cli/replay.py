@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from imq.cli.common import Heartbeat, PathError, input_file
+from imq.cli.common import Heartbeat, PathError, input_file, path_arg
 from imq.testing.replay import OpLogError, ReplayDivergenceError, replay
 
 __all__ = ["OpLogError", "register", "run"]
@@ -31,8 +31,10 @@ def register(commands: Any) -> None:
         "the queue, comparing each result with the log's and the database with the model.",
         epilog=EXAMPLES,
     )
-    cmd.add_argument("log", type=Path, help="op log (JSON lines, docs/replay-format.md)")
-    cmd.add_argument("--db", type=Path, help="fresh database directory (default: a temporary one)")
+    cmd.add_argument("log", type=path_arg, help="op log (JSON lines, docs/replay-format.md)")
+    cmd.add_argument(
+        "--db", type=path_arg, help="fresh database directory (default: a temporary one)"
+    )
     cmd.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     cmd.set_defaults(
         run=run,

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-from imq.cli.common import PathError
+from imq.cli.common import PathError, path_arg
 from imq.config import QueueConfig
 from imq.errors import FileAccessError
 from imq.observability import configure_for_cli
@@ -51,7 +51,7 @@ def register(commands: Any) -> None:
     )
     sim.add_argument(
         "--dir",
-        type=Path,
+        type=path_arg,
         default=DEFAULT_DIR,
         help=f"run directory: queue/, report.json, report.png (default: {DEFAULT_DIR})",
     )
@@ -91,7 +91,7 @@ def register(commands: Any) -> None:
     )
     sim.add_argument(
         "--record",
-        type=Path,
+        type=path_arg,
         help="record every queue call to this JSON-lines log (with --nodes: node 0's queue)",
     )
     sim.add_argument("--no-plot", action="store_true", help="do not draw report.png")
@@ -206,6 +206,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         raise PathError(
             f"--dir {args.dir} is a file; give a directory (the run's queue/, report.json "
             "and report.png go there)"
+        )
+    if args.record is not None and args.record.is_dir():
+        raise PathError(
+            f"--record {args.record} is a directory; give the op log's file name "
+            "(a JSON-lines file, created or emptied)"
         )
     progress = _Progress(rounds, args.duration, err)
     with contextlib.ExitStack() as stack:

@@ -21,6 +21,7 @@ from imq.cli.common import (
     input_file,
     new_database_dir,
     output_file,
+    path_arg,
     shard_arg,
 )
 from imq.config import QueueConfig
@@ -64,14 +65,14 @@ or id starts with '-': it is a value all the same (or put the file after '--'). 
 file may be a pipe (/dev/stdin, a FIFO, <(...)): it is read once.
 
 examples (from the repository root):
-  imq import var/state-db {_SHARD_160} --block-id 0:8000000000000000:160 --top-update {_TOP_160}:3
-  imq import var/state-db {_MASTER_90} --block-id -1:8000000000000000:90 --top-update={_TOP_90}:1
+  imq import var/tycho-db {_SHARD_160} --block-id 0:8000000000000000:160 --top-update {_TOP_160}:3
+  imq import var/tycho-db {_MASTER_90} --block-id -1:8000000000000000:90 --top-update={_TOP_90}:1
 """
 
 EXPORT_EXAMPLES = """\
 examples (from the repository root, after the import examples):
-  imq export var/state-db --shard 0:8000000000000000 --seqno 160 --tail-len 3 var/160.queue
-  imq export var/state-db --shard -1:8000000000000000 --seqno 90 --tail-len 1 var/90.bin
+  imq export var/tycho-db --shard 0:8000000000000000 --seqno 160 --tail-len 3 var/160.queue
+  imq export var/tycho-db --shard -1:8000000000000000 --seqno 90 --tail-len 1 var/90.bin
 """
 
 DUMP_EXAMPLES = f"""\
@@ -94,8 +95,8 @@ def register(commands: Commands) -> None:
         "import fails.",
         epilog=IMPORT_EXAMPLES,
     )
-    load.add_argument("db", type=Path, help="database directory (created if missing)")
-    load.add_argument("file", type=Path, help="state file (.queue = zstd, or raw)")
+    load.add_argument("db", type=path_arg, help="database directory (created if missing)")
+    load.add_argument("file", type=path_arg, help="state file (.queue = zstd, or raw)")
     load.add_argument(
         "--block-id",
         type=block_id_arg,
@@ -106,7 +107,9 @@ def register(commands: Commands) -> None:
         "--top-update", help="HASH:TAIL the state must match (top diff hash, tail length)"
     )
     checks.add_argument(
-        "--block", type=Path, help="a block file whose out_msg_queue_updates the state must match"
+        "--block",
+        type=path_arg,
+        help="a block file whose out_msg_queue_updates the state must match",
     )
     load.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     load.set_defaults(
@@ -125,7 +128,7 @@ def register(commands: Commands) -> None:
         "writable: for one that is not, export from a copy).",
         epilog=EXPORT_EXAMPLES,
     )
-    save.add_argument("db", type=Path, help="database directory")
+    save.add_argument("db", type=path_arg, help="database directory")
     save.add_argument(
         "--shard", required=True, type=shard_arg, help="block shard, e.g. 0:8000000000000000"
     )
@@ -134,7 +137,7 @@ def register(commands: Commands) -> None:
         "--tail-len", required=True, type=_tail_len, help="number of diffs to include"
     )
     save.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
-    save.add_argument("out", type=Path, help="output file")
+    save.add_argument("out", type=path_arg, help="output file")
     save.set_defaults(
         run=_export_command,
         interrupted="nothing was written to the output (a partial file is removed) and "
@@ -148,7 +151,7 @@ def register(commands: Commands) -> None:
         "(the whole state file is read and checked: a file cut short or damaged fails).",
         epilog=DUMP_EXAMPLES,
     )
-    dump.add_argument("file", type=Path, help="queue diff (.bin) or queue state file")
+    dump.add_argument("file", type=path_arg, help="queue diff (.bin) or queue state file")
     dump.add_argument("--json", action="store_true", help="print JSON (a list of diffs)")
     dump.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     dump.set_defaults(run=_dump_command, interrupted="nothing was changed")
@@ -270,10 +273,12 @@ def run_import(
         raw = open(file, "rb")  # noqa: SIM115 - closed below, after the import
     except OSError as exc:
         raise FileAccessError(file, "read state file", exc) from exc
-    with raw, _naming(file, f"the queue state of {block_id.short}"):
-        state = _StateInput(raw)
-        _check_header(state, block_id, top_update)
-        created = not db.exists()
+    with raw:
+        with _naming(file, f"the queue state of {block_id.short}"):
+            state = _StateInput(raw)
+            _check_header(state, block_id, top_update)
+        # The import's own errors name the file and say what to do already.
+        created = _first_missing(db)
         try:
             with checked_queue(db, "import") as queue:
                 try:
@@ -288,8 +293,8 @@ def run_import(
                         "directory, or use the queue as it is"
                     ) from exc
         except BaseException as exc:
-            if created:  # all or nothing: the directory this failed import made goes too
-                _remove_created(db)
+            if created is not None:  # all or nothing: the directories it made go too
+                _remove_created(db, created)
                 if isinstance(exc, StorageError) and not db.exists():
                     # The library's hint is a host's (close, reopen, the open rolls back);
                     # here nothing is left to reopen.
@@ -314,13 +319,33 @@ def run_import(
         print(_UNCHECKED_TOP, file=sys.stderr)
 
 
-def _remove_created(db: Path) -> None:
+def _first_missing(db: Path) -> Path | None:
+    """The outermost directory of ``db``'s path that does not exist yet (``db`` itself, or
+    a parent the import will create with it), or None when ``db`` exists."""
+    if db.exists():
+        return None
+    first = db
+    for parent in db.parents:
+        if parent.exists():
+            break
+        first = parent
+    return first
+
+
+def _remove_created(db: Path, first: Path) -> None:
     """Remove the queue directory a failed import created (its database's files only,
-    under its lock: :func:`wipe_database`); anything unexpected leaves it as it is."""
+    under its lock: :func:`wipe_database`), then the parents it created for it, up to
+    ``first``, each only while empty; anything unexpected leaves it as it is."""
     with contextlib.suppress(OSError, ImqError):
         wipe_database(db)
         (db / LOCK_FILE).unlink()
         db.rmdir()
+        if first == db:
+            return
+        for parent in db.parents:  # first is one of them
+            parent.rmdir()  # only an empty directory goes (OSError ends the loop)
+            if parent == first:
+                return
 
 
 class _StateInput:

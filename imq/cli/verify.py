@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any, TextIO
 
-from imq.cli.common import Heartbeat
+from imq.cli.common import Heartbeat, path_arg
 from imq.verify import verify
 
 __all__ = ["register", "run"]
@@ -19,7 +18,7 @@ network never writes); they leave the exit status 0.
 
 examples (from the repository root, after `imq demo` and the `imq import` examples):
   imq verify var/demo-db
-  imq verify var/state-db
+  imq verify var/tycho-db
 """
 
 
@@ -35,7 +34,7 @@ def register(commands: Any) -> None:
         "beside a live node.",
         epilog=EXAMPLES,
     )
-    check.add_argument("db", type=Path, help="database directory")
+    check.add_argument("db", type=path_arg, help="database directory")
     check.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     check.set_defaults(run=run, interrupted="nothing was changed")
 

@@ -143,6 +143,27 @@ def test_every_help_example_runs_as_written(
         assert code == 0, f"{line}\n{captured.err}"
 
 
+def test_help_and_readme_examples_run_in_one_checkout(
+    root: Path, monkeypatch: pytest.MonkeyPatch, in_process: pytest.CaptureFixture[str]
+) -> None:
+    """A docs audit: after the ``--help`` examples, the README's cold start failed (both
+    imported into var/state-db, the help's newer state first). A user runs both, in
+    either order, in one checkout."""
+    monkeypatch.chdir(root)
+    for _, line in _help_examples():
+        assert main(shlex.split(line)[1:]) == 0, in_process.readouterr().err
+    cold_start = [
+        line
+        for block in _readme_blocks("sh")
+        for line in block.splitlines()
+        if line.startswith(("imq import", "imq export", "(cd tests/data"))
+    ]
+    assert len(cold_start) >= 3
+    for command in cold_start:
+        done = _shell(root, command)
+        assert done.returncode == 0, f"{command}\n{done.stderr}"
+
+
 def test_help_examples_run_as_a_real_command(root: Path) -> None:
     """Two of them through the real entry point, as a user types them."""
     lines = [line for _, line in _help_examples() if line.startswith(("imq demo", "imq gc"))]

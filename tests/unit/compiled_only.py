@@ -3,12 +3,12 @@ built (no C compiler) and where ``IMQ_PURE_PYTHON`` turns it off."""
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
 
 from imq import iterator
+from imq._native import pure_python_requested
 
 COMPILED_ONLY = [
     pytest.mark.skipif(
@@ -16,7 +16,7 @@ COMPILED_ONLY = [
         reason="no C compiler on this machine, so imq._speedups was not built",
     ),
     pytest.mark.skipif(
-        bool(os.environ.get("IMQ_PURE_PYTHON")),
+        pure_python_requested(),
         reason="IMQ_PURE_PYTHON is set: the compiled paths these tests check are off",
     ),
 ]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from imq._native import pure_python_requested
 from imq.config import QueueConfig, parse_duration, parse_size
 from imq.errors import ConfigError, ConfigTypeError
 
@@ -399,6 +400,11 @@ def test_from_mapping_empty_is_default() -> None:
         ("[internal-queue]\ngc_interval = '1s'\n", "table [internal-queue] is not"),
         ("[Internal_Queue]\ngc_interval = '1s'\n", "table [Internal_Queue] is not"),
         ("[imq]\ngc_interval = '1s'\n", "table [imq] is not"),
+        # a docs audit: a plural or a typo gave every default
+        ("[internal_queues]\ngc_interval = '1s'\n", "table [internal_queues] is not"),
+        ("[intenal_queue]\ngc_interval = '1s'\n", "table [intenal_queue] is not"),
+        ("[node.internal_queue]\ngc_interval = '1s'\n", "table [node.internal_queue] is"),
+        ("[a.b.internal-queue]\ngc_interval = '1s'\n", "table [a.b.internal-queue] is"),
         ("gc_interval = '1s'\n[node]\nname = 'a'\n", "gc_interval outside any table"),
     ],
 )
@@ -415,5 +421,33 @@ def test_settings_imq_would_not_read_are_refused(tmp_path: Path, text: str, says
 def test_other_tables_of_a_node_config_are_left_alone(tmp_path: Path) -> None:
     """A node's config file holds other components' tables, some with keys imq also
     uses: without [internal_queue], every default, as documented."""
-    path = write_toml(tmp_path, "[storage]\ngc_interval = 3\n[imq]\nother = 1\n")
+    path = write_toml(
+        tmp_path, "[storage]\ngc_interval = 3\n[imq]\nother = 1\n[queue]\nsize = 2\n[node.queue]\n"
+    )
     assert QueueConfig.from_toml(path) == QueueConfig()
+
+
+@pytest.mark.parametrize(
+    ("value", "pure"),
+    [
+        (None, False),
+        ("", False),
+        ("0", False),
+        ("false", False),
+        (" No ", False),
+        ("off", False),
+        ("1", True),
+        ("yes", True),
+        ("TRUE", True),
+        ("on", True),
+    ],
+)
+def test_imq_pure_python_reads_as_a_switch(
+    value: str | None, pure: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A docs audit: ``IMQ_PURE_PYTHON=0`` also turned the compiled paths off."""
+    if value is None:
+        monkeypatch.delenv("IMQ_PURE_PYTHON", raising=False)
+    else:
+        monkeypatch.setenv("IMQ_PURE_PYTHON", value)
+    assert pure_python_requested() is pure

@@ -1,0 +1,132 @@
+"""The CLI defects a docs audit found, each through a real ``imq`` process: an empty path
+read as the current directory (``imq demo --db "$DB"`` wiped the queue there), a failed
+import's error naming the file twice and leaving the parents it created, the log options
+refused after the command's name, and ``--record`` given a directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from state_fixtures import SHARD_BIN
+
+REPO = Path(__file__).resolve().parents[2]
+SHARD_ID = "0:8000000000000000:160"
+
+
+def _imq(*argv: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "imq", *map(str, argv)],
+        capture_output=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _listing(root: Path) -> list[tuple[str, int]]:
+    return sorted(
+        (str(p.relative_to(root)), p.stat().st_size if p.is_file() else -1)
+        for p in root.rglob("*")
+        if p.name != "rocksdict-config.json" and "LOG" not in p.name
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--db", ""],
+        ["gc", ""],
+        ["compact", ""],
+        ["inspect", ""],
+        ["verify", ""],
+        ["simulate", "--rounds", "3", "--dir", ""],
+        ["import", "", str(SHARD_BIN), "--block-id", SHARD_ID],
+        ["export", "", "--shard", "0:8000000000000000", "--seqno", "1", "--tail-len", "1", "o"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_an_empty_path_is_refused_not_read_as_here(argv: list[str], tmp_path: Path) -> None:
+    """Run inside a queue's directory: an empty path must not name it."""
+    made = _imq("demo", "--db", "q", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    here = tmp_path / "q"
+    before = _listing(here)
+    done = _imq(*argv, cwd=here)
+    assert done.returncode == 2, done.stderr
+    assert "an empty path" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+    assert _listing(here) == before
+    assert _imq("verify", ".", cwd=here).returncode == 0
+
+
+def _cut(tmp_path: Path) -> Path:
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(SHARD_BIN.read_bytes()[:300_000])
+    return cut
+
+
+def test_a_failed_import_names_its_file_once(tmp_path: Path) -> None:
+    cut = _cut(tmp_path)
+    done = _imq(
+        "--log-level", "error", "import", "db", cut.name, "--block-id", SHARD_ID, cwd=tmp_path
+    )
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert line.count("cut.bin") == 1, line
+    assert line.count("fetch") == 1, line
+    assert "truncated" in line
+
+
+def test_a_failed_import_removes_the_parents_it_created(tmp_path: Path) -> None:
+    cut = _cut(tmp_path)
+    (tmp_path / "kept").mkdir()
+    for db in ("p/q/db", "kept/a/db"):
+        done = _imq("import", db, cut.name, "--block-id", SHARD_ID, cwd=tmp_path)
+        assert done.returncode == 1, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.bin", "kept"]
+    assert list((tmp_path / "kept").iterdir()) == []
+
+
+def test_the_log_options_also_follow_the_command(tmp_path: Path) -> None:
+    assert _imq("demo", "--db", "q", cwd=tmp_path).returncode == 0
+    done = _imq("gc", "q", "--log-level", "info", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "queue_opened" in done.stderr
+    done = _imq("--log-level", "info", "gc", "q", "--log-json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert '"event": "queue_opened"' in done.stderr
+    # Given after the command, it wins over the one before it.
+    done = _imq("--log-level", "info", "gc", "q", "--log-level", "error", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "queue_opened" not in done.stderr
+    quiet = _imq("gc", "q", cwd=tmp_path)
+    assert "queue_opened" not in quiet.stderr
+
+
+def test_an_extra_argument_shows_the_commands_usage(tmp_path: Path) -> None:
+    done = _imq("inspect", "q", "extra", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith("usage: imq inspect"), done.stderr
+    assert "unrecognized arguments: extra" in done.stderr
+
+
+def test_record_into_a_directory_is_refused_before_the_run(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    done = _imq("simulate", "--rounds", "3", "--record", "logs", cwd=tmp_path)
+    assert done.returncode == 1
+    assert "is a directory" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
+
+
+def test_demo_prints_nothing_for_a_path_it_cannot_use(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    done = _imq("demo", "--db", "afile/sub", cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stdout == ""
