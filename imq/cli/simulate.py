@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -207,11 +209,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             f"--dir {args.dir} is a file; give a directory (the run's queue/, report.json "
             "and report.png go there)"
         )
-    if args.record is not None and args.record.is_dir():
-        raise PathError(
-            f"--record {args.record} is a directory; give the op log's file name "
-            "(a JSON-lines file, created or emptied)"
-        )
+    if args.record is not None and args.record.is_dir():  # refused before the run's dir
+        exc = IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(args.record))
+        raise FileAccessError(args.record, _WRITE_LOG, exc)
     progress = _Progress(rounds, args.duration, err)
     with contextlib.ExitStack() as stack:
         log: OpLog | None = None

@@ -121,7 +121,7 @@ def test_record_into_a_directory_is_refused_before_the_run(tmp_path: Path) -> No
     (tmp_path / "logs").mkdir()
     done = _imq("simulate", "--rounds", "3", "--record", "logs", cwd=tmp_path)
     assert done.returncode == 1
-    assert "is a directory" in done.stderr
+    assert "Is a directory" in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["logs"]
 
 
