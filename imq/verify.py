@@ -40,6 +40,7 @@ from imq.errors import CorruptDataError, ImqError, StorageError
 from imq.storage import Scan, Store, StoreOptions, Table, codec, ops
 from imq.storage.backend import StoreProtocol
 from imq.storage.queue_state import GcBounds
+from imq.storage.rocks import GONE_SINCE_OPEN
 from imq.types import CommitPointer, QueueKey, ShardIdent
 
 __all__ = ["Report", "state_problems", "verify"]
@@ -54,6 +55,9 @@ class Report:
     problems: list[str] = field(default_factory=list)
     # What could not be checked, and why (no problem: the exit status stays 0)
     notes: list[str] = field(default_factory=list)
+    # A file the read-only view opened with was gone when read: a live writer's
+    # compaction, most likely (verify opens again and starts over, a few times).
+    outdated: bool = field(default=False, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -67,6 +71,7 @@ def _rows(store: Store, table: Table, report: Report) -> list[tuple[bytes, bytes
         with store.snapshot(scans=[Scan(table, b"", None)]) as snap:
             rows = list(snap.cursors[0])
     except ImqError as exc:
+        report.outdated |= _outdated(exc)
         report.problems.append(f"table {table.value}: cannot be read to its end: {exc}")
         return None
     report.rows[table.value] = len(rows)
@@ -90,23 +95,56 @@ def _decode_all(
 _SELF_ADVICE = "; run `imq verify` on it for details"
 
 
+# Read-only views a live writer's compactions outdated, opened again before the last
+# one's findings stand (a writer compacting without pause outdates every one).
+_ATTEMPTS = 5
+
+
+def _outdated(exc: BaseException) -> bool:
+    return isinstance(exc, StorageError) and GONE_SINCE_OPEN in exc.hint
+
+
 def verify(path: str | Path, options: StoreOptions | None = None) -> Report:
-    """Check the database in ``path`` (opened read-only: safe beside a live writer)."""
-    report = Report(Path(path))
+    """Check the database in ``path`` (opened read-only: safe beside a live writer).
+
+    A read-only view reads the files listed at its open; when a writer beside it has
+    compacted one of them away before it was read (message bodies in blob files are
+    opened only when first read), the check starts over on a new view, up to five
+    views in all, then raises :class:`StorageError` (no finding: the writer outran it)."""
+    for _ in range(_ATTEMPTS):
+        report = Report(Path(path))
+        store = _open(Path(path), options)
+        report.notes += store.log_notes
+        try:
+            _verify(store, report)
+        except StorageError as exc:
+            if not _outdated(exc):
+                raise
+            report.outdated = True
+        finally:
+            store.close()
+        if not report.outdated:
+            return report
+    # Not a finding about the data: each view was outdated before it was read through.
+    raise StorageError(
+        Path(path),
+        "verify",
+        f"a live writer's compactions removed files of each of {_ATTEMPTS} read-only "
+        "views before they were read through (nothing was found wrong with what was read)",
+        hint="run it again when the writer is less busy, or stop the node and verify the "
+        "directory (or a copy of it)",
+    )
+
+
+def _open(path: Path, options: StoreOptions | None) -> Store:
     try:
-        store = Store(Path(path), options, read_only=True)
+        return Store(path, options, read_only=True)
     except StorageError as exc:
         # The open's advice to run `imq verify` is no advice when that is what failed.
         if _SELF_ADVICE not in exc.hint:
             raise
         hint = exc.hint.replace(_SELF_ADVICE, "")
         raise StorageError(exc.path, exc.operation, exc.reason, hint) from exc
-    report.notes += store.log_notes
-    try:
-        _verify(store, report)
-    finally:
-        store.close()
-    return report
 
 
 def _check_import_marker(marker: bytes | None, report: Report) -> None:

@@ -147,6 +147,11 @@ class StoreProtocol(Protocol):
         """The error that killed the handle (a failed write), or ``None``."""
 
     @property
+    def forked(self) -> bool:
+        """Whether this process was forked from the one that opened the store (every
+        call refused; ``close`` takes no lock)."""
+
+    @property
     def diff_tops(self) -> DiffTops:
         """Each shard's highest stored diff, as this store's writes left it
         (:mod:`imq.storage.tops`)."""

@@ -209,6 +209,11 @@ class MemoryStore:
         """Always ``None``: memory has no I/O to fail."""
         return None
 
+    @property
+    def forked(self) -> bool:
+        """Always ``False``: a forked child's copy of memory is its own."""
+        return False
+
     def set_state(self, state: QueueState) -> None:
         with self._gate:
             self._state = state

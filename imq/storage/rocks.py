@@ -66,6 +66,7 @@ from imq.storage.tops import DiffTop, DiffTops
 from imq.types import ShardIdent
 
 __all__ = [
+    "GONE_SINCE_OPEN",
     "DATABASE_FILE",
     "Closable",
     "Cursor",
@@ -113,17 +114,58 @@ def says_disk_full(reason: str) -> bool:
     return "No space left" in reason or "Disk quota" in reason
 
 
-def _read_error(path: object, table: Table, key: bytes, exc: BaseException) -> ImqError:
+def _read_error(
+    path: object, table: Table, key: bytes, exc: BaseException, *, read_only: bool = False
+) -> ImqError:
     """The typed error for a failed RocksDB read: a damaged block (``Corruption``) is
     :class:`CorruptDataError`, anything else (an I/O error) :class:`StorageError`."""
     text = str(exc)
     if _says_damaged(text):
         return CorruptDataError(table.value, key, f"RocksDB could not read the table: {text}")
-    return StorageError(path, f"a read of table {table.value!r}", text, hint=_read_hint(text))
+    # A read-only view's file gone while a writer holds the directory: that writer's
+    # compaction, not damage (with no writer, the directory was changed outside imq).
+    outdated = read_only and "No such file" in text and writer_holds_lock(path)
+    return StorageError(
+        path, f"a read of table {table.value!r}", text, hint=_read_hint(text, outdated)
+    )
 
 
-def _read_hint(reason: str) -> str:
-    """What to do after a read that failed other than on a damaged block."""
+def writer_holds_lock(path: object) -> bool:
+    """Whether a writer (of any process, this one included) holds the directory's lock
+    now; False when that cannot be told."""
+    if not isinstance(path, Path):
+        return False
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False  # no lock file: no writer ever opened it, or it cannot be seen
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # closing the descriptor releases a shared lock it took
+    return False
+
+
+# A read-only handle's missing file: the hint imq verify looks for to open again.
+GONE_SINCE_OPEN = "a live writer's compaction removed it since this read-only view opened"
+
+
+def _read_hint(reason: str, outdated: bool = False) -> str:
+    """What to do after a read that failed other than on a damaged block (``outdated``:
+    a read-only view's file that the live writer removed)."""
+    if outdated:
+        # A read-only view reads the files listed at its open; a writer beside it goes on
+        # compacting and deletes what it replaced. Table files are opened at open, blob
+        # files (message bodies of 32 KiB and more) only when first read.
+        return (
+            f"a file the database listed at this handle's open is missing, and a writer "
+            f"holds the directory: most likely {GONE_SINCE_OPEN}; open it again (a view "
+            "sees the files as they were at its open)"
+        )
     if "No such file" in reason:
         return (
             "a file the database lists is missing (named above): the directory was "
@@ -148,10 +190,11 @@ class _EndCheck:
     per scan end, nothing per row.
     """
 
-    __slots__ = ("_lo", "_path", "_raw", "_reverse", "_table", "seen")
+    __slots__ = ("_lo", "_path", "_raw", "_read_only", "_reverse", "_table", "seen")
 
-    def __init__(self, raw: Any, scan: Scan, path: object) -> None:
+    def __init__(self, raw: Any, scan: Scan, path: object, read_only: bool = False) -> None:
         self._raw = raw
+        self._read_only = read_only
         # The last row read, when the rows are iterated through ``Cursor.items``.
         self.seen: deque[Any] | None = None
         self._table = scan.table
@@ -202,7 +245,9 @@ class _EndCheck:
             raise
         except Exception as exc:  # rocksdict raises a bare Exception("Corruption: ...")
             key = last_key if last_key is not None else self._lo
-            raise _read_error(self._path, self._table, key, exc) from None
+            raise _read_error(
+                self._path, self._table, key, exc, read_only=self._read_only
+            ) from None
 
 
 class Cursor:
@@ -230,6 +275,7 @@ class Cursor:
         "_lo",
         "_path",
         "_raw",
+        "_read_only",
         "_reverse",
         "_ro",
         "_table",
@@ -237,8 +283,15 @@ class Cursor:
     )
 
     def __init__(
-        self, rdict: Any, scan: Scan, path: object = None, *, fill_cache: bool = True
+        self,
+        rdict: Any,
+        scan: Scan,
+        path: object = None,
+        *,
+        fill_cache: bool = True,
+        read_only: bool = False,
     ) -> None:
+        self._read_only = read_only  # the handle's: a missing file's hint depends on it
         self._lo = scan.lo
         self._hi = scan.hi
         self._reverse = scan.reverse
@@ -270,7 +323,7 @@ class Cursor:
             else:
                 rows = rdict.items(from_key=scan.lo, read_opt=self._ro)
             # Opened at the same instant as ``rows``: the same implicit snapshot.
-            end = _EndCheck(rdict.iter(self._ro), scan, path)
+            end = _EndCheck(rdict.iter(self._ro), scan, path, read_only)
             if scan.reverse or scan.keys_only:
                 self._items = self.rows = self._checked(rows, end)
             else:
@@ -336,7 +389,7 @@ class Cursor:
                 return key if key >= self._lo else None
             raw.status()  # no key below hi at all, or a damaged block?
         except Exception as exc:
-            raise _read_error(self._path, self._table, hi, exc) from None
+            raise _read_error(self._path, self._table, hi, exc, read_only=self._read_only) from None
         return None
 
     def count(self, lo: bytes, hi: bytes) -> int:
@@ -355,7 +408,7 @@ class Cursor:
         try:
             raw.status()
         except Exception as exc:
-            raise _read_error(self._path, self._table, lo, exc) from None
+            raise _read_error(self._path, self._table, lo, exc, read_only=self._read_only) from None
         return n
 
     def close(self) -> None:
@@ -368,7 +421,7 @@ class Snapshot:
     """A consistent read view: point reads on the tables named at creation, the cursors
     declared at creation, and the queue state as it was at that instant."""
 
-    __slots__ = ("_closed", "_points", "_store", "cursors", "state")
+    __slots__ = ("_closed", "_holder", "_points", "_store", "cursors", "state")
 
     def __init__(
         self,
@@ -376,12 +429,14 @@ class Snapshot:
         points: dict[Table, Any],
         cursors: list[Cursor | CursorProtocol],
         state: QueueState,
+        holder: int | None = None,
     ) -> None:
         self._store = store
         self._points = points
         self.cursors = cursors
         self.state = state
         self._closed = False
+        self._holder = holder  # the thread the store counts this view for, if it does
 
     def get(self, table: Table, key: bytes) -> bytes | None:
         try:
@@ -393,7 +448,9 @@ class Snapshot:
         except Exception as exc:  # rocksdict raises a bare Exception("key not found")
             if "not found" in str(exc):
                 return None
-            raise _read_error(self._store.path, table, key, exc) from None
+            raise _read_error(
+                self._store.path, table, key, exc, read_only=self._store.read_only
+            ) from None
         return value
 
     def check_usable(self) -> None:
@@ -407,9 +464,14 @@ class Snapshot:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            for cursor in self.cursors:
-                cursor.close()
-            self._points.clear()
+            try:
+                for cursor in self.cursors:
+                    cursor.close()
+                self._points.clear()
+            finally:
+                holder, self._holder = self._holder, None
+                if holder is not None:
+                    self._store.end_view(holder)
 
     def __enter__(self) -> Snapshot:
         return self
@@ -717,33 +779,43 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-class _Compactions:
-    """The manual compactions running outside the store's gate, per thread (all calls
-    under the gate). Their table handles keep RocksDB open, so ``close`` waits for them;
-    a thread's own (a close from a signal handler during one) cannot end while that
-    thread waits, so it is not waited for."""
+class _Holders:
+    """What threads hold of RocksDB outside the store's gate, per thread (all calls under
+    the gate): manual compactions (a table handle), or read views (snapshots and
+    cursors). Either keeps RocksDB open, with the directory's lock, after the store let
+    go of it, so ``close`` waits for them; a thread's own (a close from a signal handler
+    during one) cannot end while that thread waits, so it is not waited for."""
 
     __slots__ = ("_done", "_running")
 
     def __init__(self, gate: threading.Lock) -> None:
-        self._running: dict[int, int] = {}  # thread ident -> compactions under way
+        self._running: dict[int, int] = {}  # thread ident -> holds under way
         self._done = threading.Condition(gate)
 
-    def start(self) -> None:
+    def start(self) -> int:
+        """Count a hold of the calling thread; its ident, for :meth:`end`."""
         me = threading.get_ident()
         self._running[me] = self._running.get(me, 0) + 1
+        return me
 
-    def end(self) -> None:
-        me = threading.get_ident()
+    def end(self, thread: int | None = None) -> None:
+        """End a hold of ``thread`` (the calling thread by default)."""
+        me = threading.get_ident() if thread is None else thread
         left = self._running.pop(me) - 1
         if left:
             self._running[me] = left
         self._done.notify_all()
 
-    def wait_for_others(self) -> None:
+    def wait_for_others(self, timeout: float | None = None) -> bool:
+        """Wait until no other thread holds anything: False if ``timeout`` seconds
+        passed first."""
         me = threading.get_ident()
-        while any(thread != me for thread in self._running):
-            self._done.wait()
+        return self._done.wait_for(lambda: all(thread == me for thread in self._running), timeout)
+
+
+# How long close() waits for another thread's read view (a read call ends in
+# milliseconds; a view that outlives this was leaked, and close() goes on without it).
+_VIEW_WAIT = 10.0
 
 
 def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) -> Any:
@@ -882,19 +954,7 @@ class Store:
         self._lock_fd = -1
         if read_only:
             self._check_database_exists()
-        try:
-            found = os.stat(self.path)
-        except (FileNotFoundError, NotADirectoryError):
-            found = None  # created below (a path under a file fails there, typed)
-        except OSError as exc:  # not permitted to look
-            raise FileAccessError(self.path, "open queue database", exc) from None
-        if found is not None and not stat.S_ISDIR(found.st_mode):
-            raise FileAccessError(
-                self.path,
-                "open queue database",
-                NotADirectoryError(errno.ENOTDIR, "it is a file, not a directory"),
-                "pass the directory that holds (or will hold) the queue",
-            )
+        found = self._stat_directory()
         self._complete = False  # whether the MANIFEST listed all of imq's tables at open
         # What the walk of the logs found that is not sure damage, one line each (a
         # zeroed record header with data after it): the queue logs them as warnings at
@@ -921,7 +981,8 @@ class Store:
                 self._release_lock()
                 raise
         self._gate = threading.Lock()
-        self._compactions = _Compactions(self._gate)
+        self._compactions = _Holders(self._gate)
+        self._views = _Holders(self._gate)
         self._state = QueueState()
         self._resources: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
@@ -939,6 +1000,24 @@ class Store:
         self._register()
 
     # -- open / close -------------------------------------------------------------------------
+
+    def _stat_directory(self) -> os.stat_result | None:
+        """The database directory's stat, or None when it does not exist yet (created at
+        open; a path under a file fails there, typed); a file is refused."""
+        try:
+            found = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:  # not permitted to look
+            raise FileAccessError(self.path, "open queue database", exc) from None
+        if not stat.S_ISDIR(found.st_mode):
+            raise FileAccessError(
+                self.path,
+                "open queue database",
+                NotADirectoryError(errno.ENOTDIR, "it is a file, not a directory"),
+                "pass the directory that holds (or will hold) the queue",
+            )
+        return found
 
     def _acquire_lock(self) -> int:
         fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -1306,7 +1385,9 @@ class Store:
         the block cache when ``StoreOptions.message_scans_fill_cache`` is off (see
         ``QueueConfig.message_scans_fill_cache`` for what that trades)."""
         fill = scan.table is not Table.MESSAGES or self.options.message_scans_fill_cache
-        return Cursor(self._tables[scan.table], scan, self.path, fill_cache=fill)
+        return Cursor(
+            self._tables[scan.table], scan, self.path, fill_cache=fill, read_only=self.read_only
+        )
 
     def _has_rows(self, table: Table) -> bool:
         cursor = Cursor(self._table(table), Scan(table, b"", None, keys_only=True), self.path)
@@ -1348,6 +1429,14 @@ class Store:
             self._closed = True
             self._forget_memory()
             self._compactions.wait_for_others()  # none can start now
+            if not self._views.wait_for_others(_VIEW_WAIT):  # nor a view
+                failure = StorageError(
+                    self.path,
+                    "close",
+                    f"a read view of another thread was still open after {_VIEW_WAIT:.0f} s "
+                    "(not closed: leaked?); it keeps RocksDB, and the directory's lock, "
+                    "open in this process until it is dropped",
+                )
             try:
                 for resource in list(self._resources):
                     try:
@@ -1472,7 +1561,22 @@ class Store:
                 Snapshot(self, snaps, cursors, self._state).close()
                 raise
             state = self._state
-        return Snapshot(self, snaps, cursors, state)
+            # Counted until closed: its RocksDB snapshots and cursors keep the database
+            # open, so close() waits for it, as for a manual compaction. (An iterator's
+            # view, message_snapshot, is a registered resource: close() closes it.)
+            holder = self._views.start()
+        return Snapshot(self, snaps, cursors, state, holder)
+
+    def end_view(self, holder: int) -> None:
+        """A view of thread ``holder`` was closed (:meth:`snapshot`)."""
+        with self._gate:
+            self._views.end(holder)
+
+    @property
+    def forked(self) -> bool:
+        """Whether this process was forked from the one that opened the store: every call
+        is refused, and ``close`` touches no lock (see :meth:`_forked_into_child`)."""
+        return self._forked
 
     def message_snapshot(
         self, bounds: Sequence[tuple[bytes, bytes]], reader: tuple[int, int, int] | None
@@ -1580,7 +1684,9 @@ class Store:
 
     def load_table(self, table: Table) -> list[tuple[bytes, bytes]]:
         """Every row of a small table (used at open to load the queue state)."""
-        cursor = Cursor(self._table(table), Scan(table, b"", None), self.path)
+        cursor = Cursor(
+            self._table(table), Scan(table, b"", None), self.path, read_only=self.read_only
+        )
         try:
             return list(cursor.items)
         finally:
@@ -1593,7 +1699,7 @@ class Store:
         except Exception as exc:
             if self._closed:
                 raise QueueClosedError(f"queue database {self.path} is closed") from exc
-            raise _read_error(self.path, table, key, exc) from None
+            raise _read_error(self.path, table, key, exc, read_only=self.read_only) from None
         return value
 
     # -- writes -------------------------------------------------------------------------------

@@ -1,0 +1,281 @@
+"""Lifecycle edges a concurrency audit found, each on real RocksDB: ``close()`` racing
+another thread's read (the directory was still held after ``close()`` returned), ``close()``
+in a forked child (it could wait forever for a lock a thread of the parent held at the
+fork), a host exiting while its daemon thread commits (SIGABRT), and a read-only view
+whose files a live writer compacted away (reported as damage, ``imq verify`` included)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from builders import BASE, MC, Chain, full_range, quarter_shards
+
+import imq.verify
+from imq import (
+    DatabaseLockedError,
+    Queue,
+    QueueClosedError,
+    QueueConfig,
+    QueueKey,
+    StorageError,
+)
+from imq.storage import ops
+from imq.storage.rocks import GONE_SINCE_OPEN
+
+REPO = Path(__file__).resolve().parents[2]
+SHARDS = quarter_shards()
+
+
+def _filled(path: Path, diffs: int = 300) -> None:
+    with Queue.open(path, QueueConfig.testing()) as queue:
+        chain = Chain(queue)
+        for _ in range(diffs):
+            for shard in SHARDS:
+                chain.apply(shard, 3)
+
+
+@pytest.mark.parametrize("read", ["summary", "tail", "info"])
+def test_close_waits_for_another_threads_read_so_a_reopen_works(read: str, tmp_path: Path) -> None:
+    """Before: 18 of 20 reopens right after close() were refused ("lock hold by current
+    process"): the reading thread's RocksDB snapshot kept the database open."""
+    path = tmp_path / "db"
+    _filled(path)
+    calls = {
+        "summary": lambda q: q.summary(),
+        "tail": lambda q: q.get_diffs_tail_len(SHARDS[0], QueueKey.MIN),
+        "info": lambda q: q.get_diff_info(SHARDS[1], 7),
+    }
+    call = calls[read]
+    for _ in range(4):
+        queue = Queue.open(path, QueueConfig.testing())
+        started = threading.Event()
+        errors: list[BaseException] = []
+
+        def reader(
+            queue: Queue = queue,
+            started: threading.Event = started,
+            errors: list[BaseException] = errors,
+        ) -> None:
+            try:
+                while True:
+                    call(queue)
+                    started.set()
+            except QueueClosedError:
+                pass
+            except BaseException as exc:  # anything else fails the test below
+                errors.append(exc)
+            finally:
+                started.set()
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        started.wait(10)
+        time.sleep(0.01)
+        queue.close()
+        try:
+            Queue.open(path, QueueConfig.testing()).close()  # at once: the directory is free
+        except DatabaseLockedError as exc:
+            pytest.fail(f"reopen right after close() refused: {exc}")
+        finally:
+            thread.join(10)
+        assert not errors, errors
+        assert queue.close_error is None
+
+
+def test_close_waits_for_a_view_another_thread_still_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race above made certain: the reading thread is held just before it lets go of
+    its view, while the main thread closes and reopens."""
+    path = tmp_path / "db"
+    _filled(path, 5)
+    queue = Queue.open(path, QueueConfig.testing())
+    inside, closing = threading.Event(), threading.Event()
+    real_close = ops.View.close
+
+    def slow_close(view: ops.View) -> None:
+        if threading.current_thread().name == "reader":
+            inside.set()
+            closing.wait(10)
+            time.sleep(0.2)  # close() must still be waiting when the view ends
+        real_close(view)
+
+    monkeypatch.setattr(ops.View, "close", slow_close)
+    reader = threading.Thread(target=queue.get_diff_info, args=(SHARDS[0], 3), name="reader")
+    reader.start()
+    assert inside.wait(10)
+    closing.set()
+    began = time.monotonic()
+    queue.close()
+    waited = time.monotonic() - began
+    Queue.open(path, QueueConfig.testing()).close()  # at once: refused before the fix
+    reader.join(10)
+    assert waited >= 0.15, waited
+    assert queue.close_error is None
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests' / 'integration'}"},
+        check=False,
+    )
+
+
+def test_close_in_a_forked_child_takes_no_lock_a_parent_thread_held(tmp_path: Path) -> None:
+    """A thread of the parent inside the facade's lock at the fork: the child's close()
+    waited for it forever (10 of 240 forks of a busy queue)."""
+    done = _run(
+        """
+        import faulthandler, os, sys, threading
+        from imq import Queue, QueueConfig
+        queue = Queue.open(sys.argv[1], QueueConfig.testing())
+        held, release = threading.Event(), threading.Event()
+        def holder():
+            with queue._rw._cond:  # what every lock call of the facade takes, briefly
+                held.set()
+                release.wait()
+        thread = threading.Thread(target=holder)
+        thread.start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            faulthandler.dump_traceback_later(10, exit=True)  # a hang: exit status 1
+            queue.close()
+            os._exit(0 if queue.closed else 3)
+        release.set()
+        thread.join()
+        _, status = os.waitpid(pid, 0)
+        queue.close()
+        print("child", os.waitstatus_to_exitcode(status))
+        """,
+        str(tmp_path / "db"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["child", "0"], done.stderr
+
+
+@pytest.mark.parametrize("what", ["commit", "compact"])
+def test_exit_while_a_daemon_thread_is_inside_rocksdb_is_clean(what: str, tmp_path: Path) -> None:
+    """A host that exits without close() while its daemon thread commits (a synced
+    commit's fsync runs with the GIL released) or compacts: SIGABRT in 10 of 10 runs."""
+    done = _run(
+        """
+        import sys, threading, time
+        from dataclasses import replace
+        from builders import MC, Chain, quarter_shards
+        from imq import Queue, QueueConfig
+        what = sys.argv[2]
+        queue = Queue.open(sys.argv[1], replace(QueueConfig.testing(), sync_commits=True))
+        shards, chain = quarter_shards(), Chain(queue)
+        def committer():
+            mc = Chain(queue, chain.clock)
+            while True:
+                for shard in shards:
+                    chain.apply(shard, 20, body=b"x" * 300)
+                block = mc.apply(MC, 0)
+                tops = [chain.of(s)[-1].top(block.seqno) for s in shards]
+                queue.commit_diff([block.top(), *tops])
+        def compactor():
+            while True:
+                queue.compact()
+        threading.Thread(target=committer, daemon=True).start()
+        if what == "compact":
+            threading.Thread(target=compactor, daemon=True).start()
+        time.sleep(0.5)
+        sys.exit(0)
+        """,
+        str(tmp_path / "db"),
+        what,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    with Queue.open(tmp_path / "db", QueueConfig.testing()) as queue:  # and it reopens
+        assert queue.get_commit_pointers()
+
+
+def _blob_queue(path: Path) -> tuple[Queue, Chain]:
+    writer = Queue.open(path, replace(QueueConfig.testing(), compact_after_delete=True))
+    chain = Chain(writer)
+    for _ in range(10):
+        for shard in SHARDS:
+            chain.apply(shard, 3, body=b"B" * (40 << 10))  # bodies in blob files
+    writer.compact()
+    return writer, chain
+
+
+def _collect_everything(writer: Queue, chain: Chain) -> None:
+    reached = {s: chain.of(s)[-1].max_message for s in SHARDS}
+    mc = Chain(writer, chain.clock).apply(MC, 0, processed_to=reached)
+    tops = [chain.apply(s, 1, processed_to=reached).top(mc.seqno) for s in SHARDS]
+    writer.commit_diff([mc.top(), *tops])
+    writer.run_gc()
+    writer.compact()
+
+
+def test_a_read_only_view_outdated_by_the_writer_says_so(tmp_path: Path) -> None:
+    """Not "the directory was changed outside imq ... restore it": a sound database."""
+    path = tmp_path / "db"
+    writer, chain = _blob_queue(path)
+    view = Queue.open(path, QueueConfig.testing(), read_only=True)
+    try:
+        _collect_everything(writer, chain)
+        with (
+            pytest.raises(StorageError) as info,
+            view.iterator(0, [full_range(s) for s in SHARDS], BASE) as it,
+        ):
+            sum(1 for _ in it)
+        assert GONE_SINCE_OPEN in info.value.hint
+        assert ".blob" in info.value.reason
+    finally:
+        view.close()
+    # A new view reads the writer's files as they are now.
+    with Queue.open(path, QueueConfig.testing(), read_only=True) as again:
+        assert list(again.iterator(0, [full_range(s) for s in SHARDS], BASE)) == list(
+            writer.iterator(0, [full_range(s) for s in SHARDS], BASE)
+        )
+    writer.close()
+
+
+def _outdated() -> StorageError:
+    return StorageError(
+        "db", "a read of table 'messages'", "000010.blob: No such file", hint=GONE_SINCE_OPEN
+    )
+
+
+def test_verify_opens_a_new_view_when_the_writer_outdated_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "db"
+    _filled(path, 5)
+    real = imq.verify._verify
+    views: list[int] = []
+
+    def outdated_twice(store: object, report: imq.verify.Report) -> None:
+        views.append(1)
+        if len(views) <= 2:
+            raise _outdated()
+        real(store, report)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(imq.verify, "_verify", outdated_twice)
+    report = imq.verify.verify(path)
+    assert report.ok, report.problems
+    assert len(views) == 3
+
+    def always(store: object, report: imq.verify.Report) -> None:
+        raise _outdated()
+
+    monkeypatch.setattr(imq.verify, "_verify", always)
+    with pytest.raises(StorageError, match="removed files of each of 5 read-only views") as info:
+        imq.verify.verify(path)
+    assert "nothing was found wrong" in str(info.value)
