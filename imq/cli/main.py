@@ -261,3 +261,12 @@ def _main(argv: Sequence[str], out: TextIO) -> int:
     except ValueError as exc:
         print(f"imq: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except MemoryError:
+        # What a command holds is dropped with the frames of the traceback, so a line
+        # can still be printed (an outside audit met a traceback under `ulimit -v`).
+        print(
+            "imq: error: out of memory; nothing more was done: raise the memory limit "
+            "(`ulimit -v`) or free memory, then run the command again",
+            file=sys.stderr,
+        )
+        return 1

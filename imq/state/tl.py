@@ -346,15 +346,29 @@ def _read_processed_to(r: _DiffReader) -> tuple[tuple[ShardIdent, QueueKey], ...
     return tuple(entries)
 
 
+# Hash and account lists are read and checked a slice at a time: a few KiB of zstd can
+# declare ten million zero hashes or accounts (an outside audit: 1.9 GB of memory for an
+# 11 KB file), which must fail at the first slice, not once all of it was read and an
+# object built per entry. Memory then follows the bytes that were checked.
+_HASHES_A_SLICE = (1 << 20) // 32
+_ACCOUNTS_A_SLICE = (1 << 20) // 36
+
+
 def _read_hashes(r: _DiffReader) -> bytes:
     n = r.count("message count", MAX_MESSAGES)
     at = r.src.offset
-    hashes = r.take(32 * n, f"{n} message hashes")
-    bad = _first_bad_hash(hashes)
-    if bad is not None:
-        index, check = bad
-        raise r.fail(at + 32 * index, f"{check} (message {index})")
-    return hashes
+    pieces: list[bytes] = []
+    last = b""  # the previous slice's last hash: the order check crosses slices
+    for first in range(0, n, _HASHES_A_SLICE):
+        piece = r.take(32 * min(_HASHES_A_SLICE, n - first), f"{n} message hashes")
+        bad = _first_bad_hash(last + piece)
+        if bad is not None:
+            index, check = bad
+            index += first - len(last) // 32
+            raise r.fail(at + 32 * index, f"{check} (message {index})")
+        pieces.append(piece)
+        last = piece[-32:]
+    return b"".join(pieces)
 
 
 def _read_router(r: _DiffReader, name: str) -> Router:
@@ -373,16 +387,22 @@ def _read_router(r: _DiffReader, name: str) -> Router:
             )
         count = r.count(f"{name} partition {index} account count", MAX_ACCOUNTS)
         base = r.src.offset
-        data = r.take(36 * count, f"{name} partition {index} accounts")
-        accounts = list(_ROUTER_ADDR.iter_unpack(data))
-        for i, (wc, _) in enumerate(accounts):
-            if not -128 <= wc <= 127:
-                raise r.fail(base + 36 * i, f"{name}: account workchain {wc} does not fit i8")
-        bad = _first_unsorted(accounts)
-        if bad is not None:
-            raise r.fail(
-                base + 36 * bad, f"{name}: partition {index} accounts not strictly ascending"
-            )
+        accounts: list[tuple[int, bytes]] = []
+        for first in range(0, count, _ACCOUNTS_A_SLICE):
+            size = min(_ACCOUNTS_A_SLICE, count - first)
+            data = r.take(36 * size, f"{name} partition {index} accounts")
+            piece = list(_ROUTER_ADDR.iter_unpack(data))
+            for i, (wc, _) in enumerate(piece, first):
+                if not -128 <= wc <= 127:
+                    raise r.fail(base + 36 * i, f"{name}: account workchain {wc} does not fit i8")
+            before = accounts[-1:]  # the order check crosses slices
+            bad = _first_unsorted(before + piece)
+            if bad is not None:
+                raise r.fail(
+                    base + 36 * (first + bad - len(before)),
+                    f"{name}: partition {index} accounts not strictly ascending",
+                )
+            accounts += piece
         partitions.append((index, tuple(_trusted_address(wc, acc) for wc, acc in accounts)))
     return tuple(partitions)
 

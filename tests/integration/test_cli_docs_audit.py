@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import structlog
 from state_fixtures import SHARD_BIN
+
+from imq.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 SHARD_ID = "0:8000000000000000:160"
@@ -130,3 +133,24 @@ def test_demo_prints_nothing_for_a_path_it_cannot_use(tmp_path: Path) -> None:
     done = _imq("demo", "--db", "afile/sub", cwd=tmp_path)
     assert done.returncode == 1
     assert done.stdout == ""
+
+
+def test_out_of_memory_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A state audit: a file declaring millions of entries under `ulimit -v` ended in a
+    MemoryError traceback (the reader now refuses those at once; any other is one line)."""
+    import imq.cli.inspect as command
+
+    def out_of_memory(args: object, out: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(command, "_run_args", out_of_memory)
+    saved = structlog.get_config()
+    try:
+        assert main(["inspect", "somewhere"]) == 1
+    finally:
+        structlog.configure(**saved)
+    err = capsys.readouterr().err
+    assert err.startswith("imq: error: out of memory"), err
+    assert err.count("\n") == 1

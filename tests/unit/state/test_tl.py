@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from imq.state import tl
 from imq.state.source import ByteSource, open_source
 from imq.state.tl import (
     MAX_CHUNK_SIZE,
+    QUEUE_DIFF_ID,
     StateHeader,
     TlDiff,
     decode_diff,
@@ -743,3 +745,63 @@ def test_every_single_byte_flip_of_master_bin() -> None:
             except StateFormatError:
                 pass
     assert accepted > 0  # flips inside hashes and lts are valid bytes
+
+
+class _Zeros(io.RawIOBase):
+    """``head``, then ``n`` zero bytes made as they are read (never all in memory)."""
+
+    def __init__(self, head: bytes, n: int) -> None:
+        self._head = head
+        self._left = n
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        if self._head:
+            k = min(len(buffer), len(self._head))
+            buffer[:k] = self._head[:k]
+            self._head = self._head[k:]
+            return k
+        k = min(len(buffer), self._left)
+        buffer[:k] = bytes(k)
+        self._left -= k
+        return k
+
+
+_U32 = struct.Struct("<I")
+_DIFF_HEAD = (
+    _U32.pack(QUEUE_DIFF_ID)
+    + bytes(32)
+    + struct.pack("<iQ", 0, 1 << 63)
+    + _U32.pack(5)
+    + _U32.pack(0)  # no processed_to
+    + struct.pack("<Q32s", 1, bytes(32))
+    + struct.pack("<Q32s", 2, b"\xff" * 32)
+)
+
+
+@pytest.mark.parametrize(
+    ("tail", "entry", "says"),
+    [
+        (_U32.pack(10_000_000), 32, "zero message hash (message 0) at offset 140"),
+        (
+            _U32.pack(0) + _U32.pack(1) + _U32.pack(1) + _U32.pack(10_000_000),
+            36,
+            "accounts not strictly ascending at offset 188",
+        ),
+    ],
+    ids=["hashes", "router"],
+)
+def test_a_declared_list_of_zeros_fails_at_its_first_slice(
+    tail: bytes, entry: int, says: str
+) -> None:
+    """An outside audit: an 11 KB zstd file declaring 10 million zero router accounts
+    (360 MB) took 1.9 GB of memory before it was refused (a bare MemoryError under
+    `ulimit -v`); 10 million zero hashes, 750 MB. Checked a slice at a time, the read
+    stops after the first one."""
+    declared = 10_000_000 * entry
+    src = ByteSource(_Zeros(_DIFF_HEAD + tail, declared))
+    with pytest.raises(StateFormatError, match=re.escape(says)):
+        tl.read_diff(src)
+    assert src.raw_bytes_read < 4 << 20, src.raw_bytes_read
