@@ -248,7 +248,10 @@ def _main(argv: Sequence[str], out: TextIO) -> int:
         return int(code or 0)
     except KeyboardInterrupt as exc:
         # Ctrl-C or SIGTERM: one line saying what state the command leaves, no traceback.
-        what = getattr(args, "interrupted", "")
+        # The command's word on the state it leaves; one it set on the interrupt itself
+        # (what it found once stopped) takes precedence.
+        said = exc.args[0] if exc.args and isinstance(exc.args[0], str) else ""
+        what = said or getattr(args, "interrupted", "")
         word, code = _stopped(exc)
         print(f"imq: {word}{'; ' + what if what else ''}", file=sys.stderr)
         return code

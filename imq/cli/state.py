@@ -293,6 +293,10 @@ def run_import(
                         "directory, or use the queue as it is"
                     ) from exc
         except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt) and _holds_state(db, block_id):
+                # Ctrl-C after the import's last batch: the state is in, and stays.
+                exc.args = (_COMPLETE.format(file=file.name, db=db),)
+                raise
             if created is not None:  # all or nothing: the directories it made go too
                 _remove_created(db, created)
                 if isinstance(exc, StorageError) and not db.exists():
@@ -309,14 +313,41 @@ def run_import(
                     ) from exc
             raise
     rate = report.messages / report.seconds if report.seconds else 0.0
-    print(
-        f"imported {file.name} into {db}: {report.diffs} diffs ({report.written_diffs} written, "
-        f"{report.kept_diffs} already stored), {report.messages:,} messages, "
-        f"{report.bytes:,} bytes in {report.seconds:.2f} s ({rate:,.0f} messages/s)",
-        file=out,
-    )
-    if top_update is None:  # after the import: a failure stays one line
-        print(_UNCHECKED_TOP, file=sys.stderr)
+    try:
+        print(
+            f"imported {file.name} into {db}: {report.diffs} diffs "
+            f"({report.written_diffs} written, {report.kept_diffs} already stored), "
+            f"{report.messages:,} messages, {report.bytes:,} bytes in "
+            f"{report.seconds:.2f} s ({rate:,.0f} messages/s)",
+            file=out,
+        )
+        if top_update is None:  # after the import: a failure stays one line
+            print(_UNCHECKED_TOP, file=sys.stderr)
+    except KeyboardInterrupt as exc:  # the import is done: say so, not "rolled back"
+        exc.args = (_COMPLETE.format(file=file.name, db=db),)
+        raise
+
+
+_COMPLETE = "the import of {file} into {db} was complete: the database holds the whole state"
+
+
+def _holds_state(db: Path, block_id: BlockId) -> bool:
+    """After a Ctrl-C during an import: whether ``db`` holds the whole state of
+    ``block_id`` (the interrupt came after the import's last batch, or the state was
+    there before). Opening it first rolls back an import left unfinished."""
+    if not (db / "CURRENT").is_file():
+        return False
+    try:
+        with Queue.open(db, QueueConfig(gc_enabled=False)) as queue:
+            pointer = queue.get_commit_pointers().get(block_id.shard)
+            return (
+                queue.unfinished_import() is None
+                and pointer is not None
+                and pointer.seqno == block_id.seqno
+                and queue.get_diff_info(block_id.shard, block_id.seqno) is not None
+            )
+    except (ImqError, OSError):
+        return False
 
 
 def _first_missing(db: Path) -> Path | None:

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 import structlog
-from state_fixtures import SHARD_BIN
+from state_fixtures import SHARD_BIN, SHARD_TOP_HASH
 
+from imq import Queue, QueueConfig
 from imq.cli.main import main
+from imq.verify import verify
 
 REPO = Path(__file__).resolve().parents[2]
 SHARD_ID = "0:8000000000000000:160"
@@ -154,3 +156,37 @@ def test_out_of_memory_is_one_line(
     err = capsys.readouterr().err
     assert err.startswith("imq: error: out of memory"), err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["new", "existing"])
+def test_ctrl_c_after_the_import_completed_keeps_it_and_says_so(
+    existing: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A state audit: a Ctrl-C landing after the import's last batch printed "the import
+    was rolled back" and, for a directory the import created, removed the complete
+    database."""
+    db = tmp_path / "db"
+    if existing:
+        Queue.open(db, QueueConfig(gc_enabled=False)).close()
+    real = Queue.import_state
+
+    def then_ctrl_c(self: Queue, *args: object, **kwargs: object) -> object:
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+        raise KeyboardInterrupt  # the user's Ctrl-C, just after the last batch
+
+    monkeypatch.setattr(Queue, "import_state", then_ctrl_c)
+    argv = ["import", str(db), str(SHARD_BIN), "--block-id", SHARD_ID, "--no-progress"]
+    saved = structlog.get_config()
+    try:
+        assert main([*argv, "--top-update", f"{SHARD_TOP_HASH}:3"]) == 130
+    finally:
+        structlog.configure(**saved)
+    err = capsys.readouterr().err
+    assert "was complete: the database holds the whole state" in err, err
+    assert "rolled back" not in err
+    report = verify(db)
+    assert report.ok, report.problems
+    assert report.rows["messages"] == 4300
