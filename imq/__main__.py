@@ -3,9 +3,9 @@
 import sys
 
 try:
-    from imq.cli.main import main
+    from imq.cli.main import command
 except KeyboardInterrupt:  # Ctrl-C while the command's modules load: one line, as main() says
     print("imq: interrupted while starting; nothing was done", file=sys.stderr)
     raise SystemExit(130) from None
 
-raise SystemExit(main())
+raise SystemExit(command())

@@ -252,7 +252,10 @@ def run_import(
     new_database_dir(db)
     if block_file is not None:
         input_file(block_file, "block file")
-        with _naming(block_file, f"the block {block_id.short} (a block file of the node)"):
+        with (
+            _reading(block_file, "read block file"),
+            _naming(block_file, f"the block {block_id.short} (a block file of the node)"),
+        ):
             update = read_block_top_update(block_file.read_bytes())
             if update.tail_len is None:
                 raise StateFormatError("the block has no tail length")
@@ -415,6 +418,18 @@ class _StateInput:
 
 
 @contextlib.contextmanager
+def _reading(file: Path, operation: str) -> Iterator[None]:
+    """An ``OSError`` while reading ``file`` (an I/O error: a read's own names no file)
+    as a :class:`FileAccessError` naming it and saying what to do."""
+    try:
+        yield
+    except FileAccessError:
+        raise
+    except OSError as exc:
+        raise FileAccessError(file, operation, exc) from exc
+
+
+@contextlib.contextmanager
 def _naming(file: Path, what: str) -> Iterator[None]:
     """A :class:`StateFormatError` from reading ``file`` names it (the readers name only
     the offset) and says what to do."""
@@ -507,7 +522,7 @@ def dump_diff(file: Path, *, as_json: bool, out: TextIO, progress: bool = False)
         raise FileAccessError(file, "read the file", exc) from exc
     # Opened once and read once: a pipe (/dev/stdin, a FIFO) is drained by a first read,
     # so its first bytes, which tell a diff from a state, are kept and read again.
-    with raw:
+    with raw, _reading(file, "read the file"):
         given = _StateInput(raw)
         head = b""
         while len(head) < len(DIFF_MAGIC) and (more := given.read(len(DIFF_MAGIC) - len(head))):

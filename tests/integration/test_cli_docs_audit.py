@@ -190,3 +190,51 @@ def test_ctrl_c_after_the_import_completed_keeps_it_and_says_so(
     report = verify(db)
     assert report.ok, report.problems
     assert report.rows["messages"] == 4300
+
+
+_SIGNALS_AFTER = """
+import os, signal, sys
+from imq.cli.main import {entry}
+code = {entry}(["inspect", sys.argv[1]])
+os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C once the command has answered
+os.kill(os.getpid(), signal.SIGTERM)
+sys.exit(code)
+"""
+
+
+def test_a_signal_after_the_command_answered_keeps_its_exit_status(tmp_path: Path) -> None:
+    """A state audit: a Ctrl-C or SIGTERM in the interpreter's teardown, after the
+    command printed its result, ended the process by the signal (silently) or with a
+    KeyboardInterrupt traceback. The process entry point ignores them once done."""
+    assert _imq("demo", "--db", "q", cwd=tmp_path).returncode == 0
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNALS_AFTER.format(entry="command"), "q"],
+        capture_output=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "queue database q" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dump-diff", "/proc/self/mem"],
+        ["import", "db", str(SHARD_BIN), "--block-id", SHARD_ID, "--block", "/proc/self/mem"],
+    ],
+    ids=["dump-diff", "import --block"],
+)
+def test_a_read_error_names_the_file(argv: list[str], tmp_path: Path) -> None:
+    """A state audit: an I/O error while reading (EIO from /proc/self/mem) said only
+    "imq: error: Input/output error"."""
+    done = _imq(*argv, cwd=tmp_path)
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert "/proc/self/mem: Input/output error" in line, line
+    assert "check the path" in line
+    assert not (tmp_path / "db").exists()
