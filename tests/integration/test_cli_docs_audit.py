@@ -23,8 +23,12 @@ SHARD_ID = "0:8000000000000000:160"
 
 
 def _imq(*argv: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return _python("-m", "imq", *argv, cwd=cwd)
+
+
+def _python(*argv: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "imq", *map(str, argv)],
+        [sys.executable, *map(str, argv)],
         capture_output=True,
         cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(REPO)},
@@ -207,15 +211,7 @@ def test_a_signal_after_the_command_answered_keeps_its_exit_status(tmp_path: Pat
     command printed its result, ended the process by the signal (silently) or with a
     KeyboardInterrupt traceback. The process entry point ignores them once done."""
     assert _imq("demo", "--db", "q", cwd=tmp_path).returncode == 0
-    done = subprocess.run(
-        [sys.executable, "-c", _SIGNALS_AFTER.format(entry="command"), "q"],
-        capture_output=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    done = _python("-c", _SIGNALS_AFTER.format(entry="command"), "q", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     assert "queue database q" in done.stdout
