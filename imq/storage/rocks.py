@@ -132,13 +132,24 @@ def _read_error(
 
 def writer_holds_lock(path: object) -> bool:
     """Whether a writer (of any process, this one included) holds the directory's lock
-    now; False when that cannot be told."""
+    now; False when that cannot be told. Linux lists every lock in ``/proc/locks``,
+    which is read without touching the lock; elsewhere a shared lock is tried for a
+    moment (a writer opening in that instant would be refused)."""
     if not isinstance(path, Path):
         return False
     try:
-        fd = os.open(path / LOCK_FILE, os.O_RDONLY)
+        found = os.stat(path / LOCK_FILE)
     except OSError:
         return False  # no lock file: no writer ever opened it, or it cannot be seen
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as listing:
+            return _listed_flock(listing, found)
+    except OSError:
+        pass
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -147,6 +158,25 @@ def writer_holds_lock(path: object) -> bool:
         return False
     finally:
         os.close(fd)  # closing the descriptor releases a shared lock it took
+    return False
+
+
+def _listed_flock(listing: Iterable[str], lock: os.stat_result) -> bool:
+    """Whether ``/proc/locks`` lists a write flock on the file ``lock`` describes (its
+    lines: ``1: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF``)."""
+    device = (os.major(lock.st_dev), os.minor(lock.st_dev), lock.st_ino)
+    for line in listing:
+        fields = line.split()
+        if "->" in fields:  # a waiter's line, "1: -> FLOCK ...": its lock is not held
+            continue
+        if len(fields) < 6 or fields[1] != "FLOCK" or fields[3] != "WRITE":
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            if (int(major, 16), int(minor, 16), int(inode)) == device:
+                return True
+        except ValueError:
+            continue
     return False
 
 

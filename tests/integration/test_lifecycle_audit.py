@@ -28,7 +28,7 @@ from imq import (
     StorageError,
 )
 from imq.storage import ops
-from imq.storage.rocks import GONE_SINCE_OPEN
+from imq.storage.rocks import GONE_SINCE_OPEN, _listed_flock, writer_holds_lock
 
 REPO = Path(__file__).resolve().parents[2]
 SHARDS = quarter_shards()
@@ -279,3 +279,21 @@ def test_verify_opens_a_new_view_when_the_writer_outdated_one(
     with pytest.raises(StorageError, match="removed files of each of 5 read-only views") as info:
         imq.verify.verify(path)
     assert "nothing was found wrong" in str(info.value)
+
+
+def test_the_writer_probe_reads_the_lock_without_taking_it(tmp_path: Path) -> None:
+    """Whether a writer holds the directory decides the read-only hint; telling it must
+    not take the lock even for a moment (a writer opening then would be refused)."""
+    path = tmp_path / "db"
+    assert not writer_holds_lock(path)  # nothing there
+    with Queue.open(path, QueueConfig.testing()):
+        assert writer_holds_lock(path)
+        with Queue.open(path, QueueConfig.testing(), read_only=True):
+            assert writer_holds_lock(path)
+    assert not writer_holds_lock(path)
+    lock = os.stat(path / "imq.lock")
+    where = f"{os.major(lock.st_dev):02x}:{os.minor(lock.st_dev):02x}:{lock.st_ino}"
+    assert _listed_flock([f"1: FLOCK  ADVISORY  WRITE 7 {where} 0 EOF\\n"], lock)
+    assert not _listed_flock([f"1: -> FLOCK  ADVISORY  WRITE 7 {where} 0 EOF\\n"], lock)
+    assert not _listed_flock([f"1: POSIX  ADVISORY  WRITE 7 {where} 0 EOF\\n"], lock)
+    assert not _listed_flock([f"1: FLOCK  ADVISORY  WRITE 7 {where}1 0 EOF\\n"], lock)
