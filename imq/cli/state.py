@@ -37,7 +37,7 @@ from imq.queue import Queue
 from imq.state.block import check_block_id, parse_block_id_name, read_block_top_update
 from imq.state.exporter import MAX_TAIL_LEN
 from imq.state.reader import StateReader
-from imq.state.source import DIFF_MAGIC, open_source
+from imq.state.source import DIFF_MAGIC, STREAM_READ_HINT, open_source
 from imq.state.tl import TlDiff, decode_diff, diff_hash
 from imq.storage.rocks import LOCK_FILE, says_disk_full, wipe_database
 from imq.types import BlockId, BlockIdShort, ShardIdent
@@ -276,7 +276,7 @@ def run_import(
         raw = open(file, "rb")  # noqa: SIM115 - closed below, after the import
     except OSError as exc:
         raise FileAccessError(file, "read state file", exc) from exc
-    with raw:
+    with raw, _reading(file, "read state file", only_reads=False):
         with _naming(file, f"the queue state of {block_id.short}"):
             state = _StateInput(raw)
             _check_header(state, block_id, top_update)
@@ -418,14 +418,22 @@ class _StateInput:
 
 
 @contextlib.contextmanager
-def _reading(file: Path, operation: str) -> Iterator[None]:
+def _reading(file: Path, operation: str, *, only_reads: bool = True) -> Iterator[None]:
     """An ``OSError`` while reading ``file`` (an I/O error: a read's own names no file)
-    as a :class:`FileAccessError` naming it and saying what to do."""
+    as a :class:`FileAccessError` naming it and saying what to do. The library's error
+    for a file object the command handed it gets the advice for a path. ``only_reads``:
+    the block holds nothing but reads of ``file`` (else other ``OSError`` pass as they
+    are)."""
     try:
         yield
-    except FileAccessError:
+    except FileAccessError as exc:
+        cause = exc.__cause__
+        if STREAM_READ_HINT in str(exc) and isinstance(cause, OSError):
+            raise FileAccessError(file, operation, cause) from cause
         raise
     except OSError as exc:
+        if not only_reads:
+            raise
         raise FileAccessError(file, operation, exc) from exc
 
 

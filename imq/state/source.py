@@ -24,6 +24,7 @@ __all__ = [
     "BUFFER_SIZE",
     "DIFF_MAGIC",
     "STATE_MAGIC",
+    "STREAM_READ_HINT",
     "ZSTD_MAGIC",
     "ByteSource",
     "open_source",
@@ -303,7 +304,7 @@ def _remaining_size(f: BinaryIO) -> int | None:
         return None
 
 
-_STREAM_READ_HINT = "the file object given failed to read: check what it reads from and retry"
+STREAM_READ_HINT = "the file object given failed to read: check what it reads from and retry"
 
 
 class _FileInput:
@@ -352,7 +353,7 @@ def open_source(source: str | os.PathLike[str] | BinaryIO) -> ByteSource:
     else:
         f = source
         name = getattr(source, "name", None)
-        raw = _FileInput(source, name if isinstance(name, str) else repr(source), _STREAM_READ_HINT)
+        raw = _FileInput(source, name if isinstance(name, str) else repr(source), STREAM_READ_HINT)
     try:
         total = _remaining_size(f)
         head = b""

@@ -234,3 +234,13 @@ def test_a_read_error_names_the_file(argv: list[str], tmp_path: Path) -> None:
     assert "/proc/self/mem: Input/output error" in line, line
     assert "check the path" in line
     assert not (tmp_path / "db").exists()
+
+
+def test_a_state_file_that_fails_to_read_gets_a_paths_advice(tmp_path: Path) -> None:
+    """Not the library's advice for a file object ("the file object given failed")."""
+    done = _imq("import", "db", "/proc/self/mem", "--block-id", SHARD_ID, cwd=tmp_path)
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()
+    assert "cannot read state file /proc/self/mem: Input/output error" in line, line
+    assert "file object" not in line
+    assert not (tmp_path / "db").exists()
