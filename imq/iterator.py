@@ -69,6 +69,7 @@ from imq._native import pure_python_requested
 from imq.errors import CorruptDataError, ImqError, QueueClosedError
 from imq.storage import SnapshotProtocol as Snapshot
 from imq.storage import codec
+from imq.storage.rocks import drop_frame_locals
 from imq.types import (
     Address,
     IteratedMessage,
@@ -363,9 +364,19 @@ def _merged(  # noqa: PLR0917 - the iterator's state, shared with it
         except ImqError as exc:
             if isinstance(exc, QueueClosedError):  # the iterator raises it by itself now
                 raise
+            # Nothing more is read: the cursors go now, and the finished frames the
+            # error's traceback keeps lose their locals (the view, RocksDB's iterators),
+            # so that a host keeping the error does not keep the database open after
+            # close().
+            for idx in range(len(sources)):  # no loop variable left holding a source
+                if type(sources[idx]) is not _Closed:
+                    sources[idx] = _EXHAUSTED
+            snap.close()
+            drop_frame_locals(exc)
             # The chain drops a producer that raised and then reports the end: hand it an
             # iterator that raises instead, so that asking again never reads as the end.
             failed = box[2] = _Failed(exc)
+            del exc
             yield failed
     finally:
         current, box[0] = box[0], None

@@ -27,6 +27,7 @@ import shutil
 import stat
 import threading
 import time
+import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -67,6 +68,7 @@ from imq.types import ShardIdent
 
 __all__ = [
     "GONE_SINCE_OPEN",
+    "drop_frame_locals",
     "DATABASE_FILE",
     "Closable",
     "Cursor",
@@ -208,6 +210,20 @@ def _read_hint(reason: str, outdated: bool = False) -> str:
     )
 
 
+def drop_frame_locals(exc: BaseException | None) -> None:
+    """Clear the locals of the finished frames in the tracebacks of ``exc`` and of the
+    exceptions it was raised in (``__context__``, kept even ``from None``). A read error's
+    frames hold RocksDB iterators and snapshots, and a host that keeps the error (a log
+    list, a future), or a reference cycle through it, would keep the database, and its
+    lock, open after ``close()`` (an outside audit: every reopen refused). The lines of
+    the traceback stay."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        traceback.clear_frames(exc.__traceback__)
+        exc = exc.__context__
+
+
 class _EndCheck:
     """The last link of a cursor's rows: when they run out, ask RocksDB *why*.
 
@@ -245,7 +261,12 @@ class _EndCheck:
         last key read (None: no row was read); later calls do nothing."""
         raw, self._raw = self._raw, None
         if raw is not None:
-            self.check(raw, last_key)
+            try:
+                self.check(raw, last_key)
+            except BaseException as exc:
+                raw = None
+                drop_frame_locals(exc)  # check()'s frame holds the RocksDB iterator
+                raise
 
     def check(self, raw: Any, last_key: bytes | None) -> None:
         try:
@@ -419,6 +440,7 @@ class Cursor:
                 return key if key >= self._lo else None
             raw.status()  # no key below hi at all, or a damaged block?
         except Exception as exc:
+            raw = None  # a kept error's traceback keeps this frame: no RocksDB iterator in it
             raise _read_error(self._path, self._table, hi, exc, read_only=self._read_only) from None
         return None
 
@@ -438,6 +460,7 @@ class Cursor:
         try:
             raw.status()
         except Exception as exc:
+            raw = None  # a kept error's traceback keeps this frame: no RocksDB iterator in it
             raise _read_error(self._path, self._table, lo, exc, read_only=self._read_only) from None
         return n
 
@@ -476,6 +499,7 @@ class Snapshot:
         try:
             value: bytes = snap[key]
         except Exception as exc:  # rocksdict raises a bare Exception("key not found")
+            snap = None  # a kept error's traceback keeps this frame: no RocksDB snapshot in it
             if "not found" in str(exc):
                 return None
             raise _read_error(
@@ -1727,6 +1751,7 @@ class Store:
         try:
             value: bytes | None = rdict.get(key)
         except Exception as exc:
+            rdict = None  # a kept error's traceback keeps this frame: no table handle in it
             if self._closed:
                 raise QueueClosedError(f"queue database {self.path} is closed") from exc
             raise _read_error(self.path, table, key, exc, read_only=self.read_only) from None
