@@ -63,7 +63,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         with Heartbeat("replay", enabled=not args.no_progress) as beat:
             # The log is read once, checked whole, then replayed: it may be a pipe.
             report = replay(
-                args.log, args.db, checked=lambda steps: beat.update(f"{steps:,} steps")
+                args.log,
+                args.db,
+                checked=lambda steps: beat.update(f"{steps:,} steps checked"),
+                progress=lambda done, total: beat.update(f"step {done:,} of {total:,}"),
             )
     except ReplayDivergenceError as exc:
         print(f"replay: DIVERGED at step {exc.step} ({exc.op})", file=out)

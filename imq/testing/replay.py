@@ -40,6 +40,7 @@ from imq import (
     ShardIdent,
 )
 from imq.errors import FileAccessError, ImqError, QueueClosedError
+from imq.storage.codec import HASH_LEN
 from imq.testing import codec as c
 from imq.testing.model import DiffInput, QueueModel
 from imq.types import U32_MAX, check_partition, check_partitions, check_u32
@@ -466,16 +467,17 @@ class _Replayer:
                 raise ReplayDivergenceError(step, op, difference)
 
     def _refused(self, diff: QueueDiff, inp: DiffInput, stats: DiffStatistics | None) -> bool:
-        """The queue's refusals of a diff on the model's side: raises where it refuses
-        (statistics of another shard or partition, the recorded config's checks, a
-        prepare of a shard whose pending diff this log holds), else False."""
+        """The queue's refusals of a diff on the model's side, in the queue's order: its
+        values first (a hash of another length, statistics of another shard or
+        partition, the recorded config's checks), then a prepare of a shard whose
+        pending diff this log holds; else False."""
         shard = inp.block.shard
+        if len(inp.diff_hash) != HASH_LEN:
+            raise ValueError(f"{inp.block}: diff_hash must be {HASH_LEN} bytes")
         if stats is not None:
             if stats.shard != shard:
                 raise ValueError(f"statistics are for shard {stats.shard}, the block {shard}")
             check_partitions(stats.partitions)
-        if any(d.block.shard == shard for d in self.model_pending.values()):
-            raise ImqError(f"{inp.block}: the shard's pending diff is not written or discarded")
         if self.check_sources and not all(shard.contains(m.src) for m in diff.messages):
             raise ValueError(f"{inp.block}: a message source outside the shard")
         if self.check_statistics and stats is not None:  # of this shard: checked above
@@ -487,6 +489,8 @@ class _Replayer:
                 and not stats.min_message <= first <= last <= stats.max_message
             ):
                 raise ValueError(f"{inp.block}: statistics contradict the messages")
+        if any(d.block.shard == shard for d in self.model_pending.values()):
+            raise ImqError(f"{inp.block}: the shard's pending diff is not written or discarded")
         return False
 
     def _guarded(self, partitions: Iterable[int], model: Callable[[], Any]) -> Callable[[], Any]:
@@ -607,7 +611,8 @@ class _Replayer:
                 self._guarded(parts, lambda: m.startup(block, shards, parts)),
             )
         if op == "run_gc":
-            return self._both(lambda: self.q().run_gc(), m.run_gc)
+            # refused while this thread holds a pending diff (it would deadlock on it)
+            return self._both(lambda: self.q().run_gc(), self._guarded((), m.run_gc))
         if op == "iterate":
             return self._iterate(a)
         if op == "get_commit_pointers":
@@ -777,13 +782,15 @@ def replay(
     *,
     open_queue: Opener | None = None,
     checked: Callable[[int], object] | None = None,
+    progress: Callable[[int, int], object] | None = None,
 ) -> ReplayReport:
     """Replay the log at ``path`` on a fresh database in ``db`` (a temporary directory if
     None; ``db`` must not hold a database) and on the model. Raises
     :class:`ReplayDivergenceError` at the first difference, and :class:`OpLogError` naming
     the file and the line, before replaying anything, for a log it cannot replay. The log
     is read once (it may be a pipe); ``checked(steps)``, when given, is called once it
-    has passed its checks, before the first step.
+    has passed its checks, before the first step; ``progress(done, total)`` every 256
+    steps while they replay.
 
     ``open_queue(config, zerostate_seqno)``, when given, opens the queue instead (every
     ``open`` of the log calls it; it must reopen one database, e.g.
@@ -793,14 +800,14 @@ def replay(
     if checked is not None:
         checked(len(lines))
     if open_queue is not None:
-        return _replay(log, header, lines, Path("unused"), open_queue)
+        return _replay(log, header, lines, Path("unused"), open_queue, progress=progress)
     if db is None:
         with tempfile.TemporaryDirectory(prefix="imq-replay-") as tmp:
-            return _replay(log, header, lines, Path(tmp) / "queue")
+            return _replay(log, header, lines, Path(tmp) / "queue", progress=progress)
     where = _as_path("db", db)
     if where.exists() and any(where.iterdir()):
         raise ValueError(f"{where} is not empty: a replay needs a fresh database")
-    return _replay(log, header, lines, where)
+    return _replay(log, header, lines, where, progress=progress)
 
 
 def _replay(
@@ -809,10 +816,14 @@ def _replay(
     lines: list[_Line],
     db: Path,
     opener: Opener | None = None,
+    *,
+    progress: Callable[[int, int], object] | None = None,
 ) -> ReplayReport:
     r = _Replayer(db, header.get("zerostate_seqno", 0), opener)
     try:
-        for s in lines:
+        for done, s in enumerate(lines):
+            if progress is not None and done % 256 == 0:
+                progress(done, len(lines))
             try:
                 r.step(s.line)
             except (*_BAD_VALUE, RecursionError) as exc:  # OpLogError is a ValueError

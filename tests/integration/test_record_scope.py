@@ -168,6 +168,51 @@ def test_the_pending_diff_guard_replays(tmp_path: Path) -> None:
     assert replay(_record(tmp_path, session)).steps == 8
 
 
+def test_run_gc_beside_a_pending_diff_replays(tmp_path: Path) -> None:
+    """A replay audit: the queue refuses run_gc while the thread holds a pending diff
+    (it would deadlock on it); the model ran it."""
+
+    def session(q: Any) -> None:
+        pending = q.prepare_diff(_diff(10), BlockIdShort(SHARD, 1), b"\x01" * 32)
+        with pytest.raises(ImqError, match="deadlock"):
+            q.run_gc()
+        pending.write()
+
+    assert replay(_record(tmp_path, session)).steps == 5
+
+
+@pytest.mark.parametrize(
+    ("check", "bad"),
+    [
+        ("check_statistics", "statistics"),
+        ("check_sources", "source"),
+        ("", "hash"),
+    ],
+)
+def test_a_value_refused_beside_a_pending_diff_of_its_shard_replays(
+    tmp_path: Path, check: str, bad: str
+) -> None:
+    """A replay audit: the queue checks a diff's values before the shard's pending diff,
+    the model the other way round: a refused value replayed as ImqError."""
+    config = dataclasses.replace(CONFIG, **{check: True}) if check else CONFIG
+    diff = _diff(11, OUTSIDE if bad == "source" else INSIDE)
+    wrong = DiffStatistics(SHARD, QueueKey(1, bytes(32)), QueueKey(2, bytes(32)), {0: {}})
+    log_path = tmp_path / "ops.jsonl"
+    with log_path.open("w") as sink:
+        queue = OpLog(sink).open(Queue.open, tmp_path / "q", config)
+        pending = queue.prepare_diff(_diff(10), BlockIdShort(SHARD, 1), b"\x01" * 32)
+        with pytest.raises(ValueError):
+            queue.apply_diff(
+                diff,
+                BlockIdShort(SHARD, 2),
+                b"\x02" * (64 if bad == "hash" else 32),
+                wrong if bad == "statistics" else None,
+            )
+        pending.write()
+        queue.close()
+    assert replay(log_path).steps == 5
+
+
 def test_a_dropped_pending_diff_is_logged_as_discarded(tmp_path: Path) -> None:
     def session(q: Any) -> None:
         q.prepare_diff(_diff(10), BlockIdShort(SHARD, 1), b"\x01" * 32)  # dropped at once
@@ -259,6 +304,19 @@ _BAD_CALLS: dict[str, Callable[[Any], Any]] = {
     "tail of an int key": lambda q: q.get_diffs_tail_len(SHARD, 5),
     "statistics of no range": lambda q: q.load_diff_statistics(0, None),
     "apply of no diff": lambda q: q.apply_diff(None, BlockIdShort(SHARD, 1), bytes(32)),
+    # a replay audit: these encoded as the values the queue takes, so they replayed as done
+    "apply of a bytearray hash": lambda q: q.apply_diff(
+        QueueDiff(), BlockIdShort(SHARD, 1), bytearray(32)
+    ),
+    "apply of a memoryview hash": lambda q: q.apply_diff(
+        QueueDiff(), BlockIdShort(SHARD, 1), memoryview(bytes(32))
+    ),
+    "apply of a BlockId": lambda q: q.apply_diff(
+        QueueDiff(), BlockId(SHARD, 1, bytes(32), bytes(32)), bytes(32)
+    ),
+    "prepare of a bytearray hash": lambda q: q.prepare_diff(
+        QueueDiff(), BlockIdShort(SHARD, 1), bytearray(32)
+    ),
 }
 
 

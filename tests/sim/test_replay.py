@@ -182,3 +182,13 @@ def test_replay_takes_a_str_path_and_says_what_is_wrong_with_one(tmp_path: Path)
     binary.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(OpLogError, match="not UTF-8"):
         replay(binary)
+
+
+def test_progress_reports_the_step_being_replayed(recorded: Path) -> None:
+    """A replay audit: the progress line showed the log's length for the whole run."""
+    seen: list[tuple[int, int]] = []
+    report = replay(recorded, progress=lambda done, total: seen.append((done, total)))
+    total = report.steps
+    assert seen[0] == (0, total)
+    assert [done for done, _ in seen] == list(range(0, total, 256))
+    assert {t for _, t in seen} == {total}
