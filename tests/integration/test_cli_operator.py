@@ -156,7 +156,7 @@ def test_replay_shows_progress_on_stderr(imq: Imq, monkeypatch: pytest.MonkeyPat
     run = imq("replay", REPLAY)
     assert run.code == 0, run
     assert run.out.startswith("replay: 179 steps agree")
-    assert "replay: 179 steps (" in run.err
+    assert "of 179 (" in run.err  # "step N of 179": the step it is at, not only the length
     assert imq("replay", REPLAY, "--no-progress").err == ""
 
 
