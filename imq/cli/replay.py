@@ -54,6 +54,14 @@ def _fresh_dir(db: Path) -> None:
         )
 
 
+def _checking(done: int, size: int) -> str:
+    """The check's progress: bytes of the log read (of its size, for a file)."""
+    mb = 1 << 20
+    if size:
+        return f"checking the log: {done / mb:,.0f} of {size / mb:,.0f} MiB"
+    return f"checking the log: {done / mb:,.0f} MiB"
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     input_file(args.log, "op log")
@@ -61,10 +69,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         _fresh_dir(args.db)
     try:
         with Heartbeat("replay", enabled=not args.no_progress) as beat:
-            # The log is read once, checked whole, then replayed: it may be a pipe.
+            # The log is checked whole, then each step is read again as it replays (a
+            # pipe, which cannot be read twice, is held in memory).
             report = replay(
                 args.log,
                 args.db,
+                checking=lambda done, size: beat.update(_checking(done, size)),
                 checked=lambda steps: beat.update(f"{steps:,} steps checked"),
                 progress=lambda done, total: beat.update(f"step {done:,} of {total:,}"),
             )

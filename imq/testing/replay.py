@@ -22,10 +22,11 @@ import json
 import os
 import sys
 import tempfile
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from imq import (
     BlockId,
@@ -240,14 +241,6 @@ def _check_step(line: dict[str, Any], where: str) -> None:
             )
 
 
-@dataclass(frozen=True)
-class _Line:
-    number: int  # in the file, from 1 (the header)
-    step: int
-    op: str
-    line: dict[str, Any]
-
-
 def _parse(path: Path, number: int, raw: bytes) -> Any:
     where = f"op log {path} line {number}"
     try:
@@ -265,17 +258,134 @@ def _parse(path: Path, number: int, raw: bytes) -> Any:
         raise OpLogError(f"{where}: not JSON the replay can read ({reason})") from None
 
 
-def _read(path: Path) -> tuple[dict[str, Any], list[_Line]]:
-    """The header and the steps in step order; :class:`OpLogError` naming the file and
-    the line for anything the replay cannot use (the list is in docs/replay-format.md)."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise FileAccessError(path, "read the op log", exc) from exc
-    if not data:
-        raise OpLogError(f"op log {path} is empty")
-    raws = data.split(b"\n")
-    header = _parse(path, 1, raws[0])
+@dataclass(frozen=True, slots=True)
+class _Line:
+    """A step as the check found it. The line itself is read again when its step
+    replays (``offset``/``size``, its bytes' CRC-32 ``crc``), or kept (``held``) when the
+    log cannot be read twice (a pipe)."""
+
+    number: int  # in the file, from 1 (the header)
+    step: int
+    op: str
+    token: int | None  # write/discard: the pending diff named; prepare_diff: the one returned
+    offset: int
+    size: int
+    crc: int
+    held: dict[str, Any] | None
+
+
+class _Log:
+    """An op log checked whole (its header and its steps in step order), open until
+    closed: the replay reads each step's line again from the file, so that a log is never
+    held in memory whole (a pipe's is: it cannot be read twice)."""
+
+    def __init__(self, path: Path, checking: Callable[[int, int], object] | None = None) -> None:
+        self.path = path
+        try:
+            self._file: BinaryIO = path.open("rb")
+        except OSError as exc:
+            raise FileAccessError(path, "read the op log", exc) from exc
+        try:
+            self.header, self.lines = self._check(checking)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def __enter__(self) -> _Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def line(self, s: _Line) -> dict[str, Any]:
+        """The step's line as checked; OpLogError if the file changed since."""
+        if s.held is not None:
+            return s.held
+        try:
+            self._file.seek(s.offset)
+            raw = self._file.read(s.size)
+        except OSError as exc:
+            raise FileAccessError(self.path, "read the op log", exc) from exc
+        if len(raw) != s.size or zlib.crc32(raw) != s.crc:
+            raise OpLogError(
+                f"op log {self.path} line {s.number} (step {s.step}, {s.op}) changed after "
+                "the replay checked it: the file was written meanwhile; replay a log that "
+                "no process is writing (copy it first)"
+            )
+        line: dict[str, Any] = _parse(self.path, s.number, raw)
+        return line
+
+    def _check(
+        self, checking: Callable[[int, int], object] | None
+    ) -> tuple[dict[str, Any], list[_Line]]:
+        """The header and the steps in step order; :class:`OpLogError` naming the file
+        and the line for anything the replay cannot use (the list is in
+        docs/replay-format.md)."""
+        path, f = self.path, self._file
+        again = f.seekable()  # a pipe's lines are kept: it cannot be read twice
+        try:
+            total = os.fstat(f.fileno()).st_size if again else 0
+            raws = iter(f)
+            first = next(raws, b"")
+        except OSError as exc:
+            raise FileAccessError(path, "read the op log", exc) from exc
+        if not first:
+            raise OpLogError(f"op log {path} is empty")
+        header = _header(path, first)
+        lines: list[_Line] = []
+        seen: dict[int, int] = {}
+        offset = len(first)
+        number = 1
+        try:
+            for raw in raws:
+                number += 1
+                start, offset = offset, offset + len(raw)
+                if checking is not None and number % _CHECK_EVERY == 0:
+                    checking(offset, total)
+                if not raw.strip():
+                    continue
+                line = _parse(path, number, raw)
+                where = f"op log {path} line {number}"
+                if not isinstance(line, dict):
+                    raise OpLogError(f"{where}: a JSON {type(line).__name__}, not an object")
+                step = line.get("step")
+                if type(step) is not int:
+                    raise OpLogError(f'{where}: a step without an integer "step"')
+                if step in seen:
+                    raise OpLogError(f"{where}: step {step} again (first on line {seen[step]})")
+                seen[step] = number
+                _check_step(line, where)
+                op: str = line["op"]
+                lines.append(
+                    _Line(
+                        number,
+                        step,
+                        op,
+                        _token(op, line),
+                        start,
+                        len(raw),
+                        zlib.crc32(raw),
+                        None if again else line,
+                    )
+                )
+        except OSError as exc:
+            raise FileAccessError(path, "read the op log", exc) from exc
+        if not lines:
+            raise OpLogError(
+                f"op log {path} holds no step, only its header: there is nothing to replay"
+            )
+        lines.sort(key=lambda s: s.step)
+        _check_numbers(path, lines)
+        _check_order(path, lines)
+        return header, lines
+
+
+def _header(path: Path, raw: bytes) -> dict[str, Any]:
+    """The log's first line, checked."""
+    header = _parse(path, 1, raw)
     where = f"op log {path} line 1"
     if not isinstance(header, dict):
         raise OpLogError(f"{where}: {c.json_kind(header)}, not an op log header (an object)")
@@ -289,31 +399,23 @@ def _read(path: Path) -> tuple[dict[str, Any], list[_Line]]:
     zerostate = header.get("zerostate_seqno", 0)
     if type(zerostate) is not int or not 0 <= zerostate <= U32_MAX:
         raise OpLogError(f'{where}: "zerostate_seqno" is not a seqno (an integer in 0..2^32-1)')
-    lines: list[_Line] = []
-    seen: dict[int, int] = {}
-    for number, raw in enumerate(raws[1:], start=2):
-        if not raw.strip():
-            continue
-        line = _parse(path, number, raw)
-        where = f"op log {path} line {number}"
-        if not isinstance(line, dict):
-            raise OpLogError(f"{where}: a JSON {type(line).__name__}, not an object")
-        step = line.get("step")
-        if type(step) is not int:
-            raise OpLogError(f'{where}: a step without an integer "step"')
-        if step in seen:
-            raise OpLogError(f"{where}: step {step} again (first on line {seen[step]})")
-        seen[step] = number
-        _check_step(line, where)
-        lines.append(_Line(number, step, line["op"], line))
-    if not lines:
-        raise OpLogError(
-            f"op log {path} holds no step, only its header: there is nothing to replay"
-        )
-    lines.sort(key=lambda s: s.step)
-    _check_numbers(path, lines)
-    _check_order(path, lines)
-    return header, lines
+    return header
+
+
+_CHECK_EVERY = 256  # lines between two calls of the check's progress callback
+
+
+def _token(op: str, line: dict[str, Any]) -> int | None:
+    """The pending diff a step names (checked by _check_step) or returns."""
+    if op in _PENDING_OPS:
+        token: int = line["args"]["pending"]
+        return token
+    if op == "prepare_diff":
+        result = line.get("result")
+        if isinstance(result, dict) and type(result.get("pending")) is int:
+            returned: int = result["pending"]
+            return returned
+    return None
 
 
 def _check_numbers(path: Path, lines: list[_Line]) -> None:
@@ -343,7 +445,7 @@ def _check_order(path: Path, lines: list[_Line]) -> None:
     state = "never opened"
     pending: set[int] = set()
     for s in lines:
-        op, line = s.op, s.line
+        op = s.op
         where = f"op log {path} line {s.number} (step {s.step}, {op})"
         if op == "open":
             if state == "open":
@@ -356,30 +458,29 @@ def _check_order(path: Path, lines: list[_Line]) -> None:
             if state == "open":
                 state = "closed"
         elif op in _PENDING_OPS:
-            token = line["args"]["pending"]
+            token = s.token
             if token not in pending:
                 raise OpLogError(
                     f"{where}: pending diff {token} was not returned by an earlier prepare_diff"
                 )
         elif state == "never opened":
             raise OpLogError(f"{where}: a queue call before the log opens its queue")
-        elif op == "prepare_diff":
-            result = line.get("result")
-            if isinstance(result, dict) and type(result.get("pending")) is int:
-                pending.add(result["pending"])
+        elif op == "prepare_diff" and s.token is not None:
+            pending.add(s.token)
 
 
 def read_log(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The header and the step lines, in step order, of a log the replay can use; else
     :class:`OpLogError` naming the file and the line (``FileAccessError``: unreadable)."""
-    header, lines = _read(_as_path("the op log's path", path))
-    return header, [s.line for s in lines]
+    with _Log(_as_path("the op log's path", path)) as log:
+        return log.header, [log.line(s) for s in log.lines]
 
 
 def check_log(path: str | os.PathLike[str]) -> int:
     """Check the whole log as :func:`replay` does before replaying it (every line, every
     argument, the step numbers and their order); returns the number of steps."""
-    return len(_read(_as_path("the op log's path", path))[1])
+    with _Log(_as_path("the op log's path", path)) as log:
+        return len(log.lines)
 
 
 def _outcome(fn: Any, enc: Any) -> dict[str, Any]:
@@ -783,55 +884,61 @@ def replay(
     open_queue: Opener | None = None,
     checked: Callable[[int], object] | None = None,
     progress: Callable[[int, int], object] | None = None,
+    checking: Callable[[int, int], object] | None = None,
 ) -> ReplayReport:
     """Replay the log at ``path`` on a fresh database in ``db`` (a temporary directory if
     None; ``db`` must not hold a database) and on the model. Raises
     :class:`ReplayDivergenceError` at the first difference, and :class:`OpLogError` naming
-    the file and the line, before replaying anything, for a log it cannot replay. The log
-    is read once (it may be a pipe); ``checked(steps)``, when given, is called once it
-    has passed its checks, before the first step; ``progress(done, total)`` every 256
-    steps while they replay.
+    the file and the line, before replaying anything, for a log it cannot replay.
+
+    The log is checked whole first, then each step's line is read again from the file as
+    it replays, so that memory does not grow with the log (a pipe, which cannot be read
+    twice, is held in memory). A file written to after the check fails its step's
+    replay with :class:`OpLogError`. ``checking(bytes_read, file_size)`` is called while
+    the check reads (the size is 0 for a pipe), ``checked(steps)`` once the log has
+    passed, before the first step, and ``progress(done, total)`` every 256 steps while
+    they replay.
 
     ``open_queue(config, zerostate_seqno)``, when given, opens the queue instead (every
     ``open`` of the log calls it; it must reopen one database, e.g.
     :meth:`MemoryDatabase.open`), and ``db`` is not used."""
-    log = _as_path("the op log's path", path)
-    header, lines = _read(log)
-    if checked is not None:
-        checked(len(lines))
-    if open_queue is not None:
-        return _replay(log, header, lines, Path("unused"), open_queue, progress=progress)
-    if db is None:
-        with tempfile.TemporaryDirectory(prefix="imq-replay-") as tmp:
-            return _replay(log, header, lines, Path(tmp) / "queue", progress=progress)
-    where = _as_path("db", db)
-    if where.exists() and any(where.iterdir()):
-        raise ValueError(f"{where} is not empty: a replay needs a fresh database")
-    return _replay(log, header, lines, where, progress=progress)
+    with _Log(_as_path("the op log's path", path), checking) as log:
+        if checked is not None:
+            checked(len(log.lines))
+        if open_queue is not None:
+            return _replay(log, Path("unused"), open_queue, progress=progress)
+        if db is None:
+            with tempfile.TemporaryDirectory(prefix="imq-replay-") as tmp:
+                return _replay(log, Path(tmp) / "queue", progress=progress)
+        where = _as_path("db", db)
+        if where.exists() and any(where.iterdir()):
+            raise ValueError(f"{where} is not empty: a replay needs a fresh database")
+        return _replay(log, where, progress=progress)
 
 
 def _replay(
-    path: Path,
-    header: dict[str, Any],
-    lines: list[_Line],
+    log: _Log,
     db: Path,
     opener: Opener | None = None,
     *,
     progress: Callable[[int, int], object] | None = None,
 ) -> ReplayReport:
-    r = _Replayer(db, header.get("zerostate_seqno", 0), opener)
+    lines = log.lines
+    r = _Replayer(db, log.header.get("zerostate_seqno", 0), opener)
     try:
         for done, s in enumerate(lines):
             if progress is not None and done % 256 == 0:
                 progress(done, len(lines))
+            line = log.line(s)
             try:
-                r.step(s.line)
+                r.step(line)
             except (*_BAD_VALUE, RecursionError) as exc:  # OpLogError is a ValueError
                 what = f"missing {exc}" if type(exc) is KeyError else str(exc)
                 raise OpLogError(
-                    f"op log {path} line {s.number} (step {s.step}, {s.op}): the log cannot be "
-                    f"replayed: {what}; check it against docs/replay-format.md"
+                    f"op log {log.path} line {s.number} (step {s.step}, {s.op}): the log "
+                    f"cannot be replayed: {what}; check it against docs/replay-format.md"
                 ) from exc
+            del line
     finally:
         if r.queue is not None:
             for token in r.model_pending:
@@ -849,4 +956,8 @@ def assert_replays(
 
 
 def iter_steps(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    yield from read_log(path)[1]
+    """The step lines in step order, of a log checked whole first (as :func:`read_log`),
+    each read again from the file as it is asked for."""
+    with _Log(_as_path("the op log's path", path)) as log:
+        for s in log.lines:
+            yield log.line(s)

@@ -4,6 +4,8 @@ and on the model, and a replay names the step where a log or the engine goes wro
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -192,3 +194,80 @@ def test_progress_reports_the_step_being_replayed(recorded: Path) -> None:
     assert seen[0] == (0, total)
     assert [done for done, _ in seen] == list(range(0, total, 256))
     assert {t for _, t in seen} == {total}
+
+
+def _rewrite_last_step(log: Path) -> int:
+    """Change the last step's line in place (same length): its step number."""
+    raw = log.read_bytes()
+    start = raw.rstrip(b"\n").rfind(b"\n") + 1
+    line = json.loads(raw[start:])
+    changed = b"{ " + raw[start + 1 :].rstrip(b"\n")  # JSON whitespace, then no newline
+    assert len(changed) == len(raw) - start and changed != raw[start:]
+    log.write_bytes(raw[:start] + changed)
+    step: int = line["step"]
+    return step
+
+
+def test_each_step_is_read_again_from_the_file_as_it_replays(
+    recorded: Path, tmp_path: Path
+) -> None:
+    """Memory does not grow with the log: the check keeps where each line is, and the
+    replay reads it again. A line that changed since its check fails its step, naming it
+    (a replay never replays what it did not check)."""
+    log = tmp_path / "ops.jsonl"
+    log.write_bytes(recorded.read_bytes())
+    steps: list[int] = []
+
+    def edit(total: int) -> None:
+        steps.append(_rewrite_last_step(log))
+        assert steps[0] == total
+
+    with pytest.raises(OpLogError, match=rf"step {total_of(recorded)}, .*changed after the replay"):
+        replay(log, checked=edit)
+    # The same edit made before the replay is a log like any other: it replays.
+    assert replay(log).steps == steps[0]
+
+
+def total_of(log: Path) -> int:
+    return sum(1 for line in log.read_text().splitlines()[1:] if line.strip())
+
+
+def test_a_log_cut_after_its_check_is_not_replayed_short(recorded: Path, tmp_path: Path) -> None:
+    log = tmp_path / "ops.jsonl"
+    log.write_bytes(recorded.read_bytes())
+    done: list[int] = []
+
+    def cut(total: int) -> None:
+        with log.open("r+b") as f:
+            f.truncate(len(recorded.read_bytes()) // 2)
+
+    with pytest.raises(OpLogError, match="changed after the replay checked it"):
+        replay(log, checked=cut, progress=lambda d, _: done.append(d))
+    assert done and done[-1] < total_of(recorded)
+
+
+def test_a_log_from_a_pipe_replays(recorded: Path, tmp_path: Path) -> None:
+    """A pipe cannot be read twice: its lines are held from the check to the replay."""
+    fifo = tmp_path / "ops.fifo"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with fifo.open("wb") as f:
+            f.write(recorded.read_bytes())
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    try:
+        report = replay(fifo)
+    finally:
+        writer.join()
+    assert report.steps == total_of(recorded)
+
+
+def test_the_check_reports_the_bytes_it_read(recorded: Path) -> None:
+    seen: list[tuple[int, int]] = []
+    replay(recorded, checking=lambda done, size: seen.append((done, size)))
+    size = recorded.stat().st_size
+    assert seen and {s for _, s in seen} == {size}
+    done = [d for d, _ in seen]
+    assert done == sorted(done) and 0 < done[-1] <= size
