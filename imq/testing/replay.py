@@ -845,17 +845,23 @@ class _Replayer:
                     _enc_separated(model_stats),
                 )
             )
-        for partition in (0, 1):
-            for for_shard in _FOR_SHARDS:
-                with q.iterator(partition, full, for_shard) as it:
-                    real_msgs = [c.enc_iterated(x) for x in it]
-                model_msgs = [c.enc_iterated(x) for x in m.iterator(partition, full, for_shard)]
-                pairs.append(
-                    (f"messages of partition {partition} for {for_shard}", real_msgs, model_msgs)
-                )
         for what, real, model in pairs:
             if real != model:
                 return f"{what}: the queue has {_short(real)}, the model {_short(model)}"
+        for partition in (0, 1):
+            for for_shard in _FOR_SHARDS:
+                with q.iterator(partition, full, for_shard) as it:
+                    real_msgs = list(it)
+                model_msgs = list(m.iterator(partition, full, for_shard))
+                # The values compared as they are (tuples of ints, bytes and tuples, equal
+                # exactly when their encodings are); encoded only to show a difference.
+                if real_msgs != model_msgs:
+                    real_enc = [c.enc_iterated(x) for x in real_msgs]
+                    model_enc = [c.enc_iterated(x) for x in model_msgs]
+                    return (
+                        f"messages of partition {partition} for {for_shard}: the queue has "
+                        f"{_short(real_enc)}, the model {_short(model_enc)}"
+                    )
         return None
 
 

@@ -271,3 +271,37 @@ def test_the_check_reports_the_bytes_it_read(recorded: Path) -> None:
     assert seen and {s for _, s in seen} == {size}
     done = [d for d, _ in seen]
     assert done == sorted(done) and 0 < done[-1] <= size
+
+
+def test_a_message_the_queue_reads_wrong_is_caught_by_the_state_check(
+    recorded: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state check compares every stored message (as values; encoded only to show
+    the difference): a queue whose reads change one body diverges at the step that
+    stored it."""
+    original = imq.queue.Queue.iterator
+
+    class Altering:
+        def __init__(self, it: Any) -> None:
+            self.it = it
+
+        def __enter__(self) -> Altering:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.it.close()
+
+        def __iter__(self) -> Any:
+            for item in self.it:
+                msg = item.message
+                yield item._replace(message=msg._replace(body=msg.body + b"!"))
+
+    def iterator(self: Any, *args: Any, **kwargs: Any) -> Altering:
+        return Altering(original(self, *args, **kwargs))
+
+    monkeypatch.setattr(imq.queue.Queue, "iterator", iterator)
+    with pytest.raises(ReplayDivergenceError) as caught:
+        replay(recorded)
+    assert caught.value.op in ("apply_diff", "write"), caught.value
+    assert caught.value.difference.startswith("messages of partition 0 for ")
+    assert "21" in caught.value.difference.split("the model")[0]  # b"!" in the queue's
