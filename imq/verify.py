@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,19 +79,67 @@ def _rows(store: Store, table: Table, report: Report) -> list[tuple[bytes, bytes
 
 
 def _decode_all(
-    rows: list[tuple[bytes, bytes]],
+    rows: Iterable[tuple[bytes, bytes]],
     decode: Callable[[bytes, bytes], Any],
     report: Report,
-) -> list[tuple[bytes, Any]]:
-    out = []
+) -> Iterator[tuple[bytes, Any]]:
+    """Each row decoded, one at a time; an undecodable one is a problem, not yielded."""
     for key, value in rows:
         try:
-            out.append((key, decode(key, value)))
+            decoded = decode(key, value)
         except CorruptDataError as exc:
             report.problems.append(str(exc))
-    return out
+            continue
+        yield key, decoded
 
 
+class _Streamed:
+    """The rows of one table, read through a checked cursor as they are asked for
+    (the large tables, messages and statistics, are never held whole): counted into the
+    report once read to the end, with ``progress(table, rows)`` every
+    ``_PROGRESS_EVERY`` rows. A read that cannot reach the table's end raises (an
+    ``ImqError``): the caller reports it and draws no conclusion from the part read."""
+
+    def __init__(
+        self,
+        store: Store,
+        table: Table,
+        report: Report,
+        progress: Callable[[str, int], object] | None,
+    ) -> None:
+        self._store, self._table, self._report = store, table, report
+        self._progress = progress
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        name, progress = self._table.value, self._progress
+        n = 0
+        try:
+            with self._store.snapshot(scans=[Scan(self._table, b"", None)]) as snap:
+                for n, row in enumerate(snap.cursors[0], 1):
+                    if progress is not None and n % _PROGRESS_EVERY == 0:
+                        progress(name, n)
+                    yield row
+        except ImqError as exc:  # the read's own: the consumer's errors do not come here
+            raise _UnreadableError(self._table, exc) from exc
+        self._report.rows[name] = n
+
+
+class _UnreadableError(Exception):
+    """A streamed table could not be read to its end (``error``, RocksDB's)."""
+
+    def __init__(self, table: Table, error: ImqError) -> None:
+        super().__init__(table, error)
+        self.table, self.error = table, error
+
+    def report(self, report: Report) -> None:
+        report.outdated |= _outdated(self.error)
+        report.problems.append(f"table {self.table.value}: cannot be read to its end: {self.error}")
+
+
+_PROGRESS_EVERY = 1 << 16  # rows between two progress calls of a streamed table
+
+
+_STREAMED = (Table.MESSAGES, Table.STATISTICS)
 _SELF_ADVICE = "; run `imq verify` on it for details"
 
 
@@ -104,19 +152,27 @@ def _outdated(exc: BaseException) -> bool:
     return isinstance(exc, StorageError) and GONE_SINCE_OPEN in exc.hint
 
 
-def verify(path: str | Path, options: StoreOptions | None = None) -> Report:
+def verify(
+    path: str | Path,
+    options: StoreOptions | None = None,
+    *,
+    progress: Callable[[str, int], object] | None = None,
+) -> Report:
     """Check the database in ``path`` (opened read-only: safe beside a live writer).
 
     A read-only view reads the files listed at its open; when a writer beside it has
     compacted one of them away before it was read (message bodies in blob files are
     opened only when first read), the check starts over on a new view, up to five
-    views in all, then raises :class:`StorageError` (no finding: the writer outran it)."""
+    views in all, then raises :class:`StorageError` (no finding: the writer outran it).
+
+    The messages and statistics tables are streamed (memory does not grow with them);
+    ``progress(table, rows)``, when given, is called every 65,536 rows of them."""
     for _ in range(_ATTEMPTS):
         report = Report(Path(path))
         store = _open(Path(path), options)
         report.notes += store.log_notes
         try:
-            _verify(store, report)
+            _verify(store, report, progress)
         except StorageError as exc:
             if not _outdated(exc):
                 raise
@@ -164,8 +220,12 @@ def _check_import_marker(marker: bytes | None, report: Report) -> None:
     )
 
 
-def _verify(store: Store, report: Report) -> None:
-    tables = {t: _rows(store, t, report) for t in Table}
+def _verify(
+    store: Store, report: Report, progress: Callable[[str, int], object] | None = None
+) -> None:
+    # The tables of a row or a few per diff are read whole; messages and statistics (rows
+    # per message and per destination) are streamed.
+    tables = {t: _rows(store, t, report) for t in Table if t not in _STREAMED}
     infos: dict[tuple[ShardIdent, int], tuple[Any, dict[int, int]]] = {}
     for key, (info, parts) in _decode_all(
         tables[Table.DIFF_INFO] or [], codec.decode_diff_record, report
@@ -183,32 +243,7 @@ def _verify(store: Store, report: Report) -> None:
         for shard, max_message, seqno in sorted(tails - expected_tails, key=str):
             report.problems.append(f"tail row {shard}:{seqno} (max {max_message}) has no diff info")
 
-    # Statistics per diff against the diff's own message counts.
-    # A row belongs to the stored diff of its seqno only under that diff's max_message: a
-    # row under another is an earlier diff's of the same seqno, which GC of another
-    # partition collected (its records) before this partition's bound reached the row.
-    counted: dict[tuple[ShardIdent, int, int], int] = defaultdict(int)
-    unowned: list[tuple[ShardIdent, int, int, QueueKey]] = []
-    for key, (max_message, entries) in _decode_all(
-        tables[Table.STATISTICS] or [], codec.decode_stat_row, report
-    ):
-        shard = codec.decode_shard(key[: codec.SHARD_LEN])
-        partition = int.from_bytes(key[codec.SHARD_LEN : codec.SHARD_LEN + 2], "big")
-        seqno = int.from_bytes(key[-4:], "big")
-        owner = infos.get((shard, seqno))
-        if owner is None or owner[0].max_message != max_message:
-            unowned.append((shard, seqno, partition, max_message))
-            continue
-        counted[(shard, seqno, partition)] += sum(n for _, n in entries)
-    if tables[Table.STATISTICS] is not None:
-        for (shard, seqno), (_info, parts) in sorted(infos.items(), key=str):
-            for partition, stored in parts.items():
-                got = counted.get((shard, seqno, partition), 0)
-                if got != stored:
-                    report.problems.append(
-                        f"diff {shard}:{seqno} partition {partition}: statistics count {got} "
-                        f"messages, the diff stored {stored}"
-                    )
+    unowned = _check_statistics(store, infos, report, progress)
 
     # The GC bounds, the last committed block.
     values = dict(tables[Table.VARS] or [])
@@ -235,10 +270,13 @@ def _verify(store: Store, report: Report) -> None:
                 f"{max_message}) belong to no stored diff (above every GC bound of the shard)"
             )
 
-    # Messages inside each diff's span.
-    message_rows = tables[Table.MESSAGES]
-    if message_rows is not None:
-        _check_messages(message_rows, infos, reach, orphan_reach, report)
+    # Messages inside each diff's span (the counts are compared once every row is read).
+    try:
+        _check_messages(
+            _Streamed(store, Table.MESSAGES, report, progress), infos, reach, orphan_reach, report
+        )
+    except _UnreadableError as exc:  # raised before any count is compared
+        exc.report(report)
 
     # Commit pointers.
     pointers = dict(
@@ -275,6 +313,48 @@ def state_problems(store: StoreProtocol) -> list[str]:
     if state.last_mc_block is None and ShardIdent.MASTERCHAIN in state.pointers:
         problems.append("a masterchain commit pointer but no last committed block")
     return problems
+
+
+def _check_statistics(
+    store: Store,
+    infos: Mapping[tuple[ShardIdent, int], tuple[Any, dict[int, int]]],
+    report: Report,
+    progress: Callable[[str, int], object] | None,
+) -> list[tuple[ShardIdent, int, int, QueueKey]]:
+    """The statistics of each diff against the diff's own message counts (streamed); the
+    rows of no stored diff are returned, for the caller to check against the GC bounds.
+
+    A row belongs to the stored diff of its seqno only under that diff's max_message: a
+    row under another is an earlier diff's of the same seqno, which GC of another
+    partition collected (its records) before this partition's bound reached the row."""
+    counted: dict[tuple[ShardIdent, int, int], int] = defaultdict(int)
+    unowned: list[tuple[ShardIdent, int, int, QueueKey]] = []
+    stats_read = True
+    try:
+        for key, (max_message, entries) in _decode_all(
+            _Streamed(store, Table.STATISTICS, report, progress), codec.decode_stat_row, report
+        ):
+            shard = codec.decode_shard(key[: codec.SHARD_LEN])
+            partition = int.from_bytes(key[codec.SHARD_LEN : codec.SHARD_LEN + 2], "big")
+            seqno = int.from_bytes(key[-4:], "big")
+            owner = infos.get((shard, seqno))
+            if owner is None or owner[0].max_message != max_message:
+                unowned.append((shard, seqno, partition, max_message))
+                continue
+            counted[(shard, seqno, partition)] += sum(n for _, n in entries)
+    except _UnreadableError as exc:  # the counts of a part say nothing
+        exc.report(report)
+        stats_read = False
+    if stats_read:
+        for (shard, seqno), (_info, parts) in sorted(infos.items(), key=str):
+            for partition, stored in parts.items():
+                got = counted.get((shard, seqno, partition), 0)
+                if got != stored:
+                    report.problems.append(
+                        f"diff {shard}:{seqno} partition {partition}: statistics count {got} "
+                        f"messages, the diff stored {stored}"
+                    )
+    return unowned
 
 
 def _gc_bounds(values: Mapping[bytes, bytes], name: bytes, report: Report) -> GcBounds:
@@ -362,7 +442,7 @@ def _clusters(
 
 
 def _check_messages(
-    rows: list[tuple[bytes, bytes]],
+    rows: Iterable[tuple[bytes, bytes]],
     infos: Mapping[tuple[ShardIdent, int], tuple[Any, dict[int, int]]],
     reach: GcBounds,
     orphan_reach: Mapping[ShardIdent, QueueKey],

@@ -42,7 +42,12 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace, out: TextIO) -> int:
     with Heartbeat("verify", enabled=not args.no_progress) as beat:
         beat.update(f"reading and cross-checking {args.db}")
-        report = verify(args.db)
+        report = verify(
+            args.db,
+            progress=lambda table, rows: beat.update(
+                f"reading and cross-checking {args.db}: {rows:,} rows of {table}"
+            ),
+        )
     rows = ", ".join(f"{t} {n}" for t, n in sorted(report.rows.items()))
     print(f"queue database {report.path}: rows read: {rows or '-'}", file=out)
     for note in report.notes:

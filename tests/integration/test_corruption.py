@@ -26,6 +26,7 @@ from builders import BASE, Chain, Clock, full_range, open_queue, quarter_shards,
 from rocksdict import Options, Rdict
 from state_fixtures import write_state
 
+import imq.verify
 from imq import DiffZone, ImqError, Queue, QueueKey
 from imq import iterator as iterator_module
 from imq.errors import CorruptDataError, FileAccessError, SchemaVersionError, StorageError
@@ -822,3 +823,25 @@ def test_table_files_without_current_are_refused_untouched(tmp_path: Path) -> No
     with pytest.raises(ImqError):
         Queue.open(path, quiet_config(), read_only=True)
     assert _listing(path) == before
+
+
+@pytest.mark.parametrize("table", [Table.MESSAGES, Table.STATISTICS], ids=lambda t: t.value)
+def test_verify_draws_nothing_from_part_of_a_streamed_table(
+    intact: tuple[Path, dict[Table, str]], tmp_path: Path, table: Table
+) -> None:
+    """``verify`` streams the messages and statistics tables (their rows are never held
+    whole): one damaged in its middle is reported as unreadable, and the rows read before
+    the damage are not counted against the diffs (no false count problems)."""
+    path, sst = intact
+    copy = tmp_path / "db"
+    shutil.copytree(path, copy)
+    file = copy / sst[table]
+    _flip(file, file.stat().st_size // 2)
+    seen: list[tuple[str, int]] = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(imq.verify, "_PROGRESS_EVERY", 5)
+        report = verify(copy, progress=lambda name, rows: seen.append((name, rows)))
+    assert len(report.problems) == 1, report.problems
+    assert f"table {table.value}: cannot be read to its end" in report.problems[0]
+    assert table.value not in report.rows  # not read to its end: no count of it
+    assert any(name == table.value for name, _ in seen)  # rows were read before the damage
