@@ -500,9 +500,11 @@ def _is_stream(dest: Path, out: TextIO) -> bool:
     return (ours.st_dev, ours.st_ino) == (theirs.st_dev, theirs.st_ino)
 
 
-def diff_json(diff: TlDiff, digest: bytes) -> dict[str, Any]:
+def diff_json(diff: TlDiff, digest: bytes, hashes: int | None = None) -> dict[str, Any]:
     """One diff as JSON, lossless: keys as ``{"lt": int, "hash": hex}``
-    (``QueueKey.from_json``), shards and block ids in their ``parse``-able text."""
+    (``QueueKey.from_json``), shards and block ids in their ``parse``-able text.
+    ``hashes``: only the first this many message hashes (the text form shows three)."""
+    shown = diff.n_messages if hashes is None else min(hashes, diff.n_messages)
     return {
         "block": str(BlockIdShort(diff.shard, diff.seqno)),
         "shard": str(diff.shard),
@@ -513,7 +515,7 @@ def diff_json(diff: TlDiff, digest: bytes) -> dict[str, Any]:
         "min_message": diff.min_message.to_json(),
         "max_message": diff.max_message.to_json(),
         "messages": diff.n_messages,
-        "message_hashes": [diff.hash_at(i).hex() for i in range(diff.n_messages)],
+        "message_hashes": [diff.hash_at(i).hex() for i in range(shown)],
         "router_src": {str(p): [str(a) for a in addrs] for p, addrs in diff.router_src},
         "router_dst": {str(p): [str(a) for a in addrs] for p, addrs in diff.router_dst},
     }
@@ -539,7 +541,7 @@ def dump_diff(file: Path, *, as_json: bool, out: TextIO, progress: bool = False)
             data = head + raw.read()
             with _naming(file, "a queue diff"):
                 diff = decode_diff(data)
-            entries = [diff_json(diff, diff_hash(data))]
+            diffs = [(diff, diff_hash(data))]
             title = f"queue diff {file.name}"
         else:
             with (
@@ -555,20 +557,25 @@ def dump_diff(file: Path, *, as_json: bool, out: TextIO, progress: bool = False)
                         done += len(segment.roots)
                         beat.update(f"{done:,}/{total:,} messages")
             header = reader.header
-            entries = [
-                diff_json(d, h) for d, h in zip(header.diffs, header.diff_hashes, strict=True)
-            ]
+            diffs = list(zip(header.diffs, header.diff_hashes, strict=True))
             title = (
                 f"queue state {file.name}: {header.shard}:{header.seqno}, {header.n_chunks} "
                 f"chunks, {reader.total_messages} messages checked against their diffs' hashes"
             )
-    if as_json:
-        json.dump(entries, out, indent=2)
-        print(file=out)
+    # One diff's entry at a time: a state's message hashes are never all in text at once.
+    if as_json:  # as json.dump(entries, out, indent=2) writes the list
+        out.write("[")
+        for i, (d, h) in enumerate(diffs):
+            text = json.dumps(diff_json(d, h), indent=2).replace("\n", "\n  ")
+            out.write(("," if i else "") + "\n  " + text)
+        print("\n]" if diffs else "]", file=out)
         return
     print(title, file=out)
-    for entry in entries:
-        _print_diff(entry, out)
+    for d, h in diffs:
+        _print_diff(diff_json(d, h, hashes=_TEXT_HASHES), out)
+
+
+_TEXT_HASHES = 3  # message hashes the text form shows of each diff
 
 
 def _key_text(obj: dict[str, Any]) -> str:
@@ -589,7 +596,9 @@ def _print_diff(entry: dict[str, Any], out: TextIO) -> None:
     for shard, key in processed.items():
         say(f"    {shard} -> {_key_text(key)}")
     hashes = entry["message_hashes"]
-    shown = ", ".join(h[:16] for h in hashes[:3]) + (", ..." if len(hashes) > 3 else "")
+    shown = ", ".join(h[:16] for h in hashes[:_TEXT_HASHES]) + (
+        ", ..." if entry["messages"] > _TEXT_HASHES else ""
+    )
     say(f"  messages        {entry['messages']}" + (f" ({shown})" if hashes else ""))
     for half in ("router_src", "router_dst"):
         parts = entry[half]

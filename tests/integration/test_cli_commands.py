@@ -376,6 +376,16 @@ def test_dump_diff_json_reads_back_into_the_header(imq: Imq) -> None:
         assert {
             ShardIdent.parse(s): QueueKey.from_json(k) for s, k in entry["processed_to"].items()
         } == dict(diff.processed_to)
+        assert entry["messages"] == diff.n_messages == len(entry["message_hashes"])
+    # Written a diff at a time (a state's hashes are never all in text at once), in the
+    # layout json.dump(entries, indent=2) gives the whole list.
+    assert run.out == json.dumps(entries, indent=2) + "\n"
+    # The text form builds only the three hashes it shows of each diff.
+    text = imq("dump-diff", SHARD_BIN)
+    assert text.code == 0
+    first = header.diffs[0]
+    shown = ", ".join(first.hash_at(i).hex()[:16] for i in range(3))
+    assert f"messages        {first.n_messages} ({shown}, ...)" in text.out
 
 
 @pytest.mark.parametrize("damage", ["cut in its chunk", "a flipped message byte", "a byte more"])
