@@ -333,6 +333,7 @@ def _encode_chain(
                 f"{shard}:{infos[i].seqno} does not fit the state format: {exc}"
             ) from None
         tls[i] = tl
+        hash_lists[i] = b""  # in the TL now: the hashes are held once
         prev = diff_hash(tl)
         exact = exact and prev == infos[i].hash
     return tls, exact

@@ -44,6 +44,7 @@ __all__ = [
     "encode_chunk",
     "encode_diff",
     "encode_state_header",
+    "state_header_parts",
     "read_chunk",
     "read_diff",
     "read_state_header",
@@ -245,6 +246,14 @@ def encode_state_header(
     ``diffs_tl`` are boxed diffs, newest first. The list rules the reader enforces (count,
     seqno order, shard, hash chain) are checked here from the diffs' fixed-offset fields.
     """
+    return b"".join(state_header_parts(shard, seqno, diffs_tl, n_chunks))
+
+
+def state_header_parts(
+    shard: ShardIdent, seqno: int, diffs_tl: Sequence[bytes], n_chunks: int
+) -> list[bytes]:
+    """:func:`encode_state_header` in the pieces it joins (the diffs' own bytes among
+    them), checked alike: a writer writes them one by one, with no copy of the header."""
     if type(shard) is not ShardIdent:
         raise TypeError("shard must be a ShardIdent")
     if not isinstance(seqno, int) or not 0 <= seqno <= _U32_MAX:
@@ -265,16 +274,14 @@ def encode_state_header(
         expected_seqno = diff_seqno
         if i > 0 and diffs_tl[i - 1][_AT_PREV_HASH:_AT_SHARD] != diff_hash(tl):
             raise ValueError(f"diff {i - 1}'s prev_hash is not the hash of diff {i}")
-    return b"".join(
-        [
-            _HEADER_IDS,
-            shard_bytes,
-            _U32.pack(seqno),
-            _U32.pack(len(diffs_tl)),
-            *diffs_tl,
-            _U32.pack(n_chunks),
-        ]
-    )
+    return [
+        _HEADER_IDS,
+        shard_bytes,
+        _U32.pack(seqno),
+        _U32.pack(len(diffs_tl)),
+        *diffs_tl,
+        _U32.pack(n_chunks),
+    ]
 
 
 def encode_chunk(boc: bytes) -> bytes:

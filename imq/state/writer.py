@@ -38,7 +38,7 @@ import zstandard
 
 from imq.errors import FileAccessError
 from imq.state.boc import BocError, join_roots
-from imq.state.tl import MAX_CHUNK_ROOTS, encode_chunk, encode_state_header
+from imq.state.tl import MAX_CHUNK_ROOTS, encode_chunk, state_header_parts
 from imq.types import ShardIdent
 
 __all__ = [
@@ -213,7 +213,8 @@ def write_state(
 ) -> None:
     """The whole state: header (diffs newest first), the true chunk count, the chunks."""
     spool.finish()
-    out.write(encode_state_header(shard, seqno, diffs_tl, spool.chunks))
+    for part in state_header_parts(shard, seqno, diffs_tl, spool.chunks):  # no joined copy
+        out.write(part)
     spool.copy_to(out)
 
 
