@@ -34,7 +34,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from imq.errors import CorruptDataError, ImqError, StorageError
 from imq.storage import Scan, Store, StoreOptions, Table, codec, ops
@@ -139,7 +139,18 @@ class _UnreadableError(Exception):
 _PROGRESS_EVERY = 1 << 16  # rows between two progress calls of a streamed table
 
 
-_STREAMED = (Table.MESSAGES, Table.STATISTICS)
+# Tables with rows per message, per destination or per diff, read as a stream; the others
+# (a row per shard or a few in all) are read whole.
+_STREAMED = (Table.MESSAGES, Table.STATISTICS, Table.DIFF_INFO, Table.DIFF_TAIL)
+
+
+class _Span(NamedTuple):
+    """Of a stored diff record, what the cross-checks use."""
+
+    min_message: QueueKey
+    max_message: QueueKey
+
+
 _SELF_ADVICE = "; run `imq verify` on it for details"
 
 
@@ -223,27 +234,16 @@ def _check_import_marker(marker: bytes | None, report: Report) -> None:
 def _verify(
     store: Store, report: Report, progress: Callable[[str, int], object] | None = None
 ) -> None:
-    # The tables of a row or a few per diff are read whole; messages and statistics (rows
-    # per message and per destination) are streamed.
     tables = {t: _rows(store, t, report) for t in Table if t not in _STREAMED}
-    infos: dict[tuple[ShardIdent, int], tuple[Any, dict[int, int]]] = {}
-    for key, (info, parts) in _decode_all(
-        tables[Table.DIFF_INFO] or [], codec.decode_diff_record, report
-    ):
-        infos[(codec.decode_shard(key[: codec.SHARD_LEN]), info.seqno)] = (info, parts)
-    tails: set[tuple[ShardIdent, QueueKey, int]] = set()
-    for key, (max_message, seqno) in _decode_all(
-        tables[Table.DIFF_TAIL] or [], lambda k, _v: codec.decode_tail_key(k), report
-    ):
-        tails.add((codec.decode_shard(key[: codec.SHARD_LEN]), max_message, seqno))
-    if tables[Table.DIFF_INFO] is not None and tables[Table.DIFF_TAIL] is not None:
-        expected_tails = {(s, i.max_message, n) for (s, n), (i, _) in infos.items()}
-        for shard, max_message, seqno in sorted(expected_tails - tails, key=str):
-            report.problems.append(f"diff {shard}:{seqno} has no tail row (max {max_message})")
-        for shard, max_message, seqno in sorted(tails - expected_tails, key=str):
-            report.problems.append(f"tail row {shard}:{seqno} (max {max_message}) has no diff info")
-
-    unowned = _check_statistics(store, infos, report, progress)
+    infos, counting = _read_diffs(store, report, progress)
+    # Without every diff record, rows cannot be counted against them: the rest of the
+    # tables is still read through (checksums, decoding), and nothing more is concluded.
+    if not counting:
+        report.notes.append(
+            "the diff records could not all be read: statistics, messages and commit "
+            "pointers were read for damage only, not checked against the diffs"
+        )
+    unowned = _check_statistics(store, infos if counting else None, report, progress)
 
     # The GC bounds, the last committed block.
     values = dict(tables[Table.VARS] or [])
@@ -272,9 +272,12 @@ def _verify(
 
     # Messages inside each diff's span (the counts are compared once every row is read).
     try:
-        _check_messages(
-            _Streamed(store, Table.MESSAGES, report, progress), infos, reach, orphan_reach, report
-        )
+        rows = _Streamed(store, Table.MESSAGES, report, progress)
+        if counting:
+            _check_messages(rows, infos, reach, orphan_reach, report)
+        else:
+            for _row in rows:
+                pass
     except _UnreadableError as exc:  # raised before any count is compared
         exc.report(report)
 
@@ -285,7 +288,7 @@ def _verify(
     # Against where GC may have deleted (``reach``: executed or requested, the higher): a
     # requested bound can fall below an executed one (a later masterchain block reading
     # less, D7), and the diff the executed bound collected is gone all the same.
-    for shard, pointer in sorted(pointers.items(), key=str):
+    for shard, pointer in sorted(pointers.items() if counting else (), key=str):
         found = infos.get((shard, pointer.seqno))
         problem = _pointer_problem(
             shard, pointer, None if found is None else found[0].max_message, reach
@@ -315,9 +318,46 @@ def state_problems(store: StoreProtocol) -> list[str]:
     return problems
 
 
+def _read_diffs(
+    store: Store, report: Report, progress: Callable[[str, int], object] | None
+) -> tuple[dict[tuple[ShardIdent, int], tuple[_Span, dict[int, int]]], bool]:
+    """The diff records by (shard, seqno), each checked against the tail rows; and
+    whether every record was read (else the rows cannot be counted against them)."""
+    # Of each diff record, what the checks use (the whole record is decoded, and dropped).
+    infos: dict[tuple[ShardIdent, int], tuple[_Span, dict[int, int]]] = {}
+    infos_whole = tails_whole = True
+    try:
+        for key, (info, parts) in _decode_all(
+            _Streamed(store, Table.DIFF_INFO, report, progress), codec.decode_diff_record, report
+        ):
+            shard = codec.decode_shard(key[: codec.SHARD_LEN])
+            infos[(shard, info.seqno)] = (_Span(info.min_message, info.max_message), parts)
+    except _UnreadableError as exc:
+        exc.report(report)
+        infos_whole = False
+    tails: set[tuple[ShardIdent, QueueKey, int]] = set()
+    try:
+        for key, (max_message, seqno) in _decode_all(
+            _Streamed(store, Table.DIFF_TAIL, report, progress),
+            lambda k, _v: codec.decode_tail_key(k),
+            report,
+        ):
+            tails.add((codec.decode_shard(key[: codec.SHARD_LEN]), max_message, seqno))
+    except _UnreadableError as exc:
+        exc.report(report)
+        tails_whole = False
+    if infos_whole and tails_whole:
+        expected_tails = {(s, i.max_message, n) for (s, n), (i, _) in infos.items()}
+        for shard, max_message, seqno in sorted(expected_tails - tails, key=str):
+            report.problems.append(f"diff {shard}:{seqno} has no tail row (max {max_message})")
+        for shard, max_message, seqno in sorted(tails - expected_tails, key=str):
+            report.problems.append(f"tail row {shard}:{seqno} (max {max_message}) has no diff info")
+    return infos, infos_whole
+
+
 def _check_statistics(
     store: Store,
-    infos: Mapping[tuple[ShardIdent, int], tuple[Any, dict[int, int]]],
+    infos: Mapping[tuple[ShardIdent, int], tuple[_Span, dict[int, int]]] | None,
     report: Report,
     progress: Callable[[str, int], object] | None,
 ) -> list[tuple[ShardIdent, int, int, QueueKey]]:
@@ -326,7 +366,8 @@ def _check_statistics(
 
     A row belongs to the stored diff of its seqno only under that diff's max_message: a
     row under another is an earlier diff's of the same seqno, which GC of another
-    partition collected (its records) before this partition's bound reached the row."""
+    partition collected (its records) before this partition's bound reached the row.
+    ``infos`` None (the diff records not all read): the rows are read and decoded only."""
     counted: dict[tuple[ShardIdent, int, int], int] = defaultdict(int)
     unowned: list[tuple[ShardIdent, int, int, QueueKey]] = []
     stats_read = True
@@ -335,6 +376,8 @@ def _check_statistics(
             _Streamed(store, Table.STATISTICS, report, progress), codec.decode_stat_row, report
         ):
             shard = codec.decode_shard(key[: codec.SHARD_LEN])
+            if infos is None:
+                continue
             partition = int.from_bytes(key[codec.SHARD_LEN : codec.SHARD_LEN + 2], "big")
             seqno = int.from_bytes(key[-4:], "big")
             owner = infos.get((shard, seqno))
@@ -345,7 +388,7 @@ def _check_statistics(
     except _UnreadableError as exc:  # the counts of a part say nothing
         exc.report(report)
         stats_read = False
-    if stats_read:
+    if stats_read and infos is not None:
         for (shard, seqno), (_info, parts) in sorted(infos.items(), key=str):
             for partition, stored in parts.items():
                 got = counted.get((shard, seqno, partition), 0)
@@ -415,7 +458,7 @@ class _Cluster:
 
 
 def _clusters(
-    infos: Mapping[tuple[ShardIdent, int], tuple[Any, dict[int, int]]],
+    infos: Mapping[tuple[ShardIdent, int], tuple[_Span, dict[int, int]]],
 ) -> dict[ShardIdent, list[_Cluster]]:
     """Per source shard, its diffs' spans merged where they overlap, in key order. Diffs
     that stored no message own no row: they stay out (on a network an empty diff shares
@@ -443,7 +486,7 @@ def _clusters(
 
 def _check_messages(
     rows: Iterable[tuple[bytes, bytes]],
-    infos: Mapping[tuple[ShardIdent, int], tuple[Any, dict[int, int]]],
+    infos: Mapping[tuple[ShardIdent, int], tuple[_Span, dict[int, int]]],
     reach: GcBounds,
     orphan_reach: Mapping[ShardIdent, QueueKey],
     report: Report,

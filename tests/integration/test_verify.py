@@ -426,9 +426,9 @@ def test_a_diff_starting_at_the_previous_diffs_last_key_is_noted(tmp_path: Path)
 def test_progress_counts_the_rows_of_the_streamed_tables(
     db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The messages and statistics tables are read as a stream (memory does not grow
-    with them); ``progress(table, rows)`` follows the read, and the report counts every
-    row (3 blocks of 4 shards, 20 messages each)."""
+    """The tables with rows per message, destination or diff are read as a stream
+    (memory does not grow with their rows); ``progress(table, rows)`` follows the read,
+    and the report counts every row (3 blocks of 4 shards, 20 messages each)."""
     import imq.verify
 
     monkeypatch.setattr(imq.verify, "_PROGRESS_EVERY", 7)
@@ -436,8 +436,9 @@ def test_progress_counts_the_rows_of_the_streamed_tables(
     report = verify(db, progress=lambda table, rows: seen.append((table, rows)))
     assert report.ok, report.problems
     assert report.rows[Table.MESSAGES.value] == 3 * 4 * 20
-    for table in (Table.MESSAGES, Table.STATISTICS):
+    streamed = (Table.MESSAGES, Table.STATISTICS, Table.DIFF_INFO, Table.DIFF_TAIL)
+    for table in streamed:
         counts = [n for name, n in seen if name == table.value]
         assert counts == list(range(7, report.rows[table.value] + 1, 7)), (table, counts)
-    assert {name for name, _ in seen} == {Table.MESSAGES.value, Table.STATISTICS.value}
+    assert {name for name, _ in seen} == {t.value for t in streamed}
     assert set(report.rows) == {t.value for t in Table}
