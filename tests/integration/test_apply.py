@@ -634,3 +634,23 @@ def test_messages_of_several_diffs_and_shards_are_stored_per_source(
     assert got == expected
     assert len(rows(queue, Table.DIFF_INFO)) == 3
     assert len(rows(queue, Table.DIFF_TAIL)) == 3
+
+
+@pytest.mark.parametrize("again_zone", [None, *DiffZone])
+def test_the_remembered_top_again_with_another_hash_conflicts(
+    queue: Queue, chain: Chain, again_zone: DiffZone | None
+) -> None:
+    """Prepares with the sequence rule let the store remember the shard's top diff (the
+    fast path of a collator's next block); the top's own seqno again, under another
+    hash, must still meet the duplicate check: a conflict that writes nothing."""
+    for seqno in (1, 2):
+        a = chain.build(S, 2, seqno=seqno)
+        assert queue.apply_diff(a.diff, a.block, a.hash, None, DiffZone.BOTH)
+        chain.record(a)
+    before = dump(queue)
+    other = chain.build(S, 3, seqno=2)
+    with pytest.raises(DiffConflictError):
+        queue.apply_diff(other.diff, other.block, diff_hash("other"), None, again_zone)
+    assert dump(queue) == before
+    assert queue.apply_diff(a.diff, a.block, a.hash, None, again_zone) is False
+    assert dump(queue) == before

@@ -228,3 +228,43 @@ def test_the_summary_and_the_import_and_export_counters(tmp_path: Path) -> None:
         assert queue.metrics.counter("messages_imported") == 5
         queue.export_state(state.shard, state.seqno, 2, tmp_path / "back.bin")
         assert queue.metrics.counter("states_exported") == 1
+
+
+def test_verify_takes_a_gc_bound_at_a_diffs_first_message_as_inside_its_span(
+    tmp_path: Path,
+) -> None:
+    """A reader that processed exactly a diff's first message puts the GC bound at the
+    diff's ``min_message``: GC deletes that message and keeps the diff (its max lies
+    above), and ``imq verify`` must count the span as partly collected, not as a
+    message lost."""
+    path = tmp_path / "db"
+    with Queue.open(path, quiet_config()) as queue:
+        chain = Chain(queue)
+        a = apply_keys(chain, A, [K1, K2, K3])
+        mc = chain.apply(MC, 0, processed_to={A: K1})
+        commit(queue, mc, a)
+        assert queue.run_gc_report().messages == 1
+        info = queue.get_diff_info(A, a.seqno)
+        assert info is not None and info.min_message == K1
+    report = verify(path)
+    assert report.ok, report.problems
+
+
+def test_a_compaction_debt_of_zero_never_compacts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compaction_debt=0`` means never (docs/api.md, QueueConfig): the passes only
+    delete, and what they deleted stays owed, whatever it adds up to."""
+    config = quiet_config(compaction_debt=0, compact_after_delete=False)
+    with Queue.open(tmp_path / "db", config) as queue:
+        compacted: list[object] = []
+        monkeypatch.setattr(queue._store, "compact", compacted.append)
+        chain = Chain(queue)
+        apply_keys(chain, A, [K1, K2, K3])
+        keep = chain.apply(A, 1)
+        mc = chain.apply(MC, 0, processed_to={A: K3})
+        commit(queue, mc, keep)
+        report = queue.run_gc_report()
+        assert report.messages == 3
+        assert compacted == [] and report.compaction_seconds == 0
+        assert queue._gc.debt == 3

@@ -25,6 +25,7 @@ from builders import (
     iterate_all,
     message_keys,
     open_queue,
+    quiet_config,
     rows,
     shard_rows,
     split_shard,
@@ -378,3 +379,27 @@ def test_the_model_clears_the_masterchain_at_startup_as_the_queue_does(queue: Qu
     for shard in (MC, S1):
         assert queue.get_diff_info(shard, 1) is None
         assert model.get_diff_info(shard, 1) is None
+
+
+@pytest.mark.parametrize("diffs", [255, 256])
+def test_a_clear_of_256_diffs_or_more_compacts_their_diff_infos(
+    tmp_path: Path, diffs: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D9: with ``compact_after_delete``, a clear compacts the diff-info span it deleted
+    once it removed 256 diffs or more; a smaller clear leaves it to GC."""
+    queue = Queue.open(tmp_path / "q", quiet_config(compact_after_delete=True))
+    try:
+        chain = Chain(queue, Clock())
+        for _ in range(diffs):
+            chain.apply(S2, 1)
+        compacted: list[list[tuple[Table, bytes, bytes]]] = []
+        monkeypatch.setattr(queue._store, "compact", compacted.append)
+        queue.clear_uncommitted_state(top_shards=[S2])
+        assert queue.get_last_applied_seqno(S2) is None
+        if diffs < 256:
+            assert compacted == []
+        else:
+            (ranges,) = compacted
+            assert ranges and {table for table, _, _ in ranges} == {Table.DIFF_INFO}
+    finally:
+        queue.close()

@@ -226,3 +226,24 @@ def test_empty_diff_bounds_survive_a_reopen(db_path: Path) -> None:
         assert q.apply_diff(QueueDiff(), block(S, 2), diff_hash(2))
         _commit(q, 2, 2)
         assert q.get_commit_pointers()[S] == CommitPointer(msgs[-1].key.next_value(), 2)
+
+
+def test_a_committed_diff_at_max_survives_clear_and_startup(queue: Queue) -> None:
+    """A diff whose span ends at ``MAX``, committed, puts its shard's pointer at ``MAX``:
+    nothing lies above it, so a clear (or startup) leaves that diff and the pointer alone
+    (``next_value()`` saturates at ``MAX``: a clear that started there would delete it)."""
+    low = QueueKey.min_for_lt(500)
+    diff = QueueDiff(min_key=low, max_key=QueueKey.MAX)
+    assert queue.apply_diff(diff, block(S, 1), diff_hash(1))
+    _commit(queue, 1, 1)
+    assert queue.get_commit_pointers()[S] == CommitPointer(QueueKey.MAX, 1)
+    committed = queue.get_diff_info(S, 1, DiffZone.COMMITTED)
+    assert committed is not None
+    queue.clear_uncommitted_state(top_shards=[S])
+    assert queue.get_diff_info(S, 1) == committed
+    assert queue.get_diffs_tail_len(S, QueueKey.MAX) == 1
+    last = queue.get_last_committed_mc_block_id()
+    assert last is not None
+    queue.startup(last, [S])
+    assert queue.get_diff_info(S, 1) == committed
+    assert queue.get_commit_pointers()[S] == CommitPointer(QueueKey.MAX, 1)

@@ -300,3 +300,17 @@ def test_empty_queue_reads(queue: Queue) -> None:
     whole = QueueShardRange(MC, QueueKey.MIN, QueueKey.MAX)
     assert queue.load_diff_statistics(0, whole) == {}
     assert queue.load_separated_diff_statistics([0, 1], whole) == {0: {}, 1: {}}
+
+
+def test_the_highest_u32_seqno_is_read_back_and_one_past_it_refused(
+    queue: Queue, chain: Chain
+) -> None:
+    """Seqnos are u32: a diff at ``2**32 - 1`` is stored and read back by every read that
+    names a seqno; ``2**32`` is a ``ValueError``, not a missing diff."""
+    top = chain.apply(S, 2, seqno=2**32 - 1)
+    assert queue.get_diff_info(S, 2**32 - 1) is not None
+    assert queue.get_diff_info(S, 2**32 - 1, DiffZone.UNCOMMITTED) is not None
+    assert queue.is_diff_exists(top.block)
+    assert queue.get_last_applied_seqno(S) == 2**32 - 1
+    with pytest.raises(ValueError, match="u32"):
+        queue.get_diff_info(S, 2**32)

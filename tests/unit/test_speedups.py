@@ -696,3 +696,19 @@ def test_the_value_types_constructors_leave_their_values_untracked() -> None:
         QueueKey.parse(str(key)),
     ]
     assert not any(gc.is_tracked(v) for v in values)
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 5, 16])
+def test_equal_keys_of_two_sources_come_in_range_order_on_both_paths(limit: int) -> None:
+    """Two sources holding rows of one queue key: the merge has no key to order them by,
+    so it takes the first range's row first (as the pure-Python twin's stable sort does),
+    whatever the batch limit, and both fills yield the same sequence."""
+    other = ShardIdent(0, 0xC000_0000_0000_0000)
+    dst = Address(0, b"\x00" * 32)
+    msgs = [Message(QueueKey(lt, bytes([lt]) * 32), ADDR2[0], dst, b"") for lt in (5, 6, 7)]
+    rows = _rows(msgs, 0)
+    want = [(shard, m.key) for m in msgs for shard in (SHARD, other)]
+    for fill in (_c_merge_fill, iterator._py_merge_fill):
+        batches, *_ = _merge_all([rows, rows], limit, 128, shards=[SHARD, other], fill=fill)
+        got = [(im[0], im.message.key) for b in batches for im in b]
+        assert got == want, (fill, limit)

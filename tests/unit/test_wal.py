@@ -323,3 +323,20 @@ def test_a_zero_header_with_data_after_it_in_its_block_is_reported(tmp_path: Pat
     found.clear()
     assert wal.find_log_damage(tmp_path, [log.name], found) is None
     assert found == []
+
+
+def test_an_older_log_cut_inside_a_header_in_a_blocks_last_seven_bytes_is_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With exactly 7 bytes left in a block the writer puts a header there (a FIRST
+    record of no payload), so an older log ending in 1 to 6 bytes of it is cut short,
+    as it is anywhere else in a block."""
+    monkeypatch.setattr(wal, "_sequence_gap", lambda logs: None)
+    data, headers = write_log((wal.BLOCK - 14, 100))
+    assert (wal.BLOCK - 7, 0, FIRST) in headers
+    cut = wal.BLOCK - 7 + 3
+    assert any(data[wal.BLOCK - 7 : cut])
+    (tmp_path / "000007.log").write_bytes(data[:cut])
+    (tmp_path / "000009.log").write_bytes(data)  # the newest
+    found = wal.find_log_damage(tmp_path, ["000007.log", "000009.log"])
+    assert found == wal.LogDamage("000007.log", wal.BLOCK - 7, 0, cut=True)
