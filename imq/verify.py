@@ -95,8 +95,8 @@ def _decode_all(
 
 class _Streamed:
     """The rows of one table, read through a checked cursor as they are asked for
-    (the large tables, messages and statistics, are never held whole): counted into the
-    report once read to the end, with ``progress(table, rows)`` every
+    (the tables with rows per message, destination or diff are never held whole):
+    counted into the report once read to the end, with ``progress(table, rows)`` every
     ``_PROGRESS_EVERY`` rows. A read that cannot reach the table's end raises (an
     ``ImqError``): the caller reports it and draws no conclusion from the part read."""
 
@@ -176,8 +176,9 @@ def verify(
     opened only when first read), the check starts over on a new view, up to five
     views in all, then raises :class:`StorageError` (no finding: the writer outran it).
 
-    The messages and statistics tables are streamed (memory does not grow with them);
-    ``progress(table, rows)``, when given, is called every 65,536 rows of them."""
+    The tables with rows per message, destination or diff are streamed (memory grows
+    with the diffs, about 1.6 KB each, not with the messages); ``progress(table,
+    rows)``, when given, is called every 65,536 rows of them."""
     for _ in range(_ATTEMPTS):
         report = Report(Path(path))
         store = _open(Path(path), options)

@@ -320,7 +320,8 @@ def _bad_message(
 def _encode_chain(
     shard: ShardIdent, seqno: int, infos: list[DiffInfo], hash_lists: list[bytes]
 ) -> tuple[list[bytes], bool]:
-    """TL of every diff (newest first), chained oldest to newest by hash."""
+    """TL of every diff (newest first), chained oldest to newest by hash. Each of
+    ``hash_lists`` is emptied once its diff's TL holds the hashes."""
     tls: list[bytes] = [b""] * len(infos)
     exact = True
     prev = infos[-1].prev_hash or _ZERO_HASH
