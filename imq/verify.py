@@ -65,17 +65,13 @@ class Report:
 
 
 def _rows(store: Store, table: Table, report: Report) -> list[tuple[bytes, bytes]] | None:
-    """Every row of ``table`` through a checked cursor; ``None`` (and a problem) when
-    RocksDB cannot read it."""
+    """Every row of ``table`` (a small one) through a checked cursor; ``None`` (and a
+    problem) when RocksDB cannot read it."""
     try:
-        with store.snapshot(scans=[Scan(table, b"", None)]) as snap:
-            rows = list(snap.cursors[0])
-    except ImqError as exc:
-        report.outdated |= _outdated(exc)
-        report.problems.append(f"table {table.value}: cannot be read to its end: {exc}")
+        return list(_Streamed(store, table, report, None))
+    except _UnreadableError as exc:
+        exc.report(report)
         return None
-    report.rows[table.value] = len(rows)
-    return rows
 
 
 def _decode_all(
@@ -94,8 +90,8 @@ def _decode_all(
 
 
 class _Streamed:
-    """The rows of one table, read through a checked cursor as they are asked for
-    (the tables with rows per message, destination or diff are never held whole):
+    """The rows of one table, read through a checked cursor as they are asked for (so
+    that the tables with rows per message, destination or diff are never held whole):
     counted into the report once read to the end, with ``progress(table, rows)`` every
     ``_PROGRESS_EVERY`` rows. A read that cannot reach the table's end raises (an
     ``ImqError``): the caller reports it and draws no conclusion from the part read."""

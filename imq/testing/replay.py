@@ -279,8 +279,15 @@ class _Log:
     closed: the replay reads each step's line again from the file, so that a log is never
     held in memory whole (a pipe's is: it cannot be read twice)."""
 
-    def __init__(self, path: Path, checking: Callable[[int, int], object] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        checking: Callable[[int, int], object] | None = None,
+        *,
+        keep: bool = False,
+    ) -> None:
         self.path = path
+        self._keep = keep  # hold every line from the check on (read_log returns them all)
         try:
             self._file: BinaryIO = path.open("rb")
         except OSError as exc:
@@ -325,7 +332,8 @@ class _Log:
         and the line for anything the replay cannot use (the list is in
         docs/replay-format.md)."""
         path, f = self.path, self._file
-        again = f.seekable()  # a pipe's lines are kept: it cannot be read twice
+        # A pipe's lines are kept (it cannot be read twice), and all when asked for.
+        again = f.seekable() and not self._keep
         try:
             total = os.fstat(f.fileno()).st_size if again else 0
             raws = iter(f)
@@ -472,7 +480,7 @@ def _check_order(path: Path, lines: list[_Line]) -> None:
 def read_log(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The header and the step lines, in step order, of a log the replay can use; else
     :class:`OpLogError` naming the file and the line (``FileAccessError``: unreadable)."""
-    with _Log(_as_path("the op log's path", path)) as log:
+    with _Log(_as_path("the op log's path", path), keep=True) as log:
         return log.header, [log.line(s) for s in log.lines]
 
 
