@@ -28,10 +28,12 @@ from __future__ import annotations
 import atexit
 import threading
 import weakref
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from time import perf_counter
 
-from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_rows
+from imq.delete import DeletedDiffs, DeleteRange, DiffSpan, diff_spans, stage_delete, tail_rows
 from imq.errors import QueueClosedError, StorageError
 from imq.locks import RWLock, ShardLocks
 from imq.observability import ImqLogger, Metrics
@@ -125,7 +127,7 @@ def _count_plan(
     partition: int,
     after: QueueKey | None,
     bound: QueueKey,
-    deleted: DeletedDiffs,
+    deleted: Sequence[DiffSpan],
 ) -> tuple[int, list[Gap]]:
     """How to count the messages of ``partition`` in ``(after, bound]``: the diffs that
     lie wholly inside count by their records; the gaps between them (at most a partial
@@ -135,7 +137,7 @@ def _count_plan(
     if low is None:
         return 0, []
     inside = sorted(
-        (d for d in deleted.diffs if low <= d.min_message and d.max_message <= bound),
+        (d for d in deleted if low <= d.min_message and d.max_message <= bound),
         key=lambda d: d.min_message,
     )
     counted = sum(d.messages.get(partition, 0) for d in inside)
@@ -185,7 +187,10 @@ class GarbageCollector:
         *,
         compact: bool,
         compaction_debt: int = 0,
+        batch_diffs: int = 10_000,
     ) -> None:
+        if batch_diffs < 1:
+            raise ValueError(f"batch_diffs must be at least 1, got {batch_diffs}")
         self._store = store
         self._rw = rw
         self._shard_locks = shard_locks
@@ -193,6 +198,7 @@ class GarbageCollector:
         self._log = log
         self._compact = compact
         self._debt_limit = compaction_debt
+        self._batch_diffs = batch_diffs
         # Deleted but not yet compacted: messages, and the union of the deleted key ranges
         # (GC deletes a growing prefix of each (partition, shard) and consecutive diff
         # seqnos, so successive passes' ranges overlap or touch and the union stays small).
@@ -228,10 +234,6 @@ class GarbageCollector:
                 else:
                     deleted.append(done)
                     ranges.extend(task_ranges)
-                    # Counted once its batch is written: a pass that close() interrupts
-                    # later (in compaction, say) has removed these rows all the same, and
-                    # its retry after the next open finds nothing left to count.
-                    self._metrics.inc("messages_deleted", sum(done.messages.values()))
             compaction = 0.0
             try:
                 if deleted:
@@ -270,38 +272,73 @@ class GarbageCollector:
         return self._debt_limit > 0 and self._debt >= self._debt_limit
 
     def _delete(self, task: GcTask) -> tuple[_Deleted, list[tuple[Table, bytes, bytes]]]:
-        """Write one (shard, bound) deletion; return it and the ranges to compact."""
+        """Write one (shard, bound) deletion, in batches of at most ``batch_diffs`` diffs
+        (the shard's mutex is released between them); return it and the ranges to compact.
+        """
         started = perf_counter()
+        executed = self._store.state.gc_executed
+        messages = dict.fromkeys(task.partitions, 0)
+        diffs = 0
+        ranges: list[tuple[Table, bytes, bytes]] = []
+        while True:
+            found, removed, batch_ranges = self._delete_batch(task, executed)
+            # Counted once its batch is written: a pass that close() interrupts later (in
+            # its next batch, or in compaction) has removed these rows all the same, and
+            # its retry after the next open finds nothing left to count.
+            self._metrics.inc("messages_deleted", sum(removed.values()))
+            for p, n in removed.items():
+                messages[p] += n
+            diffs += len(found.seqnos)
+            ranges.extend(batch_ranges)
+            if found.last == task.bound:
+                break
+            if self.stopping.is_set():
+                raise QueueClosedError("the queue is closing")
+        return _Deleted(task, messages, diffs, perf_counter() - started), union(ranges)
+
+    def _delete_batch(
+        self, task: GcTask, executed: GcBounds
+    ) -> tuple[DeletedDiffs, dict[int, int], list[tuple[Table, bytes, bytes]]]:
+        """Delete everything of the task's partitions up to its bound, or, when more than
+        ``batch_diffs`` diffs lie there, up to the end of the first ``batch_diffs`` (a
+        shorter prefix: ``DeletedDiffs.last``). Returns what was staged, the messages
+        removed per partition and the ranges to compact."""
         store = self._store
         r = DeleteRange(task.shard, QueueKey.MIN, task.bound, frozenset(task.partitions), False)
-        executed = store.state.gc_executed
+        tail = tail_rows(r)
+        rows = ops.MessageCounter()
         txn = store.transaction()
-        with self._locked(task.shard):
-            # Under the shard's mutex nothing writes this shard, so two views agree.
-            tail = tail_rows(r)
-            messages = self._cached_removed(task, executed)
-            with ops.view(store, tail, diffs=True) as view:
-                found = stage_delete(view, tail, txn, r, spans=messages is None)
-            if messages is None:
-                messages = self._count_removed(task, executed, found)
-            store.write(txn)
-        seconds = perf_counter() - started
-        return _Deleted(task, messages, len(found.seqnos), seconds), txn.deleted_ranges
+        with ExitStack() as stack:
+            with self._locked(task.shard):
+                # Under the shard's mutex nothing writes this shard: the view and the
+                # cache both show the shard as the delete finds it.
+                view = stack.enter_context(ops.view(store, tail, rows, diffs=True))
+                found = stage_delete(view, tail, txn, r, spans=False, limit=self._batch_diffs)
+                removed = self._cached_removed(task, found.last, executed)  # before the write
+                store.write(txn)
+            if removed is None:
+                # Counted with the mutex released, in the view taken before the write: it
+                # holds every row the write removed, and the shard's writers go on.
+                removed = self._count_removed(view, view[rows], task, executed, found)
+        return found, removed, txn.deleted_ranges
 
-    def _cached_removed(self, task: GcTask, executed: GcBounds) -> dict[int, int] | None:
-        """The messages the deletion removes per partition, when the store's cache of
-        fresh rows holds every row above each partition's executed bound up to the task's
-        (as a collector that keeps up with its readers finds them): counted by bisection,
-        so no diff record is read. ``None`` when the cache cannot tell one of them."""
-        shard, bound = task.shard, task.bound
+    def _cached_removed(
+        self, task: GcTask, last: QueueKey, executed: GcBounds
+    ) -> dict[int, int] | None:
+        """The messages a deletion up to ``last`` removes per partition, when the store's
+        cache of fresh rows holds every row above each partition's executed bound up to
+        there (as a collector that keeps up with its readers finds them): counted by
+        bisection, so no diff record is read. ``None`` when the cache cannot tell one of
+        them."""
+        shard = task.shard
         counts: dict[int, int] = {}
         ranges: list[tuple[int, tuple[bytes, bytes]]] = []
         for p in task.partitions:
             low = _first_above(executed.get((p, shard)))
-            if low is None:
+            if low is None or low > last:
                 counts[p] = 0  # nothing above the executed bound
             else:
-                ranges.append((p, ops.count_range(p, shard, low, bound, inclusive=True)))
+                ranges.append((p, ops.count_range(p, shard, low, last, inclusive=True)))
         cached = self._store.cached_counts([r for _p, r in ranges]) if ranges else []
         for (p, _r), n in zip(ranges, cached, strict=True):
             if n is None:
@@ -310,37 +347,24 @@ class GarbageCollector:
         return counts
 
     def _count_removed(
-        self, task: GcTask, executed: GcBounds, found: DeletedDiffs
+        self,
+        view: ops.View,
+        rows: ops.RowCounter,
+        task: GcTask,
+        executed: GcBounds,
+        found: DeletedDiffs,
     ) -> dict[int, int]:
-        """The messages removed per partition, when the cache could not count them all:
-        the deleted diffs' records, plus the gaps between them counted row by row."""
+        """The messages removed per partition, when the cache could not count them all,
+        from ``view`` (taken before the delete was written): the deleted diffs' records,
+        plus the gaps between them counted row by row."""
         shard = task.shard
-        plans = {
-            p: _count_plan(p, executed.get((p, shard)), task.bound, found) for p in task.partitions
-        }
-        # The gaps are counted row by row: by the store's cache of fresh rows when it
-        # holds them (bisection, no RocksDB seek; this thread holds the GIL meanwhile),
-        # else by one RocksDB cursor for all that remain.
-        store = self._store
-        counts = {p: counted for p, (counted, _gaps) in plans.items()}
-        gaps = [
-            (p, *ops.count_range(p, shard, lo_key, hi_key, inclusive=inc))
-            for p, (_counted, ranges) in plans.items()
-            for lo_key, hi_key, inc in ranges
-        ]
-        cached = store.cached_counts([(lo, hi) for _p, lo, hi in gaps]) if gaps else []
-        remaining: list[tuple[int, bytes, bytes]] = []
-        for gap, n in zip(gaps, cached, strict=True):
-            if n is None:
-                remaining.append(gap)
-            else:
-                counts[gap[0]] += n
-        if remaining:
-            rows = ops.MessageCounter()
-            with ops.view(store, rows) as view:
-                counter = view[rows]
-                for p, lo, hi in remaining:
-                    counts[p] += counter.count_keys(lo, hi)
+        deleted = diff_spans(view, shard, found.seqnos)
+        counts: dict[int, int] = {}
+        for p in task.partitions:
+            counted, gaps = _count_plan(p, executed.get((p, shard)), found.last, deleted)
+            counts[p] = counted + sum(
+                rows.count(p, shard, lo, hi, inclusive=inc) for lo, hi, inc in gaps
+            )
         return counts
 
     def _mark_executed(self, tasks: list[GcTask]) -> None:

@@ -185,6 +185,7 @@ class Queue(QueueReads):
             gc_log,
             compact=config.compact_after_delete,
             compaction_debt=config.compaction_debt,
+            batch_diffs=config.gc_batch_diffs,
         )
         self._gc_worker: GcWorker | None = None
         if config.gc_enabled and not store.read_only:

@@ -52,6 +52,7 @@ from imq import (
     ShardIdent,
 )
 from imq.storage import Table, codec
+from imq.verify import verify
 
 A = split_shard(0, 1, 0)
 B = split_shard(0, 1, 1)
@@ -907,14 +908,18 @@ def test_compaction_debt_compacts_once_enough_is_collected(db_path: Path) -> Non
         assert message_keys(queue, 0, A) == [k for a in applied[7:] for k in keys_of(a)]
 
 
+@pytest.mark.parametrize("batch", [10_000, 1], ids=["one batch", "a batch per diff"])
 @pytest.mark.parametrize("rows_from", ["cache", "records", "records after a reopen"])
-def test_each_deletion_reports_the_rows_and_diffs_it_removed(db_path: Path, rows_from: str) -> None:
+def test_each_deletion_reports_the_rows_and_diffs_it_removed(
+    db_path: Path, rows_from: str, batch: int
+) -> None:
     """A deletion counts its messages from the cache of fresh rows when the cache holds
     them all, else from the deleted diffs' records plus a row count of the partial diffs
     at the ends. Either way a report says exactly what went, bounds inside diffs
-    included: compared here with the rows and tail entries stored before and after."""
+    included: compared here with the rows and tail entries stored before and after,
+    whether a deletion goes in one batch or in one per diff (``gc_batch_diffs``)."""
     cache = 0 if rows_from == "records" else 64 << 20
-    config = quiet_config(message_cache_size=cache)
+    config = quiet_config(message_cache_size=cache, gc_batch_diffs=batch)
     queue = Queue.open(db_path, config)
     try:
         chain = Chain(queue)
@@ -946,6 +951,69 @@ def test_each_deletion_reports_the_rows_and_diffs_it_removed(db_path: Path, rows
         assert message_keys(queue, 0, A) == message_keys(queue, 1, A) == []
     finally:
         queue.close()
+
+
+def test_a_backlog_goes_in_batches_and_the_shards_writers_get_in_between(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backlog of more than ``gc_batch_diffs`` diffs is deleted in batches, each under
+    the shard's mutex: an apply of the shard finishes between two batches instead of
+    waiting for the whole pass (a backlog of 62,500 diffs held it for 1.3 s in one
+    piece). Each batch is a whole deletion of a shorter prefix, so the pass ends where
+    one deletion would: everything up to the bound gone, the diff applied meanwhile
+    kept, the report counting each removed message and diff once."""
+    from imq import gc as imq_gc
+
+    with Queue.open(db_path, quiet_config(gc_batch_diffs=2)) as queue:
+        chain = Chain(queue)
+        backlog = [chain.apply(A, 3) for _ in range(5)]
+        mc = chain.apply(MC, 0, processed_to={A: backlog[-1].max_message})
+        commit(queue, mc, backlog[-1])
+
+        batches: list[int] = []
+        real = imq_gc.GarbageCollector._delete_batch
+
+        def batch_then_apply(self: Any, task: Any, executed: Any) -> Any:
+            result = real(self, task, executed)
+            batches.append(len(result[0].seqnos))
+            if len(batches) == 1:  # the mutex is released: a writer of the shard gets in
+                done = threading.Event()
+                writer = threading.Thread(target=lambda: (chain.apply(A, 2), done.set()))
+                writer.start()
+                writer.join(WAIT)
+                assert done.is_set(), "the apply waited for the rest of the pass"
+            return result
+
+        monkeypatch.setattr(imq_gc.GarbageCollector, "_delete_batch", batch_then_apply)
+        report = queue.run_gc_report()
+
+        assert batches == [2, 2, 1]
+        assert (report.messages, report.diffs) == (15, 5)
+        assert {(r.partition, r.messages) for r in report.ranges} == {(0, 15), (1, 0)}
+        late = chain.applied[-1]
+        assert message_keys(queue, 0, A) == keys_of(late)
+        assert [s for _k, s in tail_rows_of(queue, A)] == info_seqnos(queue, A) == [late.seqno]
+
+
+def test_a_batch_never_cuts_between_diffs_that_end_at_the_same_key(db_path: Path) -> None:
+    """Empty diffs of a shard that has no position yet all end at ``MIN``: a batch that
+    reaches its size among them takes the rest too. Cut there, its range delete would
+    remove every one of their tail rows but only the records it counted, and the other
+    records would stay for ever, named by no tail row."""
+    with Queue.open(db_path, quiet_config(gc_batch_diffs=2)) as queue:
+        chain = Chain(queue)
+        empty = [chain.apply(A, 0) for _ in range(4)]
+        assert {queue.get_diff_info(A, e.seqno).max_message for e in empty} == {QueueKey.MIN}
+        full = [chain.apply(A, 3) for _ in range(3)]
+        mc = chain.apply(MC, 0, processed_to={A: full[-1].max_message})
+        commit(queue, mc, full[-1])
+
+        report = queue.run_gc_report()
+
+        assert (report.messages, report.diffs) == (9, 7)
+        assert tail_rows_of(queue, A) == info_seqnos(queue, A) == []
+        assert message_keys(queue, 0, A) == []
+    assert verify(db_path).ok
 
 
 def test_disk_usage_leaves_out_rocksdbs_text_logs(queue: Queue) -> None:

@@ -89,8 +89,9 @@ FOR_SHARDS: dict[str, ShardIdent] = {
     "w-128": ShardIdent.full(-128),
 }
 PARTITIONS = (0, 1, 2)
-# The worker passes right after open and when ticked, never on its own timer.
-CONFIG = replace(QueueConfig.testing(), gc_enabled=True, gc_interval=3600.0)
+# The worker passes right after open and when ticked, never on its own timer. A GC
+# deletion of more than two diffs goes in batches (gc_batch_diffs), each a shorter prefix.
+CONFIG = replace(QueueConfig.testing(), gc_enabled=True, gc_interval=3600.0, gc_batch_diffs=2)
 OPEN_DEADLINE = 30.0  # seconds to wait for the worker's first pass after an open
 U32_MAX = 0xFFFF_FFFF
 U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
