@@ -576,6 +576,50 @@ def test_close_stops_a_worker_blocked_on_a_pending_diff(db_path: Path) -> None:
         assert message_keys(queue, 0, A) == keys_of(a2)
 
 
+def test_close_between_two_batches_stops_the_pass_and_the_next_open_finishes_it(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() during a pass over a backlog waits for one batch, not for the backlog;
+    the deletion stays due (not marked executed), and the next pass deletes what is
+    left and counts only that."""
+    from imq import gc as imq_gc
+
+    first_written = threading.Event()
+    real = imq_gc.GarbageCollector._delete_batch
+
+    def batch_then_wait_for_close(self: Any, task: Any, executed: Any) -> Any:
+        result = real(self, task, executed)
+        first_written.set()
+        assert self.stopping.wait(WAIT), "close() never came"
+        return result
+
+    queue = open_gc_queue(db_path, gc_batch_diffs=1)
+    try:
+        assert worker(queue).tick(timeout=WAIT)  # the pass at open is done
+        chain = Chain(queue)
+        backlog = [chain.apply(A, 3) for _ in range(6)]
+        mc = chain.apply(MC, 0, processed_to={A: backlog[-1].max_message})
+        monkeypatch.setattr(imq_gc.GarbageCollector, "_delete_batch", batch_then_wait_for_close)
+        commit(queue, mc, backlog[-1])
+        worker(queue).tick(timeout=0)
+        assert first_written.wait(WAIT)
+        closer = threading.Thread(target=queue.close, daemon=True)
+        closer.start()
+        closer.join(timeout=WAIT)
+        assert not closer.is_alive(), "close() waited for the whole backlog"
+    finally:
+        queue.close()
+    monkeypatch.undo()
+
+    with Queue.open(db_path, quiet_config()) as queue:
+        assert queue.gc_bounds()[1] == {}  # nothing marked executed
+        assert message_keys(queue, 0, A) == keys_of(*backlog[1:])  # one batch went
+        report = queue.run_gc_report()
+        assert (report.messages, report.diffs) == (15, 5)
+        assert message_keys(queue, 0, A) == []
+        assert tail_rows_of(queue, A) == info_seqnos(queue, A) == []
+
+
 def test_run_gc_while_this_thread_holds_a_pending_diff_raises(queue: Queue, chain: Chain) -> None:
     a1 = chain.apply(A, 3)
     mc = chain.apply(MC, 0, processed_to={A: a1.max_message})
