@@ -29,8 +29,8 @@ def register(commands: Commands) -> None:
         help="show what a queue database holds (read-only; safe beside a live node)",
         description="Show the commit pointers, the diffs per shard and the GC bounds of a "
         "queue database, through a read-only open that takes no lock and changes no data "
-        "(rocksdict rewrites its rocksdict-config.json at every open, so the directory "
-        "must be writable; for one that is not, inspect a copy).",
+        "(a directory this user cannot write is read through a temporary directory of "
+        "links to its files, removed at the end).",
         epilog=EXAMPLES,
     )
     show.add_argument("db", type=path_arg, help="database directory")

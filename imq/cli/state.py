@@ -123,9 +123,8 @@ def register(commands: Commands) -> None:
         "export",
         help="write the persistent queue state of a block (zstd when OUT ends in .queue)",
         description="Write the state of block (--shard, --seqno) with its --tail-len diffs. "
-        "Reads the database without changing its data (safe beside a live node; rocksdict "
-        "rewrites its rocksdict-config.json at every open, so the directory must be "
-        "writable: for one that is not, export from a copy).",
+        "Reads the database without changing its data (safe beside a live node, and on a "
+        "directory this user cannot write).",
         epilog=EXPORT_EXAMPLES,
     )
     save.add_argument("db", type=path_arg, help="database directory")

