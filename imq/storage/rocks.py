@@ -1045,6 +1045,7 @@ class Store:
     """A dedicated RocksDB directory with imq's six column families."""
 
     _forked = False  # set in a process forked from the one that opened it
+    _manifest_log: int | None = None  # the newest log the current MANIFEST names
 
     def __init__(
         self,
@@ -1286,6 +1287,7 @@ class Store:
             )
         if damage is not None:
             raise self._log_damage_error(damage)
+        self._check_newest_log(names)
         self.log_notes = [
             f"{name}: a zeroed record header at offset {offset} with data after it in its "
             "32 KiB block: RocksDB's recovery skipped the rest of that block, so records "
@@ -1295,6 +1297,28 @@ class Store:
             "directory"
             for name, offset in zeroed + self._manifest_zeroed
         ]
+
+    def _check_newest_log(self, names: list[str]) -> None:
+        """Refuse a directory whose newest log was lost: the current MANIFEST records a
+        log number no log here reaches (:func:`wal.newest_log_number`). A writer creates
+        a log before its MANIFEST names it and deletes one only once every table's number
+        is past it, and the MANIFEST was read before ``names`` were listed."""
+        needed = self._manifest_log
+        numbers = [int(name[:-4]) for name in wal.log_files(names)]
+        if needed is None or not numbers or max(numbers) >= needed:
+            return
+        found = ", ".join(wal.log_files(names))
+        raise StorageError(
+            self.path,
+            "open",
+            f"its newest write-ahead log is missing: the MANIFEST records log {needed:06d} "
+            f"as holding writes not yet in table files, and the directory holds only older "
+            f"logs ({found}): the writes in the missing log are lost, committed diffs "
+            "included, and RocksDB's open would go on without them in silence",
+            hint=f"restore {needed:06d}.log (and any later log) from a copy of the directory, "
+            "or rebuild the queue from a persistent state in a new directory; nothing in "
+            "it was changed",
+        )
 
     def _unreadable_log(self, exc: FileNotFoundError) -> FileAccessError:
         """A log or MANIFEST the directory lists but that cannot be opened, no writer
@@ -1315,9 +1339,14 @@ class Store:
         left to RocksDB's own open to report."""
         zeroed: list[tuple[str, int]] = []
         self._manifest_zeroed = zeroed
+        self._manifest_log = None
         try:
             manifest = self._current_manifest()
             damage = None if manifest is None else wal.find_file_damage(self.path, manifest, zeroed)
+            if manifest is not None and damage is None:
+                # Read before the logs are listed: a live writer creates a log before
+                # its MANIFEST names it (see _check_logs).
+                self._manifest_log = wal.newest_log_number(self.path / manifest)
         except FileNotFoundError:
             if self.read_only:
                 raise  # a live writer started a new MANIFEST: the read-only open retries

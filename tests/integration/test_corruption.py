@@ -644,6 +644,27 @@ def test_a_log_lost_between_two_others_is_refused(tmp_path: Path) -> None:
     _refused_in_both_modes(image, rf"{logs[2]} does not continue the log before")
 
 
+def test_the_newest_log_lost_beside_older_ones_is_refused(tmp_path: Path) -> None:
+    """The newest logs deleted, older ones kept (the small tables had not flushed): the
+    sequence numbers of what is left continue, nothing after the lost logs says they
+    existed, and RocksDB opened the queue shorter (an outside audit: 720 of 3,600
+    messages gone, `imq verify` said ok). The MANIFEST records the log the flushed
+    tables' writes continue in; no log here reaches it: refused, by `imq verify` too."""
+    image = _logs_image(tmp_path)
+    logs = wal.log_files(os.listdir(image))
+    needed = wal.newest_log_number(image / (image / "CURRENT").read_text().strip())
+    assert needed is not None
+    lost = [n for n in logs if int(n[:-4]) >= needed]
+    assert lost and len(lost) < len(logs), (needed, logs)  # older logs stay
+    for name in lost:
+        (image / name).unlink()
+    _refused_in_both_modes(
+        image, rf"newest write-ahead log is missing: the MANIFEST records log {needed:06d} "
+    )
+    with pytest.raises(StorageError, match="newest write-ahead log is missing"):
+        verify(image)
+
+
 def test_an_older_log_cut_at_a_record_boundary_is_refused(tmp_path: Path) -> None:
     """Cut exactly after a whole record, an older log looks whole: the sequence numbers
     of the next log's first batch show what is missing."""
@@ -682,20 +703,29 @@ def test_a_database_that_lost_its_log_is_refused(tmp_path: Path) -> None:
 
 
 def test_every_closed_or_killed_database_keeps_a_log(tmp_path: Path) -> None:
-    """What the missing-log refusal rests on: RocksDB keeps its current log file through
-    opens, flushes, compactions and closes."""
+    """What the missing-log refusals rest on: RocksDB keeps its current log file through
+    opens, flushes, compactions and closes, numbered at least the newest log number its
+    MANIFEST records."""
     path = tmp_path / "db"
     clock = Clock()
     for seqno in (1, 2, 3):
         q = open_queue(path)
         Chain(q, clock).apply(BASE, 20, seqno=seqno)
-        assert _files(path, ".log")
+        _keeps_its_newest_log(path)
         q.compact()
-        assert _files(path, ".log")
+        _keeps_its_newest_log(path)
         q.close()
-        assert _files(path, ".log")
+        _keeps_its_newest_log(path)
     image, _ = _log_image(tmp_path / "killed")
-    assert _files(image, ".log")
+    _keeps_its_newest_log(image)
+    _keeps_its_newest_log(_logs_image(tmp_path / "flushed"))
+
+
+def _keeps_its_newest_log(path: Path) -> None:
+    numbers = [int(n[:-4]) for n in _files(path, ".log")]
+    assert numbers
+    needed = wal.newest_log_number(path / (path / "CURRENT").read_text().strip())
+    assert needed is not None and max(numbers) >= needed, (needed, numbers)
 
 
 # -- the MANIFEST, and directories that are not (yet) a queue ---------------------------------

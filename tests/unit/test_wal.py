@@ -340,3 +340,88 @@ def test_an_older_log_cut_inside_a_header_in_a_blocks_last_seven_bytes_is_cut(
     (tmp_path / "000009.log").write_bytes(data)  # the newest
     found = wal.find_log_damage(tmp_path, ["000007.log", "000009.log"])
     assert found == wal.LogDamage("000007.log", wal.BLOCK - 7, 0, cut=True)
+
+
+# -- the newest log number a MANIFEST records ---------------------------------------------
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _edit(*fields: tuple[int, bytes | int]) -> bytes:
+    """A version edit: a varint tag per field, then a varint number or a length-prefixed
+    string."""
+    out = bytearray()
+    for tag, value in fields:
+        out += _varint(tag)
+        out += _varint(value) if isinstance(value, int) else _varint(len(value)) + value
+    return bytes(out)
+
+
+def _manifest(edits: list[bytes]) -> bytes:
+    """``edits`` as records of RocksDB's log format, split into fragments at block ends."""
+    out = bytearray()
+    for edit in edits:
+        left, first, at = len(edit), True, 0
+        while True:
+            room = wal.BLOCK - len(out) % wal.BLOCK
+            if room < 7:
+                out += bytes(room)
+                room = wal.BLOCK
+            take = min(left, room - 7)
+            last = take == left
+            kind = (FULL if last else FIRST) if first else (LAST if last else MIDDLE)
+            payload = edit[at : at + take]
+            out += struct.pack("<IHB", masked_crc(kind, payload), take, kind) + payload
+            left, at, first = left - take, at + take, False
+            if last:
+                break
+    return bytes(out)
+
+
+DB_ID, COMPARATOR, LOG_NUMBER, NEXT_FILE, LAST_SEQUENCE, COLUMN_FAMILY = 8193, 1, 2, 3, 4, 200
+
+
+def test_the_newest_log_number_is_the_highest_an_edit_starts_with(tmp_path: Path) -> None:
+    """RocksDB writes an edit's log number right after its optional database id and
+    comparator name. The highest counts, wherever it is (flushes of two tables can end
+    out of order), also in an edit split across blocks; an edit that starts with any
+    other field records none (a log number after one is not read as such)."""
+    edits = [
+        _edit((DB_ID, b"3f2a-database-id"), (COMPARATOR, b"leveldb.BytewiseComparator")),
+        _edit((LOG_NUMBER, 5), (NEXT_FILE, 9), (LAST_SEQUENCE, 120)),
+        _edit((COMPARATOR, bytes(40_000)), (LOG_NUMBER, 300), (NEXT_FILE, 301)),  # 2 blocks
+        _edit((LOG_NUMBER, 17), (COLUMN_FAMILY, 3)),
+        _edit((NEXT_FILE, 9_999), (LOG_NUMBER, 9_000)),  # not where an edit records it
+    ]
+    path = tmp_path / "MANIFEST-000007"
+    path.write_bytes(_manifest(edits))
+    assert wal.newest_log_number(path) == 300
+    path.write_bytes(_manifest(edits[:2] + edits[3:]))
+    assert wal.newest_log_number(path) == 17
+    path.write_bytes(_manifest(edits[:1]))
+    assert wal.newest_log_number(path) is None  # records no log number
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        bytes([LOG_NUMBER, 0x80]),  # its number cut short
+        _edit((COMPARATOR, b"name"))[:-2],  # a string past the edit's end
+        bytes([0x80] * 12),  # a tag that never ends
+    ],
+    ids=["number cut", "string cut", "endless varint"],
+)
+def test_an_edit_that_cannot_be_decoded_concludes_nothing(tmp_path: Path, edit: bytes) -> None:
+    """A start that cannot be decoded is no evidence of a lost log: ``None``, whatever
+    the other edits record (the open then checks nothing against it)."""
+    path = tmp_path / "MANIFEST-000007"
+    path.write_bytes(_manifest([_edit((LOG_NUMBER, 40)), edit, _edit((LOG_NUMBER, 41))]))
+    assert wal.newest_log_number(path) is None
+    assert wal.newest_log_number(tmp_path / "MANIFEST-000008") is None  # no such file
