@@ -7,7 +7,11 @@ every partition that shares a bound. A pass:
 
 1. for each group, under the facade's read lock and the shard's mutex (so the batch
    serializes with that shard's diff writes and with commit and clear): stage and
-   write the delete of everything up to the bound, inclusive, then release them;
+   write the delete of everything up to the bound, inclusive, then release them. A
+   group over more than ``batch_diffs`` diffs goes in several batches, each the whole
+   deletion of a shorter prefix (up to the end of a diff), the locks released between
+   them; what a batch removed is counted after the release, in its view from before
+   the write;
 2. when compaction is due, once every group is deleted and without any facade lock
    (D9): compact exactly the ranges deleted since the last compaction, at once;
 3. only then mark the bounds of the deleted groups executed, in one small batch.
