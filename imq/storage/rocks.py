@@ -122,7 +122,7 @@ def _read_error(
 ) -> ImqError:
     """The typed error for a failed RocksDB read: a damaged block (``Corruption``) is
     :class:`CorruptDataError`, anything else (an I/O error) :class:`StorageError`."""
-    text = str(exc)
+    text = _real_names(str(exc))
     if _says_damaged(text):
         return CorruptDataError(table.value, key, f"RocksDB could not read the table: {text}")
     # A read-only view's file gone while a writer holds the directory: that writer's
@@ -791,9 +791,17 @@ def _open_hint(reason: str, *, read_only: bool = False) -> str:
 # A writer's open of a directory it cannot write (it writes its lock file, then RocksDB's).
 _UNWRITABLE_HINT = (
     "the directory is not writable, and a writer's open writes there: fix the permissions "
-    "or mount, or open it read-only (read_only=True, as the CLI's inspect, export, "
-    "dump-diff and verify do), or copy it somewhere writable"
+    "or mount, or open it read-only (read_only=True, as the CLI's inspect, export and "
+    "verify do), or copy it somewhere writable"
 )
+
+
+def _refusal(text: str) -> OSError | None:
+    """The file system's refusal RocksDB's error ``text`` reports (not damage), if any."""
+    for code, says in _FILE_SYSTEM_REFUSALS:
+        if says in text:
+            return OSError(code, f"{os.strerror(code)} ({text})")
+    return None
 
 
 def _failed_hint(reason: str) -> str:
@@ -945,18 +953,76 @@ ROCKSDICT_CONFIG = "rocksdict-config.json"
 def _writable_for_rocksdict(path: Path) -> bool:
     """Whether rocksdict can write its config file into ``path`` at an open (it does at
     every open, read-only ones too): the directory, and the file where it exists, are
-    writable (``False`` on a read-only mount, for root too)."""
-    if not os.access(path, os.W_OK):
+    writable for this process's effective user (``False`` on a read-only mount, for root
+    too)."""
+    effective = os.access in os.supports_effective_ids
+    if not os.access(path, os.W_OK, effective_ids=effective):
         return False
     config = path / ROCKSDICT_CONFIG
-    return not config.exists() or os.access(config, os.W_OK)
+    return not config.exists() or os.access(config, os.W_OK, effective_ids=effective)
+
+
+_SHADOW_PREFIX = "imq-read-only-"
+# The directories of links in use: theirs -> the database's (for RocksDB's error texts).
+_LIVE_SHADOWS: dict[str, str] = {}
+
+
+def _real_names(text: str) -> str:
+    """``text`` (RocksDB's words) with any directory of links named as its database."""
+    if _SHADOW_PREFIX in text:
+        for shadow, real in list(_LIVE_SHADOWS.items()):
+            text = text.replace(shadow, real)
+    return text
+
+
+_SHADOW_NAME = re.compile(re.escape(_SHADOW_PREFIX) + r"(\d+)-")
+
+# What a failure in the temporary directory of links means for the user.
+_SHADOW_HINT = (
+    "the read-only open of a directory this process cannot write links the database's "
+    "files from a private directory in the temporary directory ($TMPDIR, else /tmp): "
+    "free space (and inodes) there, or point TMPDIR to a writable directory that allows "
+    "symbolic links; or open a copy of the database"
+)
 
 
 def _remove_tree(path: str, owner: int) -> None:
     """Remove ``path`` unless this is a process forked from ``owner``, whose copy of the
-    store must leave the parent's directory alone."""
-    if os.getpid() == owner:
+    store must leave the parent's directory alone. Interrupted (Ctrl-C), the removal is
+    finished before the interruption goes on: a finalizer runs once."""
+    _LIVE_SHADOWS.pop(path, None)
+    if os.getpid() != owner:
+        return
+    try:
         shutil.rmtree(path, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _sweep_shadows(directory: str) -> None:
+    """Remove the directories of links left in ``directory`` by processes of this user
+    that are gone (a kill, or an interruption at the wrong instant): each is named after
+    the process that made it, and holds only links."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    me = os.geteuid()
+    for entry in entries:
+        found = _SHADOW_NAME.match(entry.name)
+        if found is None or int(found[1]) == os.getpid():
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != me or not entry.is_dir(
+                follow_symlinks=False
+            ):
+                continue
+            os.kill(int(found[1]), 0)  # its process is alive: leave it
+        except ProcessLookupError:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:  # gone meanwhile, or a process of another user: leave it
+            continue
 
 
 class _Shadow:
@@ -965,21 +1031,41 @@ class _Shadow:
     read-only mount): rocksdict writes its config file into the directory it opens, at
     every open, and a read-only RocksDB reads through the links and writes nothing. The
     config is not linked: rocksdict writes its own copy here. Removed at the store's
-    close, or when the store is collected."""
+    close, or when the store is collected; one a killed process left is removed by the
+    next one made (:func:`_sweep_shadows`)."""
 
     def __init__(self, of: Path) -> None:
         self._of = Path(os.path.abspath(of))
-        self.path = Path(tempfile.mkdtemp(prefix="imq-read-only-"))
-        self._remove = weakref.finalize(self, _remove_tree, str(self.path), os.getpid())
+        owner = os.getpid()
+        made = tempfile.mkdtemp(prefix=f"{_SHADOW_PREFIX}{owner}-")
+        try:
+            self._remove = weakref.finalize(self, _remove_tree, made, owner)
+        except BaseException:
+            _remove_tree(made, owner)
+            raise
+        self.path = Path(made)
+        _LIVE_SHADOWS[made] = str(self._of)
+        _sweep_shadows(str(self.path.parent))
 
     def link(self) -> Path:
         """Link every file of the database as it is named now (again at each attempt of
-        the open: a live writer renames and deletes its files); return the directory."""
-        for name in os.listdir(self.path):
-            os.unlink(self.path / name)
-        for name in os.listdir(self._of):
-            if name != ROCKSDICT_CONFIG:
-                os.symlink(self._of / name, self.path / name)
+        the open: a live writer renames and deletes its files); return the directory.
+        ``FileAccessError`` names the directory that failed: the database's (listing
+        it) or the temporary one (making the links)."""
+        try:
+            names = os.listdir(self._of)
+        except OSError as exc:
+            raise FileAccessError(self._of, "list the files of queue database", exc) from exc
+        try:
+            for name in os.listdir(self.path):
+                os.unlink(self.path / name)
+            for name in names:
+                if name != ROCKSDICT_CONFIG:
+                    os.symlink(self._of / name, self.path / name)
+        except OSError as exc:
+            raise FileAccessError(
+                self.path, "link the database's files into", exc, _SHADOW_HINT
+            ) from exc
         return self.path
 
     def remove(self) -> None:
@@ -1206,11 +1292,14 @@ class Store:
                 # memory a call (measured with mallinfo2 over 3,000 opens).
                 families = set(Rdict.list_cf(str(self.path), Options(raw_mode=True)))
             except Exception as exc:
+                refused = _refusal(str(exc))
+                hint = _open_hint(str(exc), read_only=self.read_only)
+                if refused is not None:
+                    raise FileAccessError(
+                        self.path, "read the list of tables of queue database", refused, hint
+                    ) from exc
                 raise StorageError(
-                    self.path,
-                    "open",
-                    f"cannot read its list of tables: {exc}",
-                    hint=_open_hint(str(exc)),
+                    self.path, "open", f"cannot read its list of tables: {exc}", hint=hint
                 ) from exc
             missing = [t.value for t in Table if t.value not in families]
             # imq's own creation cut short (killed between RocksDB's CURRENT and the
@@ -1487,13 +1576,12 @@ class Store:
             text = str(exc)
             if "While lock file" in text or "lock hold by" in text or "/LOCK:" in text:
                 raise DatabaseLockedError(f"queue database {self.path} is locked: {exc}") from exc
-            for code, says in _FILE_SYSTEM_REFUSALS:
-                if says in text:  # the file system's refusal, not damage: as imq's own opens
-                    refused = OSError(code, f"{os.strerror(code)} ({text})")
-                    hint = _open_hint(text, read_only=self.read_only)
-                    raise FileAccessError(self.path, "open queue database", refused, hint) from exc
-            hint = _open_hint(str(exc), read_only=self.read_only)
-            raise StorageError(self.path, "open", str(exc), hint=hint) from exc
+            text = _real_names(text)
+            hint = _open_hint(text, read_only=self.read_only)
+            refused = _refusal(text)
+            if refused is not None:  # the file system's refusal, not damage: as imq's own opens
+                raise FileAccessError(self.path, "open queue database", refused, hint) from exc
+            raise StorageError(self.path, "open", text, hint=hint) from exc
         tables = {t: db.get_column_family(t.value) for t in Table}
         handles = {t: db.get_column_family_handle(t.value) for t in Table}
         return db, tables, handles
@@ -1505,25 +1593,15 @@ class Store:
             return
         try:
             self._shadow = _Shadow(self.path)
-        except OSError as exc:
+        except OSError as exc:  # tempfile's "no usable temporary directory" included
             raise FileAccessError(
-                self.path,
-                "open queue database (read-only)",
-                exc,
-                "the directory is not writable, so the read-only open links its files from "
-                f"a temporary directory (in {tempfile.gettempdir()}), and none could be made "
-                "there: make TMPDIR name a writable directory, or open a copy of the database",
+                self.path, "make a temporary directory of links to", exc, _SHADOW_HINT
             ) from exc
 
     def _rocksdb_path(self) -> Path:
         """Where RocksDB opens the database: its directory, or the private directory of
         links of :meth:`_make_shadow`, linked again now."""
-        if self._shadow is None:
-            return self.path
-        try:
-            return self._shadow.link()
-        except OSError as exc:
-            raise FileAccessError(self.path, "list the files of queue database", exc) from exc
+        return self.path if self._shadow is None else self._shadow.link()
 
     def _remove_shadow(self) -> None:
         if self._shadow is not None:

@@ -458,19 +458,138 @@ def test_a_directory_it_cannot_write_opens_read_only_and_refuses_a_writer(
     assert {p.name: p.stat().st_mtime_ns for p in db.iterdir()} == before
 
 
+@pytest.mark.parametrize("how", ["TMPDIR missing", "no usable temporary directory"])
 def test_a_read_only_open_with_no_temporary_directory_says_so(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     """The links of an unwritable directory's read-only open go to the temporary
-    directory: when it cannot be made there, the error names TMPDIR."""
+    directory: when none can be made there (a container with a read-only root file
+    system: tempfile finds no usable directory at all, an outside audit), a
+    ``FileAccessError`` names TMPDIR. Before, the hint's own look-up of the temporary
+    directory raised tempfile's bare ``FileNotFoundError`` instead."""
     db = tmp_path / "db"
     open_queue(db).close()
     monkeypatch.setattr(rocks, "_writable_for_rocksdict", lambda path: False)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    if how == "TMPDIR missing":
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    else:
+
+        def none_usable() -> str:
+            raise FileNotFoundError(errno.ENOENT, "No usable temporary directory found")
+
+        monkeypatch.setattr(tempfile, "tempdir", None)
+        monkeypatch.setattr(tempfile, "gettempdir", none_usable)
     with pytest.raises(FileAccessError, match="TMPDIR") as info:
         Queue.open(db, read_only=True)
     assert info.value.errno == errno.ENOENT
+    assert "make a temporary directory of links to" in str(info.value)
     assert not (tmp_path / "missing").exists()
+
+
+def test_a_failure_in_the_temporary_directory_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The links cannot be made (the temporary file system full, an outside audit): the
+    error named the database's directory and advised freeing its disk; it names the
+    temporary directory now, and nothing is left there."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    db = tmp_path / "db"
+    open_queue(db).close()
+    monkeypatch.setattr(rocks, "_writable_for_rocksdict", lambda path: False)
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+
+    def full(source: object, target: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "symlink", full)
+    with pytest.raises(FileAccessError, match=r"\$TMPDIR") as info:
+        Queue.open(db, read_only=True)
+    assert info.value.errno == errno.ENOSPC
+    assert str(scratch / "imq-read-only-") in str(info.value)
+    assert str(db) not in str(info.value)
+    assert os.listdir(scratch) == []
+
+
+def test_an_unreadable_list_of_tables_on_a_read_only_open_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RocksDB cannot read the MANIFEST (mode 0600, another user's: an outside audit):
+    a read-only open told its caller to open the directory read-only. It is a
+    ``FileAccessError`` saying a file cannot be read now."""
+    db = tmp_path / "db"
+    open_queue(db).close()
+    manifest = db / (db / "CURRENT").read_text().strip()
+
+    def refused(path: str, options: object) -> list[str]:
+        raise Exception(  # what rocksdict raises
+            f"IO error: While opening a file for sequentially reading: {manifest}: "
+            "Permission denied"
+        )
+
+    monkeypatch.setattr(rocks.Rdict, "list_cf", refused)
+    with pytest.raises(FileAccessError) as info:
+        Queue.open(db, read_only=True)
+    assert info.value.errno == errno.EACCES
+    assert "cannot be read" in str(info.value)
+    assert "open it read-only" not in str(info.value)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to take another effective user")
+def test_unwritable_is_judged_for_the_effective_user(tmp_path: Path) -> None:
+    """A process whose effective user is not its real one (root that took nobody's
+    identity, an outside audit) was judged by its real user: the directory looked
+    writable, no links were made, and rocksdict's write failed the open."""
+    script = (
+        "import os, sys\n"
+        "from pathlib import Path\n"
+        "from imq.storage import rocks\n"
+        "os.seteuid(65534)\n"
+        "print(rocks._writable_for_rocksdict(Path(sys.argv[1])))\n"
+    )
+    db = tmp_path / "db"
+    db.mkdir(mode=0o755)
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(db)], capture_output=True, text=True, check=False
+    )
+    assert run.stdout.strip() == "False", run.stderr
+
+
+def test_links_left_by_a_dead_process_are_swept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A killed process (or one interrupted at the wrong instant) leaves its directory of
+    links behind: the next read-only open that makes links removes those of this user's
+    processes that are gone, and no other."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setattr(rocks, "_writable_for_rocksdict", lambda path: False)
+    db = tmp_path / "db"
+    open_queue(db).close()
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead = int(gone.stdout)
+    left = {
+        f"imq-read-only-{dead}-abc": True,  # swept
+        f"imq-read-only-{os.getppid()}-def": False,  # its process lives
+        "imq-read-only-x-ghi": False,  # not a name imq gives
+        "other": False,
+    }
+    for name in left:
+        (scratch / name).mkdir()
+        (scratch / name / "000001.sst").symlink_to(db / "CURRENT")
+    with Queue.open(db, read_only=True):
+        kept = set(os.listdir(scratch))
+    own = {n for n in kept if n.startswith(f"imq-read-only-{os.getpid()}-")}
+    assert len(own) == 1  # this open's links
+    assert kept - own == {n for n, swept in left.items() if not swept}
+    assert (db / "CURRENT").exists()  # the links' targets are untouched
+    assert set(os.listdir(scratch)) == kept - own  # and this open's links went at close
 
 
 _FORK_SCRIPT = """
