@@ -29,6 +29,7 @@ wrote (imq's clear reads them from the stored record, which GC deleted too).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -150,42 +151,55 @@ class ModelIterator:
         if len(set(shards)) != len(shards):
             raise ValueError("two ranges name one source shard")
         self._shards = shards
-        self._streams: list[list[tuple[QueueKey, Message]]] = []
-        for r in ranges:
-            stream = sorted(
-                (key, msg)
-                for (p, shard, key), msg in messages.items()
-                if p == partition and shard == r.shard and r.from_key <= key < r.to_key
-            )
-            self._streams.append(stream)
+        # Each range's messages in key order (one pass over the model's messages).
+        source = {r.shard: (i, r) for i, r in enumerate(ranges)}
+        self._streams: list[list[tuple[QueueKey, Message]]] = [[] for _ in ranges]
+        for (p, shard, key), msg in messages.items():
+            found = source.get(shard) if p == partition else None
+            if found is not None and found[1].from_key <= key < found[1].to_key:
+                self._streams[found[0]].append((key, msg))
+        for stream in self._streams:
+            stream.sort(key=_first)
         self._next = [0] * len(ranges)
-        self._heads: dict[int, tuple[QueueKey, Message]] = {}
+        # The heap: one pending message per source, by (key, source index).
+        self._heads: list[tuple[QueueKey, int, Message]] = []
+        self._refill = list(range(len(ranges)))  # sources with no message in the heap
         self._for_shard = for_shard
+        self._accepts: dict[Address, bool] = {}  # for_shard.contains, per destination
         self._position: dict[ShardIdent, QueueKey] = {}
 
     def __iter__(self) -> Iterator[IteratedMessage]:
         return self
 
     def __next__(self) -> IteratedMessage:
-        for idx, stream in enumerate(self._streams):
-            if idx in self._heads:
-                continue
-            while self._next[idx] < len(stream):
-                key, msg = stream[self._next[idx]]
-                self._next[idx] += 1
-                if self._for_shard.contains(msg.dst):
-                    self._heads[idx] = (key, msg)
+        for idx in self._refill:
+            stream = self._streams[idx]
+            at = self._next[idx]
+            while at < len(stream):
+                key, msg = stream[at]
+                at += 1
+                accepts = self._accepts.get(msg.dst)
+                if accepts is None:
+                    accepts = self._accepts[msg.dst] = self._for_shard.contains(msg.dst)
+                if accepts:
+                    heapq.heappush(self._heads, (key, idx, msg))
                     break
                 self._position[self._shards[idx]] = key
+            self._next[idx] = at
+        self._refill = []
         if not self._heads:
             raise StopIteration
-        idx = min(self._heads, key=lambda i: (self._heads[i][0], i))
-        key, msg = self._heads.pop(idx)
+        key, idx, msg = heapq.heappop(self._heads)
+        self._refill.append(idx)
         self._position[self._shards[idx]] = key
         return IteratedMessage(self._shards[idx], msg)
 
     def current_position(self) -> dict[ShardIdent, QueueKey]:
         return dict(self._position)
+
+
+def _first(pair: tuple[QueueKey, Message]) -> QueueKey:
+    return pair[0]
 
 
 class QueueModel:
