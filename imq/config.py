@@ -252,8 +252,8 @@ class QueueConfig:
       ``clear_uncommitted_state`` of that shard wait for. A backlog of 62,500 diffs a
       shard made an apply wait at most 42-50 ms with 10,000, 11 ms with 1,000, 220 ms
       in one batch. Smaller batches leave more range tombstones in the memtables until
-      they flush: an iterator's creation took 0.64 ms after that pass with 1,000, 0.09
-      to 0.24 ms with 10,000 or more.
+      they flush (a deletion flushes them every 256 batches): an iterator's creation
+      took 0.50-0.86 ms after that pass with 1,000, 0.13-0.23 ms with 10,000.
     - ``check_statistics``: debug mode: ``apply_diff``/``prepare_diff`` recount the
       messages and refuse ``statistics`` that differ in any count, or whose bounds leave
       out a message (about 6% of an apply, so off by default: statistics are then used

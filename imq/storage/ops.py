@@ -57,6 +57,7 @@ __all__ = [
     "StatTotals",
     "StatsByDiff",
     "TailLen",
+    "LastTail",
     "TailRows",
     "View",
     "delete_diff_rows",
@@ -315,6 +316,21 @@ class TailRows(Read[Iterator[tuple[QueueKey, int]]]):
 
     def answer(self, cursor: Cursor) -> Iterator[tuple[QueueKey, int]]:
         return (codec.decode_tail_key(key) for key in cursor)
+
+
+class LastTail(Read[QueueKey | None]):
+    """The ``max_message`` of the last diff of ``shard`` with ``first <= max_message <=
+    last`` in key order, or ``None`` when there is none (one seek)."""
+
+    __slots__ = ()
+
+    def __init__(self, shard: ShardIdent, first: QueueKey, last: QueueKey) -> None:
+        lo, hi = codec.tail_range_inclusive(shard, first, last)
+        self.scan = Scan(Table.DIFF_TAIL, lo, hi, keys_only=True, seekable=True)
+
+    def answer(self, cursor: Cursor) -> QueueKey | None:
+        key = cursor.last()
+        return None if key is None else codec.decode_tail_key(key)[0]
 
 
 class TailLen(Read[int]):

@@ -2169,12 +2169,27 @@ class Store:
                 self._compactions.end()
 
     def flush(self, tables: Iterable[Table]) -> None:
+        """Flush the memtables of ``tables`` to table files. Outside the gate but counted
+        as a compaction is, so that :meth:`close` waits for it; a close that comes first
+        makes it a ``QueueClosedError``."""
         for table in tables:
-            rdict = self._table(table)
+            with self._gate:
+                self._check_open()
+                rdict = self._tables[table]
+                self._compactions.start()
             try:
                 rdict.flush()
             except Exception as exc:
+                rdict = None  # not kept alive by a traceback the caller holds on to
+                if self._closed:
+                    raise QueueClosedError(
+                        f"queue database {self.path} closed during a flush"
+                    ) from exc
                 raise self._failed("flush", exc) from exc
+            finally:
+                rdict = None
+                with self._gate:
+                    self._compactions.end()
 
     def property_int(self, table: Table, name: str) -> int:
         """A RocksDB integer property of one table (``rocksdb.num-files-at-level0``,

@@ -587,8 +587,8 @@ def test_close_between_two_batches_stops_the_pass_and_the_next_open_finishes_it(
     first_written = threading.Event()
     real = imq_gc.GarbageCollector._delete_batch
 
-    def batch_then_wait_for_close(self: Any, task: Any, executed: Any) -> Any:
-        result = real(self, task, executed)
+    def batch_then_wait_for_close(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = real(self, *args, **kwargs)
         first_written.set()
         assert self.stopping.wait(WAIT), "close() never came"
         return result
@@ -1015,11 +1015,13 @@ def test_a_backlog_goes_in_batches_and_the_shards_writers_get_in_between(
         commit(queue, mc, backlog[-1])
 
         batches: list[int] = []
+        starts: list[tuple[QueueKey, QueueKey]] = []  # (where a batch starts, where it ends)
         real = imq_gc.GarbageCollector._delete_batch
 
-        def batch_then_apply(self: Any, task: Any, executed: Any) -> Any:
-            result = real(self, task, executed)
+        def batch_then_apply(self: Any, task: Any, first: QueueKey, *args: Any, **kw: Any) -> Any:
+            result = real(self, task, first, *args, **kw)
             batches.append(len(result[0].seqnos))
+            starts.append((first, result[0].last))
             if len(batches) == 1:  # the mutex is released: a writer of the shard gets in
                 done = threading.Event()
                 writer = threading.Thread(target=lambda: (chain.apply(A, 2), done.set()))
@@ -1032,11 +1034,99 @@ def test_a_backlog_goes_in_batches_and_the_shards_writers_get_in_between(
         report = queue.run_gc_report()
 
         assert batches == [2, 2, 1]
+        # Each batch starts just above the one before: range deletes from the start
+        # every time would nest their tombstones, each batch's reads costing more.
+        assert [first for first, _ in starts] == [
+            QueueKey.MIN,
+            *(last.next_value() for _, last in starts[:-1]),
+        ]
+        assert starts[-1][1] == backlog[-1].max_message
         assert (report.messages, report.diffs) == (15, 5)
         assert {(r.partition, r.messages) for r in report.ranges} == {(0, 15), (1, 0)}
         late = chain.applied[-1]
         assert message_keys(queue, 0, A) == keys_of(late)
         assert [s for _k, s in tail_rows_of(queue, A)] == info_seqnos(queue, A) == [late.seqno]
+
+
+@pytest.mark.parametrize("batch", [10_000, 1], ids=["one batch", "a batch per diff"])
+def test_overlapping_diffs_are_counted_once_whatever_the_batches(db_path: Path, batch: int) -> None:
+    """Diff X spans lt 10 to 100, diff Y (applied after) lt 20 to 30, inside X's span. A
+    batch of one diff deletes Y and every row up to lt 30, X's row at lt 10 with them;
+    the next batch counted X from its record, that row a second time (an outside audit:
+    6 reported, 5 removed). A batch counts from where it starts now."""
+    with Queue.open(db_path, quiet_config(gc_batch_diffs=batch, message_cache_size=0)) as queue:
+        chain = Chain(queue)
+        x = apply_keys(chain, A, [key(10), key(50), key(100)])
+        apply_keys(chain, A, [key(20), key(30)])
+        mc = chain.apply(MC, 0, processed_to={A: x.max_message})
+        commit(queue, mc, x)
+        before = len(message_keys(queue, 0, A))
+        report = queue.run_gc_report()
+        removed = before - len(message_keys(queue, 0, A))
+        assert removed == 5
+        assert {(r.partition, r.messages) for r in report.ranges} == {(0, 5), (1, 0)}
+        assert queue.metrics.counter("messages_deleted") == 5
+    assert verify(db_path).ok
+
+
+def test_a_pass_ends_beside_a_writer_that_never_pauses(db_path: Path) -> None:
+    """A bound above the commit pointer (``processed_to`` at ``MAX``) and a thread that
+    applies diffs to the shard without pause: every diff it adds lies under the bound,
+    and a pass in batches of one chased them for ever (an outside audit). The batches
+    are cut only among the diffs the pass found; the rest go in one last batch."""
+    with Queue.open(db_path, quiet_config(gc_batch_diffs=1)) as queue:
+        chain = Chain(queue)
+        backlog = [chain.apply(A, 1) for _ in range(20)]
+        mc = chain.apply(MC, 0, processed_to={A: QueueKey.MAX})
+        commit(queue, mc, backlog[-1])
+        stop = threading.Event()
+        applied: list[int] = []
+
+        def write() -> None:
+            while not stop.is_set():
+                chain.apply(A, 1)
+                applied.append(1)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            assert wait_for(lambda: len(applied) >= 5)
+            reports: list[GcReport] = []
+            gc = threading.Thread(target=lambda: reports.append(queue.run_gc_report()))
+            gc.start()
+            gc.join(WAIT)
+            assert not gc.is_alive(), "the pass chased the writer"
+        finally:
+            stop.set()
+            writer.join()
+        [report] = reports
+        assert report.diffs >= 20
+        assert report.messages == report.diffs  # one message each, every one counted
+
+
+def test_a_long_run_of_batches_flushes_its_tombstones(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every batch leaves range tombstones in the memtables, and every cursor goes over
+    all of them: 6,800 batches of one diff took 19 s, a batch's time growing with their
+    number (an outside audit). A deletion flushes the tables it range-deletes every
+    ``_FLUSH_EVERY`` batches."""
+    from imq import gc as imq_gc
+
+    monkeypatch.setattr(imq_gc, "_FLUSH_EVERY", 2)
+    with Queue.open(db_path, quiet_config(gc_batch_diffs=1)) as queue:
+        chain = Chain(queue)
+        backlog = [chain.apply(A, 2) for _ in range(5)]
+        mc = chain.apply(MC, 0, processed_to={A: backlog[-1].max_message})
+        commit(queue, mc, backlog[-1])
+        flushed: list[list[Table]] = []
+        real = queue._store.flush
+        monkeypatch.setattr(queue._store, "flush", lambda t: (flushed.append(list(t)), real(t)))
+        report = queue.run_gc_report()
+        assert report.diffs == 5
+        tombstoned = [Table.MESSAGES, Table.STATISTICS, Table.DIFF_TAIL]
+        assert flushed == [tombstoned, tombstoned]  # after batches 2 and 4 of 5
+        assert message_keys(queue, 0, A) == []
 
 
 def test_a_batch_never_cuts_between_diffs_that_end_at_the_same_key(db_path: Path) -> None:
