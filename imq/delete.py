@@ -58,6 +58,7 @@ class DeletedDiffs:
     whose rows it deletes."""
 
     shard: ShardIdent
+    first: QueueKey  # where the staged range starts
     last: QueueKey  # where the staged range ends: the range's own end, or a cut (``limit``)
     seqnos: tuple[int, ...]
     diffs: tuple[DiffSpan, ...]
@@ -105,7 +106,7 @@ def stage_delete(
     ops.delete_diff_rows(txn, r.shard, seqnos, r.first, last)
     for partition in sorted(partitions):
         ops.delete_partition_rows(txn, r.shard, partition, r.first, last)
-    return DeletedDiffs(r.shard, last, tuple(seqnos), diffs, frozenset(partitions))
+    return DeletedDiffs(r.shard, r.first, last, tuple(seqnos), diffs, frozenset(partitions))
 
 
 def diff_spans(view: ops.View, shard: ShardIdent, seqnos: Iterable[int]) -> tuple[DiffSpan, ...]:

@@ -282,17 +282,19 @@ class GarbageCollector:
         Each batch starts just above where the one before ended: a range delete from the
         start every time would nest the tombstones, and each batch's reads would cost
         more than the one before (an outside audit: 680 batches of 1 diff, 16 s against
-        1.0 s). Batches are cut while they are among the diffs the first batch found
-        under the bound (up to its ``horizon``); the diffs the shard's writers add under
-        the bound meanwhile (a bound above the commit pointer) go with one last batch,
-        so that a pass ends beside a writer that never pauses."""
+        1.0 s). Unless the shard's writers wrote at or below that end meanwhile (a bound
+        above the commit pointer, a clear and a new diff there): that batch starts from
+        the beginning again, or a diff across the end would lose its record and keep its
+        rows below it (an outside audit). Batches are cut while they are among the diffs
+        the first batch found under the bound (up to its ``horizon``); the rest goes in
+        one batch, so that a pass ends beside a writer that never pauses."""
         started = perf_counter()
         executed = self._store.state.gc_executed
         messages = dict.fromkeys(task.partitions, 0)
         diffs = 0
         ranges: list[tuple[Table, bytes, bytes]] = []
         found, removed, batch_ranges, newest = self._delete_batch(
-            task, QueueKey.MIN, executed, self._batch_diffs, horizon=True
+            task, None, executed, self._batch_diffs, horizon=True
         )
         horizon = task.bound if newest is None else newest
         batches = 1
@@ -309,51 +311,57 @@ class GarbageCollector:
                 break
             if self.stopping.is_set():
                 raise QueueClosedError("the queue is closing")
-            first = found.last.next_value()  # not MAX: only the bound can be
             limit = self._batch_diffs if found.last < horizon else None
             if batches % _FLUSH_EVERY == 0:
                 # Every batch leaves range tombstones in the memtables, and every cursor
                 # (each batch's own view included) goes over all of them; in a table file
                 # they are gone over once (an outside audit: 6,800 batches of one diff
-                # took 19 s, each batch slower than the one before; 3.1 s with this).
+                # took 19 s, each batch slower than the one before; 2.0-3.1 s with this).
                 # Not after the last batch: the small table files of a flush made the
                 # next iterators' creation slower than the tombstones did (measured).
                 self._store.flush(_TOMBSTONED)
-            found, removed, batch_ranges, _ = self._delete_batch(task, first, executed, limit)
+            found, removed, batch_ranges, _ = self._delete_batch(task, found.last, executed, limit)
             batches += 1
         return _Deleted(task, messages, diffs, perf_counter() - started), union(ranges)
 
     def _delete_batch(
         self,
         task: GcTask,
-        first: QueueKey,
+        after: QueueKey | None,
         executed: GcBounds,
         limit: int | None,
         *,
         horizon: bool = False,
     ) -> tuple[DeletedDiffs, dict[int, int], list[tuple[Table, bytes, bytes]], QueueKey | None]:
-        """Delete everything of the task's partitions from ``first`` up to its bound, or,
-        when more than ``limit`` diffs lie there, up to the end of the first ``limit`` (a
-        shorter prefix: ``DeletedDiffs.last``). Returns what was staged, the messages
-        removed per partition, the ranges to compact and, with ``horizon``, the
+        """Delete everything of the task's partitions above ``after`` (the end of the
+        batch before; ``None``: from the start) up to the bound, or, when more than
+        ``limit`` diffs lie there, up to the end of the first ``limit`` (a shorter
+        prefix: ``DeletedDiffs.last``). From the start after all when anything of the
+        shard was written at or below ``after`` since. Returns what was staged, the
+        messages removed per partition, the ranges to compact and, with ``horizon``, the
         ``max_message`` of the last diff under the bound as the batch found it (``None``:
         no diff there)."""
         store = self._store
-        partitions = frozenset(task.partitions)
-        r = DeleteRange(task.shard, first, task.bound, partitions, False)
-        tail = tail_rows(r)
-        rows = ops.MessageCounter()
-        newest = ops.LastTail(task.shard, first, task.bound) if horizon else None
-        reads: list[ops.Read[Any]] = [tail, rows] if newest is None else [tail, rows, newest]
-        lows = self._lows(task, first, executed)
         txn = store.transaction()
         with ExitStack() as stack:
             with self._locked(task.shard):
-                # Under the shard's mutex nothing writes this shard: the view and the
-                # cache both show the shard as the delete finds it.
+                # Under the shard's mutex nothing writes this shard: the views and the
+                # cache all show the shard as the delete finds it.
+                if after is None or self._written_at_or_below(task, after):
+                    first = QueueKey.MIN
+                else:
+                    first = after.next_value()  # not MAX: only the bound can be
+                r = DeleteRange(task.shard, first, task.bound, frozenset(task.partitions), False)
+                tail = tail_rows(r)
+                rows = ops.MessageCounter()
+                newest = ops.LastTail(task.shard, first, task.bound) if horizon else None
+                reads: list[ops.Read[Any]] = [tail, rows]
+                if newest is not None:
+                    reads.append(newest)
                 view = stack.enter_context(ops.view(store, *reads, diffs=True))
                 last_diff = None if newest is None else view[newest]
                 found = stage_delete(view, tail, txn, r, spans=False, limit=limit)
+                lows = self._lows(task, first, executed)
                 removed = self._cached_removed(task.shard, lows, found.last)  # before the write
                 store.write(txn)
             if removed is None:
@@ -361,6 +369,29 @@ class GarbageCollector:
                 # holds every row the write removed, and the shard's writers go on.
                 removed = self._count_removed(view, view[rows], task.shard, lows, found)
         return found, removed, txn.deleted_ranges, last_diff
+
+    def _written_at_or_below(self, task: GcTask, key: QueueKey) -> bool:
+        """Whether the shard holds a diff (a tail row) or a message of the task's
+        partitions at or below ``key``, where the batches before deleted everything: the
+        shard's writers wrote there since (the caller holds the shard's mutex). Only
+        above the shard's commit pointer: nothing is applied at or below it, nor cleared
+        (so below a bound at or under the pointer, as a network's are, nothing is read;
+        the seeks run over every batch's tombstones)."""
+        pointer = self._store.state.pointers.get(task.shard)
+        low = QueueKey.MIN
+        if pointer is not None:
+            if pointer.key >= key:
+                return False
+            low = pointer.key.next_value()
+        newest = ops.LastTail(task.shard, low, key)
+        rows = ops.MessageCounter()
+        with ops.view(self._store, newest, rows) as view:
+            if view[newest] is not None:
+                return True
+            counter = view[rows]
+            return any(
+                counter.count(p, task.shard, low, key, inclusive=True) for p in task.partitions
+            )
 
     @staticmethod
     def _lows(task: GcTask, first: QueueKey, executed: GcBounds) -> dict[int, QueueKey | None]:

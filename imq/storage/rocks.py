@@ -975,8 +975,6 @@ def _real_names(text: str) -> str:
     return text
 
 
-_SHADOW_NAME = re.compile(re.escape(_SHADOW_PREFIX) + r"(\d+)-")
-
 # What a failure in the temporary directory of links means for the user.
 _SHADOW_HINT = (
     "the read-only open of a directory this process cannot write links the database's "
@@ -986,10 +984,11 @@ _SHADOW_HINT = (
 )
 
 
-def _remove_tree(path: str, owner: int) -> None:
-    """Remove ``path`` unless this is a process forked from ``owner``, whose copy of the
-    store must leave the parent's directory alone. Interrupted (Ctrl-C), the removal is
-    finished before the interruption goes on: a finalizer runs once."""
+def _remove_tree(path: str, owner: int, held: int) -> None:
+    """Remove ``path`` and let go of its lock (the descriptor ``held``), unless this is
+    a process forked from ``owner``, whose copy of the store must leave the parent's
+    directory alone. Interrupted (Ctrl-C), the removal is finished before the
+    interruption goes on: a finalizer runs once."""
     _LIVE_SHADOWS.pop(path, None)
     if os.getpid() != owner:
         return
@@ -998,31 +997,51 @@ def _remove_tree(path: str, owner: int) -> None:
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)
         raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(held)
+
+
+# A directory of links unlocked for less than this long may be one whose process has
+# just made it and not yet locked it: the sweep leaves it.
+_SWEEP_AGE = 60.0  # seconds
 
 
 def _sweep_shadows(directory: str) -> None:
-    """Remove the directories of links left in ``directory`` by processes of this user
-    that are gone (a kill, or an interruption at the wrong instant): each is named after
-    the process that made it, and holds only links."""
+    """Remove the directories of links left in ``directory`` by this user's processes
+    that are gone (a kill, or an interruption at the wrong instant). A live one holds a
+    lock on its directory (``flock``: released by the kernel when the process ends, and
+    seen across PID namespaces, so a container sharing the directory is safe); a
+    directory holding anything but links and rocksdict's config, another user's, or one
+    younger than ``_SWEEP_AGE`` is left alone."""
     try:
         entries = list(os.scandir(directory))
     except OSError:
         return
     me = os.geteuid()
     for entry in entries:
-        found = _SHADOW_NAME.match(entry.name)
-        if found is None or int(found[1]) == os.getpid():
+        if not entry.name.startswith(_SHADOW_PREFIX):
             continue
         try:
-            if entry.stat(follow_symlinks=False).st_uid != me or not entry.is_dir(
-                follow_symlinks=False
+            info = entry.stat(follow_symlinks=False)
+            if (
+                info.st_uid != me
+                or not stat.S_ISDIR(info.st_mode)
+                or time.time() - info.st_mtime < _SWEEP_AGE
             ):
                 continue
-            os.kill(int(found[1]), 0)  # its process is alive: leave it
-        except ProcessLookupError:
-            shutil.rmtree(entry.path, ignore_errors=True)
-        except OSError:  # gone meanwhile, or a process of another user: leave it
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
             continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: its process lives
+            inside = list(os.scandir(entry.path))
+            if all(e.is_symlink() or e.name == ROCKSDICT_CONFIG for e in inside):
+                shutil.rmtree(entry.path, ignore_errors=True)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
 
 
 class _Shadow:
@@ -1030,18 +1049,22 @@ class _Shadow:
     read-only open of a directory this process cannot write (another user's node, a
     read-only mount): rocksdict writes its config file into the directory it opens, at
     every open, and a read-only RocksDB reads through the links and writes nothing. The
-    config is not linked: rocksdict writes its own copy here. Removed at the store's
-    close, or when the store is collected; one a killed process left is removed by the
-    next one made (:func:`_sweep_shadows`)."""
+    config is not linked: rocksdict writes its own copy here. The process holds a lock
+    on the directory while it lives; the directory is removed at the store's close, or
+    when the store is collected, and one a killed process left by the next one made
+    (:func:`_sweep_shadows`)."""
 
     def __init__(self, of: Path) -> None:
         self._of = Path(os.path.abspath(of))
         owner = os.getpid()
         made = tempfile.mkdtemp(prefix=f"{_SHADOW_PREFIX}{owner}-")
+        held = -1
         try:
-            self._remove = weakref.finalize(self, _remove_tree, made, owner)
+            held = os.open(made, os.O_RDONLY | os.O_DIRECTORY)
+            fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            self._remove = weakref.finalize(self, _remove_tree, made, owner, held)
         except BaseException:
-            _remove_tree(made, owner)
+            _remove_tree(made, owner, held)
             raise
         self.path = Path(made)
         _LIVE_SHADOWS[made] = str(self._of)

@@ -36,6 +36,7 @@ from builders import (
     rows,
     shard_rows,
     split_shard,
+    top,
 )
 from threads import guarded as guarded_by
 
@@ -45,6 +46,7 @@ from imq import (
     GcReport,
     ImqError,
     IteratedMessage,
+    Message,
     PartitionRouter,
     Queue,
     QueueKey,
@@ -1018,10 +1020,10 @@ def test_a_backlog_goes_in_batches_and_the_shards_writers_get_in_between(
         starts: list[tuple[QueueKey, QueueKey]] = []  # (where a batch starts, where it ends)
         real = imq_gc.GarbageCollector._delete_batch
 
-        def batch_then_apply(self: Any, task: Any, first: QueueKey, *args: Any, **kw: Any) -> Any:
-            result = real(self, task, first, *args, **kw)
+        def batch_then_apply(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = real(self, *args, **kwargs)
             batches.append(len(result[0].seqnos))
-            starts.append((first, result[0].last))
+            starts.append((result[0].first, result[0].last))
             if len(batches) == 1:  # the mutex is released: a writer of the shard gets in
                 done = threading.Event()
                 writer = threading.Thread(target=lambda: (chain.apply(A, 2), done.set()))
@@ -1102,6 +1104,50 @@ def test_a_pass_ends_beside_a_writer_that_never_pauses(db_path: Path) -> None:
         [report] = reports
         assert report.diffs >= 20
         assert report.messages == report.diffs  # one message each, every one counted
+
+
+def test_diffs_written_below_a_batchs_end_go_with_a_later_batch(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bound above the commit pointer (``processed_to`` at ``MAX``): between two batches
+    the shard's writer adds a diff below where the batch before ended, and one across it.
+    A batch that started just above that end deleted the second one's record and kept
+    its rows below the end, for ever (an outside audit). A batch after writes there
+    starts from the beginning again: both go, whole, and the report counts them."""
+    from imq import gc as imq_gc
+
+    def msg(lt: int) -> Message:
+        return message(key(lt), address_in(A, 1), address_in(A, 2))
+
+    with Queue.open(db_path, quiet_config(gc_batch_diffs=1)) as queue:
+        for seqno in range(1, 21):  # one message each, at lt 1010 ... 1200
+            assert queue.apply_diff(
+                make_diff([msg(1000 + 10 * seqno)]), block(A, seqno), diff_hash((A, seqno))
+            )
+        mc = make_diff([], {A: QueueKey.MAX})
+        assert queue.apply_diff(mc, block(MC, 1), diff_hash((MC, 1)))
+        assert queue.commit_diff([top(MC, 1), top(A, 5, 1)])  # pointer at lt 1050
+        real = imq_gc.GarbageCollector._delete_batch
+        ends: list[QueueKey] = []
+
+        def batch_then_write(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = real(self, *args, **kwargs)
+            ends.append(result[0].last)
+            if len(ends) == 10:  # the batches have reached lt 1100
+                below = make_diff([msg(1055), msg(1065)])
+                across = make_diff([msg(1075), msg(1305)])
+                assert queue.apply_diff(below, block(A, 100), diff_hash((A, 100)))
+                assert queue.apply_diff(across, block(A, 101), diff_hash((A, 101)))
+            return result
+
+        monkeypatch.setattr(imq_gc.GarbageCollector, "_delete_batch", batch_then_write)
+        report = queue.run_gc_report()
+        assert ends[9].lt == 1100
+        assert message_keys(queue, 0, A) == []
+        assert queue.get_diff_info(A, 100) is None and queue.get_diff_info(A, 101) is None
+        assert queue.get_diffs_tail_len(A, QueueKey.MIN) == 0
+        assert (report.messages, report.diffs) == (24, 22)
+    assert verify(db_path).ok
 
 
 def test_a_long_run_of_batches_flushes_its_tombstones(

@@ -30,9 +30,10 @@ _HERE = Path(__file__).resolve().parent
 
 # The writer: a diff of 50 messages, then a full compaction, as fast as it can, for
 # argv[3] seconds. Every compaction rewrites table files and deletes the old ones; every
-# flush (a compaction starts with one) switches the log.
+# flush (a compaction starts with one) switches the log. It stops early once the file
+# argv[4] exists.
 _WRITER = """
-import sys, time
+import os, sys, time
 sys.path.insert(0, sys.argv[1])
 from builders import Clock, address_in, block, diff_hash, messages, quarter_shards, quiet_config
 from imq import Queue, QueueDiff
@@ -41,7 +42,7 @@ shard, other = quarter_shards()[:2]
 clock = Clock(start=10_000_000)
 seqno = 0
 deadline = time.monotonic() + float(sys.argv[3])
-while time.monotonic() < deadline:
+while time.monotonic() < deadline and not os.path.exists(sys.argv[4]):
     seqno += 1
     dsts = [address_in(other, k) for k in range(50)]
     diff = QueueDiff(messages(clock, shard, dsts))
@@ -84,7 +85,7 @@ def test_read_only_opens_beside_a_compacting_writer_see_whole_queues(
 ) -> None:
     db = tmp_path / "db"
     writer = subprocess.Popen(
-        [sys.executable, "-c", _WRITER, str(_HERE), str(db), "12"],
+        [sys.executable, "-c", _WRITER, str(_HERE), str(db), "60", str(tmp_path / "stop")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -94,17 +95,20 @@ def test_read_only_opens_beside_a_compacting_writer_see_whole_queues(
         assert writer.stdout.readline().strip() == "ready", writer.stderr.read()
         opens = 0
         deadline = time.monotonic() + 8
-        while time.monotonic() < deadline:
+        # For 8 s, and at least 10 opens while the writer runs: on a loaded machine (the
+        # whole suite on 2 cores beside other work) one verify and one open took 2 s.
+        while time.monotonic() < deadline or (opens < 10 and writer.poll() is None):
             report = verify(db)
             assert report.ok, report.problems
             with Queue.open(db, read_only=True) as queue:
                 summary = queue.summary()
             assert summary["shards"], summary
             opens += 2
+        (tmp_path / "stop").touch()
         out, err = writer.communicate(timeout=60)
         assert writer.returncode == 0, err
-        assert opens >= 10, opens  # a loaded machine (the whole suite on 2 cores) does 14
-        assert int(out.split()[-1]) > 40, out  # the writer kept changing its files
+        assert opens >= 10, opens
+        assert int(out.split()[-1]) > 20, out  # the writer kept changing its files
     finally:
         if writer.poll() is None:
             writer.kill()

@@ -559,32 +559,42 @@ def test_links_left_by_a_dead_process_are_swept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A killed process (or one interrupted at the wrong instant) leaves its directory of
-    links behind: the next read-only open that makes links removes those of this user's
-    processes that are gone, and no other."""
+    links behind: the next read-only open that makes links removes those no process
+    holds locked (a live one keeps a lock on its own: the kernel lets go of it when the
+    process ends, and sees it across PID namespaces, which a process id did not: an
+    outside audit had a container's reader delete the host's live directory). Left
+    alone: a locked one, a young one (its process may not have locked it yet), one that
+    holds anything but links and rocksdict's config, and any other name."""
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     monkeypatch.setattr(rocks, "_writable_for_rocksdict", lambda path: False)
     db = tmp_path / "db"
     open_queue(db).close()
-    gone = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    dead = int(gone.stdout)
-    left = {
-        f"imq-read-only-{dead}-abc": True,  # swept
-        f"imq-read-only-{os.getppid()}-def": False,  # its process lives
-        "imq-read-only-x-ghi": False,  # not a name imq gives
+    old = time.time() - 3600
+    left = {  # name: swept
+        "imq-read-only-1-dead": True,
+        "imq-read-only-99999999999999999999-dead": True,  # no pid it could name
+        "imq-read-only-2-locked": False,
+        "imq-read-only-3-young": False,
+        "imq-read-only-4-notes": False,
         "other": False,
     }
     for name in left:
         (scratch / name).mkdir()
         (scratch / name / "000001.sst").symlink_to(db / "CURRENT")
-    with Queue.open(db, read_only=True):
-        kept = set(os.listdir(scratch))
+        (scratch / name / "rocksdict-config.json").write_text("{}")
+    (scratch / "imq-read-only-4-notes" / "notes.txt").write_text("mine")
+    for name in left:
+        if name != "imq-read-only-3-young":
+            os.utime(scratch / name, (old, old))
+    held = os.open(scratch / "imq-read-only-2-locked", os.O_RDONLY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_SH)
+        with Queue.open(db, read_only=True):
+            kept = set(os.listdir(scratch))
+    finally:
+        os.close(held)
     own = {n for n in kept if n.startswith(f"imq-read-only-{os.getpid()}-")}
     assert len(own) == 1  # this open's links
     assert kept - own == {n for n, swept in left.items() if not swept}
