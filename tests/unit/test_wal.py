@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -23,15 +24,17 @@ def masked_crc(kind: int, payload: bytes) -> int:
     return ((crc >> 15 | crc << 17) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-@functools.cache
-def write_log(records: tuple[int, ...]) -> tuple[bytes, list[tuple[int, int, int]]]:
-    """A log holding records of the given payload lengths (each payload's bytes count
-    up from its offset), with their true checksums, and its headers ``(offset, length,
-    type)`` as the writer placed them."""
+def lay_out(
+    sizes: Iterable[int], fill: Callable[[int, int, int, int], bytes]
+) -> tuple[bytes, list[tuple[int, int, int]]]:
+    """Records of the given payload lengths laid out as RocksDB's log writer does, with
+    their true checksums, and their headers ``(offset, length, type)``. ``fill(offset,
+    record, at, length)`` gives the bytes of the fragment at ``offset`` in the file:
+    ``length`` bytes from ``at`` in record number ``record``."""
     out = bytearray()
     headers = []
-    for size in records:
-        left, first = size, True
+    for record, size in enumerate(sizes):
+        left, first, at = size, True, 0
         while True:
             room = wal.BLOCK - len(out) % wal.BLOCK
             if room < 7:
@@ -41,13 +44,22 @@ def write_log(records: tuple[int, ...]) -> tuple[bytes, list[tuple[int, int, int
             last = take == left
             kind = (FULL if last else FIRST) if first else (LAST if last else MIDDLE)
             headers.append((len(out), take, kind))
-            payload = bytes((len(out) + i) % 251 for i in range(take))
+            payload = fill(len(out), record, at, take)
             out += struct.pack("<IHB", masked_crc(kind, payload), take, kind) + payload
-            left -= take
-            first = False
+            left, at, first = left - take, at + take, False
             if last:
                 break
     return bytes(out), headers
+
+
+@functools.cache
+def write_log(records: tuple[int, ...]) -> tuple[bytes, list[tuple[int, int, int]]]:
+    """A log holding records of the given payload lengths (each payload's bytes count
+    up from its offset), with their true checksums, and its headers ``(offset, length,
+    type)`` as the writer placed them."""
+    return lay_out(
+        records, lambda offset, _r, _at, take: bytes((offset + i) % 251 for i in range(take))
+    )
 
 
 SIZES = (30, 100_000, 5, 32_761, 0, 40_000, 7, *[200] * 3_000, 2_000_000, 64)
@@ -366,23 +378,8 @@ def _edit(*fields: tuple[int, bytes | int]) -> bytes:
 
 def _manifest(edits: list[bytes]) -> bytes:
     """``edits`` as records of RocksDB's log format, split into fragments at block ends."""
-    out = bytearray()
-    for edit in edits:
-        left, first, at = len(edit), True, 0
-        while True:
-            room = wal.BLOCK - len(out) % wal.BLOCK
-            if room < 7:
-                out += bytes(room)
-                room = wal.BLOCK
-            take = min(left, room - 7)
-            last = take == left
-            kind = (FULL if last else FIRST) if first else (LAST if last else MIDDLE)
-            payload = edit[at : at + take]
-            out += struct.pack("<IHB", masked_crc(kind, payload), take, kind) + payload
-            left, at, first = left - take, at + take, False
-            if last:
-                break
-    return bytes(out)
+    sizes = [len(edit) for edit in edits]
+    return lay_out(sizes, lambda _offset, r, at, take: edits[r][at : at + take])[0]
 
 
 DB_ID, COMPARATOR, LOG_NUMBER, NEXT_FILE, LAST_SEQUENCE, COLUMN_FAMILY = 8193, 1, 2, 3, 4, 200
