@@ -289,12 +289,17 @@ class GarbageCollector:
         the first batch found under the bound (up to its ``horizon``); the rest goes in
         one batch, so that a pass ends beside a writer that never pauses."""
         started = perf_counter()
-        executed = self._store.state.gc_executed
+        state = self._store.state
+        executed = state.gc_executed
+        # The commit pointer as the pass found it: the shard's writers write above it
+        # (a commit may move it up meanwhile, over what they wrote between batches).
+        pointer = state.pointers.get(task.shard)
+        floor = None if pointer is None else pointer.key
         messages = dict.fromkeys(task.partitions, 0)
         diffs = 0
         ranges: list[tuple[Table, bytes, bytes]] = []
         found, removed, batch_ranges, newest = self._delete_batch(
-            task, None, executed, self._batch_diffs, horizon=True
+            task, None, floor, executed, self._batch_diffs, horizon=True
         )
         horizon = task.bound if newest is None else newest
         batches = 1
@@ -320,7 +325,9 @@ class GarbageCollector:
                 # Not after the last batch: the small table files of a flush made the
                 # next iterators' creation slower than the tombstones did (measured).
                 self._store.flush(_TOMBSTONED)
-            found, removed, batch_ranges, _ = self._delete_batch(task, found.last, executed, limit)
+            found, removed, batch_ranges, _ = self._delete_batch(
+                task, found.last, floor, executed, limit
+            )
             batches += 1
         return _Deleted(task, messages, diffs, perf_counter() - started), union(ranges)
 
@@ -328,6 +335,7 @@ class GarbageCollector:
         self,
         task: GcTask,
         after: QueueKey | None,
+        floor: QueueKey | None,
         executed: GcBounds,
         limit: int | None,
         *,
@@ -337,17 +345,18 @@ class GarbageCollector:
         batch before; ``None``: from the start) up to the bound, or, when more than
         ``limit`` diffs lie there, up to the end of the first ``limit`` (a shorter
         prefix: ``DeletedDiffs.last``). From the start after all when anything of the
-        shard was written at or below ``after`` since. Returns what was staged, the
-        messages removed per partition, the ranges to compact and, with ``horizon``, the
-        ``max_message`` of the last diff under the bound as the batch found it (``None``:
-        no diff there)."""
+        shard was written at or below ``after`` since, above ``floor`` (the commit
+        pointer when the pass began: nothing is written at or below it). Returns what
+        was staged, the messages removed per partition, the ranges to compact and, with
+        ``horizon``, the ``max_message`` of the last diff under the bound as the batch
+        found it (``None``: no diff there)."""
         store = self._store
         txn = store.transaction()
         with ExitStack() as stack:
             with self._locked(task.shard):
                 # Under the shard's mutex nothing writes this shard: the views and the
                 # cache all show the shard as the delete finds it.
-                if after is None or self._written_at_or_below(task, after):
+                if after is None or self._written_at_or_below(task, floor, after):
                     first = QueueKey.MIN
                 else:
                     first = after.next_value()  # not MAX: only the bound can be
@@ -370,19 +379,19 @@ class GarbageCollector:
                 removed = self._count_removed(view, view[rows], task.shard, lows, found)
         return found, removed, txn.deleted_ranges, last_diff
 
-    def _written_at_or_below(self, task: GcTask, key: QueueKey) -> bool:
+    def _written_at_or_below(self, task: GcTask, floor: QueueKey | None, key: QueueKey) -> bool:
         """Whether the shard holds a diff (a tail row) or a message of the task's
         partitions at or below ``key``, where the batches before deleted everything: the
         shard's writers wrote there since (the caller holds the shard's mutex). Only
-        above the shard's commit pointer: nothing is applied at or below it, nor cleared
-        (so below a bound at or under the pointer, as a network's are, nothing is read;
-        the seeks run over every batch's tombstones)."""
-        pointer = self._store.state.pointers.get(task.shard)
+        above ``floor``, the shard's commit pointer when the pass began: nothing is
+        applied at or below a pointer, nor cleared, and a pointer only moves up (so below
+        a bound at or under the pointer, as a network's are, nothing is read; the seeks
+        run over every batch's tombstones)."""
         low = QueueKey.MIN
-        if pointer is not None:
-            if pointer.key >= key:
+        if floor is not None:
+            if floor >= key:
                 return False
-            low = pointer.key.next_value()
+            low = floor.next_value()
         newest = ops.LastTail(task.shard, low, key)
         rows = ops.MessageCounter()
         with ops.view(self._store, newest, rows) as view:

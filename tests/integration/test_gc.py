@@ -1106,14 +1106,17 @@ def test_a_pass_ends_beside_a_writer_that_never_pauses(db_path: Path) -> None:
         assert report.messages == report.diffs  # one message each, every one counted
 
 
+@pytest.mark.parametrize("committed", [False, True], ids=["uncommitted", "then committed"])
 def test_diffs_written_below_a_batchs_end_go_with_a_later_batch(
-    db_path: Path, monkeypatch: pytest.MonkeyPatch
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, committed: bool
 ) -> None:
     """A bound above the commit pointer (``processed_to`` at ``MAX``): between two batches
     the shard's writer adds a diff below where the batch before ended, and one across it.
     A batch that started just above that end deleted the second one's record and kept
     its rows below the end, for ever (an outside audit). A batch after writes there
-    starts from the beginning again: both go, whole, and the report counts them."""
+    starts from the beginning again: both go, whole, and the report counts them. Also
+    when a commit moves the pointer over them before the next batch (writes are looked
+    for above the pointer as the pass found it)."""
     from imq import gc as imq_gc
 
     def msg(lt: int) -> Message:
@@ -1138,6 +1141,11 @@ def test_diffs_written_below_a_batchs_end_go_with_a_later_batch(
                 across = make_diff([msg(1075), msg(1305)])
                 assert queue.apply_diff(below, block(A, 100), diff_hash((A, 100)))
                 assert queue.apply_diff(across, block(A, 101), diff_hash((A, 101)))
+                if committed:
+                    mc2 = make_diff([], {A: QueueKey.MAX})
+                    assert queue.apply_diff(mc2, block(MC, 2), diff_hash((MC, 2)))
+                    assert queue.commit_diff([top(MC, 2), top(A, 101, 2)])
+                    assert queue.get_commit_pointers()[A].key.lt == 1305
             return result
 
         monkeypatch.setattr(imq_gc.GarbageCollector, "_delete_batch", batch_then_write)
