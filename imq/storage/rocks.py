@@ -1315,14 +1315,10 @@ class Store:
                 # memory a call (measured with mallinfo2 over 3,000 opens).
                 families = set(Rdict.list_cf(str(self.path), Options(raw_mode=True)))
             except Exception as exc:
-                refused = _refusal(str(exc))
-                hint = _open_hint(str(exc), read_only=self.read_only)
-                if refused is not None:
-                    raise FileAccessError(
-                        self.path, "read the list of tables of queue database", refused, hint
-                    ) from exc
-                raise StorageError(
-                    self.path, "open", f"cannot read its list of tables: {exc}", hint=hint
+                raise self._open_error(
+                    str(exc),
+                    "read the list of tables of queue database",
+                    f"cannot read its list of tables: {exc}",
                 ) from exc
             missing = [t.value for t in Table if t.value not in families]
             # imq's own creation cut short (killed between RocksDB's CURRENT and the
@@ -1600,14 +1596,21 @@ class Store:
             if "While lock file" in text or "lock hold by" in text or "/LOCK:" in text:
                 raise DatabaseLockedError(f"queue database {self.path} is locked: {exc}") from exc
             text = _real_names(text)
-            hint = _open_hint(text, read_only=self.read_only)
-            refused = _refusal(text)
-            if refused is not None:  # the file system's refusal, not damage: as imq's own opens
-                raise FileAccessError(self.path, "open queue database", refused, hint) from exc
-            raise StorageError(self.path, "open", text, hint=hint) from exc
+            raise self._open_error(text, "open queue database", text) from exc
         tables = {t: db.get_column_family(t.value) for t in Table}
         handles = {t: db.get_column_family_handle(t.value) for t in Table}
         return db, tables, handles
+
+    def _open_error(self, text: str, operation: str, reason: str) -> ImqError:
+        """The typed error of a failed RocksDB read at open, from RocksDB's ``text``: the
+        file system's refusal (not damage, as for imq's own opens) is a
+        :class:`FileAccessError` of ``operation``; anything else a :class:`StorageError`
+        saying ``reason``."""
+        hint = _open_hint(text, read_only=self.read_only)
+        refused = _refusal(text)
+        if refused is not None:
+            return FileAccessError(self.path, operation, refused, hint)
+        return StorageError(self.path, "open", reason, hint=hint)
 
     def _make_shadow(self) -> None:
         """For a read-only open of a directory rocksdict cannot write its config file
