@@ -36,7 +36,6 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from time import perf_counter
-from typing import Any
 
 from imq.delete import DeletedDiffs, DeleteRange, DiffSpan, diff_spans, stage_delete, tail_rows
 from imq.errors import QueueClosedError, StorageError
@@ -348,8 +347,8 @@ class GarbageCollector:
         shard was written at or below ``after`` since, above ``floor`` (the commit
         pointer when the pass began: nothing is written at or below it). Returns what
         was staged, the messages removed per partition, the ranges to compact and, with
-        ``horizon``, the ``max_message`` of the last diff under the bound as the batch
-        found it (``None``: no diff there)."""
+        ``horizon`` and a batch that was cut, the ``max_message`` of the last diff under
+        the bound as the batch found it (else ``None``)."""
         store = self._store
         txn = store.transaction()
         with ExitStack() as stack:
@@ -363,13 +362,13 @@ class GarbageCollector:
                 r = DeleteRange(task.shard, first, task.bound, frozenset(task.partitions), False)
                 tail = tail_rows(r)
                 rows = ops.MessageCounter()
-                newest = ops.LastTail(task.shard, first, task.bound) if horizon else None
-                reads: list[ops.Read[Any]] = [tail, rows]
-                if newest is not None:
-                    reads.append(newest)
-                view = stack.enter_context(ops.view(store, *reads, diffs=True))
-                last_diff = None if newest is None else view[newest]
+                view = stack.enter_context(ops.view(store, tail, rows, diffs=True))
                 found = stage_delete(view, tail, txn, r, spans=False, limit=limit)
+                last_diff = None
+                if horizon and found.last != task.bound:  # cut: where the cuts may go on
+                    newest = ops.LastTail(task.shard, first, task.bound)
+                    with ops.view(store, newest) as seen:
+                        last_diff = seen[newest]
                 lows = self._lows(task, first, executed)
                 removed = self._cached_removed(task.shard, lows, found.last)  # before the write
                 store.write(txn)
