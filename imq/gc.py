@@ -369,7 +369,7 @@ class GarbageCollector:
                     newest = ops.LastTail(task.shard, first, task.bound)
                     with ops.view(store, newest) as seen:
                         last_diff = seen[newest]
-                lows = self._lows(task, first, executed)
+                lows = self._lows(task, first, found.last, executed)
                 removed = self._cached_removed(task.shard, lows, found.last)  # before the write
                 store.write(txn)
             if removed is None:
@@ -402,13 +402,18 @@ class GarbageCollector:
             )
 
     @staticmethod
-    def _lows(task: GcTask, first: QueueKey, executed: GcBounds) -> dict[int, QueueKey | None]:
-        """Per partition, the first key a batch from ``first`` removes rows at: above the
-        partition's executed bound and at or above ``first`` (``None``: nothing)."""
+    def _lows(
+        task: GcTask, first: QueueKey, last: QueueKey, executed: GcBounds
+    ) -> dict[int, QueueKey | None]:
+        """Per partition, the first key at which a batch over ``[first, last]`` removes
+        rows: above the partition's executed bound and at or above ``first`` (``None``:
+        none of the batch's keys lies above that bound)."""
         lows: dict[int, QueueKey | None] = {}
         for p in task.partitions:
             low = _first_above(executed.get((p, task.shard)))
-            lows[p] = None if low is None else max(low, first)
+            if low is not None:
+                low = max(low, first)
+            lows[p] = low if low is not None and low <= last else None
         return lows
 
     def _cached_removed(
@@ -421,7 +426,7 @@ class GarbageCollector:
         counts: dict[int, int] = {}
         ranges: list[tuple[int, tuple[bytes, bytes]]] = []
         for p, low in lows.items():
-            if low is None or low > last:
+            if low is None:
                 counts[p] = 0  # nothing in the batch above the executed bound
             else:
                 ranges.append((p, ops.count_range(p, shard, low, last, inclusive=True)))
@@ -446,7 +451,7 @@ class GarbageCollector:
         deleted = diff_spans(view, shard, found.seqnos)
         counts: dict[int, int] = {}
         for p, low in lows.items():
-            if low is None or low > found.last:
+            if low is None:
                 counts[p] = 0
                 continue
             counted, gaps = _count_plan(p, low, found.last, deleted)
