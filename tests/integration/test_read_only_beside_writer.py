@@ -23,7 +23,7 @@ import pytest
 from builders import quiet_config
 
 from imq import Queue, StorageError
-from imq.storage import rocks
+from imq.storage import rocks, shadow
 from imq.verify import verify
 
 _HERE = Path(__file__).resolve().parent
@@ -66,14 +66,14 @@ def links(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     linked: list[Path] = []
     if request.param == "through links":
-        monkeypatch.setattr(rocks, "_writable_for_rocksdict", lambda path: False)
-        real = rocks._Shadow.link
+        monkeypatch.setattr(shadow, "writable_for_rocksdict", lambda path: False)
+        real = shadow.Shadow.link
 
         def link(shadow: Any) -> Path:
             linked.append(real(shadow))
             return linked[-1]
 
-        monkeypatch.setattr(rocks._Shadow, "link", link)
+        monkeypatch.setattr(shadow.Shadow, "link", link)
     yield request.param
     assert os.listdir(scratch) == []
     assert bool(linked) == (request.param == "through links")

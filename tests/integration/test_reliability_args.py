@@ -50,7 +50,7 @@ from imq import (
 )
 from imq.errors import ConfigError, QueueClosedError
 from imq.state.synth import synth_state, write_synth_state
-from imq.storage import rocks
+from imq.storage import rocks, shadow
 from imq.verify import verify
 
 
@@ -469,7 +469,7 @@ def test_a_read_only_open_with_no_temporary_directory_says_so(
     directory raised tempfile's bare ``FileNotFoundError`` instead."""
     db = tmp_path / "db"
     open_queue(db).close()
-    monkeypatch.setattr(rocks, "_writable_for_rocksdict", lambda path: False)
+    monkeypatch.setattr(shadow, "writable_for_rocksdict", lambda path: False)
     if how == "TMPDIR missing":
         monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
     else:
@@ -496,7 +496,7 @@ def test_a_failure_in_the_temporary_directory_names_it(
     scratch.mkdir()
     db = tmp_path / "db"
     open_queue(db).close()
-    monkeypatch.setattr(rocks, "_writable_for_rocksdict", lambda path: False)
+    monkeypatch.setattr(shadow, "writable_for_rocksdict", lambda path: False)
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
 
     def full(source: object, target: object) -> None:
@@ -543,9 +543,9 @@ def test_unwritable_is_judged_for_the_effective_user(tmp_path: Path) -> None:
     script = (
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from imq.storage import rocks\n"
+        "from imq.storage import shadow\n"
         "os.seteuid(65534)\n"
-        "print(rocks._writable_for_rocksdict(Path(sys.argv[1])))\n"
+        "print(shadow.writable_for_rocksdict(Path(sys.argv[1])))\n"
     )
     db = tmp_path / "db"
     db.mkdir(mode=0o755)
@@ -568,7 +568,7 @@ def test_links_left_by_a_dead_process_are_swept(
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    monkeypatch.setattr(rocks, "_writable_for_rocksdict", lambda path: False)
+    monkeypatch.setattr(shadow, "writable_for_rocksdict", lambda path: False)
     db = tmp_path / "db"
     open_queue(db).close()
     old = time.time() - 3600
@@ -605,8 +605,8 @@ def test_links_left_by_a_dead_process_are_swept(
 _FORK_SCRIPT = """
 import os, sys
 from imq import Queue
-from imq.storage import rocks
-rocks._writable_for_rocksdict = lambda path: False
+from imq.storage import shadow
+shadow.writable_for_rocksdict = lambda path: False
 queue = Queue.open(sys.argv[1], read_only=True)
 links = queue._store._shadow.path
 pid = os.fork()
