@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.bench_core
 	$(BIN)/python -m benchmarks.bench_gc
+	$(BIN)/python -m benchmarks.bench_gc_pause
 	$(BIN)/python -m benchmarks.bench_state
 	$(BIN)/python -m benchmarks.bench_floor
 	$(BIN)/python -m benchmarks.bench_peers

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICK_FLAGS = {
     "benchmarks.bench_core": [],
     "benchmarks.bench_gc": [],
+    "benchmarks.bench_gc_pause": [],
     "benchmarks.bench_state": [],
     "benchmarks.bench_floor": [],
     "benchmarks.bench_peers": [],
