@@ -148,9 +148,14 @@ class StateReader:
 
     def _check_end(self) -> None:
         if self.chunks_read < self.header.n_chunks:
+            end = (
+                "its diffs list no messages"
+                if self.chunks_read == 0
+                else f"its messages end in chunk {self.chunks_read - 1}"
+            )
             raise StateFormatError(
-                f"extra chunk: the state announces {self.header.n_chunks} chunks but its "
-                f"messages end in chunk {self.chunks_read - 1} (offset {self._src.offset})"
+                f"extra chunk: the state announces {self.header.n_chunks} chunks but {end} "
+                f"(offset {self._src.offset})"
             )
         if not self._src.at_eof():
             raise StateFormatError(
