@@ -921,7 +921,7 @@ def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) ->
     db_opts.set_max_log_file_size(INFO_LOG_FILE_SIZE)
     # Every flush and compaction appends an edit to the MANIFEST, and RocksDB starts a
     # new one only at open or past this size (its default: 1 GB). Every open reads the
-    # whole file three times (the list of tables, imq's log check, RocksDB's recovery):
+    # whole file four times (imq's two checks, RocksDB's list of tables and recovery):
     # a writer that ran 20 s beside the read-only stress test left a 2 MB MANIFEST and
     # opens of 45 ms, 43 of them on the MANIFEST. A new one holds only the live files.
     db_opts.set_max_manifest_file_size(MANIFEST_FILE_SIZE)

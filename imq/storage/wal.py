@@ -51,6 +51,7 @@ RocksDB to replay either. An empty log, what a clean close leaves, costs one ope
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 import struct
@@ -377,34 +378,42 @@ def record_headers(path: Path, zeroed: list[int] | None = None) -> Iterator[tupl
 
     The file is read in chunks of whole blocks (a record never crosses a block), not
     mapped: a mapped file that shrinks under the reader kills the process (SIGBUS)."""
-    unpack = _HEADER.unpack_from
     with open(path, "rb", buffering=0) as file:
-        # One buffer, refilled: no fresh memory per chunk; no larger than the file's
-        # whole blocks (a fresh MANIFEST or log is a few KiB).
-        blocks = -(-os.fstat(file.fileno()).st_size // BLOCK)
-        chunk = bytearray(BLOCK * min(max(blocks, 1), _CHUNK // BLOCK))
-        base = 0
-        while size := file.readinto(chunk):
-            pos = 0
-            while pos + _HEADER_LEN <= size:
-                left = BLOCK - pos % BLOCK
-                if left < _HEADER_LEN:  # a block's trailer: zero padding
-                    pos += left
-                    continue
-                _, length, kind = unpack(chunk, pos)
-                if kind == _ZERO and length == 0:  # padding or preallocated space
-                    end = min(pos + left, size)
-                    if zeroed is not None and chunk.count(0, pos, end) < end - pos:
-                        zeroed.append(base + pos)  # data after it: RocksDB skips it too
-                    pos += left
-                    continue
-                yield base + pos, length, kind
-                if kind in RECYCLABLE or length > left - _HEADER_LEN:
-                    return  # a recycled log's header is longer: nothing to walk on
-                pos += _HEADER_LEN + length
-            if size < len(chunk):
-                return  # the end of the file (a header cut short there is a torn tail)
-            base += size
+        yield from _walk_headers(file, os.fstat(file.fileno()).st_size, zeroed)
+
+
+def _walk_headers(
+    file: io.RawIOBase | io.BufferedIOBase, length_hint: int, zeroed: list[int] | None = None
+) -> Iterator[tuple[int, int, int]]:
+    """:func:`record_headers` of what ``file`` holds from its position on (about
+    ``length_hint`` bytes: the buffer's size)."""
+    unpack = _HEADER.unpack_from
+    # One buffer, refilled: no fresh memory per chunk; no larger than the file's whole
+    # blocks (a fresh MANIFEST or log is a few KiB).
+    blocks = -(-length_hint // BLOCK)
+    chunk = bytearray(BLOCK * min(max(blocks, 1), _CHUNK // BLOCK))
+    base = 0
+    while size := file.readinto(chunk):
+        pos = 0
+        while pos + _HEADER_LEN <= size:
+            left = BLOCK - pos % BLOCK
+            if left < _HEADER_LEN:  # a block's trailer: zero padding
+                pos += left
+                continue
+            _, length, kind = unpack(chunk, pos)
+            if kind == _ZERO and length == 0:  # padding or preallocated space
+                end = min(pos + left, size)
+                if zeroed is not None and chunk.count(0, pos, end) < end - pos:
+                    zeroed.append(base + pos)  # data after it: RocksDB skips it too
+                pos += left
+                continue
+            yield base + pos, length, kind
+            if kind in RECYCLABLE or length > left - _HEADER_LEN:
+                return  # a recycled log's header is longer: nothing to walk on
+            pos += _HEADER_LEN + length
+        if size < len(chunk):
+            return  # the end of the file (a header cut short there is a torn tail)
+        base += size
 
 
 # The tags a MANIFEST's version edit may start with before its log number (RocksDB's
@@ -438,12 +447,13 @@ def newest_log_number(path: Path) -> int | None:
 
 def _records(path: Path) -> Iterator[bytes]:
     """The logical records of a file in RocksDB's log format, fragments joined, found by
-    :func:`record_headers`; they end at a header that cannot be one (what RocksDB's
-    reader reports, or a torn tail)."""
+    :func:`record_headers` in one read of the file; they end at a header that cannot be
+    one (what RocksDB's reader reports, or a torn tail)."""
     with open(path, "rb") as file:
         data = file.read()
     parts: list[bytes] | None = None
-    for offset, length, kind in record_headers(path):
+    # The headers of the bytes read (one read of the file, however it changes meanwhile).
+    for offset, length, kind in _walk_headers(io.BytesIO(data), len(data)):
         start = offset + _HEADER_LEN
         if offset % BLOCK + _HEADER_LEN + length > BLOCK or start + length > len(data):
             return  # past its block, or past what was read (a file still growing)
