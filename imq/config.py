@@ -248,8 +248,9 @@ class QueueConfig:
       space of a large collection comes back even on a node that writes nothing more
       (on a node that keeps writing, RocksDB's background compaction reclaims it).
     - ``gc_batch_diffs``: a GC pass deletes a shard's backlog in batches of at most this
-      many diffs, each under the shard's mutex, which ``apply_diff``, ``commit_diff`` and
-      ``clear_uncommitted_state`` of that shard wait for. A backlog of 62,500 diffs a
+      many diffs, each under the shard's mutex, which that shard's ``apply_diff`` waits
+      for (and under the queue's read lock, which every ``commit_diff`` and
+      ``clear_uncommitted_state`` waits for). A backlog of 62,500 diffs a
       shard made an apply wait at most 42-50 ms with 10,000, 11 ms with 1,000, 220 ms
       in one batch. Smaller batches leave more range tombstones in the memtables until
       they flush (a deletion flushes them every 256 batches): an iterator's creation

@@ -1471,9 +1471,15 @@ class Store:
         try:
             self._shadow = shadow.Shadow(self.path)
         except OSError as exc:  # tempfile's "no usable temporary directory" included
-            raise FileAccessError(
-                self.path, "make a temporary directory of links to", exc, shadow.SHADOW_HINT
-            ) from exc
+            where = shadow.temporary_directory(exc)
+            error = FileAccessError(
+                where or "the temporary directory ($TMPDIR, else /tmp)",
+                f"make a temporary directory of links to {self.path} in",
+                exc,
+                shadow.SHADOW_HINT,
+            )
+            error.filename = where  # None when no directory was usable: no path to name
+            raise error from exc
 
     def _rocksdb_path(self) -> Path:
         """Where RocksDB opens the database: its directory, or the private directory of

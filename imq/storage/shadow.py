@@ -23,7 +23,14 @@ from pathlib import Path
 
 from imq.errors import FileAccessError
 
-__all__ = ["ROCKSDICT_CONFIG", "SHADOW_HINT", "Shadow", "real_names", "writable_for_rocksdict"]
+__all__ = [
+    "ROCKSDICT_CONFIG",
+    "SHADOW_HINT",
+    "Shadow",
+    "real_names",
+    "temporary_directory",
+    "writable_for_rocksdict",
+]
 
 ROCKSDICT_CONFIG = "rocksdict-config.json"
 
@@ -60,6 +67,15 @@ SHADOW_HINT = (
     "free space (and inodes) there, or point TMPDIR to a writable directory that allows "
     "symbolic links; or open a copy of the database"
 )
+
+
+def temporary_directory(exc: OSError) -> str | None:
+    """Where :class:`Shadow` failed to make its directory (``exc`` raised by it): the
+    parent of the path ``exc`` names, else tempfile's directory, else ``None`` (tempfile
+    found no usable directory at all)."""
+    if exc.filename is not None:
+        return os.path.dirname(os.fsdecode(exc.filename))
+    return tempfile.tempdir
 
 
 def _remove_tree(path: str, owner: int, held: int) -> None:

@@ -482,7 +482,12 @@ def test_a_read_only_open_with_no_temporary_directory_says_so(
     with pytest.raises(FileAccessError, match="TMPDIR") as info:
         Queue.open(db, read_only=True)
     assert info.value.errno == errno.ENOENT
-    assert "make a temporary directory of links to" in str(info.value)
+    assert f"make a temporary directory of links to {db} in" in str(info.value)
+    if how == "TMPDIR missing":  # the error names the directory (a docs audit), not the db
+        assert info.value.filename == str(tmp_path / "missing")
+    else:
+        assert info.value.filename is None
+        assert "in the temporary directory ($TMPDIR, else /tmp):" in str(info.value)
     assert not (tmp_path / "missing").exists()
 
 
