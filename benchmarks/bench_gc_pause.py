@@ -320,7 +320,7 @@ def run(args: argparse.Namespace, workdir: Path) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(
         argv,
-        "gc-pause",
+        "gc_pause",
         __doc__.split("\n")[0],
         "passes per setting (default 3; 1 with --quick)",
     )
