@@ -275,8 +275,8 @@ def render(
     lines += [
         "",
         "A batch deletes its share of a shard's backlog as one write under the shard's "
-        "mutex (what it removed is counted after the mutex is released); an apply of that "
-        "shard waits for the batch under way. Smaller batches shorten the wait and add a "
+        "mutex (and the queue's read lock, which commits and clears wait for); an apply of "
+        "that shard waits for the batch under way. Smaller batches shorten the wait and add a "
         "little to the pass (one more seek and write a batch, and a flush of the "
         "range-deleted tables every 256 batches). No raw floor: rocksdict has no mutex of "
         "its own; the reference is the same applier with no pass.",

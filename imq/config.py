@@ -250,11 +250,12 @@ class QueueConfig:
     - ``gc_batch_diffs``: a GC pass deletes a shard's backlog in batches of at most this
       many diffs, each under the shard's mutex, which that shard's ``apply_diff`` waits
       for (and under the queue's read lock, which every ``commit_diff`` and
-      ``clear_uncommitted_state`` waits for). A backlog of 62,500 diffs a
-      shard made an apply wait at most 42-50 ms with 10,000, 11 ms with 1,000, 220 ms
-      in one batch. Smaller batches leave more range tombstones in the memtables until
-      they flush (a deletion flushes them every 256 batches): an iterator's creation
-      took 0.50-0.86 ms after that pass with 1,000, 0.13-0.23 ms with 10,000.
+      ``clear_uncommitted_state`` waits for). A backlog of 62,500 diffs a shard made an
+      apply wait at most 50-55 ms with 10,000, 23-33 ms with 1,000, 162-417 ms in one
+      batch (``benchmarks/results/gc_pause.md``). Smaller batches leave more range
+      tombstones in the memtables until they flush (a deletion flushes them every 256
+      batches): an iterator's creation took 0.50-0.86 ms after that pass with 1,000,
+      0.13-0.23 ms with 10,000 (measured in stop 43, not by a benchmark).
     - ``check_statistics``: debug mode: ``apply_diff``/``prepare_diff`` recount the
       messages and refuse ``statistics`` that differ in any count, or whose bounds leave
       out a message (about 6% of an apply, so off by default: statistics are then used

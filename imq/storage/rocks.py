@@ -29,6 +29,7 @@ import threading
 import time
 import traceback
 import weakref
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain, filterfalse, islice
@@ -81,6 +82,11 @@ __all__ = [
 ]
 
 LOCK_FILE = "imq.lock"
+# The sequence number of the last write a writer saw synced to the log (rewritten in place
+# after each synced write, not synced itself; synced at close): an open that recovers
+# less than it finds the log or the MANIFEST cut short or replaced (see _check_synced).
+SYNCED_FILE = "imq.synced"
+_SYNCED_MAGIC = b"imqS"
 INFO_LOG_FILES = 10  # RocksDB's text logs kept (LOG and LOG.old.*), at most
 INFO_LOG_FILE_SIZE = 16 << 20  # bytes; past it the LOG rolls over
 MANIFEST_FILE_SIZE = 1 << 20  # bytes; past it RocksDB starts a new MANIFEST
@@ -689,8 +695,32 @@ class Transaction:
 # writes, and imq's lock. Anything else is someone else's: never adopted, never deleted.
 DATABASE_FILE = re.compile(
     r"CURRENT|IDENTITY|LOCK|LOG(\.old\.\d+)?|(MANIFEST|OPTIONS)-\d+(\.dbtmp)?"
-    r"|\d+\.(sst|log|blob|dbtmp)|rocksdict-config\.json|" + re.escape(LOCK_FILE)
+    r"|\d+\.(sst|log|blob|dbtmp)|rocksdict-config\.json|"
+    + re.escape(LOCK_FILE)
+    + "|"
+    + re.escape(SYNCED_FILE)
 )
+
+
+def _synced_record(sequence: int) -> bytes:
+    body = _SYNCED_MAGIC + sequence.to_bytes(8, "big")
+    return body + zlib.crc32(body).to_bytes(4, "big")
+
+
+def read_synced_mark(directory: Path) -> int | None:
+    """The sequence number ``SYNCED_FILE`` in ``directory`` records, or ``None`` when it
+    is missing or unreadable (a torn rewrite after a power loss: no check then)."""
+    try:
+        data = (directory / SYNCED_FILE).read_bytes()
+    except OSError:
+        return None
+    if (
+        len(data) != 16
+        or data[:4] != _SYNCED_MAGIC
+        or zlib.crc32(data[:12]).to_bytes(4, "big") != data[12:]
+    ):
+        return None
+    return int.from_bytes(data[4:12], "big")
 
 
 def _check_replaceable(path: Path) -> bool:
@@ -1025,6 +1055,7 @@ class Store:
         self.options = options or StoreOptions()
         self.read_only = read_only
         self._lock_fd = -1
+        self._synced_fd = -1  # SYNCED_FILE, opened at the first synced write
         self._shadow: shadow.Shadow | None = None  # a read-only open of an unwritable directory
         if read_only:
             self._check_database_exists()
@@ -1038,11 +1069,7 @@ class Store:
         # list of tables (``_check_manifest``), noted with the logs' (``_check_logs``).
         self._manifest_zeroed: list[tuple[str, int]] = []
         if read_only:
-            try:
-                self._db, self._tables, self._handles = self._open_read_only()
-            except BaseException:
-                self._remove_shadow()
-                raise
+            self._open_for_reading()
         else:
             # Before anything touches the directory: RocksDB would adopt a foreign database
             # and, at open, delete the table files a damaged MANIFEST no longer lists.
@@ -1056,7 +1083,9 @@ class Store:
                 raise FileAccessError(self.path, "open queue database", exc, hint) from exc
             try:
                 self._check_logs()  # under the lock: no writer changes them meanwhile
+                floor = self._synced_floor()
                 self._db, self._tables, self._handles = self._open_rocksdb()
+                self._check_synced(floor)
             except BaseException:
                 self._release_lock()
                 raise
@@ -1080,6 +1109,63 @@ class Store:
         self._register()
 
     # -- open / close -------------------------------------------------------------------------
+
+    def _open_for_reading(self) -> None:
+        """The read-only open, checked against the mark of synced writes."""
+        try:
+            # Read before the open: a live writer's later marks name later writes.
+            floor = read_synced_mark(self.path)
+            self._db, self._tables, self._handles = self._open_read_only()
+            self._check_synced(floor)
+        except BaseException:
+            self._remove_shadow()
+            raise
+
+    def _synced_floor(self) -> int | None:
+        """A writer's open: the mark of the last synced write (``SYNCED_FILE``), or
+        ``None``; one beside no database (RocksDB creates a new one) is stale and goes."""
+        if not (self.path / "CURRENT").exists():
+            with contextlib.suppress(OSError):
+                os.unlink(self.path / SYNCED_FILE)
+            return None
+        return read_synced_mark(self.path)
+
+    def _check_synced(self, floor: int | None) -> None:
+        """Refuse a database RocksDB opened short of a write it had synced: its log cut
+        short or lost before its last fsync, or its MANIFEST cut short (RocksDB's
+        recovery takes either for a torn tail and opens an older state without a word).
+        ``floor``: the mark read before the open. Closes RocksDB when it refuses."""
+        if floor is None:
+            return
+        recovered = self._db.latest_sequence_number()
+        if recovered >= floor:
+            return
+        _close_rdict((self._db, self._tables, self._handles))
+        self._db = None
+        raise StorageError(
+            self.path,
+            "open",
+            f"RocksDB recovered its writes up to sequence number {recovered}, but writes up "
+            f"to {floor} had been synced to disk ({SYNCED_FILE}): its write-ahead log or "
+            "its MANIFEST lost records written before their last fsync (cut short, or "
+            "replaced by an older copy), so the queue would open as an older, shorter one",
+            hint="restore the directory from a copy, or rebuild the queue from a persistent "
+            "state (`imq import`); a copy taken while the node ran can be torn the same "
+            f"way. To open what is left as it is, delete {SYNCED_FILE}",
+        )
+
+    def _mark_synced(self) -> None:
+        """Record that the log is synced up to the latest write (under the gate, after a
+        synced write). Not synced itself: written after the log's fsync, the mark can
+        only lag what is on disk, never lead it; a failure leaves it lagging too."""
+        try:
+            if self._synced_fd < 0:
+                self._synced_fd = os.open(
+                    self.path / SYNCED_FILE, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644
+                )
+            os.pwrite(self._synced_fd, _synced_record(self._db.latest_sequence_number()), 0)
+        except OSError:
+            pass
 
     def _stat_directory(self) -> os.stat_result | None:
         """The database directory's stat, or None when it does not exist yet (created at
@@ -1587,6 +1673,8 @@ class Store:
                         failure = failure or exc
                 self._tables.clear()
                 self._handles.clear()
+                if not self.read_only and self._db is not None and self._dead is None:
+                    self._sync_at_close()
                 db, self._db = self._db, None
                 if db is not None:
                     try:
@@ -1594,9 +1682,26 @@ class Store:
                     except Exception as exc:
                         failure = failure or exc
             finally:
+                if self._synced_fd >= 0:
+                    with contextlib.suppress(OSError):
+                        os.close(self._synced_fd)
+                    self._synced_fd = -1
                 self._release_lock()
                 self._remove_shadow()
         return None if failure is None else str(failure)
+
+    def _sync_at_close(self) -> None:
+        """Sync the log and the mark of it: a clean close leaves every write synced and
+        marked, so a later open that recovers less (its MANIFEST or log cut short) is
+        refused. A failure leaves the mark as it was (lagging: a weaker check)."""
+        try:
+            self._db.flush_wal(True)
+        except Exception:
+            return
+        self._mark_synced()
+        if self._synced_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.fsync(self._synced_fd)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1882,6 +1987,7 @@ class Store:
                         # holds the GIL through a write, fsync included, and releases it
                         # in flush_wal: the host's other threads run while the disk syncs.
                         self._db.flush_wal(True)
+                        self._mark_synced()
                 except Exception as exc:
                     if type(exc) is not Exception:  # not RocksDB's: handled below
                         raise

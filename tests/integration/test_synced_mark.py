@@ -1,0 +1,212 @@
+"""A log or MANIFEST cut short before its last fsync is refused, never opened as an older,
+shorter queue.
+
+RocksDB's recovery takes a write-ahead log or a MANIFEST that ends early for a torn tail
+(what a power loss leaves after the last fsync) and opens the state before the cut
+without a word: an outside audit cut the newest log of a killed writer in its middle
+(synced commits gone, `imq verify` "ok") and the MANIFEST of a cleanly closed queue (a
+third of the messages gone, then deleted for good by the next writer's open). The store
+now records, after each synced write and at close, the sequence number the log is
+synced up to (``imq.synced``); an open that recovers less is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from builders import MC, Chain, full_range, open_queue, quarter_shards
+
+from imq import Queue, QueueKey
+from imq.errors import StorageError
+from imq.storage import Table
+from imq.storage.rocks import SYNCED_FILE, read_synced_mark
+
+SHARDS = quarter_shards()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _observed(q: Queue) -> dict[str, Any]:
+    with q.iterator(0, [full_range(s) for s in SHARDS], SHARDS[0]) as it:
+        keys = [m.message.key for m in it]
+    return {
+        "keys": keys,
+        "last_mc": q.get_last_committed_mc_block_id(),
+        "pointers": q.get_commit_pointers(),
+        "tails": [q.get_diffs_tail_len(s, QueueKey.MIN) for s in SHARDS],
+    }
+
+
+def _build(q: Queue, rounds: int, *, flush: bool) -> None:
+    """Rounds of a diff per shard and a commit on a masterchain block; each round's tables
+    flushed when ``flush`` (so that the MANIFEST holds an edit per table and round)."""
+    chain = Chain(q)
+    for mc_seqno in range(1, rounds + 1):
+        tops = [chain.apply(s, 40, body=b"m" * 80) for s in SHARDS]
+        mc = chain.apply(MC, 0, seqno=mc_seqno)
+        assert q.commit_diff([mc.top(), *(t.top(mc_seqno) for t in tops)])
+        if flush:
+            q._store.flush(list(Table))
+
+
+def _manifest(db: Path) -> Path:
+    return db / (db / "CURRENT").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def closed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """A queue closed cleanly after six flushed rounds, and what it holds."""
+    db = tmp_path_factory.mktemp("synced") / "closed"
+    with open_queue(db) as q:
+        _build(q, 6, flush=True)
+    with Queue.open(db, read_only=True) as q:
+        return db, _observed(q)
+
+
+def test_a_clean_close_marks_every_write_synced(closed: tuple[Path, dict[str, Any]]) -> None:
+    db, _ = closed
+    mark = read_synced_mark(db)
+    assert mark is not None and mark > 0
+    with Queue.open(db, read_only=True) as q:
+        assert q._store._db.latest_sequence_number() == mark
+
+
+def test_a_manifest_cut_short_is_refused_never_read_short(
+    closed: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """Cut at 24 points over its last half: every open (read-only, then a writer's) is
+    refused or reads all; before, 8 of them read an older queue without a word."""
+    intact, expected = closed
+    size = _manifest(intact).stat().st_size
+    refused = 0
+    for n, cut in enumerate(range(size // 2, size, max(1, size // 48))):
+        db = tmp_path / f"cut{n}"
+        shutil.copytree(intact, db)
+        os.truncate(_manifest(db), cut)
+        for read_only in (True, False):
+            try:
+                with Queue.open(db, read_only=read_only) as q:
+                    assert _observed(q) == expected, (cut, read_only)
+            except StorageError as exc:
+                assert SYNCED_FILE in str(exc) or "MANIFEST" in str(exc), exc
+                refused += 1
+        shutil.rmtree(db)
+    assert refused >= 8
+
+
+_KILLED_WRITER = textwrap.dedent(
+    """
+    import os, sys
+    sys.path[:0] = [sys.argv[2], sys.argv[3]]
+    from builders import quiet_config
+    from imq import Queue
+    from test_synced_mark import _build
+    q = Queue.open(sys.argv[1], quiet_config(sync_commits=True))  # each commit fsyncs
+    _build(q, 8, flush=False)  # every row still in the log: nothing flushed
+    os._exit(0)  # killed: no close
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """A writer killed after eight synced commits, its rows only in the log."""
+    db = tmp_path_factory.mktemp("synced") / "killed"
+    tests = Path(__file__).resolve().parent
+    subprocess.run(
+        [sys.executable, "-c", _KILLED_WRITER, str(db), str(tests), str(ROOT)],
+        check=True,
+        timeout=120,
+    )
+    with Queue.open(db, read_only=True) as q:
+        return db, _observed(q)
+
+
+def _newest_log(db: Path) -> Path:
+    return max(db.glob("*.log"), key=lambda p: int(p.stem))
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 0.9])
+def test_the_newest_log_cut_before_its_last_fsync_is_refused(
+    killed: tuple[Path, dict[str, Any]], tmp_path: Path, fraction: float
+) -> None:
+    """Before, the open replayed the cut log as a torn tail: commits acknowledged with
+    their fsync gone, and `imq verify` said "ok"."""
+    intact, expected = killed
+    db = tmp_path / "db"
+    shutil.copytree(intact, db)
+    log = _newest_log(db)
+    os.truncate(log, int(log.stat().st_size * fraction))
+    for read_only in (True, False):
+        with pytest.raises(StorageError, match="had been synced to disk") as info:
+            Queue.open(db, read_only=read_only)
+        assert "delete imq.synced" in str(info.value)
+    verify = subprocess.run(
+        [sys.executable, "-m", "imq", "verify", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert verify.returncode == 1 and "had been synced" in verify.stderr
+    # The way out the error names: without the mark, what is left opens as it is.
+    (db / SYNCED_FILE).unlink()
+    with Queue.open(db) as q:
+        assert len(_observed(q)["keys"]) < len(expected["keys"])
+
+
+_UNSYNCED_WRITER = textwrap.dedent(
+    """
+    import os, sys
+    sys.path[:0] = [sys.argv[2], sys.argv[3]]
+    from builders import Chain, Clock, open_queue, quarter_shards
+    q = open_queue(sys.argv[1])  # replays the log; a new log starts
+    chain = Chain(q, Clock(start=10**9))  # above every committed key
+    chain.apply(quarter_shards()[0], 400, seqno=9, body=b"u" * 200)  # not synced
+    os._exit(0)  # killed: no close, so no sync at close either
+    """
+)
+
+
+def test_a_torn_unsynced_tail_still_opens(
+    killed: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """What a power loss can take, writes after the last fsync, is still taken as a torn
+    tail: a diff applied after the last commit, its record cut short, opens without it."""
+    intact, expected = killed
+    db = tmp_path / "db"
+    shutil.copytree(intact, db)
+    tests = Path(__file__).resolve().parent
+    subprocess.run(
+        [sys.executable, "-c", _UNSYNCED_WRITER, str(db), str(tests), str(ROOT)],
+        check=True,
+        timeout=120,
+    )
+    log = _newest_log(db)
+    size = log.stat().st_size
+    assert size > 400 * 200  # the unsynced diff's record ends the log
+    os.truncate(log, size - 1000)
+    with Queue.open(db) as q:
+        assert _observed(q) == expected
+
+
+def test_a_stale_mark_beside_no_database_is_dropped(tmp_path: Path) -> None:
+    """The mark left beside a database whose RocksDB files were deleted does not refuse
+    the new database created there."""
+    db = tmp_path / "db"
+    with open_queue(db) as q:
+        _build(q, 2, flush=False)
+    assert read_synced_mark(db) is not None
+    for name in os.listdir(db):
+        if name != SYNCED_FILE:
+            path = db / name
+            path.unlink()
+    with open_queue(db) as q:
+        assert q.get_last_committed_mc_block_id() is None
