@@ -1369,6 +1369,14 @@ class Store:
         """A log or MANIFEST the directory lists but that cannot be opened, no writer
         having deleted it meanwhile (a dangling link)."""
         name = Path(exc.filename).name if exc.filename else "a file"
+        if name.startswith("MANIFEST"):  # CURRENT names it (an outside audit: not "a log")
+            return FileAccessError(
+                self.path,
+                "read the MANIFEST of",
+                exc,
+                f"CURRENT names {name} but it cannot be opened (missing, or a dangling "
+                "link): restore the directory from a copy; nothing was changed",
+            )
         return FileAccessError(
             self.path,
             "read the write-ahead log of",

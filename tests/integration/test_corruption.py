@@ -516,6 +516,20 @@ def test_a_log_that_cannot_be_opened_is_a_typed_error_in_both_modes(tmp_path: Pa
     assert _listing_names(image) == before
 
 
+def test_a_manifest_current_names_but_that_is_missing_is_named_as_such(tmp_path: Path) -> None:
+    """CURRENT naming a MANIFEST that is not there: the read-only open said it could not
+    read "the write-ahead log", which "the directory lists" (an outside audit); it names
+    the MANIFEST and CURRENT now. The writer's open is refused too."""
+    db = tmp_path / "db"
+    open_queue(db).close()
+    (db / "CURRENT").write_text("MANIFEST-000099\n")
+    with pytest.raises(FileAccessError, match=r"CURRENT names MANIFEST-000099") as info:
+        Queue.open(db, quiet_config(), read_only=True)
+    assert "write-ahead log" not in str(info.value)
+    with pytest.raises(StorageError, match="MANIFEST-000099"):
+        Queue.open(db, quiet_config())
+
+
 def _listing_names(path: Path) -> list[str]:
     return sorted(os.listdir(path))
 
