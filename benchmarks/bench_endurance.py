@@ -243,6 +243,10 @@ def run(args: argparse.Namespace, workdir: Path) -> tuple[str, list[Sample]]:
     plan = QUICK if args.quick else FULL
     if args.minutes is not None:
         plan = dataclasses.replace(plan, seconds=args.minutes * 60)
+    if args.warmup is not None:
+        plan = dataclasses.replace(plan, warmup=args.warmup)
+    if args.interval is not None:
+        plan = dataclasses.replace(plan, interval=args.interval)
     load_start = os.getloadavg()
     path = workdir / "q"
     config = CONFIG
@@ -357,8 +361,9 @@ def render(
     out = ["# imq endurance benchmark: producer-consumer steady state, GC on", ""]
     if args.quick:
         out += [
-            "**Quick run: 2 minutes instead of 30 after the warm-up; a 20 s warm-up; the "
-            "trend comparison covers seconds, not the issue's 10-minute windows.**",
+            f"**Quick run: {plan.seconds:g} s instead of 30 minutes after the warm-up; a "
+            f"{plan.warmup:g} s warm-up; the trend comparison covers seconds, not the "
+            "issue's 10-minute windows.**",
             "",
         ]
     out += machine_lines(
@@ -523,6 +528,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     def own(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             "--minutes", type=float, default=None, help="measured minutes (default 30; 2 quick)"
+        )
+        parser.add_argument(
+            "--warmup",
+            type=float,
+            default=None,
+            help="warm-up seconds (default 600; 20 quick)",
+        )
+        parser.add_argument(
+            "--interval",
+            type=float,
+            default=None,
+            help="seconds between two samples (default 60; 10 quick)",
         )
         parser.add_argument(
             "--block-cache-mib",

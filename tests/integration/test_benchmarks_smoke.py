@@ -21,7 +21,16 @@ QUICK_FLAGS = {
     "benchmarks.bench_floor": [],
     "benchmarks.bench_peers": [],
     "benchmarks.bench_scaling": [],
-    "benchmarks.bench_endurance": ["--minutes", "0.1", "--block-cache-mib", "8"],
+    "benchmarks.bench_endurance": [
+        "--minutes",
+        "0.05",
+        "--warmup",
+        "2",
+        "--interval",
+        "1",
+        "--block-cache-mib",
+        "8",
+    ],
     "benchmarks.bench_sim": [],
 }
 
