@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import MC, Chain, full_range, open_queue, quarter_shards
+from builders import MC, Chain, iterate_all, open_queue, quarter_shards, state
 
-from imq import Queue, QueueKey
+from imq import Queue
 from imq.errors import StorageError
-from imq.storage import Table
+from imq.storage import Table, wal
 from imq.storage.rocks import SYNCED_FILE, read_synced_mark
 
 SHARDS = quarter_shards()
@@ -33,14 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _observed(q: Queue) -> dict[str, Any]:
-    with q.iterator(0, [full_range(s) for s in SHARDS], SHARDS[0]) as it:
-        keys = [m.message.key for m in it]
-    return {
-        "keys": keys,
-        "last_mc": q.get_last_committed_mc_block_id(),
-        "pointers": q.get_commit_pointers(),
-        "tails": [q.get_diffs_tail_len(s, QueueKey.MIN) for s in SHARDS],
-    }
+    return {"messages": iterate_all(q, SHARDS, for_shard=SHARDS[0]), **state(q, SHARDS)}
 
 
 def _build(q: Queue, rounds: int, *, flush: bool) -> None:
@@ -129,7 +122,7 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, An
 
 
 def _newest_log(db: Path) -> Path:
-    return max(db.glob("*.log"), key=lambda p: int(p.stem))
+    return db / wal.log_files(os.listdir(db))[-1]
 
 
 @pytest.mark.parametrize("fraction", [0.25, 0.5, 0.9])
@@ -159,7 +152,7 @@ def test_the_newest_log_cut_before_its_last_fsync_is_refused(
     # The way out the error names: without the mark, what is left opens as it is.
     (db / SYNCED_FILE).unlink()
     with Queue.open(db) as q:
-        assert len(_observed(q)["keys"]) < len(expected["keys"])
+        assert len(_observed(q)["messages"]) < len(expected["messages"])
 
 
 _UNSYNCED_WRITER = textwrap.dedent(
