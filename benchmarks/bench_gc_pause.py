@@ -168,7 +168,6 @@ class Applier(threading.Thread):
 class PassRun:
     seconds: float
     messages: int
-    diffs: int
     waits: list[float]  # latencies of the applies that started during the pass
 
 
@@ -196,10 +195,10 @@ def measure(base: Path, work: Path, sizes: Sizes, last_lt: int, setting: int | N
             started = perf_counter()
             if setting is None:
                 sleep(ALONE)
-                messages = diffs = 0
+                messages = 0
             else:
                 report = queue.run_gc_report()
-                messages, diffs = report.messages, report.diffs
+                messages = report.messages
                 assert report.failed == 0
             ended = perf_counter()
             sleep(LEAD)
@@ -208,7 +207,7 @@ def measure(base: Path, work: Path, sizes: Sizes, last_lt: int, setting: int | N
             if applier.error is not None:
                 raise applier.error
         waits = [s for t, s in applier.calls if started <= t < ended]
-        return PassRun(ended - started, messages, diffs, waits)
+        return PassRun(ended - started, messages, waits)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
