@@ -1031,11 +1031,31 @@ def _check_path(path: str | os.PathLike[str]) -> None:
         )
 
 
+def _short_of_synced(path: Path, recovered: int, floor: int, *, untouched: bool) -> StorageError:
+    """The error of an open that recovered writes only up to the sequence number
+    ``recovered``, below the ``floor`` the mark of synced writes (``SYNCED_FILE``) names.
+    ``untouched``: refused before any open that could change the directory."""
+    unchanged = "; nothing in it was changed" if untouched else ""
+    return StorageError(
+        path,
+        "open",
+        f"RocksDB recovered its writes up to sequence number {recovered}, but writes up "
+        f"to {floor} had been synced to disk ({SYNCED_FILE}): its write-ahead log or "
+        "its MANIFEST lost records written before their last fsync (cut short, or "
+        "replaced by an older copy), so the queue would open as an older, shorter one",
+        hint="restore the directory from a copy, or rebuild the queue from a persistent "
+        "state (`imq import`); a copy taken while the node ran can be torn the same "
+        f"way. To open what is left as it is, delete {SYNCED_FILE}{unchanged}",
+    )
+
+
 class Store:
     """A dedicated RocksDB directory with imq's six column families."""
 
     _forked = False  # set in a process forked from the one that opened it
     _manifest_log: int | None = None  # the newest log the current MANIFEST names
+    _manifest_sequence: int | None = None  # the highest last sequence number it records
+    _logged_sequence: int | None = None  # the highest one of the logs' last write batches
 
     def __init__(
         self,
@@ -1043,17 +1063,21 @@ class Store:
         options: StoreOptions | None = None,
         *,
         read_only: bool = False,
+        check_synced: bool = True,
     ) -> None:
         """Open (creating if missing) the store in ``path``.
 
         ``read_only`` opens an existing store beside a live writer, for inspection: no
         lock is taken, nothing can be written, and the view is the state at open
-        (including the writer's unflushed log).
+        (including the writer's unflushed log). ``check_synced=False`` leaves out the
+        check against the mark of synced writes (a writer's open makes it with such a
+        read-only open first: ``_check_recoverable``).
         """
         _check_path(path)
         self.path = Path(path)
         self.options = options or StoreOptions()
         self.read_only = read_only
+        self._checks_synced = check_synced
         self._lock_fd = -1
         self._synced_fd = -1  # SYNCED_FILE, opened at the first synced write
         self._shadow: shadow.Shadow | None = None  # a read-only open of an unwritable directory
@@ -1071,24 +1095,7 @@ class Store:
         if read_only:
             self._open_for_reading()
         else:
-            # Before anything touches the directory: RocksDB would adopt a foreign database
-            # and, at open, delete the table files a damaged MANIFEST no longer lists.
-            self._tables_before = self._check_directory() if found is not None else 0
-            try:
-                self.path.mkdir(parents=True, exist_ok=True)
-                self._lock_fd = self._acquire_lock()
-            except OSError as exc:
-                refused = exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
-                hint = _UNWRITABLE_HINT if refused and found is not None else ""
-                raise FileAccessError(self.path, "open queue database", exc, hint) from exc
-            try:
-                self._check_logs()  # under the lock: no writer changes them meanwhile
-                floor = self._synced_floor()
-                self._db, self._tables, self._handles = self._open_rocksdb()
-                self._check_synced(floor)
-            except BaseException:
-                self._release_lock()
-                raise
+            self._open_for_writing(found)
         self._gate = threading.Lock()
         self._compactions = _Holders(self._gate)
         self._views = _Holders(self._gate)
@@ -1110,11 +1117,35 @@ class Store:
 
     # -- open / close -------------------------------------------------------------------------
 
+    def _open_for_writing(self, found: os.stat_result | None) -> None:
+        """The writer's open, under the directory's lock, checked before RocksDB's open
+        and against the mark of synced writes. ``found``: the directory's stat (``None``:
+        it does not exist yet)."""
+        # Before anything touches the directory: RocksDB would adopt a foreign database
+        # and, at open, delete the table files a damaged MANIFEST no longer lists.
+        self._tables_before = self._check_directory() if found is not None else 0
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = self._acquire_lock()
+        except OSError as exc:
+            refused = exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+            hint = _UNWRITABLE_HINT if refused and found is not None else ""
+            raise FileAccessError(self.path, "open queue database", exc, hint) from exc
+        try:
+            self._check_logs()  # under the lock: no writer changes them meanwhile
+            floor = self._synced_floor()
+            self._check_recoverable(floor)
+            self._db, self._tables, self._handles = self._open_rocksdb()
+            self._check_synced(floor)
+        except BaseException:
+            self._release_lock()
+            raise
+
     def _open_for_reading(self) -> None:
         """The read-only open, checked against the mark of synced writes."""
         try:
             # Read before the open: a live writer's later marks name later writes.
-            floor = read_synced_mark(self.path)
+            floor = read_synced_mark(self.path) if self._checks_synced else None
             self._db, self._tables, self._handles = self._open_read_only()
             self._check_synced(floor)
         except BaseException:
@@ -1142,17 +1173,36 @@ class Store:
             return
         _close_rdict((self._db, self._tables, self._handles))
         self._db = None
-        raise StorageError(
-            self.path,
-            "open",
-            f"RocksDB recovered its writes up to sequence number {recovered}, but writes up "
-            f"to {floor} had been synced to disk ({SYNCED_FILE}): its write-ahead log or "
-            "its MANIFEST lost records written before their last fsync (cut short, or "
-            "replaced by an older copy), so the queue would open as an older, shorter one",
-            hint="restore the directory from a copy, or rebuild the queue from a persistent "
-            "state (`imq import`); a copy taken while the node ran can be torn the same "
-            f"way. To open what is left as it is, delete {SYNCED_FILE}",
-        )
+        raise _short_of_synced(self.path, recovered, floor, untouched=False)
+
+    def _check_recoverable(self, floor: int | None) -> None:
+        """A writer's open, before RocksDB's: refuse a database whose files cannot bring
+        back every synced write while nothing in it is changed yet. RocksDB's writer open
+        deletes the table files its MANIFEST does not list, so a MANIFEST cut short would
+        lose them for good before the check after the open (``_check_synced``) refused.
+
+        What the files can bring back is bounded by the highest last sequence number the
+        MANIFEST records and the last write batch of the logs (both read by the checks
+        before, ``_check_manifest`` and ``_check_logs``): at or above the mark, as after
+        every clean close and every crash, the open goes on. Below it, or unknown, a
+        read-only open (which changes nothing) tells what RocksDB recovers."""
+        if floor is None or not self._complete:
+            return
+        known = [n for n in (self._manifest_sequence, self._logged_sequence) if n is not None]
+        if known and max(known) >= floor:
+            return
+        try:
+            probe = Store(self.path, self.options, read_only=True, check_synced=False)
+        except ImqError:
+            # The read-only open failed on its own (say, its temporary links could not be
+            # made): the writer's open and the check after it decide.
+            return
+        try:
+            recovered = probe._db.latest_sequence_number()
+        finally:
+            probe.close()
+        if recovered < floor:
+            raise _short_of_synced(self.path, recovered, floor, untouched=True)
 
     def _mark_synced(self) -> None:
         """Record that the log is synced up to the latest write (under the gate, after a
@@ -1312,9 +1362,12 @@ class Store:
         if not self._complete:  # no database yet (or its creation was cut short)
             return
         zeroed: list[tuple[str, int]] = []
+        ends: list[int] = []
         try:
             names = os.listdir(self.path)
-            damage = wal.find_log_damage(self.path, names, zeroed, skip_vanished=self.read_only)
+            damage = wal.find_log_damage(
+                self.path, names, zeroed, skip_vanished=self.read_only, ends=ends
+            )
         except FileNotFoundError as exc:
             if self.read_only:
                 raise  # a dangling link, or the directory gone: the read-only open decides
@@ -1332,6 +1385,7 @@ class Store:
             )
         if damage is not None:
             raise self._log_damage_error(damage)
+        self._logged_sequence = max(ends, default=None)
         self._check_newest_log(names)
         self.log_notes = [
             f"{name}: a zeroed record header at offset {offset} with data after it in its "
@@ -1392,14 +1446,15 @@ class Store:
         left to RocksDB's own open to report."""
         zeroed: list[tuple[str, int]] = []
         self._manifest_zeroed = zeroed
-        self._manifest_log = None
+        self._manifest_log = self._manifest_sequence = None
         try:
             manifest = self._current_manifest()
             damage = None if manifest is None else wal.find_file_damage(self.path, manifest, zeroed)
             if manifest is not None and damage is None:
                 # Read before the logs are listed: a live writer creates a log before
                 # its MANIFEST names it (see _check_logs).
-                self._manifest_log = wal.newest_log_number(self.path / manifest)
+                facts = wal.manifest_facts(self.path / manifest)
+                self._manifest_log, self._manifest_sequence = facts
         except FileNotFoundError:
             if self.read_only:
                 raise  # a live writer started a new MANIFEST: the read-only open retries

@@ -61,10 +61,12 @@ from typing import BinaryIO, NamedTuple
 
 __all__ = [
     "LogDamage",
+    "ManifestFacts",
     "crc32c",
     "find_file_damage",
     "find_log_damage",
     "log_files",
+    "manifest_facts",
     "newest_log_number",
     "record_headers",
 ]
@@ -139,6 +141,7 @@ def find_log_damage(
     zeroed: list[tuple[str, int]] | None = None,
     *,
     skip_vanished: bool = False,
+    ends: list[int] | None = None,
 ) -> LogDamage | None:
     """The first damaged record of the directory's log files, or ``None``: a record of
     a recyclable type, or a last record whose length runs past its log's end although
@@ -166,7 +169,11 @@ def find_log_damage(
 
     ``zeroed``, when given, receives ``(file, offset)`` of each zero header with data
     after it in its block (see :func:`record_headers`), in the files walked: not damage
-    for certain (a power loss can leave that), but records RocksDB did not replay."""
+    for certain (a power loss can leave that), but records RocksDB did not replay.
+
+    ``ends``, when given, receives the last sequence number of each log's first and last
+    write batch whose first record is whole in the file: the highest of them bounds what
+    RocksDB's replay of the logs can recover."""
     logs = log_files(names)
     newest = _newest_with_data(directory, logs)
     batches: list[tuple[str, _Batches]] = []
@@ -181,6 +188,9 @@ def find_log_damage(
         if damage is not None:
             return damage
         batches += ((name, heads) for heads in found)
+    if ends is not None:
+        for _, heads in batches:
+            ends += (seq + count - 1 for _, seq, count in filter(None, heads))
     return _sequence_gap(batches)
 
 
@@ -190,8 +200,9 @@ _BATCH_HEAD = struct.Struct("<QI")  # a write batch starts with its sequence and
 
 class _Batches(NamedTuple):
     """A log's first and last write batches, each ``None`` where its head cannot be read
-    (not whole in the file, or not in its record's first fragment; the last is read only
-    in a log that must end whole)."""
+    (its first record not whole in the file, or the head not in it). The last batch of
+    the newest log may have lost later fragments to a crash; every other log ends whole
+    (checked)."""
 
     first: _Batch | None
     last: _Batch | None
@@ -269,29 +280,24 @@ def find_file_damage(
     if batches is not None and starts:
         # Added even when neither head can be read, so that the logs around this one are
         # not compared with each other as if it held no batch.
-        batches.append(_read_batches(path, size, starts[0], starts[-1] if whole else None))
+        batches.append(_read_batches(path, size, starts[0], starts[-1]))
     return None
 
 
 _BATCH_STARTS = frozenset((1, 2))  # a full record, a first fragment: a batch starts there
 
 
-def _read_batches(
-    path: Path, size: int, first: tuple[int, int], last: tuple[int, int] | None
-) -> _Batches:
+def _read_batches(path: Path, size: int, first: tuple[int, int], last: tuple[int, int]) -> _Batches:
     """The heads of the batches that start in the records ``first`` and ``last``
-    (``(offset, payload length)``; ``last`` None: not wanted) of the log ``path`` of
-    ``size`` bytes."""
+    (``(offset, payload length)``) of the log ``path`` of ``size`` bytes."""
     with open(path, "rb", buffering=0) as file:
         return _Batches(_batch_head(file, size, first), _batch_head(file, size, last))
 
 
-def _batch_head(file: BinaryIO, size: int, start: tuple[int, int] | None) -> _Batch | None:
+def _batch_head(file: BinaryIO, size: int, start: tuple[int, int]) -> _Batch | None:
     """The batch starting in the record at ``start`` (``(offset, payload length)``): its
     offset, sequence number and count, when the record is in the file and holds the 12
     bytes of the batch's head in its first fragment; else ``None``."""
-    if start is None:
-        return None
     offset, length = start
     if length < _BATCH_HEAD.size or offset + _HEADER_LEN + length > size:
         return None
@@ -416,33 +422,54 @@ def _walk_headers(
         base += size
 
 
-# The tags a MANIFEST's version edit may start with before its log number (RocksDB's
-# VersionEdit::EncodeTo writes the database id, then the comparator's name, then the log
-# number, then everything else): each is followed by a length-prefixed string.
-_DB_ID, _COMPARATOR, _LOG_NUMBER = 8193, 1, 2
+# A version edit's leading fields, in the order RocksDB's VersionEdit::EncodeTo writes
+# them: the database id and the comparator's name (each a length-prefixed string), then
+# the log number, the previous log number, the next file number, the highest column
+# family, the lowest log number to keep (each a varint) and the last sequence number;
+# every field whose length would need more decoding to step over comes after them.
+_DB_ID, _COMPARATOR, _LOG_NUMBER, _LAST_SEQUENCE = 8193, 1, 2, 4
+_STRINGS = frozenset((_DB_ID, _COMPARATOR))
+# tag -> its place (previous log number 9, next file number 3, highest column family 203,
+# lowest log number to keep 10); a field out of this order ends the decoding of an edit
+_LEADING = {tag: at for at, tag in enumerate((_DB_ID, _COMPARATOR, _LOG_NUMBER, 9, 3, 203, 10))}
 _FULL, _LAST = 1, 4
 
 
-def newest_log_number(path: Path) -> int | None:
-    """The highest write-ahead log number the MANIFEST ``path`` records (each flush
-    records the log its table's unflushed writes continue in), or ``None`` when it
-    records none or cannot be read as expected (nothing is then concluded from it).
+class ManifestFacts(NamedTuple):
+    """What a MANIFEST's version edits record, read from their leading fields only:
+    the highest write-ahead log number (each flush records the log its table's unflushed
+    writes continue in) and the highest last sequence number (RocksDB records the
+    database's with each edit it writes), each ``None`` where no edit records one or the
+    file cannot be read as expected (nothing is then concluded from it)."""
 
-    Only the start of each version edit is decoded: RocksDB writes the log number right
-    after the optional database id and comparator name, before every field whose length
-    would have to be decoded to go on (measured: 1,516 edits of a 190 KB MANIFEST in
+    newest_log: int | None
+    last_sequence: int | None
+
+
+def manifest_facts(path: Path) -> ManifestFacts:
+    """:class:`ManifestFacts` of the MANIFEST ``path``: one read of the file, and only the
+    start of each version edit decoded (measured: 1,516 edits of a 190 KB MANIFEST in
     under 2 ms)."""
-    numbers = []
+    logs: list[int] = []
+    sequences: list[int] = []
     try:
         for edit in _records(path):
-            number = _leading_log_number(edit)
-            if number is not None:
-                numbers.append(number)
+            log, sequence = _leading_fields(edit)
+            if log is not None:
+                logs.append(log)
+            if sequence is not None:
+                sequences.append(sequence)
     except OSError:
-        return None
+        return ManifestFacts(None, None)
     except (IndexError, ValueError):  # not an edit as expected
-        return None
-    return max(numbers, default=None)
+        return ManifestFacts(None, None)
+    return ManifestFacts(max(logs, default=None), max(sequences, default=None))
+
+
+def newest_log_number(path: Path) -> int | None:
+    """The highest write-ahead log number the MANIFEST ``path`` records, or ``None``
+    (:func:`manifest_facts`)."""
+    return manifest_facts(path).newest_log
 
 
 def _records(path: Path) -> Iterator[bytes]:
@@ -486,18 +513,27 @@ def _varint(data: bytes, at: int) -> tuple[int, int]:
             raise IndexError("varint too long")
 
 
-def _leading_log_number(edit: bytes) -> int | None:
-    """The log number of a version edit (``None``: it records none); ``IndexError`` or
-    ``ValueError`` where its start cannot be decoded."""
+def _leading_fields(edit: bytes) -> tuple[int | None, int | None]:
+    """The log number and the last sequence number of a version edit (``None``: it
+    records none among its leading fields); ``IndexError`` or ``ValueError`` where its
+    start cannot be decoded."""
     at = 0
+    log = None
+    place = -1
     while at < len(edit):
         tag, at = _varint(edit, at)
-        if tag == _LOG_NUMBER:
-            return _varint(edit, at)[0]
-        if tag not in (_DB_ID, _COMPARATOR):
-            return None
-        length, at = _varint(edit, at)
-        at += length
-        if at > len(edit):
-            raise ValueError("a string runs past the edit's end")
-    return None
+        if tag == _LAST_SEQUENCE:
+            return log, _varint(edit, at)[0]
+        if _LEADING.get(tag, -1) <= place:  # a later field, or out of order: no more
+            break
+        place = _LEADING[tag]
+        if tag in _STRINGS:
+            length, at = _varint(edit, at)
+            at += length
+            if at > len(edit):
+                raise ValueError("a string runs past the edit's end")
+        else:
+            value, at = _varint(edit, at)
+            if tag == _LOG_NUMBER:
+                log = value
+    return log, None

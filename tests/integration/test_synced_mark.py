@@ -25,7 +25,7 @@ from builders import MC, Chain, iterate_all, open_queue, quarter_shards, state
 
 from imq import Queue
 from imq.errors import StorageError
-from imq.storage import Table, wal
+from imq.storage import Table, rocks, wal
 from imq.storage.rocks import SYNCED_FILE, read_synced_mark
 
 SHARDS = quarter_shards()
@@ -91,6 +91,72 @@ def test_a_manifest_cut_short_is_refused_never_read_short(
                 refused += 1
         shutil.rmtree(db)
     assert refused >= 8
+
+
+def _files(db: Path) -> dict[str, bytes]:
+    """The directory's files and their bytes, RocksDB's info log (``LOG*``) left out."""
+    return {p.name: p.read_bytes() for p in db.iterdir() if not p.name.startswith("LOG")}
+
+
+def test_a_writer_refuses_a_cut_manifest_before_rocksdb_deletes_anything(
+    closed: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """A writer's open of a MANIFEST cut short is refused with every file as it was, so
+    the intact MANIFEST put back opens the whole queue. Before, the refusal came after
+    RocksDB's open had deleted the table files the cut MANIFEST no longer listed (the
+    queue's messages gone for good, whatever was restored)."""
+    intact, expected = closed
+    manifest = _manifest(intact)
+    size = manifest.stat().st_size
+    refused = 0
+    for n, cut in enumerate(range(size // 2, size, max(1, size // 24))):
+        db = tmp_path / f"cut{n}"
+        shutil.copytree(intact, db)
+        os.truncate(_manifest(db), cut)
+        before = _files(db)
+        try:
+            with Queue.open(db) as q:
+                assert _observed(q) == expected, cut
+            continue
+        except StorageError as exc:  # RocksDB's own refusal of a cut inside an edit too
+            if "had been synced to disk" in str(exc):
+                assert "nothing in it was changed" in str(exc), exc
+                refused += 1
+        assert _files(db) == before, cut
+        shutil.copyfile(manifest, _manifest(db))  # the way out: a copy of the file
+        with Queue.open(db) as q:
+            assert _observed(q) == expected, cut
+        shutil.rmtree(db)
+    assert refused >= 4
+
+
+def test_a_failed_read_only_check_leaves_the_refusal_to_the_check_after_the_open(
+    closed: tuple[Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the read-only open fails on its own, the writer's open goes on and the check
+    after it still refuses a queue opened short (as before the check ahead of it)."""
+    intact, _ = closed
+    db = tmp_path / "db"
+    shutil.copytree(intact, db)
+    size = _manifest(db).stat().st_size
+    for cut in range(size // 2, size, max(1, size // 24)):
+        os.truncate(_manifest(db), cut)
+        try:
+            Queue.open(db, read_only=True).close()
+        except StorageError as exc:
+            if "had been synced to disk" in str(exc):
+                break  # a cut that loses synced writes
+        shutil.copyfile(_manifest(intact), _manifest(db))
+    else:
+        pytest.fail("no cut lost synced writes")
+
+    def fail(store: rocks.Store) -> None:
+        raise StorageError(store.path, "open (read-only)", "refused for the test", "none")
+
+    monkeypatch.setattr(rocks.Store, "_open_for_reading", fail)
+    with pytest.raises(StorageError, match="had been synced to disk") as info:
+        Queue.open(db)
+    assert "nothing in it was changed" not in str(info.value)
 
 
 _KILLED_WRITER = textwrap.dedent(
@@ -166,6 +232,30 @@ _UNSYNCED_WRITER = textwrap.dedent(
     os._exit(0)  # killed: no close, so no sync at close either
     """
 )
+
+
+def test_an_intact_queue_opens_without_the_read_only_check(
+    closed: tuple[Path, dict[str, Any]],
+    killed: tuple[Path, dict[str, Any]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a clean close and after a kill, the MANIFEST's and the logs' sequence
+    numbers reach the mark: a writer's open needs no read-only open first."""
+    probes: list[Path] = []
+    real = rocks.Store._open_for_reading
+
+    def probe(store: rocks.Store) -> None:
+        probes.append(store.path)
+        real(store)
+
+    monkeypatch.setattr(rocks.Store, "_open_for_reading", probe)
+    for intact, expected in (closed, killed):
+        db = tmp_path / intact.name
+        shutil.copytree(intact, db)
+        with Queue.open(db) as q:
+            assert _observed(q) == expected
+    assert probes == []
 
 
 def test_a_torn_unsynced_tail_still_opens(

@@ -275,6 +275,26 @@ def test_logs_must_continue_each_others_sequence_numbers(
         assert found == wal.LogDamage("000007.log", 0, 0, gap=gap)
 
 
+def test_the_logs_last_batches_bound_what_a_replay_recovers(tmp_path: Path) -> None:
+    """``ends`` gets the last sequence number of each log's first and last write batch,
+    the newest log's too; a batch whose record a crash cut short (which RocksDB's
+    replay drops) counts for nothing."""
+    (tmp_path / "000004.log").write_bytes(_batches_log((1, 5), (6, 3)))
+    newest = _batches_log((9, 2), (11, 40))
+    (tmp_path / "000007.log").write_bytes(newest)
+    ends: list[int] = []
+    assert wal.find_log_damage(tmp_path, ["000004.log", "000007.log"], ends=ends) is None
+    assert sorted(ends) == [5, 8, 10, 50]
+    (tmp_path / "000007.log").write_bytes(newest[:-5])  # its last batch cut short
+    ends.clear()
+    assert wal.find_log_damage(tmp_path, ["000004.log", "000007.log"], ends=ends) is None
+    assert sorted(ends) == [5, 8, 10]
+    (tmp_path / "000007.log").write_bytes(b"")
+    ends.clear()
+    assert wal.find_log_damage(tmp_path, ["000004.log", "000007.log"], ends=ends) is None
+    assert sorted(ends) == [5, 8]
+
+
 def test_a_log_whose_batch_heads_cannot_be_read_stops_the_comparison(tmp_path: Path) -> None:
     """A log between two others whose batches' heads are not in their first fragments
     (fewer than 12 bytes there): its neighbours are not compared with each other."""
@@ -422,3 +442,38 @@ def test_an_edit_that_cannot_be_decoded_concludes_nothing(tmp_path: Path, edit: 
     path.write_bytes(_manifest([_edit((LOG_NUMBER, 40)), edit, _edit((LOG_NUMBER, 41))]))
     assert wal.newest_log_number(path) is None
     assert wal.newest_log_number(tmp_path / "MANIFEST-000008") is None  # no such file
+    assert wal.manifest_facts(path) == wal.ManifestFacts(None, None)
+
+
+PREV_LOG, MAX_COLUMN_FAMILY, MIN_LOG_TO_KEEP, NEW_FILE4 = 9, 203, 10, 103
+
+
+def test_the_last_sequence_is_the_highest_an_edit_records_among_its_leading_fields(
+    tmp_path: Path,
+) -> None:
+    """RocksDB writes the last sequence number after the edit's database id, comparator,
+    log numbers, next file number, highest column family and lowest log to keep, in that
+    order: read there only, the highest counts (two tables' edits can end out of order);
+    past a field out of that order, or after a later field, nothing more is read."""
+    edits = [
+        _edit((DB_ID, b"id"), (COMPARATOR, b"leveldb.BytewiseComparator"), (LAST_SEQUENCE, 7)),
+        _edit(
+            (LOG_NUMBER, 12),
+            (PREV_LOG, 0),
+            (NEXT_FILE, 30),
+            (MAX_COLUMN_FAMILY, 6),
+            (MIN_LOG_TO_KEEP, 11),
+            (LAST_SEQUENCE, 4_100),
+        ),
+        _edit((COMPARATOR, bytes(40_000)), (NEXT_FILE, 31), (LAST_SEQUENCE, 3_900)),  # 2 blocks
+        _edit((NEXT_FILE, 32), (LOG_NUMBER, 13), (LAST_SEQUENCE, 9_000)),  # out of order
+        _edit((LOG_NUMBER, 13), (NEW_FILE4, b"a table"), (LAST_SEQUENCE, 9_001)),  # after one
+        _edit((LOG_NUMBER, 13), (COLUMN_FAMILY, 2)),  # records none
+    ]
+    path = tmp_path / "MANIFEST-000007"
+    path.write_bytes(_manifest(edits))
+    assert wal.manifest_facts(path) == wal.ManifestFacts(newest_log=13, last_sequence=4_100)
+    path.write_bytes(_manifest([edits[0], edits[2]]))
+    assert wal.manifest_facts(path) == wal.ManifestFacts(None, 3_900)
+    path.write_bytes(_manifest(edits[3:]))
+    assert wal.manifest_facts(path) == wal.ManifestFacts(13, None)
