@@ -1302,6 +1302,9 @@ class Store:
                 # memory a call (measured with mallinfo2 over 3,000 opens).
                 families = set(Rdict.list_cf(str(self.path), Options(raw_mode=True)))
             except Exception as exc:
+                unopened = self._missing_manifest()
+                if unopened is not None:  # as the read-only open names it (_check_manifest)
+                    raise self._unreadable_log(unopened) from exc
                 raise self._open_error(
                     str(exc),
                     "read the list of tables of queue database",
@@ -1463,6 +1466,21 @@ class Store:
             return
         if damage is not None:
             raise self._log_damage_error(damage)
+
+    def _missing_manifest(self) -> FileNotFoundError | None:
+        """The error of opening the MANIFEST CURRENT names, where that file is not there;
+        else ``None``. Asked once RocksDB failed to read it: a live writer's switch to a
+        new MANIFEST names the new one in CURRENT before it deletes the old one."""
+        try:
+            manifest = self._current_manifest()
+            if manifest is None:
+                return None
+            os.stat(self.path / manifest)
+        except FileNotFoundError as exc:
+            return None if exc.filename == str(self.path / "CURRENT") else exc
+        except OSError:
+            return None
+        return None
 
     def _current_manifest(self) -> str | None:
         """The MANIFEST file CURRENT names, or None when CURRENT names none (RocksDB's

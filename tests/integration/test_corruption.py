@@ -519,15 +519,19 @@ def test_a_log_that_cannot_be_opened_is_a_typed_error_in_both_modes(tmp_path: Pa
 def test_a_manifest_current_names_but_that_is_missing_is_named_as_such(tmp_path: Path) -> None:
     """CURRENT naming a MANIFEST that is not there: the read-only open said it could not
     read "the write-ahead log", which "the directory lists" (an outside audit); it names
-    the MANIFEST and CURRENT now. The writer's open is refused too."""
+    the MANIFEST and CURRENT now. The writer's open is refused the same way (it said it
+    could not read the list of tables, and advised `imq verify`, which says the above)."""
     db = tmp_path / "db"
     open_queue(db).close()
     (db / "CURRENT").write_text("MANIFEST-000099\n")
     with pytest.raises(FileAccessError, match=r"CURRENT names MANIFEST-000099") as info:
         Queue.open(db, quiet_config(), read_only=True)
     assert "write-ahead log" not in str(info.value)
-    with pytest.raises(StorageError, match="MANIFEST-000099"):
+    before = _listing_names(db)
+    with pytest.raises(FileAccessError, match=r"CURRENT names MANIFEST-000099") as info:
         Queue.open(db, quiet_config())
+    assert "imq verify" not in str(info.value) and "nothing was changed" in str(info.value)
+    assert _listing_names(db) == before
 
 
 def _listing_names(path: Path) -> list[str]:
