@@ -1043,10 +1043,16 @@ def _short_of_synced(path: Path, recovered: int, floor: int, *, untouched: bool)
         f"to {floor} had been synced to disk ({SYNCED_FILE}): its write-ahead log or "
         "its MANIFEST lost records written before their last fsync (cut short, or "
         "replaced by an older copy), so the queue would open as an older, shorter one",
-        hint="restore the directory from a copy, or rebuild the queue from a persistent "
-        "state (`imq import`); a copy taken while the node ran can be torn the same "
-        f"way. To open what is left as it is, delete {SYNCED_FILE}{unchanged}",
+        hint=f"{_SHORT_HINT}{unchanged}",
     )
+
+
+_SHORT_HINT = (
+    "restore the directory from a copy, or rebuild the queue from a persistent state "
+    "(`imq import`); a copy taken while the node ran can be torn the same way. To open "
+    f"what is left as it is, copy the directory first (a writer's open deletes the table "
+    f"files its MANIFEST does not list), then delete {SYNCED_FILE}"
+)
 
 
 class Store:
@@ -1056,6 +1062,7 @@ class Store:
     _manifest_log: int | None = None  # the newest log the current MANIFEST names
     _manifest_sequence: int | None = None  # the highest last sequence number it records
     _logged_sequence: int | None = None  # the highest one of the logs' last write batches
+    _synced_mark: int | None = None  # SYNCED_FILE's number, read before the logs' checks
 
     def __init__(
         self,
@@ -1132,8 +1139,11 @@ class Store:
             hint = _UNWRITABLE_HINT if refused and found is not None else ""
             raise FileAccessError(self.path, "open queue database", exc, hint) from exc
         try:
+            # The MANIFEST again, under the lock: a writer that closed since its first
+            # walk (``_check_directory``) may have changed it.
+            self._check_manifest()
+            floor = self._synced_mark = self._synced_floor()
             self._check_logs()  # under the lock: no writer changes them meanwhile
-            floor = self._synced_floor()
             self._check_recoverable(floor)
             self._db, self._tables, self._handles = self._open_rocksdb()
             self._check_synced(floor)
@@ -1146,6 +1156,7 @@ class Store:
         try:
             # Read before the open: a live writer's later marks name later writes.
             floor = read_synced_mark(self.path) if self._checks_synced else None
+            self._synced_mark = floor
             self._db, self._tables, self._handles = self._open_read_only()
             self._check_synced(floor)
         except BaseException:
@@ -1193,10 +1204,20 @@ class Store:
             return
         try:
             probe = Store(self.path, self.options, read_only=True, check_synced=False)
-        except ImqError:
-            # The read-only open failed on its own (say, its temporary links could not be
-            # made): the writer's open and the check after it decide.
-            return
+        except ImqError as exc:
+            # Not known to recover the synced writes, and RocksDB's writer open could
+            # delete what a read-only open would need: refused, nothing changed (an
+            # outside audit: a MANIFEST cut after the tables' creation failed the
+            # read-only open's schema check, and the writer's open deleted every file).
+            raise StorageError(
+                self.path,
+                "open",
+                f"writes up to sequence number {floor} had been synced to disk "
+                f"({SYNCED_FILE}), its MANIFEST and write-ahead logs show writes only up "
+                f"to {max(known, default=0)}, and a read-only open to tell what RocksDB "
+                f"recovers failed: {exc}",
+                hint=f"{_SHORT_HINT}; nothing in it was changed",
+            ) from exc
         try:
             recovered = probe._db.latest_sequence_number()
         finally:
@@ -1365,11 +1386,11 @@ class Store:
         if not self._complete:  # no database yet (or its creation was cut short)
             return
         zeroed: list[tuple[str, int]] = []
-        ends: list[int] = []
+        spans: list[wal.LogSpan] = []
         try:
             names = os.listdir(self.path)
             damage = wal.find_log_damage(
-                self.path, names, zeroed, skip_vanished=self.read_only, ends=ends
+                self.path, names, zeroed, skip_vanished=self.read_only, spans=spans
             )
         except FileNotFoundError as exc:
             if self.read_only:
@@ -1388,8 +1409,8 @@ class Store:
             )
         if damage is not None:
             raise self._log_damage_error(damage)
-        self._logged_sequence = max(ends, default=None)
         self._check_newest_log(names)
+        self._check_log_spans(spans)
         self.log_notes = [
             f"{name}: a zeroed record header at offset {offset} with data after it in its "
             "32 KiB block: RocksDB's recovery skipped the rest of that block, so records "
@@ -1399,6 +1420,60 @@ class Store:
             "directory"
             for name, offset in zeroed + self._manifest_zeroed
         ]
+
+    def _check_log_spans(self, spans: list[wal.LogSpan]) -> None:
+        """Refuse logs that do not take up the writes where the MANIFEST leaves them, or
+        that lost writes the mark of synced writes names (``_synced_mark``, read before
+        the logs were listed); nothing is changed. RocksDB's open goes on in silence
+        either way, a writer's deleting the table files the MANIFEST does not list.
+
+        - The MANIFEST records with each edit the last sequence number written then;
+          RocksDB deletes a log only once every table flushed it, which it records in an
+          edit made after the next log took over. So the oldest log holding a write batch
+          starts at most one past the highest number the MANIFEST records. One that
+          starts later follows writes that are in no file: the MANIFEST lost its last
+          edits (cut short, or an older copy put back; an outside audit: a queue of 100
+          messages opened with 40, its other table files deleted, the check after the
+          open passed), or a log was lost.
+        - A synced write stays in its log, whole, until every table flushed it, and the
+          logs after it start past it. So logs that start at or below the mark must end
+          at it or beyond: ones that end short lost synced writes (cut, or records lost),
+          which the check after the open misses where a table's flush recorded a higher
+          number in the MANIFEST (an outside audit: an acknowledged commit gone)."""
+        starts = [(span.first, span.name) for span in spans if span.first is not None]
+        ends = [span.last for span in spans if span.last is not None]
+        self._logged_sequence = max(ends, default=None)
+        if not starts:
+            return
+        start, oldest = starts[0]
+        recorded = self._manifest_sequence
+        if recorded is not None and start > recorded + 1:
+            raise StorageError(
+                self.path,
+                "open",
+                f"its MANIFEST records writes up to sequence number {recorded}, but its "
+                f"oldest write-ahead log holding writes, {oldest}, starts at {start}: the "
+                "writes in between are in no file (the MANIFEST lost its last edits, cut "
+                "short or replaced by an older copy, or a log was lost), and RocksDB's "
+                "open would go on without them in silence",
+                hint=f"{_DAMAGED_HINT}; nothing in it was changed",
+            )
+        mark = self._synced_mark
+        start = min(first for first, _ in starts)
+        if mark is None or start > mark:
+            return
+        end = max(ends, default=start - 1)
+        if end < mark:
+            raise StorageError(
+                self.path,
+                "open",
+                f"writes up to sequence number {mark} had been synced to disk "
+                f"({SYNCED_FILE}), but its write-ahead logs, which hold the writes from "
+                f"{start} on, end at {end}: a log was cut short or lost records written "
+                "before their last fsync, and RocksDB's open would go on without them in "
+                "silence",
+                hint=f"{_SHORT_HINT}; nothing in it was changed",
+            )
 
     def _check_newest_log(self, names: list[str]) -> None:
         """Refuse a directory whose newest log was lost: the current MANIFEST records a

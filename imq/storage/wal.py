@@ -61,6 +61,7 @@ from typing import BinaryIO, NamedTuple
 
 __all__ = [
     "LogDamage",
+    "LogSpan",
     "ManifestFacts",
     "crc32c",
     "find_file_damage",
@@ -113,6 +114,16 @@ def _unmask(masked: int) -> int:
     return ((rot >> 17) | (rot << 15)) & 0xFFFFFFFF
 
 
+class LogSpan(NamedTuple):
+    """The sequence numbers a log's write batches hold: ``first``, where its first batch
+    starts, and ``last``, where its last whole batch ends (``None`` where that batch's
+    head cannot be read)."""
+
+    name: str
+    first: int | None
+    last: int | None
+
+
 class LogDamage(NamedTuple):
     """A damaged record: the log file, the record's offset, its type, and for a record
     whose length field runs past the log's end, the length at which it is whole
@@ -141,7 +152,7 @@ def find_log_damage(
     zeroed: list[tuple[str, int]] | None = None,
     *,
     skip_vanished: bool = False,
-    ends: list[int] | None = None,
+    spans: list[LogSpan] | None = None,
 ) -> LogDamage | None:
     """The first damaged record of the directory's log files, or ``None``: a record of
     a recyclable type, or a last record whose length runs past its log's end although
@@ -171,9 +182,9 @@ def find_log_damage(
     after it in its block (see :func:`record_headers`), in the files walked: not damage
     for certain (a power loss can leave that), but records RocksDB did not replay.
 
-    ``ends``, when given, receives the last sequence number of each log's first and last
-    write batch whose first record is whole in the file: the highest of them bounds what
-    RocksDB's replay of the logs can recover."""
+    ``spans``, when given, receives a :class:`LogSpan` for each log holding a write
+    batch, oldest first: what the logs hold, and what RocksDB's replay of them can
+    recover at most."""
     logs = log_files(names)
     newest = _newest_with_data(directory, logs)
     batches: list[tuple[str, _Batches]] = []
@@ -188,9 +199,15 @@ def find_log_damage(
         if damage is not None:
             return damage
         batches += ((name, heads) for heads in found)
-    if ends is not None:
-        for _, heads in batches:
-            ends += (seq + count - 1 for _, seq, count in filter(None, heads))
+    if spans is not None:
+        spans += (
+            LogSpan(
+                name,
+                None if first is None else first[1],
+                None if last is None else last[1] + last[2] - 1,
+            )
+            for name, (first, last) in batches
+        )
     return _sequence_gap(batches)
 
 
@@ -199,10 +216,9 @@ _BATCH_HEAD = struct.Struct("<QI")  # a write batch starts with its sequence and
 
 
 class _Batches(NamedTuple):
-    """A log's first and last write batches, each ``None`` where its head cannot be read
-    (its first record not whole in the file, or the head not in it). The last batch of
-    the newest log may have lost later fragments to a crash; every other log ends whole
-    (checked)."""
+    """A log's first write batch and its last whole one (every record of it in the
+    file), each ``None`` where its head cannot be read (its first record not whole in
+    the file, or the head not in it)."""
 
     first: _Batch | None
     last: _Batch | None
@@ -237,6 +253,7 @@ def _newest_with_data(directory: Path, logs: list[str]) -> str | None:
     return None
 
 
+_FULL, _LAST = 1, 4  # a record whole in one fragment; the last fragment of a split one
 _FIRST, _MIDDLE = 2, 3  # fragments of a record split across blocks, not its last
 
 
@@ -254,18 +271,25 @@ def find_file_damage(
     (a log older than the newest one holding data). ``batches``, when given, receives
     the file's first and last write batches (:class:`_Batches`) if it holds any."""
     last = None
-    starts: list[tuple[int, int]] = []  # the first and the last record a batch starts in
+    first: tuple[int, int] | None = None  # the record the first batch starts in
+    split: tuple[int, int] | None = None  # the record a batch split into fragments starts in
+    # The last two batches a record ends: (the record the batch starts in, where it ends).
+    ended: list[tuple[tuple[int, int], int]] = []
     offsets: list[int] | None = None if zeroed is None else []
     path = directory / name
     for offset, length, kind in record_headers(path, offsets):
         if kind in RECYCLABLE:
             return LogDamage(name, offset, kind)
         last = offset, length, kind
-        if kind in _BATCH_STARTS:
-            if len(starts) == 2:
-                starts[1] = (offset, length)
-            else:
-                starts.append((offset, length))
+        if kind in _BATCH_STARTS and first is None:
+            first = offset, length
+        if kind == _FULL:
+            ended[:] = [*ended[-1:], ((offset, length), offset + _HEADER_LEN + length)]
+        elif kind == _FIRST:
+            split = offset, length
+        elif kind == _LAST and split is not None:
+            ended[:] = [*ended[-1:], (split, offset + _HEADER_LEN + length)]
+            split = None
     if zeroed is not None and offsets:
         zeroed += ((name, offset) for offset in offsets)
     size = os.stat(path).st_size  # after the walk: a live writer's log may have grown
@@ -277,21 +301,27 @@ def find_file_damage(
         cut = _cut_at(path, size, last)
         if cut is not None:
             return LogDamage(name, cut, 0 if last is None or cut != last[0] else last[2], cut=True)
-    if batches is not None and starts:
+    if batches is not None and first is not None:
         # Added even when neither head can be read, so that the logs around this one are
-        # not compared with each other as if it held no batch.
-        batches.append(_read_batches(path, size, starts[0], starts[-1]))
+        # not compared with each other as if it held no batch. The last batch is the last
+        # whole one: only the file's last record can run past its end (a torn tail).
+        whole_batches = [start for start, end in ended if end <= size]
+        batches.append(_read_batches(path, size, first, whole_batches[-1:]))
     return None
 
 
-_BATCH_STARTS = frozenset((1, 2))  # a full record, a first fragment: a batch starts there
+_BATCH_STARTS = frozenset((_FULL, _FIRST))  # a batch starts in a full record or a first fragment
 
 
-def _read_batches(path: Path, size: int, first: tuple[int, int], last: tuple[int, int]) -> _Batches:
-    """The heads of the batches that start in the records ``first`` and ``last``
-    (``(offset, payload length)``) of the log ``path`` of ``size`` bytes."""
+def _read_batches(
+    path: Path, size: int, first: tuple[int, int], last: list[tuple[int, int]]
+) -> _Batches:
+    """The heads of the batches that start in the records ``first`` and ``last`` (a list
+    of one, or none: no whole batch) (``(offset, payload length)``) of the log ``path``
+    of ``size`` bytes."""
     with open(path, "rb", buffering=0) as file:
-        return _Batches(_batch_head(file, size, first), _batch_head(file, size, last))
+        head = _batch_head(file, size, first)
+        return _Batches(head, _batch_head(file, size, last[0]) if last else None)
 
 
 def _batch_head(file: BinaryIO, size: int, start: tuple[int, int]) -> _Batch | None:
@@ -432,7 +462,6 @@ _STRINGS = frozenset((_DB_ID, _COMPARATOR))
 # tag -> its place (previous log number 9, next file number 3, highest column family 203,
 # lowest log number to keep 10); a field out of this order ends the decoding of an edit
 _LEADING = {tag: at for at, tag in enumerate((_DB_ID, _COMPARATOR, _LOG_NUMBER, 9, 3, 203, 10))}
-_FULL, _LAST = 1, 4
 
 
 class ManifestFacts(NamedTuple):

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 from typing import Any
 
@@ -130,33 +132,183 @@ def test_a_writer_refuses_a_cut_manifest_before_rocksdb_deletes_anything(
     assert refused >= 4
 
 
-def test_a_failed_read_only_check_leaves_the_refusal_to_the_check_after_the_open(
-    closed: tuple[Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_manifest_cut_after_the_tables_creation_is_refused_with_nothing_changed(
+    closed: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    """Where the read-only open fails on its own, the writer's open goes on and the check
-    after it still refuses a queue opened short (as before the check ahead of it)."""
-    intact, _ = closed
+    """The read-only open that settles a doubtful writer's open can fail on its own: a
+    MANIFEST cut just after the tables' creation fails its schema check. The writer's
+    open is refused then too, with every file as it was; before, it went on, RocksDB
+    deleted every table file, the log and the MANIFEST, and then the open was refused
+    (an outside audit)."""
+    intact, expected = closed
     db = tmp_path / "db"
     shutil.copytree(intact, db)
-    size = _manifest(db).stat().st_size
-    for cut in range(size // 2, size, max(1, size // 24)):
-        os.truncate(_manifest(db), cut)
-        try:
-            Queue.open(db, read_only=True).close()
-        except StorageError as exc:
-            if "had been synced to disk" in str(exc):
-                break  # a cut that loses synced writes
-        shutil.copyfile(_manifest(intact), _manifest(db))
-    else:
-        pytest.fail("no cut lost synced writes")
-
-    def fail(store: rocks.Store) -> None:
-        raise StorageError(store.path, "open (read-only)", "refused for the test", "none")
-
-    monkeypatch.setattr(rocks.Store, "_open_for_reading", fail)
-    with pytest.raises(StorageError, match="had been synced to disk") as info:
+    manifest = _manifest(db)
+    data = manifest.read_bytes()
+    cut = next(  # the first edit recording a write: cut there, the tables' creation left
+        offset
+        for offset, length, kind in wal.record_headers(manifest)
+        if kind == 1 and (wal._leading_fields(data[offset + 7 : offset + 7 + length])[1] or 0)
+    )
+    os.truncate(manifest, cut)
+    before = _files(db)
+    with pytest.raises(StorageError, match="a read-only open to tell what RocksDB") as info:
         Queue.open(db)
-    assert "nothing in it was changed" not in str(info.value)
+    assert "nothing in it was changed" in str(info.value)
+    assert _files(db) == before
+    shutil.copyfile(_manifest(intact), manifest)
+    with Queue.open(db) as q:
+        assert _observed(q) == expected
+
+
+def _run_child(source: str, *args: Path) -> None:
+    """Run ``source`` in a child process: argv[1] the tests' directory, argv[2] the
+    repository's root, then ``args``."""
+    tests = Path(__file__).resolve().parent
+    subprocess.run(
+        [sys.executable, "-c", source, str(tests), str(ROOT), *map(str, args)],
+        check=True,
+        timeout=120,
+    )
+
+
+_OLDER_MANIFEST = textwrap.dedent(
+    """
+    import os, shutil, sys
+    sys.path[:0] = sys.argv[1:3]
+    from builders import MC, Chain, quarter_shards, quiet_config
+    from imq import Queue
+    from imq.storage import Table
+    db, copy = sys.argv[3:5]
+    q = Queue.open(db, quiet_config(sync_commits=True))
+    chain = Chain(q)
+    def round_(mc):
+        tops = [chain.apply(s, 20) for s in quarter_shards()]
+        top = chain.apply(MC, 0, seqno=mc).top()
+        assert q.commit_diff([top, *(t.top(mc) for t in tops)])
+    q._store.flush(list(Table))
+    for mc in (1, 2, 3):
+        round_(mc)
+    name = open(os.path.join(db, "CURRENT")).read().strip()
+    shutil.copyfile(os.path.join(db, name), copy)  # the MANIFEST as it is now
+    q._store.flush(list(Table))  # rounds 1-3 into table files; their log goes
+    for mc in (4, 5):
+        round_(mc)
+    os._exit(0)  # killed
+    """
+)
+
+
+def test_an_older_copy_of_the_manifest_is_refused_before_rocksdb_deletes_tables(
+    tmp_path: Path,
+) -> None:
+    """A MANIFEST put back from before the last flush, beside the newer log: the log
+    starts past the last write the MANIFEST records, and the writes between are in
+    table files that MANIFEST does not list. Before, the writer's open went on (the log
+    reached the mark), RocksDB deleted 6 of 7 table files, and the queue opened with 40
+    of its 100 messages (an outside audit)."""
+    db, older = tmp_path / "db", tmp_path / "older-manifest"
+    _run_child(_OLDER_MANIFEST, db, older)
+    with Queue.open(db, read_only=True) as q:
+        expected = _observed(q)
+    assert len(expected["messages"]) == 100
+    shutil.copyfile(older, _manifest(db))
+    before = _files(db)
+    for read_only in (True, False):
+        with pytest.raises(StorageError, match="the writes in between are in no file") as info:
+            Queue.open(db, read_only=read_only)
+        assert "nothing in it was changed" in str(info.value)
+        assert _files(db) == before
+
+
+_FLUSHED_PAST_THE_MARK = textwrap.dedent(
+    """
+    import os, sys
+    sys.path[:0] = sys.argv[1:3]
+    from builders import MC, Chain, quarter_shards, quiet_config
+    from imq import Queue
+    from imq.storage import Table
+    q = Queue.open(sys.argv[3], quiet_config(sync_commits=True))
+    chain = Chain(q)
+    for mc in (1, 2):
+        tops = [chain.apply(s, 5) for s in quarter_shards()]
+        top = chain.apply(MC, 0, seqno=mc).top()
+        assert q.commit_diff([top, *(t.top(mc) for t in tops)])  # synced: the mark
+    chain.apply(quarter_shards()[0], 5)  # a write after the last commit, not synced
+    q._store.flush([Table.MESSAGES])  # its flush records that write's sequence number
+    os._exit(0)  # killed
+    """
+)
+
+
+def test_a_log_cut_before_a_synced_commit_is_refused_past_a_flushs_number(
+    tmp_path: Path,
+) -> None:
+    """The newest log cut before the last synced commit's batch, where a later flush of
+    one table recorded a higher sequence number in the MANIFEST: RocksDB recovers that
+    number, so the check after the open passed, and the acknowledged commit was gone
+    (an outside audit). The logs are checked against the mark before the open now."""
+    db = tmp_path / "db"
+    _run_child(_FLUSHED_PAST_THE_MARK, db)
+    mark = read_synced_mark(db)
+    recorded = wal.manifest_facts(_manifest(db)).last_sequence
+    assert mark is not None and recorded is not None and recorded > mark
+    with Queue.open(db, read_only=True) as q:
+        last = q.get_last_committed_mc_block_id()
+        assert last is not None and last.seqno == 2
+    log = next(
+        p for p in map(db.joinpath, reversed(wal.log_files(os.listdir(db)))) if p.stat().st_size
+    )
+    batches = {}
+    data = log.read_bytes()
+    for offset, _, kind in wal.record_headers(log):
+        if kind in (1, 2):  # a batch starts in a full record or a first fragment
+            seq, count = struct.unpack_from("<QI", data, offset + 7)
+            batches[seq + count - 1] = offset
+    os.truncate(log, batches[mark])  # the commit's batch and everything after it
+    before = _files(db)
+    for read_only in (True, False):
+        with pytest.raises(StorageError, match=f"writes up to sequence number {mark} had"):
+            Queue.open(db, read_only=read_only)
+        assert _files(db) == before
+
+
+@pytest.mark.parametrize(
+    ("recorded", "mark", "refused"),
+    [
+        (100, None, None),  # the log takes up right after the MANIFEST's last write
+        (500, None, None),  # or before it (writes after the flush's switch of logs)
+        (None, None, None),  # a MANIFEST recording no number: nothing concluded
+        (99, None, "in no file"),  # write 100 in no file
+        (100, 160, None),  # the logs reach the mark
+        (100, 161, "had been synced"),  # they end one short of it
+        (100, 100, None),  # the mark before the logs: its writes flushed, logs gone
+    ],
+)
+def test_the_log_checks_boundaries(
+    tmp_path: Path, recorded: int | None, mark: int | None, refused: str | None
+) -> None:
+    """The oldest log (here starting at 101) may start at most one past the MANIFEST's
+    last write; logs that start at or below the mark must reach it (here 160)."""
+    store = types.SimpleNamespace(path=tmp_path, _manifest_sequence=recorded, _synced_mark=mark)
+    spans = [wal.LogSpan("000009.log", 101, 150), wal.LogSpan("000011.log", 151, 160)]
+    if refused is None:
+        rocks.Store._check_log_spans(store, spans)  # type: ignore[arg-type]
+        assert store._logged_sequence == 160
+    else:
+        with pytest.raises(StorageError, match=refused):
+            rocks.Store._check_log_spans(store, spans)  # type: ignore[arg-type]
+
+
+def test_logs_with_no_whole_batch_reach_no_mark_they_start_at(tmp_path: Path) -> None:
+    """A log whose only batch, at the mark, is not whole (its head read, its end cut)
+    lost that synced write; one starting past the mark holds none of its writes."""
+    spans = [wal.LogSpan("000009.log", 101, None)]
+    store = types.SimpleNamespace(path=tmp_path, _manifest_sequence=100, _synced_mark=101)
+    with pytest.raises(StorageError, match="end at 100"):
+        rocks.Store._check_log_spans(store, spans)  # type: ignore[arg-type]
+    store._synced_mark = 100
+    rocks.Store._check_log_spans(store, spans)  # type: ignore[arg-type]
 
 
 _KILLED_WRITER = textwrap.dedent(

@@ -275,24 +275,38 @@ def test_logs_must_continue_each_others_sequence_numbers(
         assert found == wal.LogDamage("000007.log", 0, 0, gap=gap)
 
 
-def test_the_logs_last_batches_bound_what_a_replay_recovers(tmp_path: Path) -> None:
-    """``ends`` gets the last sequence number of each log's first and last write batch,
-    the newest log's too; a batch whose record a crash cut short (which RocksDB's
-    replay drops) counts for nothing."""
-    (tmp_path / "000004.log").write_bytes(_batches_log((1, 5), (6, 3)))
+def _split_batches_log(*heads: tuple[int, int], size: int = 50_000) -> bytes:
+    """A log of write batches of ``size`` bytes each (split across blocks) with these
+    (sequence, count) heads."""
+    data = [struct.pack("<QI", seq, count) + bytes(size - 12) for seq, count in heads]
+    return lay_out([size] * len(heads), lambda _o, r, at, take: data[r][at : at + take])[0]
+
+
+def test_log_spans_give_the_first_batch_and_the_last_whole_one(tmp_path: Path) -> None:
+    """``spans``: each log's first sequence number and the last one of its last whole
+    batch, the newest log's too; a batch a crash cut short (which RocksDB's replay
+    drops), in one record or split across blocks, counts for nothing."""
+    names = ["000004.log", "000006.log", "000007.log"]
+    (tmp_path / names[0]).write_bytes(_batches_log((1, 5), (6, 3)))
+    (tmp_path / names[1]).write_bytes(b"")  # an empty log: no span
     newest = _batches_log((9, 2), (11, 40))
-    (tmp_path / "000007.log").write_bytes(newest)
-    ends: list[int] = []
-    assert wal.find_log_damage(tmp_path, ["000004.log", "000007.log"], ends=ends) is None
-    assert sorted(ends) == [5, 8, 10, 50]
-    (tmp_path / "000007.log").write_bytes(newest[:-5])  # its last batch cut short
-    ends.clear()
-    assert wal.find_log_damage(tmp_path, ["000004.log", "000007.log"], ends=ends) is None
-    assert sorted(ends) == [5, 8, 10]
-    (tmp_path / "000007.log").write_bytes(b"")
-    ends.clear()
-    assert wal.find_log_damage(tmp_path, ["000004.log", "000007.log"], ends=ends) is None
-    assert sorted(ends) == [5, 8]
+    cases = [
+        (newest, wal.LogSpan(names[2], 9, 50)),
+        (newest[:-5], wal.LogSpan(names[2], 9, 10)),  # its last batch cut short
+        (newest[:20], wal.LogSpan(names[2], None, None)),  # not even its first batch
+        (_split_batches_log((9, 2), (11, 40)), wal.LogSpan(names[2], 9, 50)),
+        # the second batch's first fragments whole, its last one cut off
+        (_split_batches_log((9, 2), (11, 40))[:-20_000], wal.LogSpan(names[2], 9, 10)),
+    ]
+    for data, span in cases:
+        (tmp_path / names[2]).write_bytes(data)
+        spans: list[wal.LogSpan] = []
+        assert wal.find_log_damage(tmp_path, names, spans=spans) is None
+        assert spans == [wal.LogSpan(names[0], 1, 8), span], span
+    (tmp_path / names[2]).write_bytes(b"")
+    spans = []
+    assert wal.find_log_damage(tmp_path, names, spans=spans) is None
+    assert spans == [wal.LogSpan(names[0], 1, 8)]
 
 
 def test_a_log_whose_batch_heads_cannot_be_read_stops_the_comparison(tmp_path: Path) -> None:
