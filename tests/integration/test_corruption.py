@@ -503,6 +503,19 @@ def test_a_zeroed_log_header_is_logged_and_listed_by_verify(tmp_path: Path) -> N
     assert f"{log}: a zeroed record header at offset {offset}" in str(warned[0].msg)
 
 
+def test_a_zeroed_manifest_header_is_listed_by_verify(tmp_path: Path) -> None:
+    """The MANIFEST's walk notes a zero header with data after it as the logs' does."""
+    db = tmp_path / "db"
+    with open_queue(db) as q:
+        Chain(q).apply(APPLIED[0], 5)
+    manifest = (db / "CURRENT").read_text().strip()
+    size = (db / manifest).stat().st_size
+    with open(db / manifest, "ab") as file:
+        file.write(bytes(7) + b"junk")  # a zero header, then data in its block
+    report = verify(db)
+    assert any(f"{manifest}: a zeroed record header at offset {size}" in n for n in report.notes)
+
+
 def test_a_log_that_cannot_be_opened_is_a_typed_error_in_both_modes(tmp_path: Path) -> None:
     """A log the directory lists but that cannot be opened (a dangling link) escaped the
     writer's open as a bare ``FileNotFoundError``, and the read-only open blamed a live
@@ -638,7 +651,15 @@ def test_an_older_log_cut_short_is_refused(tmp_path: Path, cut: str) -> None:
     last = list(wal.record_headers(log))[-1][0]
     at = {"half": size // 2, "inside its last record": size - 10, "inside a header": last + 3}
     os.truncate(log, at[cut])
-    _refused_in_both_modes(image, rf"write-ahead log {oldest} is cut short at")
+    found = wal.find_log_damage(image, os.listdir(image))
+    assert found is not None and found.cut
+    # the error names where the cut record starts
+    assert found.offset <= at[cut]
+    if cut == "inside its last record":
+        assert found.offset == last
+    _refused_in_both_modes(
+        image, rf"write-ahead log {oldest} is cut short at offset {found.offset} "
+    )
 
 
 def _refused_in_both_modes(image: Path, pattern: str) -> None:
@@ -659,7 +680,16 @@ def test_a_log_lost_between_two_others_is_refused(tmp_path: Path) -> None:
     image = _logs_image(tmp_path)
     logs = [n for n in wal.log_files(os.listdir(image)) if (image / n).stat().st_size]
     (image / logs[1]).unlink()
-    _refused_in_both_modes(image, rf"{logs[2]} does not continue the log before")
+    found = wal.find_log_damage(image, os.listdir(image))
+    assert found is not None and found.gap is not None
+    expected, first = found.gap
+    assert first > expected  # the lost log's writes
+    _refused_in_both_modes(
+        image,
+        rf"{logs[2]} does not continue the log before it: its first write batch \(offset "
+        rf"{found.offset}\) has sequence number {first}, where the log before it leaves "
+        rf"off at {expected}\.",
+    )
 
 
 def test_the_newest_log_lost_beside_older_ones_is_refused(tmp_path: Path) -> None:
@@ -681,6 +711,12 @@ def test_the_newest_log_lost_beside_older_ones_is_refused(tmp_path: Path) -> Non
     )
     with pytest.raises(StorageError, match="newest write-ahead log is missing"):
         verify(image)
+    # Renamed to one below the number the MANIFEST records, the newest log left is still
+    # not the one it names.
+    newest_left = wal.log_files(os.listdir(image))[-1]
+    assert int(newest_left[:-4]) < needed - 1, (newest_left, needed)
+    (image / newest_left).rename(image / f"{needed - 1:06d}.log")
+    _refused_in_both_modes(image, "newest write-ahead log is missing")
 
 
 def test_an_older_log_cut_at_a_record_boundary_is_refused(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import MC, Chain, iterate_all, open_queue, quarter_shards, state
+from builders import MC, Chain, iterate_all, open_queue, quarter_shards, quiet_config, state
 
 from imq import Queue
 from imq.errors import StorageError
@@ -444,4 +444,107 @@ def test_a_stale_mark_beside_no_database_is_dropped(tmp_path: Path) -> None:
             path = db / name
             path.unlink()
     with open_queue(db) as q:
+        # gone at the open, not at the first synced write: a crash before that would
+        # leave the new database refused by the old mark
+        assert not (db / SYNCED_FILE).exists()
         assert q.get_last_committed_mc_block_id() is None
+
+
+def test_a_torn_mark_is_no_mark(closed: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """A mark whose checksum does not match (a torn rewrite after a power loss) checks
+    nothing: its number, however high, refuses no open."""
+    intact, expected = closed
+    db = tmp_path / "db"
+    shutil.copytree(intact, db)
+    with open(db / SYNCED_FILE, "r+b") as file:
+        file.seek(4)
+        file.write((2**40).to_bytes(8, "big"))  # the sequence number, not its checksum
+    assert read_synced_mark(db) is None
+    with Queue.open(db) as q:
+        assert _observed(q) == expected
+
+
+def test_the_shortfall_error_names_both_numbers(tmp_path: Path) -> None:
+    error = rocks._short_of_synced(tmp_path, 5, 9, untouched=True)
+    assert "recovered its writes up to sequence number 5, but writes up to 9 had" in str(error)
+    assert str(error).endswith("nothing in it was changed")
+    assert "nothing in it was changed" not in str(
+        rocks._short_of_synced(tmp_path, 5, 9, untouched=False)
+    )
+
+
+def test_a_doubtful_open_whose_read_only_check_recovers_the_mark_goes_on(
+    closed: tuple[Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the files cannot show the mark reached (here: their numbers hidden), the
+    read-only open settles it: recovering exactly the mark, the writer's open goes on."""
+    intact, expected = closed
+    db = tmp_path / "db"
+    shutil.copytree(intact, db)
+    real_spans = rocks.Store._check_log_spans
+
+    def hidden_spans(store: rocks.Store, spans: list[wal.LogSpan]) -> None:
+        real_spans(store, spans)
+        store._logged_sequence = None
+
+    probes: list[Path] = []
+    real_read = rocks.Store._open_for_reading
+
+    def counted(store: rocks.Store) -> None:
+        probes.append(store.path)
+        real_read(store)
+
+    monkeypatch.setattr(rocks.wal, "manifest_facts", lambda _path: wal.ManifestFacts(None, None))
+    monkeypatch.setattr(rocks.Store, "_check_log_spans", hidden_spans)
+    monkeypatch.setattr(rocks.Store, "_open_for_reading", counted)
+    with Queue.open(db, read_only=True) as q:
+        assert q._store._db.latest_sequence_number() == read_synced_mark(db)
+    probes.clear()
+    with Queue.open(db) as q:
+        assert _observed(q) == expected
+    assert probes == [db]
+
+
+def _commit_rounds(q: Queue, chain: Chain, rounds: range) -> None:
+    for mc_seqno in rounds:
+        tops = [chain.apply(s, 2) for s in SHARDS]
+        mc = chain.apply(MC, 0, seqno=mc_seqno)
+        assert q.commit_diff([mc.top(), *(t.top(mc_seqno) for t in tops)])
+
+
+def test_the_mark_keeps_one_descriptor_however_many_synced_writes(tmp_path: Path) -> None:
+    with Queue.open(tmp_path / "db", quiet_config(sync_commits=True)) as q:
+        chain = Chain(q)
+        _commit_rounds(q, chain, range(1, 2))
+        before = len(os.listdir("/proc/self/fd"))
+        _commit_rounds(q, chain, range(2, 22))
+        assert len(os.listdir("/proc/self/fd")) <= before + 1
+
+
+class _FailingSync:
+    """RocksDB's handle, whose sync of the log at close fails."""
+
+    def __init__(self, db: Any) -> None:
+        self._real = db
+
+    def flush_wal(self, sync: bool = False) -> None:
+        raise RuntimeError("IO error: sync failed (the test's)")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def test_a_close_whose_log_sync_fails_leaves_the_mark_as_it_was(tmp_path: Path) -> None:
+    """A mark written after a failed sync would claim writes the disk may not hold (the
+    next open refused): it stays at the last synced write."""
+    db = tmp_path / "db"
+    q = Queue.open(db, quiet_config(sync_commits=True))
+    chain = Chain(q)
+    _commit_rounds(q, chain, range(1, 3))
+    mark = read_synced_mark(db)
+    chain.apply(SHARDS[0], 5)  # a write after the last synced one
+    store = q._store
+    assert store._db.latest_sequence_number() > mark
+    store._db = _FailingSync(store._db)
+    q.close()
+    assert read_synced_mark(db) == mark
