@@ -53,6 +53,8 @@ from imq import (
     QueueShardRange,
     ShardIdent,
 )
+from imq.gc import GarbageCollector
+from imq.observability import get_logger
 from imq.storage import Table, codec
 from imq.verify import verify
 
@@ -1202,6 +1204,42 @@ def test_a_batch_never_cuts_between_diffs_that_end_at_the_same_key(db_path: Path
         assert tail_rows_of(queue, A) == info_seqnos(queue, A) == []
         assert message_keys(queue, 0, A) == []
     assert verify(db_path).ok
+
+
+@pytest.mark.parametrize("cache", [64 << 20, 0], ids=["cache", "records"])
+def test_a_bound_one_key_above_the_last_counts_the_message_there(db_path: Path, cache: int) -> None:
+    """A deletion removes (executed bound, bound]: with the bound the very next key
+    after the executed one, that range is the one key, and the message stored there is
+    counted (its first key is its last, still a range of one), whether the cache or the
+    diff records count it."""
+    with Queue.open(db_path, quiet_config(message_cache_size=cache)) as queue:
+        chain = Chain(queue)
+        at = key(1000)
+        x = apply_keys(chain, A, [at, at.next_value()])
+        mc1 = chain.apply(MC, 0, processed_to={A: at})
+        commit(queue, mc1, x)
+        first = queue.run_gc_report()
+        assert {(r.partition, r.messages) for r in first.ranges} == {(0, 1), (1, 0)}
+
+        mc2 = chain.apply(MC, 0, processed_to={A: at.next_value()})
+        commit(queue, mc2, idle=[x])
+        second = queue.run_gc_report()
+
+        assert {(r.partition, r.bound, r.messages) for r in second.ranges} == {
+            (0, at.next_value(), 1),
+            (1, at.next_value(), 0),
+        }
+        assert message_keys(queue, 0, A) == []
+
+
+def test_a_collector_refuses_batches_of_no_diffs(queue: Queue) -> None:
+    """``batch_diffs`` is at least 1 where the collector is made, not only in the
+    config's check: a batch of no diffs would never reach its bound."""
+    gc = queue._gc
+    parts = (queue._store, gc._rw, gc._shard_locks, queue.metrics, get_logger("gc"))
+    with pytest.raises(ValueError, match="batch_diffs must be at least 1, got 0"):
+        GarbageCollector(*parts, compact=False, batch_diffs=0)
+    GarbageCollector(*parts, compact=False, batch_diffs=1)  # the least it takes
 
 
 def test_disk_usage_leaves_out_rocksdbs_text_logs(queue: Queue) -> None:

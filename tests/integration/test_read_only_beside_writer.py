@@ -20,9 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import quiet_config
+from builders import (
+    BASE,
+    Chain,
+    damage_largest_table_file,
+    full_range,
+    quarter_shards,
+    quiet_config,
+)
 
-from imq import Queue, StorageError
+from imq import CorruptDataError, Queue, StorageError
 from imq.storage import rocks, shadow
 from imq.verify import verify
 
@@ -136,3 +143,118 @@ def _files_open_in(path: Path) -> list[str]:
     fds = Path("/proc/self/fd")
     targets = (os.readlink(fd) for fd in fds.iterdir() if fd.is_symlink())
     return [t for t in targets if t.startswith(str(path))]
+
+
+# -- the directory of links of an unwritable directory's read-only open (shadow) -------------
+
+
+def _scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary directory of this test's own: where the directories of links go."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    return scratch
+
+
+def _dead_links(scratch: Path, target: Path) -> Path:
+    """A directory of links a killed process left, older than the sweep spares."""
+    left = scratch / "imq-read-only-1-dead"
+    left.mkdir()
+    (left / "CURRENT").symlink_to(target / "CURRENT")
+    old = time.time() - 2 * shadow._SWEEP_AGE
+    os.utime(left, (old, old))
+    return left
+
+
+def test_a_live_views_links_survive_a_sweep_however_old(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live read-only view holds an ``flock`` on its directory of links, and a sweep
+    (another open's: a lock is per open file, so this process's own sweep is refused
+    too) leaves it however old it looks, while it removes an unlocked one as old. Without
+    the lock, a view that had read for a minute lost its links to the next open."""
+    scratch = _scratch(tmp_path, monkeypatch)
+    db = tmp_path / "db"
+    Queue.open(db, quiet_config()).close()
+    live = shadow.Shadow(db)
+    try:
+        live.link()
+        dead = _dead_links(scratch, db)
+        old = time.time() - 2 * shadow._SWEEP_AGE
+        os.utime(live.path, (old, old))
+
+        shadow._sweep_shadows(str(scratch))
+
+        assert (live.path / "CURRENT").is_symlink()
+        assert not dead.exists()
+    finally:
+        live.remove()
+    assert os.listdir(scratch) == []
+
+
+def test_the_sweep_leaves_another_users_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only this user's dead directories of links are swept: another user's (a shared
+    /tmp, where root may remove anything) is theirs. Faked by a different effective uid
+    for the sweep: the same directory is swept once the uid is this process's again."""
+    scratch = _scratch(tmp_path, monkeypatch)
+    left = _dead_links(scratch, tmp_path / "db")
+    me = os.geteuid()
+    with monkeypatch.context() as m:
+        m.setattr(shadow.os, "geteuid", lambda: me + 1)
+        shadow._sweep_shadows(str(scratch))
+    assert (left / "CURRENT").is_symlink()
+    shadow._sweep_shadows(str(scratch))
+    assert not left.exists()
+
+
+def test_an_unwritable_config_file_means_an_open_through_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rocksdict writes its config file at every open, read-only ones too: a directory
+    this user may write whose ``rocksdict-config.json`` it may not (another user's file)
+    is opened through links as well. As root ``os.access`` allows everything, so the
+    refusal is faked for that file alone; with no file, the directory decides."""
+    db = tmp_path / "db"
+    Queue.open(db, quiet_config()).close()
+    config = db / shadow.ROCKSDICT_CONFIG
+    assert config.exists()
+    assert shadow.writable_for_rocksdict(db) is True
+    real = os.access
+
+    def access(path: Any, mode: int, **kwargs: Any) -> bool:
+        if Path(path) == config and mode & os.W_OK:
+            return False
+        return real(path, mode, **kwargs)
+
+    monkeypatch.setattr(shadow.os, "access", access)
+    assert shadow.writable_for_rocksdict(db) is False
+    config.unlink()
+    assert shadow.writable_for_rocksdict(db) is True
+
+
+def test_an_error_read_through_links_names_the_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RocksDB names the files it reads as it opened them: through the links, in the
+    private temporary directory, gone at close. A read-only view's error (here a damaged
+    table's) names the database's own files instead, which the user can find and repair."""
+    scratch = _scratch(tmp_path, monkeypatch)
+    db = tmp_path / "db"
+    shards = quarter_shards()
+    with Queue.open(db, quiet_config()) as queue:
+        chain = Chain(queue)
+        for _ in range(3):
+            for s in shards:
+                chain.apply(s, 20)
+        queue.compact()
+    damaged = damage_largest_table_file(db)
+    monkeypatch.setattr(shadow, "writable_for_rocksdict", lambda path: False)
+    with pytest.raises(CorruptDataError) as info, Queue.open(db, read_only=True) as queue:
+        assert len(os.listdir(scratch)) == 1  # read through links
+        with queue.iterator(0, [full_range(s) for s in shards], BASE) as it:
+            list(it)
+    assert str(damaged) in str(info.value)
+    assert "imq-read-only-" not in str(info.value)
+    assert os.listdir(scratch) == []

@@ -282,6 +282,63 @@ def test_eviction_drops_the_oldest_chunks_and_raises_the_floor() -> None:
     assert floor == row(0, s, 9 - len(rows))[0]
 
 
+def test_a_row_put_again_at_the_floor_is_not_cached() -> None:
+    """A batch that puts a row again at exactly the segment's floor key (the greatest key
+    stored when the cache began watching) keeps only what lies above it: the row at the
+    floor stays RocksDB's, so a later load below the floor (which takes every row at or
+    below it) adds it once, not a second time beside a cached copy."""
+    cache, stored = MessageCache(1 << 20, P), Stored()
+    s = SHARDS[0]
+    pre = prefix(0, s)
+    before = [row(0, s, 1), row(0, s, 2)]
+    stored.put(before)
+    cache.establish(pre, stored.top(pre))
+    again = row(0, s, 2, dst_top=5)  # the floor's key, put again
+    write(cache, stored, [again, row(0, s, 3)])
+    assert cache.segments()[pre] == (before[-1][0], [row(0, s, 3)])
+    cache.check()
+    cache.extend_down(pre, stored.scan(pre, codec.message_key(0, s, QueueKey(3, bytes(32)))))
+    assert cache.segments()[pre] == (pre, [before[0], again, row(0, s, 3)])
+    cache.check()
+
+
+def _one_row_chunk_bytes() -> int:
+    """What a cached chunk of one row (of :func:`row`'s size) costs."""
+    r = row(0, SHARDS[0], 1)
+    return len(r[0]) + len(r[1]) + 4 + cache_mod.CHUNK_OVERHEAD
+
+
+def test_eviction_goes_down_to_three_quarters_of_the_budget() -> None:
+    """Past its budget the cache evicts down to three quarters of it, not just under it:
+    the next few batches then fit without another eviction each."""
+    per_chunk = _one_row_chunk_bytes()
+    budget = 4 * per_chunk + per_chunk // 2
+    cache, stored = MessageCache(budget, P), Stored()
+    s = SHARDS[0]
+    for lt in range(5):  # the fifth chunk goes past the budget
+        write(cache, stored, [row(0, s, lt)])
+    assert cache.nbytes <= budget * 3 // 4
+    assert cache.nbytes == 3 * per_chunk
+    cache.check()
+
+
+def test_eviction_stops_at_exactly_three_quarters_of_the_budget() -> None:
+    """Chunks whose total meets three quarters of the budget exactly once the oldest go
+    are kept: eviction drops no chunk more than it must."""
+    per_chunk = _one_row_chunk_bytes()
+    budget = 4 * per_chunk  # three quarters: exactly three chunks
+    cache, stored = MessageCache(budget, P), Stored()
+    s = SHARDS[0]
+    for lt in range(5):  # four fit; the fifth evicts
+        write(cache, stored, [row(0, s, lt)])
+        assert cache.stats()["chunks"] == (lt + 1 if lt < 4 else 3)
+    floor, rows = cache.segments()[prefix(0, s)]
+    assert rows == [row(0, s, lt) for lt in (2, 3, 4)]
+    assert floor == row(0, s, 1)[0]
+    assert cache.nbytes == budget * 3 // 4
+    cache.check()
+
+
 @pytest.mark.parametrize("tee", [cache_mod._PyTee, Tee], ids=["python", "default"])
 def test_tee_puts_every_row_and_keeps_it_in_its_segments_chunk(tee: Any) -> None:
     put: list[tuple[bytes, bytes, object]] = []

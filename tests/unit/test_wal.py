@@ -388,6 +388,192 @@ def test_an_older_log_cut_inside_a_header_in_a_blocks_last_seven_bytes_is_cut(
     assert found == wal.LogDamage("000007.log", wal.BLOCK - 7, 0, cut=True)
 
 
+def _record(kind: int, payload: bytes) -> bytes:
+    """One physical record: its header (true checksum) and payload."""
+    return struct.pack("<IHB", masked_crc(kind, payload), len(payload), kind) + payload
+
+
+@pytest.mark.parametrize(
+    ("end", "kind"),
+    [(wal.BLOCK, FIRST), (2 * wal.BLOCK, MIDDLE)],
+    ids=["after the first fragment", "after a middle fragment"],
+)
+def test_an_older_log_ending_in_a_fragment_is_cut_at_that_fragment(
+    tmp_path: Path, end: int, kind: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An older log that ends right after the first or a middle fragment of a record split
+    across 3 blocks lost that record's end (RocksDB would skip it in silence): ``cut`` at
+    that fragment, with the fragment's type."""
+    monkeypatch.setattr(wal, "_sequence_gap", lambda logs: None)  # no write batches here
+    data, headers = write_log((30, 100_000, 64))
+    assert [h[2] for h in headers[1:5]] == [FIRST, MIDDLE, MIDDLE, LAST]
+    offset = next(h[0] for h in headers if h[0] + 7 + h[1] == end)
+    (tmp_path / "000007.log").write_bytes(data[:end])
+    (tmp_path / "000009.log").write_bytes(data)  # the newest
+    found = wal.find_log_damage(tmp_path, ["000007.log", "000009.log"])
+    assert found == wal.LogDamage("000007.log", offset, kind, cut=True)
+
+
+def test_an_older_log_ending_in_zeros_shorter_than_a_header_is_whole(tmp_path: Path) -> None:
+    """An older log whose whole records are followed by 1 to 6 zero bytes ends in padding,
+    not in a header cut short: no damage (only non-zero bytes there are a cut)."""
+    names = ["000004.log", "000005.log"]
+    older = _batches_log((1, 5), (6, 3))
+    (tmp_path / names[1]).write_bytes(_batches_log((9, 2)))  # the newest
+    for zeros in (1, 3, 6):
+        (tmp_path / names[0]).write_bytes(older + bytes(zeros))
+        assert wal.find_log_damage(tmp_path, names) is None, zeros
+    (tmp_path / names[0]).write_bytes(older + b"\0\x01\0")  # not all zero: a header cut
+    found = wal.find_log_damage(tmp_path, names)
+    assert found == wal.LogDamage(names[0], len(older), 0, cut=True)
+
+
+def _enlarged_before(after: bytes) -> bytes:
+    """A log of a full record of 100 bytes followed by ``after`` (the end of the file), the
+    record's length field enlarged past the file's end."""
+    data = _record(FULL, bytes(range(1, 101))) + after
+    return _with_length(data, 0, len(data))
+
+
+def test_a_header_of_a_type_never_written_after_a_damaged_length_is_no_evidence(
+    tmp_path: Path,
+) -> None:
+    """After a record whose length runs past the end, only a header of a type RocksDB
+    writes shows the record is whole at a shorter length: one of type 12 (a checksum
+    mismatch RocksDB reports itself) does not, and nothing is concluded."""
+    log = tmp_path / "000007.log"
+    log.write_bytes(_enlarged_before(struct.pack("<IHB", 0x1234, 10, 12) + bytes(range(1, 11))))
+    assert wal.find_log_damage(tmp_path, [log.name]) is None
+    log.write_bytes(_enlarged_before(struct.pack("<IHB", 0x1234, 10, FULL) + bytes(range(1, 11))))
+    assert wal.find_log_damage(tmp_path, [log.name]) == wal.LogDamage(log.name, 0, FULL, 100)
+
+
+def test_exactly_a_header_of_a_type_never_written_after_a_damaged_length_is_no_evidence(
+    tmp_path: Path,
+) -> None:
+    """7 bytes after the whole record are a whole header, not one cut short by the end:
+    of type 12, it is no well-formed header, and nothing is concluded."""
+    log = tmp_path / "000007.log"
+    log.write_bytes(_enlarged_before(struct.pack("<IHB", 0x1234, 10, 12)))
+    assert wal.find_log_damage(tmp_path, [log.name]) is None
+    log.write_bytes(_enlarged_before(struct.pack("<IHB", 0x1234, 10, 12)[:6]))  # cut short
+    assert wal.find_log_damage(tmp_path, [log.name]) == wal.LogDamage(log.name, 0, FULL, 100)
+
+
+def test_a_next_record_that_fills_its_block_exactly_is_well_formed(tmp_path: Path) -> None:
+    """The header after the whole record may announce a payload that ends exactly at the
+    block's end (the writer fills blocks so): well-formed, the length damage is found; a
+    payload one byte longer cannot be in the block, and nothing is concluded."""
+    log = tmp_path / "000007.log"
+    fills = wal.BLOCK - 2 * (7 + 100) + 100  # after the 107-byte record and its own header
+    log.write_bytes(_enlarged_before(struct.pack("<IHB", 0x1234, fills, FULL) + bytes(50)))
+    assert wal.find_log_damage(tmp_path, [log.name]) == wal.LogDamage(log.name, 0, FULL, 100)
+    log.write_bytes(_enlarged_before(struct.pack("<IHB", 0x1234, fills + 1, FULL) + bytes(50)))
+    assert wal.find_log_damage(tmp_path, [log.name]) is None
+
+
+def test_a_type_zero_header_with_a_length_is_a_record_not_padding(tmp_path: Path) -> None:
+    """Only a header of length and type 0 is padding (its block's rest skipped); one of
+    type 0 with a length is walked as a record, and the records after it are found."""
+    log = tmp_path / "000007.log"
+    zero_type = struct.pack("<IHB", 0x1234, 5, 0) + bytes(range(1, 6))
+    log.write_bytes(zero_type + _record(FULL, b"x" * 30))
+    offsets: list[int] = []
+    assert list(wal.record_headers(log, offsets)) == [(0, 5, 0), (12, 30, FULL)]
+    assert offsets == []
+
+
+def test_a_gap_after_a_log_whose_batch_heads_cannot_be_read_is_found(tmp_path: Path) -> None:
+    """A log whose batch heads cannot be read (a record of fewer than 12 bytes) is left
+    out of the comparison, and the logs after it are still compared: a gap between the
+    next two is found."""
+    short = b"\x01" * 8
+    names = ["000004.log", "000005.log", "000007.log", "000008.log"]
+    (tmp_path / names[0]).write_bytes(_batches_log((1, 5)))
+    (tmp_path / names[1]).write_bytes(_record(FULL, short))
+    (tmp_path / names[2]).write_bytes(_batches_log((90, 2)))
+    (tmp_path / names[3]).write_bytes(_batches_log((95, 1)))  # 92 expected
+    assert wal.find_log_damage(tmp_path, names) == wal.LogDamage(names[3], 0, 0, gap=(92, 95))
+
+
+def test_every_zero_header_with_data_after_it_is_reported(tmp_path: Path) -> None:
+    """Zero headers with data after them in two blocks: both are reported, in order."""
+    data, headers = write_log((200,) * 400)
+    in_block = [h[0] for h in headers if h[0] + 7 + h[1] < wal.BLOCK * 2 - 500]
+    first, second = in_block[10], next(o for o in in_block if o > wal.BLOCK + 100)
+    zeroed_data = bytearray(data)
+    for offset in (first, second):
+        zeroed_data[offset + 4 : offset + 7] = bytes(3)
+    log = tmp_path / "000007.log"
+    log.write_bytes(zeroed_data)
+    found: list[tuple[str, int]] = []
+    assert wal.find_log_damage(tmp_path, [log.name], found) is None
+    assert found == [(log.name, first), (log.name, second)]
+
+
+def test_data_in_a_blocks_last_byte_after_a_zero_header_is_reported(tmp_path: Path) -> None:
+    """After a zero header, data only in its block's very last byte is data all the
+    same: the header is reported."""
+    data = bytearray(_record(FULL, b"x" * 30) + bytes(wal.BLOCK - 37))
+    log = tmp_path / "000007.log"
+    log.write_bytes(data)
+    found: list[tuple[str, int]] = []
+    assert wal.find_log_damage(tmp_path, [log.name], found) is None
+    assert found == []  # zeros to the block's end: padding
+    data[wal.BLOCK - 1] = 1
+    log.write_bytes(data)
+    assert wal.find_log_damage(tmp_path, [log.name], found) is None
+    assert found == [(log.name, 37)]
+
+
+def test_a_last_fragment_whose_first_one_was_skipped_ends_no_batch(tmp_path: Path) -> None:
+    """A zero header skips the rest of its block, a batch's first fragment with it: the
+    last fragment in the next block ends no batch (neither the one it belongs to nor the
+    split batch before it), and the log's last whole batch is the one before."""
+    data = [struct.pack("<QI", seq, count) + bytes(40_000 - 12) for seq, count in ((1, 5), (9, 4))]
+    sizes = [40_000, 32, 40_000]
+    batch = _batches_log((6, 3))
+    fill = [data[0], batch[7:], data[1]]
+    log_data, headers = lay_out(sizes, lambda _o, r, at, take: fill[r][at : at + take])
+    assert [h[2] for h in headers] == [FIRST, LAST, FULL, FIRST, LAST]
+    damaged = bytearray(log_data)
+    damaged[headers[3][0] + 4 : headers[3][0] + 7] = bytes(3)  # the second split batch's head
+    log = tmp_path / "000007.log"
+    log.write_bytes(damaged)
+    spans: list[wal.LogSpan] = []
+    assert wal.find_log_damage(tmp_path, [log.name], spans=spans) is None
+    assert spans == [wal.LogSpan(log.name, 1, 8)]
+
+
+@pytest.mark.parametrize("cut", [1, 5, 7, 100])
+def test_a_split_batch_whose_last_fragment_is_cut_short_counts_for_nothing(
+    tmp_path: Path, cut: int
+) -> None:
+    """A crash cut the last fragment of the log's last batch by ``cut`` bytes (its header
+    and some payload still there): that batch is not whole, and the last whole one is
+    the batch before it."""
+    log = tmp_path / "000007.log"
+    log.write_bytes(_split_batches_log((9, 2), (11, 40))[:-cut])
+    spans: list[wal.LogSpan] = []
+    assert wal.find_log_damage(tmp_path, [log.name], spans=spans) is None
+    assert spans == [wal.LogSpan(log.name, 9, 10)]
+
+
+def test_a_batch_head_filling_its_first_fragment_exactly_is_read(tmp_path: Path) -> None:
+    """A batch split across blocks whose first fragment holds exactly the 12 bytes of its
+    head (the writer starts it 19 bytes before a block's end): the head is read there."""
+    sizes = [wal.BLOCK - 26, 5_000]
+    batches = [struct.pack("<QI", 1, 5), struct.pack("<QI", 6, 3)]
+    batches = [head + bytes(size - 12) for head, size in zip(batches, sizes, strict=True)]
+    data, headers = lay_out(sizes, lambda _o, r, at, take: batches[r][at : at + take])
+    assert headers[1] == (wal.BLOCK - 19, 12, FIRST)
+    log = tmp_path / "000007.log"
+    log.write_bytes(data)
+    spans: list[wal.LogSpan] = []
+    assert wal.find_log_damage(tmp_path, [log.name], spans=spans) is None
+    assert spans == [wal.LogSpan(log.name, 1, 8)]
+
+
 # -- the newest log number a MANIFEST records ---------------------------------------------
 
 
@@ -491,3 +677,34 @@ def test_the_last_sequence_is_the_highest_an_edit_records_among_its_leading_fiel
     assert wal.manifest_facts(path) == wal.ManifestFacts(None, 3_900)
     path.write_bytes(_manifest(edits[3:]))
     assert wal.manifest_facts(path) == wal.ManifestFacts(13, None)
+
+
+def test_an_edit_starting_with_a_later_field_records_nothing(tmp_path: Path) -> None:
+    """An edit whose first field is none of the leading ones (a new table file, tag 103)
+    records neither number there: ``(None, None)``, not an error, and the other edits
+    still count."""
+    assert wal._leading_fields(bytes([NEW_FILE4, 1, 2, 3])) == (None, None)
+    assert wal._leading_fields(_edit((COLUMN_FAMILY, 2), (LOG_NUMBER, 9))) == (None, None)
+    edits = [
+        _edit((LOG_NUMBER, 40), (LAST_SEQUENCE, 700)),
+        _edit((NEW_FILE4, b"a table"), (LOG_NUMBER, 90), (LAST_SEQUENCE, 900)),
+    ]
+    path = tmp_path / "MANIFEST-000007"
+    path.write_bytes(_manifest(edits))
+    assert wal.manifest_facts(path) == wal.ManifestFacts(40, 700)
+
+
+def test_a_stray_middle_and_last_fragment_after_a_split_record_join_into_nothing(
+    tmp_path: Path,
+) -> None:
+    """A record's last fragment ends it: a middle and a last fragment after it, with no
+    first one, are no record (the reading ends there), not joined to the one before."""
+    path = tmp_path / "MANIFEST-000007"
+    path.write_bytes(
+        _record(FIRST, b"ab")
+        + _record(LAST, b"cd")
+        + _record(MIDDLE, b"ef")
+        + _record(LAST, b"gh")
+        + _record(FULL, b"ij")
+    )
+    assert list(wal._records(path)) == [b"abcd"]
