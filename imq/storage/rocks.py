@@ -1213,9 +1213,9 @@ class Store:
                 self.path,
                 "open",
                 f"writes up to sequence number {floor} had been synced to disk "
-                f"({SYNCED_FILE}), its MANIFEST and write-ahead logs show writes only up "
-                f"to {max(known, default=0)}, and a read-only open to tell what RocksDB "
-                f"recovers failed: {exc}",
+                f"({SYNCED_FILE}), its MANIFEST and write-ahead logs show "
+                f"{f'writes only up to {max(known)}' if known else 'no sequence number'}, "
+                f"and a read-only open to tell what RocksDB recovers failed: {exc}",
                 hint=f"{_SHORT_HINT}; nothing in it was changed",
             ) from exc
         try:
@@ -1445,21 +1445,21 @@ class Store:
         self._logged_sequence = max(ends, default=None)
         if not starts:
             return
-        start, oldest = starts[0]
+        first, oldest = starts[0]
         recorded = self._manifest_sequence
-        if recorded is not None and start > recorded + 1:
+        if recorded is not None and first > recorded + 1:
             raise StorageError(
                 self.path,
                 "open",
                 f"its MANIFEST records writes up to sequence number {recorded}, but its "
-                f"oldest write-ahead log holding writes, {oldest}, starts at {start}: the "
+                f"oldest write-ahead log holding writes, {oldest}, starts at {first}: the "
                 "writes in between are in no file (the MANIFEST lost its last edits, cut "
                 "short or replaced by an older copy, or a log was lost), and RocksDB's "
                 "open would go on without them in silence",
                 hint=f"{_DAMAGED_HINT}; nothing in it was changed",
             )
         mark = self._synced_mark
-        start = min(first for first, _ in starts)
+        start = min(number for number, _ in starts)
         if mark is None or start > mark:
             return
         end = max(ends, default=start - 1)
