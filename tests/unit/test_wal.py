@@ -282,6 +282,31 @@ def _split_batches_log(*heads: tuple[int, int], size: int = 50_000) -> bytes:
     return lay_out([size] * len(heads), lambda _o, r, at, take: data[r][at : at + take])[0]
 
 
+@pytest.mark.parametrize("in_first", [0, 1, 11, 12])
+def test_a_batch_head_split_across_two_fragments_is_read(tmp_path: Path, in_first: int) -> None:
+    """A batch that starts in a block's last 7 to 18 bytes has its 12-byte head split
+    between its first fragment (0 to 11 bytes) and the next block's. Its sequence
+    numbers still count: before, the log's end was taken as unknown, and a healthy queue
+    killed just after such a commit was refused as if its log had lost it (an outside
+    audit: 1 batch in about 2,700)."""
+    heads = [(1, 5), (6, 3)]
+    first_size = wal.BLOCK - 2 * 7 - in_first  # leaves room for a header and `in_first`
+    data = [struct.pack("<QI", seq, count) for seq, count in heads]
+    data[0] += bytes(first_size - 12)
+    data[1] += bytes(28)
+    log, headers = lay_out([len(d) for d in data], lambda _o, r, at, take: data[r][at : at + take])
+    assert headers[1][1:] == (in_first, FIRST)  # the second batch starts split
+    (tmp_path / "000007.log").write_bytes(log)
+    spans: list[wal.LogSpan] = []
+    assert wal.find_log_damage(tmp_path, ["000007.log"], spans=spans) is None
+    assert spans == [wal.LogSpan("000007.log", 1, 8)]
+    # cut inside the rest of its head: no whole batch there, the first one counts
+    (tmp_path / "000007.log").write_bytes(log[: wal.BLOCK + 7 + (12 - in_first) - 1])
+    spans.clear()
+    assert wal.find_log_damage(tmp_path, ["000007.log"], spans=spans) is None
+    assert spans == [wal.LogSpan("000007.log", 1, 5)]
+
+
 def test_log_spans_give_the_first_batch_and_the_last_whole_one(tmp_path: Path) -> None:
     """``spans``: each log's first sequence number and the last one of its last whole
     batch, the newest log's too; a batch a crash cut short (which RocksDB's replay
