@@ -43,6 +43,11 @@ Damage RocksDB's own open does not report (it hangs, or opens less than was writ
   checksum is tried at every shorter length: a match followed by nothing, zeros or a
   well-formed header is damage, and the open fails instead.
 
+The walk also gives where each log's write batches start and end (:class:`LogSpan`) and
+the MANIFEST's highest last sequence number (:func:`manifest_facts`), from which the store
+refuses logs that do not take up the writes where the MANIFEST leaves them or that lost
+synced writes (``Store._check_log_spans`` in :mod:`imq.storage.rocks`).
+
 The walk reads each log once, in 1 MiB chunks into one buffer, and looks at the headers
 only: 7 to 12 ms for a 62 MB log of 10,000-message batches, 40 ms for a 68 MB log of
 100,000 one-message records (measured beside another job), against 300 to 390 ms for
@@ -116,8 +121,8 @@ def _unmask(masked: int) -> int:
 
 class LogSpan(NamedTuple):
     """The sequence numbers a log's write batches hold: ``first``, where its first batch
-    starts, and ``last``, where its last whole batch ends (``None`` where that batch's
-    head cannot be read)."""
+    starts, and ``last``, where its last whole batch ends (``None`` where the log holds
+    no such batch whose head could be read)."""
 
     name: str
     first: int | None
