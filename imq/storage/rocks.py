@@ -1130,6 +1130,7 @@ class Store:
         it does not exist yet)."""
         # Before anything touches the directory: RocksDB would adopt a foreign database
         # and, at open, delete the table files a damaged MANIFEST no longer lists.
+        seen = self._files_now()  # before the walk: a change after it shows
         self._tables_before = self._check_directory() if found is not None else 0
         try:
             self.path.mkdir(parents=True, exist_ok=True)
@@ -1139,9 +1140,10 @@ class Store:
             hint = _UNWRITABLE_HINT if refused and found is not None else ""
             raise FileAccessError(self.path, "open queue database", exc, hint) from exc
         try:
-            # The MANIFEST again, under the lock: a writer that closed since its first
-            # walk (``_check_directory``) may have changed it.
-            self._check_manifest()
+            # The MANIFEST again, under the lock, if a writer that closed since the first
+            # walk (``_check_directory``) changed the files.
+            if self._files_now() != seen:
+                self._check_manifest()
             floor = self._synced_mark = self._synced_floor()
             self._check_logs()  # under the lock: no writer changes them meanwhile
             self._check_recoverable(floor)

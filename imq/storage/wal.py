@@ -310,8 +310,8 @@ def find_file_damage(
         # Added even when neither head can be read, so that the logs around this one are
         # not compared with each other as if it held no batch. The last batch is the last
         # whole one: only the file's last record can run past its end (a torn tail).
-        whole_batches = [start for start, end in ended if end <= size]
-        batches.append(_read_batches(path, size, first, whole_batches[-1:]))
+        complete = [start for start, end in ended if end <= size]
+        batches.append(_read_batches(path, size, first, complete[-1] if complete else None))
     return None
 
 
@@ -319,14 +319,14 @@ _BATCH_STARTS = frozenset((_FULL, _FIRST))  # a batch starts in a full record or
 
 
 def _read_batches(
-    path: Path, size: int, first: tuple[int, int], last: list[tuple[int, int]]
+    path: Path, size: int, first: tuple[int, int], last: tuple[int, int] | None
 ) -> _Batches:
-    """The heads of the batches that start in the records ``first`` and ``last`` (a list
-    of one, or none: no whole batch) (``(offset, payload length)``) of the log ``path``
-    of ``size`` bytes."""
+    """The heads of the batches that start in the records ``first`` and ``last``
+    (``(offset, payload length)``; ``last`` None: no whole batch) of the log ``path`` of
+    ``size`` bytes."""
     with open(path, "rb", buffering=0) as file:
         head = _batch_head(file, size, first)
-        return _Batches(head, _batch_head(file, size, last[0]) if last else None)
+        return _Batches(head, None if last is None else _batch_head(file, size, last))
 
 
 def _batch_head(file: BinaryIO, size: int, start: tuple[int, int]) -> _Batch | None:
@@ -508,9 +508,7 @@ def manifest_facts(path: Path) -> ManifestFacts:
                 logs.append(log)
             if sequence is not None:
                 sequences.append(sequence)
-    except OSError:
-        return ManifestFacts(None, None)
-    except (IndexError, ValueError):  # not an edit as expected
+    except (OSError, IndexError, ValueError):  # unreadable, or not an edit as expected
         return ManifestFacts(None, None)
     return ManifestFacts(max(logs, default=None), max(sequences, default=None))
 
