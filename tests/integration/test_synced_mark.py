@@ -38,14 +38,22 @@ def _observed(q: Queue) -> dict[str, Any]:
     return {"messages": iterate_all(q, SHARDS, for_shard=SHARDS[0]), **state(q, SHARDS)}
 
 
-def _build(q: Queue, rounds: int, *, flush: bool) -> None:
-    """Rounds of a diff per shard and a commit on a masterchain block; each round's tables
-    flushed when ``flush`` (so that the MANIFEST holds an edit per table and round)."""
-    chain = Chain(q)
-    for mc_seqno in range(1, rounds + 1):
-        tops = [chain.apply(s, 40, body=b"m" * 80) for s in SHARDS]
+def _commit_rounds(
+    q: Queue, chain: Chain, rounds: range, messages: int = 2, body: bytes = b""
+) -> None:
+    """Rounds of a diff of ``messages`` per shard and a commit on a masterchain block."""
+    for mc_seqno in rounds:
+        tops = [chain.apply(s, messages, body=body) for s in SHARDS]
         mc = chain.apply(MC, 0, seqno=mc_seqno)
         assert q.commit_diff([mc.top(), *(t.top(mc_seqno) for t in tops)])
+
+
+def _build(q: Queue, rounds: int, *, flush: bool) -> None:
+    """Rounds of 40 messages a shard and a commit; each round's tables flushed when
+    ``flush`` (so that the MANIFEST holds an edit per table and round)."""
+    chain = Chain(q)
+    for mc_seqno in range(1, rounds + 1):
+        _commit_rounds(q, chain, range(mc_seqno, mc_seqno + 1), 40, b"m" * 80)
         if flush:
             q._store.flush(list(Table))
 
@@ -176,24 +184,19 @@ _OLDER_MANIFEST = textwrap.dedent(
     """
     import os, shutil, sys
     sys.path[:0] = sys.argv[1:3]
-    from builders import MC, Chain, quarter_shards, quiet_config
+    from builders import Chain, quiet_config
     from imq import Queue
     from imq.storage import Table
+    from test_synced_mark import _commit_rounds
     db, copy = sys.argv[3:5]
     q = Queue.open(db, quiet_config(sync_commits=True))
     chain = Chain(q)
-    def round_(mc):
-        tops = [chain.apply(s, 20) for s in quarter_shards()]
-        top = chain.apply(MC, 0, seqno=mc).top()
-        assert q.commit_diff([top, *(t.top(mc) for t in tops)])
     q._store.flush(list(Table))
-    for mc in (1, 2, 3):
-        round_(mc)
+    _commit_rounds(q, chain, range(1, 4), 20)
     name = open(os.path.join(db, "CURRENT")).read().strip()
     shutil.copyfile(os.path.join(db, name), copy)  # the MANIFEST as it is now
     q._store.flush(list(Table))  # rounds 1-3 into table files; their log goes
-    for mc in (4, 5):
-        round_(mc)
+    _commit_rounds(q, chain, range(4, 6), 20)
     os._exit(0)  # killed
     """
 )
@@ -225,15 +228,13 @@ _FLUSHED_PAST_THE_MARK = textwrap.dedent(
     """
     import os, sys
     sys.path[:0] = sys.argv[1:3]
-    from builders import MC, Chain, quarter_shards, quiet_config
+    from builders import Chain, quarter_shards, quiet_config
     from imq import Queue
     from imq.storage import Table
+    from test_synced_mark import _commit_rounds
     q = Queue.open(sys.argv[3], quiet_config(sync_commits=True))
     chain = Chain(q)
-    for mc in (1, 2):
-        tops = [chain.apply(s, 5) for s in quarter_shards()]
-        top = chain.apply(MC, 0, seqno=mc).top()
-        assert q.commit_diff([top, *(t.top(mc) for t in tops)])  # synced: the mark
+    _commit_rounds(q, chain, range(1, 3), 5)  # synced: the mark
     chain.apply(quarter_shards()[0], 5)  # a write after the last commit, not synced
     q._store.flush([Table.MESSAGES])  # its flush records that write's sequence number
     os._exit(0)  # killed
@@ -314,11 +315,11 @@ def test_logs_with_no_whole_batch_reach_no_mark_they_start_at(tmp_path: Path) ->
 _KILLED_WRITER = textwrap.dedent(
     """
     import os, sys
-    sys.path[:0] = [sys.argv[2], sys.argv[3]]
+    sys.path[:0] = sys.argv[1:3]
     from builders import quiet_config
     from imq import Queue
     from test_synced_mark import _build
-    q = Queue.open(sys.argv[1], quiet_config(sync_commits=True))  # each commit fsyncs
+    q = Queue.open(sys.argv[3], quiet_config(sync_commits=True))  # each commit fsyncs
     _build(q, 8, flush=False)  # every row still in the log: nothing flushed
     os._exit(0)  # killed: no close
     """
@@ -329,12 +330,7 @@ _KILLED_WRITER = textwrap.dedent(
 def killed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     """A writer killed after eight synced commits, its rows only in the log."""
     db = tmp_path_factory.mktemp("synced") / "killed"
-    tests = Path(__file__).resolve().parent
-    subprocess.run(
-        [sys.executable, "-c", _KILLED_WRITER, str(db), str(tests), str(ROOT)],
-        check=True,
-        timeout=120,
-    )
+    _run_child(_KILLED_WRITER, db)
     with Queue.open(db, read_only=True) as q:
         return db, _observed(q)
 
@@ -376,9 +372,9 @@ def test_the_newest_log_cut_before_its_last_fsync_is_refused(
 _UNSYNCED_WRITER = textwrap.dedent(
     """
     import os, sys
-    sys.path[:0] = [sys.argv[2], sys.argv[3]]
+    sys.path[:0] = sys.argv[1:3]
     from builders import Chain, Clock, open_queue, quarter_shards
-    q = open_queue(sys.argv[1])  # replays the log; a new log starts
+    q = open_queue(sys.argv[3])  # replays the log; a new log starts
     chain = Chain(q, Clock(start=10**9))  # above every committed key
     chain.apply(quarter_shards()[0], 400, seqno=9, body=b"u" * 200)  # not synced
     os._exit(0)  # killed: no close, so no sync at close either
@@ -418,12 +414,7 @@ def test_a_torn_unsynced_tail_still_opens(
     intact, expected = killed
     db = tmp_path / "db"
     shutil.copytree(intact, db)
-    tests = Path(__file__).resolve().parent
-    subprocess.run(
-        [sys.executable, "-c", _UNSYNCED_WRITER, str(db), str(tests), str(ROOT)],
-        check=True,
-        timeout=120,
-    )
+    _run_child(_UNSYNCED_WRITER, db)
     log = _newest_log(db)
     size = log.stat().st_size
     assert size > 400 * 200  # the unsynced diff's record ends the log
@@ -503,13 +494,6 @@ def test_a_doubtful_open_whose_read_only_check_recovers_the_mark_goes_on(
     with Queue.open(db) as q:
         assert _observed(q) == expected
     assert probes == [db]
-
-
-def _commit_rounds(q: Queue, chain: Chain, rounds: range) -> None:
-    for mc_seqno in rounds:
-        tops = [chain.apply(s, 2) for s in SHARDS]
-        mc = chain.apply(MC, 0, seqno=mc_seqno)
-        assert q.commit_diff([mc.top(), *(t.top(mc_seqno) for t in tops)])
 
 
 def test_the_mark_keeps_one_descriptor_however_many_synced_writes(tmp_path: Path) -> None:
