@@ -350,9 +350,9 @@ class QueueConfig:
         """Read the ``[internal_queue]`` table of the TOML file at ``path``.
 
         A missing table or key takes the default. An unreadable or malformed file, an unknown
-        key, a wrong type, a bad duration or size, and (without ``[internal_queue]``) a
-        misspelt table name, a nested one (``[node.internal_queue]``) or imq's settings
-        above any table raise ``ConfigError`` naming the file.
+        key, a wrong type, a bad duration or size, a misspelt table name, a nested one
+        (``[node.internal_queue]``) or imq's settings above any table (whether or not the
+        file also holds ``[internal_queue]``) raise ``ConfigError`` naming the file.
         """
         source = os.fspath(path)
         try:
@@ -364,16 +364,17 @@ class QueueConfig:
             raise ConfigError(f"{source}: not UTF-8 text, so not TOML: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{source}: malformed TOML: {exc}") from exc
-        if TABLE not in document:
-            _check_no_misplaced_keys(document, source)
+        _check_no_misplaced_keys(document, source)
         table = document.get(TABLE, {})
         return cls.from_mapping(table, source=source)
 
 
 def _check_no_misplaced_keys(document: Mapping[str, object], source: str) -> None:
-    """A file without the ``[internal_queue]`` table takes every default, which is also
-    what a misspelt table name or settings written above any table would give: refuse
-    those two, since a typo must not look like a file read as written."""
+    """Settings imq would not read: a misspelt table name or settings written above any
+    table would be left out without a word (every default, or the ``[internal_queue]``
+    table's alone): refuse them, since a typo must not look like a file read as
+    written (an outside audit: ``gc_interval`` above the table, or an
+    ``[internal_queues]`` table beside it, dropped)."""
     names = {f.name for f in fields(QueueConfig)}
     loose = sorted(key for key in document if key in names)
     if loose:
@@ -384,6 +385,8 @@ def _check_no_misplaced_keys(document: Mapping[str, object], source: str) -> Non
     for key, value in document.items():
         spelt = _spelt(key)
         holds_settings = isinstance(value, dict) and any(k in names for k in value)
+        if key == TABLE:
+            continue
         if _near_table_name(spelt) or (spelt == "imq" and holds_settings):
             raise ConfigError(
                 f"{source}: table [{key}] is not [{TABLE}], which imq reads: rename it [{TABLE}]"

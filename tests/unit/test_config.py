@@ -406,6 +406,14 @@ def test_from_mapping_empty_is_default() -> None:
         ("[node.internal_queue]\ngc_interval = '1s'\n", "table [node.internal_queue] is"),
         ("[a.b.internal-queue]\ngc_interval = '1s'\n", "table [a.b.internal-queue] is"),
         ("gc_interval = '1s'\n[node]\nname = 'a'\n", "gc_interval outside any table"),
+        # an acceptance audit: beside the real table, these were dropped without a word
+        ("gc_interval = '7s'\n[internal_queue]\nsync_commits = true\n", "gc_interval outside"),
+        (
+            "[internal_queue]\nsync_commits = true\n[internal_queues]\ngc_interval = '7s'\n",
+            "table [internal_queues] is not",
+        ),
+        ("[internal_queue]\n[Internal-Queue]\ngc_interval = '7s'\n", "table [Internal-Queue]"),
+        ("[internal_queue]\n[node.internal_queue]\ngc_interval = '7s'\n", "[node.internal_q"),
     ],
 )
 def test_settings_imq_would_not_read_are_refused(tmp_path: Path, text: str, says: str) -> None:
