@@ -35,12 +35,33 @@ def register(commands: Any) -> None:
     cmd.add_argument(
         "--db", type=path_arg, help="fresh database directory (default: a temporary one)"
     )
+    cmd.add_argument(
+        "--check-every",
+        type=_at_least_one,
+        default=1,
+        metavar="N",
+        help="compare the whole state of the queue and the model after every N-th "
+        "state-changing step, before each close and at the end (default 1: after every "
+        "one; a long log replays several times faster with 10 or more, and a difference "
+        "found is replayed again to name its step)",
+    )
     cmd.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     cmd.set_defaults(
         run=run,
         interrupted="the replay stopped part way (a temporary database is removed; a --db "
         "one holds the steps replayed so far)",
     )
+
+
+def _at_least_one(text: str) -> int:
+    """``--check-every``: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, not {text!r}")
+    return value
 
 
 def _fresh_dir(db: Path) -> None:
@@ -77,10 +98,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 checking=lambda done, size: beat.update(_checking(done, size)),
                 checked=lambda steps: beat.update(f"{steps:,} steps checked"),
                 progress=lambda done, total: beat.update(f"step {done:,} of {total:,}"),
+                check_every=args.check_every,
             )
     except ReplayDivergenceError as exc:
         print(f"replay: DIVERGED at step {exc.step} ({exc.op})", file=out)
         print(f"  first difference: {exc.difference}", file=out)
+        if exc.checked_to is not None:  # the second replay did not find it again
+            print(f"  the state agreed last after step {exc.checked_to}", file=out)
         return 1
     except OpLogError:  # it names the file, the line and the step
         raise
@@ -97,9 +121,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             f"op log {args.log} could not be replayed ({type(exc).__name__}: {exc}); "
             "check it against docs/replay-format.md"
         ) from exc
+    every = "" if report.check_every == 1 else f", every {report.check_every:,} state changes"
     print(
         f"replay: {report.steps:,} steps agree with the log and the model "
-        f"({report.checks:,} state comparisons)",
+        f"({report.checks:,} state comparisons{every})",
         file=out,
     )
     return 0

@@ -71,16 +71,28 @@ MUTATING = {
     "run_gc",
 }
 _FOR_SHARDS = (ShardIdent.MASTERCHAIN, ShardIdent.BASECHAIN)
+_CLOSING = {"close", "kill"}  # after them the queue's state cannot be read
 
 
 class ReplayDivergenceError(AssertionError):
-    """The replay differs from the log, or the queue from the model."""
+    """The replay differs from the log, or the queue from the model.
 
-    def __init__(self, step: int, op: str, difference: str) -> None:
-        super().__init__(f"step {step} ({op}): {difference}")
+    ``step`` and ``op`` name the step at which the difference showed. ``checked_to`` is
+    ``None`` when that step made it (every result is compared at its step, and the state
+    after every state-changing step unless ``check_every`` says otherwise); otherwise the
+    state was compared less often and agreed last after step ``checked_to``: any step
+    after it may have made the difference (:func:`replay` replays once more, comparing
+    after every step up to ``step``, to name it, where it can)."""
+
+    def __init__(
+        self, step: int, op: str, difference: str, *, checked_to: int | None = None
+    ) -> None:
+        since = "" if checked_to is None else f" (the state agreed last after step {checked_to})"
+        super().__init__(f"step {step} ({op}): {difference}{since}")
         self.step = step
         self.op = op
         self.difference = difference
+        self.checked_to = checked_to
 
 
 class OpLogError(ImqError, ValueError):
@@ -105,7 +117,8 @@ _CLOSED_MODEL: Any = _ClosedModel()
 @dataclass(frozen=True)
 class ReplayReport:
     steps: int
-    checks: int
+    checks: int  # state comparisons
+    check_every: int = 1  # the state compared after every this many state-changing steps
 
 
 def _as_path(name: str, value: object) -> Path:
@@ -532,7 +545,13 @@ Opener = Callable[[QueueConfig, int], Queue]  # (config, zerostate seqno) -> an 
 
 
 class _Replayer:
-    def __init__(self, db: Path, zerostate_seqno: int, opener: Opener | None = None) -> None:
+    def __init__(
+        self,
+        db: Path,
+        zerostate_seqno: int,
+        opener: Opener | None = None,
+        check_every: int = 1,
+    ) -> None:
         self.db = db
         self.zerostate = zerostate_seqno
         self.opener: Opener = opener or (
@@ -545,6 +564,14 @@ class _Replayer:
         self.model_pending: dict[int, DiffInput] = {}
         self.shards: set[ShardIdent] = set()
         self.checks = 0
+        # The state is compared after every ``check_every``-th state-changing step, before
+        # the log closes the queue and at the log's end: ``unchecked`` steps since the last
+        # comparison, the last of them ``last_change`` (step, op), the state agreeing
+        # after step ``agreed`` (0: before the first step).
+        self.check_every = check_every
+        self.unchecked = 0
+        self.last_change: tuple[int, str] = (0, "")
+        self.agreed = 0
         # The recorded queue's checks that make an apply fail (logged with "open")
         self.check_sources = False
         self.check_statistics = False
@@ -564,16 +591,37 @@ class _Replayer:
     def step(self, line: dict[str, Any]) -> None:
         op, args, step = line["op"], line.get("args", {}), line["step"]
         self._line = line
+        if op in _CLOSING and self.unchecked:  # compare what the steps before it left
+            self.check_state()
         real, model = self._run(op, args)
         recorded = _recorded(line)
+        # A result that differs after unchecked state changes may follow from one of them.
+        since = self.agreed if self.unchecked else None
         if real != recorded or _json(real) != _json(recorded):
-            raise ReplayDivergenceError(step, op, f"the log says {recorded}, the queue now {real}")
+            raise ReplayDivergenceError(
+                step, op, f"the log says {recorded}, the queue now {real}", checked_to=since
+            )
         if model != real:
-            raise ReplayDivergenceError(step, op, f"the queue gives {real}, the model {model}")
+            raise ReplayDivergenceError(
+                step, op, f"the queue gives {real}, the model {model}", checked_to=since
+            )
         if op in MUTATING and self.queue is not None and "error" not in real:
-            difference = self._compare_state()
-            if difference is not None:
-                raise ReplayDivergenceError(step, op, difference)
+            self.unchecked += 1
+            self.last_change = (step, op)
+            if self.unchecked >= self.check_every:
+                self.check_state()
+
+    def check_state(self) -> None:
+        """Compare the queue's observable state with the model's (the queue open), as it
+        is after ``last_change``; raise at the first difference."""
+        step, op = self.last_change
+        difference = self._compare_state()
+        # Exact where one state-changing step ran since the state last agreed.
+        checked_to = None if self.unchecked <= 1 else self.agreed
+        self.unchecked = 0
+        if difference is not None:
+            raise ReplayDivergenceError(step, op, difference, checked_to=checked_to)
+        self.agreed = step
 
     def _refused(self, diff: QueueDiff, inp: DiffInput, stats: DiffStatistics | None) -> bool:
         """The queue's refusals of a diff on the model's side, in the queue's order: its
@@ -899,6 +947,7 @@ def replay(
     checked: Callable[[int], object] | None = None,
     progress: Callable[[int, int], object] | None = None,
     checking: Callable[[int, int], object] | None = None,
+    check_every: int = 1,
 ) -> ReplayReport:
     """Replay the log at ``path`` on a fresh database in ``db`` (a temporary directory if
     None; ``db`` must not hold a database) and on the model. Raises
@@ -913,21 +962,57 @@ def replay(
     passed, before the first step, and ``progress(done, total)`` every 256 steps while
     they replay.
 
+    Every step's result is compared with the log's and the model's. The whole observable
+    state (every stored diff, statistic and message) is compared after every
+    state-changing step by default, which costs time in proportion to the state: most of
+    a long log's replay. ``check_every=N`` compares it after every N-th such step, before
+    each close of the queue and at the log's end instead. A difference found after
+    unchecked state changes (by a comparison, or in a result that may follow from one of
+    them) is then replayed once more on a fresh temporary database, the state compared
+    after every step up to where it showed, so that the error names the step that made
+    it, as with ``check_every=1`` (a difference that a later step undid before the next
+    comparison, with no result showing it, goes unseen).
+
     ``open_queue(config, zerostate_seqno)``, when given, opens the queue instead (every
     ``open`` of the log calls it; it must reopen one database, e.g.
-    :meth:`MemoryDatabase.open`), and ``db`` is not used."""
+    :meth:`MemoryDatabase.open`), and ``db`` is not used; the error of a difference found
+    after unchecked steps then gives the step after which the state agreed last
+    (``checked_to``) instead of a second replay."""
+    if type(check_every) is not int or check_every < 1:
+        raise ValueError(f"check_every must be an int of at least 1, not {check_every!r}")
     with _Log(_as_path("the op log's path", path), checking) as log:
         if checked is not None:
             checked(len(log.lines))
         if open_queue is not None:
-            return _replay(log, Path("unused"), open_queue, progress=progress)
+            return _replay(log, Path("unused"), open_queue, progress=progress, every=check_every)
         if db is None:
             with tempfile.TemporaryDirectory(prefix="imq-replay-") as tmp:
-                return _replay(log, Path(tmp) / "queue", progress=progress)
+                return _pinpointed(log, Path(tmp) / "queue", progress, check_every)
         where = _as_path("db", db)
         if where.exists() and any(where.iterdir()):
             raise ValueError(f"{where} is not empty: a replay needs a fresh database")
-        return _replay(log, where, progress=progress)
+        return _pinpointed(log, where, progress, check_every)
+
+
+def _pinpointed(
+    log: _Log, db: Path, progress: Callable[[int, int], object] | None, every: int
+) -> ReplayReport:
+    """:func:`_replay` on ``db``; a difference found after unchecked steps is replayed
+    again on a temporary database, comparing after every step, to name its first step."""
+    try:
+        return _replay(log, db, progress=progress, every=every)
+    except ReplayDivergenceError as found:
+        if found.checked_to is None:
+            raise
+        first: ReplayDivergenceError | None = None
+        with tempfile.TemporaryDirectory(prefix="imq-replay-") as tmp:
+            try:
+                _replay(log, Path(tmp) / "queue", progress=progress, until=found.step)
+            except ReplayDivergenceError as exc:
+                first = exc
+        if first is None:  # not found again (a replay that does not repeat itself)
+            raise
+        raise first from found
 
 
 def _replay(
@@ -936,9 +1021,13 @@ def _replay(
     opener: Opener | None = None,
     *,
     progress: Callable[[int, int], object] | None = None,
+    every: int = 1,
+    until: int | None = None,
 ) -> ReplayReport:
+    """Replay ``log`` (up to and with step ``until``, when given), the state compared
+    after every ``every`` state-changing steps, before each close and at the end."""
     lines = log.lines
-    r = _Replayer(db, log.header.get("zerostate_seqno", 0), opener)
+    r = _Replayer(db, log.header.get("zerostate_seqno", 0), opener, every)
     try:
         for done, s in enumerate(lines):
             if progress is not None and done % 256 == 0:
@@ -953,12 +1042,16 @@ def _replay(
                     f"cannot be replayed: {what}; check it against docs/replay-format.md"
                 ) from exc
             del line
+            if s.step == until:
+                break
+        if r.unchecked:  # the steps since the last comparison (the queue is open)
+            r.check_state()
     finally:
         if r.queue is not None:
             for token in r.model_pending:
                 r.real_pending[token].discard()
             r.queue.close()
-    return ReplayReport(steps=len(lines), checks=r.checks)
+    return ReplayReport(steps=len(lines), checks=r.checks, check_every=every)
 
 
 def assert_replays(
