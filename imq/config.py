@@ -87,7 +87,7 @@ def parse_duration(text: str) -> float:
     if not stripped:
         raise ValueError("empty duration")
     if stripped.startswith("-"):
-        raise ValueError(f"negative duration {text!r}")
+        raise ValueError(f"negative duration {text!r}: a duration is positive, e.g. '500ms', '5s'")
     if _BARE_NUMBER.fullmatch(stripped):
         raise ValueError(f"duration {text!r} needs a unit, e.g. '5s' or '500ms'")
     total = Fraction(0)
@@ -154,7 +154,10 @@ def _check_seconds(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigTypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{name} must be finite and > 0 seconds, got {value!r}")
+        hint = (
+            "; to turn background GC off, set gc_enabled to false" if name == "gc_interval" else ""
+        )
+        raise ConfigError(f"{name} must be finite and > 0 seconds, got {value!r}{hint}")
     if value > MAX_SECONDS:  # a thread's wait takes at most threading.TIMEOUT_MAX
         raise ConfigError(
             f"{name} must be at most {MAX_SECONDS:.0e} seconds (about 30 years), got "
@@ -359,7 +362,10 @@ class QueueConfig:
             with open(source, "rb") as fh:
                 document = tomllib.load(fh)
         except OSError as exc:
-            raise ConfigError(f"{source}: cannot read config file: {exc.strerror or exc}") from exc
+            raise ConfigError(
+                f"{source}: cannot read config file: {exc.strerror or exc}; give the path of a "
+                "readable TOML file (config/imq.toml in the repository lists every key)"
+            ) from exc
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{source}: not UTF-8 text, so not TOML: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:

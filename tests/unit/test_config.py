@@ -326,7 +326,21 @@ def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read") as info:
         QueueConfig.from_toml(path)
     assert str(path) in str(info.value)
+    assert "give the path of a readable TOML file" in str(info.value)  # what to do next
     assert isinstance(info.value.__cause__, OSError)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('gc_interval = "-5s"', "a duration is positive"),
+        ("gc_interval = 0", "set gc_enabled to false"),
+    ],
+)
+def test_a_bad_duration_says_what_to_write(tmp_path: Path, text: str, says: str) -> None:
+    path = write_toml(tmp_path, f"[internal_queue]\n{text}\n")
+    with pytest.raises(ConfigError, match=says):
+        QueueConfig.from_toml(path)
 
 
 def test_directory_instead_of_file(tmp_path: Path) -> None:
