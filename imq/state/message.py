@@ -53,14 +53,20 @@ class MessageFormatError(ValueError):
         self.detail = detail
 
 
-def parse_internal_header(data: bytes, bits: int) -> tuple[int, int, bytes, int, bytes]:
+def parse_internal_header(
+    data: bytes, bits: int, refs: int | None = None
+) -> tuple[int, int, bytes, int, bytes]:
     """``(created_lt, src_workchain, src_account, dst_workchain, dst_account)`` of an
-    internal message cell given its data bytes and bit length."""
+    internal message cell given its data bytes and bit length. With ``refs``, the cell's
+    number of references, a header that names more referenced cells than that (its
+    extra currencies, a state init or a body "in a ref") is refused too: no such cell
+    parses as a message (``field`` ``refs``)."""
     size = len(data) * 8
     try:
         x = _from_bytes(data, "big")
         p = size - 542  # shift that brings the value's len:uint4 to the lowest bits
         p -= ((x >> p) & 15) * 8 + 5  # skip value and the extra-currencies bit
+        extra_currencies = (x >> (p + 4)) & 1  # Maybe ^Cell: the bit before ihr_fee
         p -= ((x >> p) & 15) * 8 + 4  # skip ihr_fee
         p -= ((x >> p) & 15) * 8 + 64  # skip fwd_fee
         lt = (x >> p) & _MASK64
@@ -68,9 +74,12 @@ def parse_internal_header(data: bytes, bits: int) -> tuple[int, int, bytes, int,
     except ValueError:  # a negative shift: the cell is too short
         p = size
         head = 0
+        extra_currencies = 0
     # tag 0 and src "10" + anycast 0; dst "10" + anycast 0; then created_at, init, body
     if (head >> 531) & 0x47 != 0x04 or (head >> 264) & 7 != 4 or not size - p + 34 <= bits <= size:
         _diagnose(data, bits)
+    if refs is not None:
+        _check_refs(x, p, size - bits, extra_currencies, refs)
     return (
         lt,
         _I8[(head >> 523) & 255],
@@ -78,6 +87,28 @@ def parse_internal_header(data: bytes, bits: int) -> tuple[int, int, bytes, int,
         _I8[(head >> 256) & 255],
         (head & _MASK256).to_bytes(32, "big"),
     )
+
+
+def _check_refs(x: int, p: int, pad: int, extra_currencies: int, refs: int) -> None:
+    """Refuse a header that names more referenced cells than the cell has. ``p``: the
+    shift of created_lt's lowest bit in ``x``; ``pad``: the bits below the cell's data.
+    After created_at (32 bits) come init:(Maybe (Either StateInit ^StateInit)) and
+    body:(Either X ^X); an init inline hides where the body starts, so only its own
+    references are left uncounted (a lower bound, never a false refusal)."""
+    init = (x >> (p - 33)) & 1
+    needed = extra_currencies
+    if not init:
+        needed += (x >> (p - 34)) & 1  # the body in a ref
+    elif (x >> (p - 34)) & 1:  # the init in a ref, then the body's bit, when present
+        needed += 1
+        if p - 35 >= pad:
+            needed += (x >> (p - 35)) & 1
+    if needed > refs:
+        raise MessageFormatError(
+            "refs",
+            f"the header names {needed} referenced cell{'s' if needed != 1 else ''} (extra "
+            f"currencies, init, body in a ref), the cell has {refs}: not a message",
+        )
 
 
 class _Bits:

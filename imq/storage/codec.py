@@ -373,19 +373,19 @@ def put_raw_message_rows(
     *,
     partitions: Iterable[int] | None,
     headers: Iterable[tuple[int, int, bytes, int, bytes]],
-    roots: Iterable[tuple[bytes, bytes, int, bytes]],
+    roots: Iterable[tuple[bytes, bytes, int, bytes, int]],
 ) -> None:
     """Put message rows given as plain fields, without building ``Message`` objects (the
     import path). ``headers`` are ``(lt, src_wc, src_account, dst_wc, dst_account)``,
-    ``roots`` are ``(hash, _, _, body)`` (a state's message roots), ``partitions`` one per
-    message or ``None`` for partition 0. The bytes equal what :func:`put_message_rows`
-    writes for the same message."""
+    ``roots`` are ``(hash, _, _, body, _)`` (a state's message roots, ``RootView``s),
+    ``partitions`` one per message or ``None`` for partition 0. The bytes equal what
+    :func:`put_message_rows` writes for the same message."""
     pack_key = _MESSAGE_KEY.pack
     pack_header = _MESSAGE_HEADER.pack
     shard_b = shard_bytes(shard)
     if partitions is None:
         prefix = _U16.pack(0) + shard_b
-        for (lt, src_wc, src_acc, dst_wc, dst_acc), (hash_, _, _, body) in zip(
+        for (lt, src_wc, src_acc, dst_wc, dst_acc), (hash_, _, _, body, _) in zip(
             headers, roots, strict=True
         ):
             put(
@@ -395,7 +395,7 @@ def put_raw_message_rows(
             )
         return
     prefixes: dict[int, bytes] = {}
-    for partition, (lt, src_wc, src_acc, dst_wc, dst_acc), (hash_, _, _, body) in zip(
+    for partition, (lt, src_wc, src_acc, dst_wc, dst_acc), (hash_, _, _, body, _) in zip(
         partitions, headers, roots, strict=True
     ):
         prefix = prefixes.get(partition) or prefixes.setdefault(

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from pytoniq_core import Address as PAddress
 from pytoniq_core import Builder as PBuilder
 from pytoniq_core import Cell as PCell
-from pytoniq_core.tlb.block import CurrencyCollection
+from pytoniq_core.tlb.account import StateInit
+from pytoniq_core.tlb.block import CurrencyCollection, ExtraCurrencyCollection
 from pytoniq_core.tlb.transaction import InternalMsgInfo, MessageAny
 from tycho_data import TYCHO
 
@@ -86,6 +87,7 @@ def test_every_real_message_matches_pytoniq() -> None:
         expected = (info.created_lt, info.src.wc, info.src.hash_part)
         expected += (info.dest.wc, info.dest.hash_part)
         assert parse_internal_header(view.data, view.bits) == expected
+        assert parse_internal_header(view.data, view.bits, view.refs) == expected
         lts.add(info.created_lt)
     assert len(lts) < 4300  # created_lt is not unique (FORMAT.md §8.5)
 
@@ -275,3 +277,67 @@ def test_inconsistent_arguments_are_a_plain_value_error() -> None:
 def test_error_type() -> None:
     err = MessageFormatError("dst", "dst is addr_var, not addr_std")
     assert isinstance(err, ValueError) and err.field == "dst" and str(err) == err.detail
+
+
+# ---------------------------------------------------------------------------------------------
+# the references a header names (FORMAT.md §6: the node parses each message whole)
+
+
+def _laid_out(*, ec: bool, init: str | None, body_ref: bool) -> PCell:
+    """A valid message (pytoniq builds the parts) whose extra currencies, init (none,
+    inline or in a ref) and body (inline or in a ref) sit where asked."""
+    info = InternalMsgInfo(
+        ihr_disabled=True,
+        bounce=False,
+        bounced=False,
+        src=PAddress((A.workchain, A.account)),
+        dest=PAddress((B.workchain, B.account)),
+        value=CurrencyCollection(5, ExtraCurrencyCollection({7: 9}) if ec else None),
+        ihr_fee=0,
+        fwd_fee=0,
+        created_lt=77,
+        created_at=1,
+    )
+    builder = PBuilder().store_cell(info.serialize())
+    leaf = PBuilder().store_uint(3, 8).end_cell()
+    if init is None:
+        builder.store_bit(0)
+    else:
+        state = StateInit(code=leaf, data=leaf).serialize()
+        builder.store_bit(1)
+        if init == "inline":
+            builder.store_bit(0).store_cell(state)
+        else:
+            builder.store_bit(1).store_ref(state)
+    body = PBuilder().store_uint(42, 32).end_cell()
+    if body_ref:
+        builder.store_bit(1).store_ref(body)
+    else:
+        builder.store_bit(0).store_cell(body)
+    return builder.end_cell()
+
+
+@pytest.mark.parametrize("ec", [False, True])
+@pytest.mark.parametrize("init", [None, "inline", "ref"])
+@pytest.mark.parametrize("body_ref", [False, True])
+def test_a_header_naming_more_references_than_the_cell_has_is_refused(
+    ec: bool, init: str | None, body_ref: bool
+) -> None:
+    """With the cell's reference count, the parser refuses a header whose extra
+    currencies, init or body "in a ref" name a cell that is not there (an outside audit:
+    such a state imported, and the node refuses it). Every valid layout (pytoniq parses
+    it) passes with its own count; an inline init hides where the body starts, so its
+    references are never counted (a lower bound: no false refusal)."""
+    cell = _laid_out(ec=ec, init=init, body_ref=body_ref)
+    MessageAny.deserialize(cell.begin_parse())  # valid, by pytoniq
+    (root,) = decode_boc(cell.to_boc())
+    expected = (77, A.workchain, A.account, B.workchain, B.account)
+    assert parse_internal_header(root.data, root.bits, len(root.refs)) == expected
+    named = ec + (init == "ref") + (body_ref and init != "inline")
+    for refs in range(len(root.refs)):
+        if refs < named:
+            with pytest.raises(MessageFormatError, match="names") as info:
+                parse_internal_header(root.data, root.bits, refs)
+            assert info.value.field == "refs"
+        else:
+            assert parse_internal_header(root.data, root.bits, refs) == expected
