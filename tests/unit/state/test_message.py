@@ -96,21 +96,34 @@ def test_every_real_message_matches_pytoniq() -> None:
 # the builder against pytoniq
 
 
-def pytoniq_message(
-    src: Address, dst: Address, lt: int, *, value: int, at: int, bounce: bool, body: PCell
-) -> PCell:
-    info = InternalMsgInfo(
+def pytoniq_new_info(
+    src: Address,
+    dst: Address,
+    lt: int,
+    *,
+    value: int,
+    at: int,
+    bounce: bool = False,
+    extra: dict[int, int] | None = None,
+) -> InternalMsgInfo:
+    return InternalMsgInfo(
         ihr_disabled=True,
         bounce=bounce,
         bounced=False,
         src=PAddress((src.workchain, src.account)),
         dest=PAddress((dst.workchain, dst.account)),
-        value=CurrencyCollection(value),
+        value=CurrencyCollection(value, ExtraCurrencyCollection(extra) if extra else None),
         ihr_fee=0,
         fwd_fee=0,
         created_lt=lt,
         created_at=at,
     )
+
+
+def pytoniq_message(
+    src: Address, dst: Address, lt: int, *, value: int, at: int, bounce: bool, body: PCell
+) -> PCell:
+    info = pytoniq_new_info(src, dst, lt, value=value, at=at, bounce=bounce)
     return MessageAny(info, None, body).serialize()
 
 
@@ -286,18 +299,7 @@ def test_error_type() -> None:
 def _laid_out(*, ec: bool, init: str | None, body_ref: bool) -> PCell:
     """A valid message (pytoniq builds the parts) whose extra currencies, init (none,
     inline or in a ref) and body (inline or in a ref) sit where asked."""
-    info = InternalMsgInfo(
-        ihr_disabled=True,
-        bounce=False,
-        bounced=False,
-        src=PAddress((A.workchain, A.account)),
-        dest=PAddress((B.workchain, B.account)),
-        value=CurrencyCollection(5, ExtraCurrencyCollection({7: 9}) if ec else None),
-        ihr_fee=0,
-        fwd_fee=0,
-        created_lt=77,
-        created_at=1,
-    )
+    info = pytoniq_new_info(A, B, 77, value=5, at=1, extra={7: 9} if ec else None)
     builder = PBuilder().store_cell(info.serialize())
     leaf = PBuilder().store_uint(3, 8).end_cell()
     if init is None:
