@@ -93,8 +93,8 @@ def _check_refs(x: int, p: int, pad: int, extra_currencies: int, refs: int) -> N
     """Refuse a header that names more referenced cells than the cell has. ``p``: the
     shift of created_lt's lowest bit in ``x``; ``pad``: the bits below the cell's data.
     After created_at (32 bits) come init:(Maybe (Either StateInit ^StateInit)) and
-    body:(Either X ^X); an init inline hides where the body starts, so only its own
-    references are left uncounted (a lower bound, never a false refusal)."""
+    body:(Either X ^X); an init inline hides where the body starts, so neither its
+    references nor the body's are counted then (a lower bound, never a false refusal)."""
     init = (x >> (p - 33)) & 1
     needed = extra_currencies
     if not init:
