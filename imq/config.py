@@ -154,10 +154,10 @@ def _check_seconds(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigTypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
     if not math.isfinite(value) or value <= 0:
-        hint = (
-            "; to turn background GC off, set gc_enabled to false" if name == "gc_interval" else ""
+        raise ConfigError(
+            f"{name} must be finite and > 0 seconds, got {value!r}; to turn background GC "
+            "off, set gc_enabled to false"
         )
-        raise ConfigError(f"{name} must be finite and > 0 seconds, got {value!r}{hint}")
     if value > MAX_SECONDS:  # a thread's wait takes at most threading.TIMEOUT_MAX
         raise ConfigError(
             f"{name} must be at most {MAX_SECONDS:.0e} seconds (about 30 years), got "
@@ -389,10 +389,10 @@ def _check_no_misplaced_keys(document: Mapping[str, object], source: str) -> Non
             f"the [{TABLE}] table; put them under a [{TABLE}] line"
         )
     for key, value in document.items():
-        spelt = _spelt(key)
-        holds_settings = isinstance(value, dict) and any(k in names for k in value)
         if key == TABLE:
             continue
+        spelt = _spelt(key)
+        holds_settings = isinstance(value, dict) and any(k in names for k in value)
         if _near_table_name(spelt) or (spelt == "imq" and holds_settings):
             raise ConfigError(
                 f"{source}: table [{key}] is not [{TABLE}], which imq reads: rename it [{TABLE}]"
