@@ -11,7 +11,6 @@ table dropped without a word) are kept in ``tests/unit/test_config.py``.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import threading
 import time
@@ -19,10 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from builders import block_id, digest, top
 
 from imq import (
     Address,
-    BlockId,
     BlockIdShort,
     CommitError,
     DiffConflictError,
@@ -39,7 +38,6 @@ from imq import (
     QueueShardRange,
     ShardIdent,
     StartupError,
-    TopBlock,
 )
 
 K = QueueKey
@@ -50,12 +48,8 @@ RIGHT = ShardIdent(0, 0xC000_0000_0000_0000)
 FULL = (K.MIN, K.MAX)
 
 
-def h(*parts: object) -> bytes:
-    return hashlib.sha256(repr(parts).encode()).digest()
-
-
 def addr(wc: int, n: int, first: int | None = None) -> Address:
-    acc = h("acc", wc, n)
+    acc = digest("acc", wc, n)
     if first is not None:
         acc = bytes([first]) + acc[1:]
     return Address(wc, acc)
@@ -69,15 +63,7 @@ AR = addr(0, 5, first=0x90)  # in RIGHT
 
 
 def msg(lt: int, src: Address, dst: Address, salt: object = 0) -> Message:
-    return Message(K(lt, h("m", lt, salt)), src, dst, b"body%d" % lt)
-
-
-def bid(shard: ShardIdent, seqno: int, tag: object = 0) -> BlockId:
-    return BlockId(shard, seqno, h("root", shard, seqno, tag), h("file", shard, seqno, tag))
-
-
-def top(shard: ShardIdent, seqno: int, ref: int | None = None, updated: bool = True) -> TopBlock:
-    return TopBlock(bid(shard, seqno), seqno if ref is None else ref, updated)
+    return Message(K(lt, digest("m", lt, salt)), src, dst, b"body%d" % lt)
 
 
 def rng(shard: ShardIdent, lo: QueueKey = K.MIN, hi: QueueKey = K.MAX) -> QueueShardRange:
@@ -110,13 +96,13 @@ def test_duplicate_check_runs_before_the_sequence_check(q: Queue) -> None:
     """SEMANTICS §5.3: "Checks, in this exact order: ... 2. Duplicate check ... Found with a
     different stored hash -> error ... 3. Sequence check, only if check_sequence". A
     re-collated block below the last seqno is a conflict, not a silent skip."""
-    assert q.apply_diff(QueueDiff([msg(10, A0, A1)]), BlockIdShort(BC, 1), h("b1"))
-    assert q.apply_diff(QueueDiff([msg(20, A0, A1)]), BlockIdShort(BC, 2), h("b2"))
+    assert q.apply_diff(QueueDiff([msg(10, A0, A1)]), BlockIdShort(BC, 1), digest("b1"))
+    assert q.apply_diff(QueueDiff([msg(20, A0, A1)]), BlockIdShort(BC, 2), digest("b2"))
     with pytest.raises(DiffConflictError):
         q.prepare_diff(
             QueueDiff([msg(10, A0, A1)]),
             BlockIdShort(BC, 1),
-            h("other"),
+            digest("other"),
             check_sequence=DiffZone.BOTH,
         )
 
@@ -125,13 +111,19 @@ def test_sequence_skip_runs_before_the_commit_pointer_check(q: Queue) -> None:
     """SEMANTICS §5.3: the sequence check (3: "new seqno <= last.seqno -> return none") comes
     before the commit-pointer check (4). A stale diff below the pointer is skipped with
     None / False when check_sequence is set, and raises only without it."""
-    q.apply_diff(QueueDiff([msg(10, A0, A1)]), BlockIdShort(BC, 1), h("b1"))
-    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), h("m1"))
+    q.apply_diff(QueueDiff([msg(10, A0, A1)]), BlockIdShort(BC, 1), digest("b1"))
+    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), digest("m1"))
     assert q.commit_diff([top(MC, 1), top(BC, 1, 1)])
-    q.apply_diff(QueueDiff([msg(20, A0, A1)]), BlockIdShort(BC, 3), h("b3"))
+    q.apply_diff(QueueDiff([msg(20, A0, A1)]), BlockIdShort(BC, 3), digest("b3"))
     stale = QueueDiff([msg(5, A0, A1)])
-    assert q.prepare_diff(stale, BlockIdShort(BC, 2), h("b2"), check_sequence=DiffZone.BOTH) is None
-    assert q.apply_diff(stale, BlockIdShort(BC, 2), h("b2"), check_sequence=DiffZone.BOTH) is False
+    assert (
+        q.prepare_diff(stale, BlockIdShort(BC, 2), digest("b2"), check_sequence=DiffZone.BOTH)
+        is None
+    )
+    assert (
+        q.apply_diff(stale, BlockIdShort(BC, 2), digest("b2"), check_sequence=DiffZone.BOTH)
+        is False
+    )
     assert not q.is_diff_exists(BlockIdShort(BC, 2))
 
 
@@ -140,16 +132,16 @@ def test_commit_pointer_is_the_stored_statistics_max(q: Queue) -> None:
     (not recomputed from the messages) and commit sets "pointers[item.shard] =
     (diff.max_message, diff.seqno)"; the pointer check reads the first message key, not
     statistics.min (§5.3 step 4)."""
-    q.apply_diff(QueueDiff([msg(10, A0, A1)]), BlockIdShort(BC, 1), h("b1"))
-    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), h("m1"))
+    q.apply_diff(QueueDiff([msg(10, A0, A1)]), BlockIdShort(BC, 1), digest("b1"))
+    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), digest("m1"))
     q.commit_diff([top(MC, 1), top(BC, 1, 1)])
     # statistics.min is below the pointer, the messages are above: accepted.
     st = DiffStatistics(BC, K.MIN, K.max_for_lt(25), {0: {A1: 1}})
-    assert q.apply_diff(QueueDiff([msg(20, A0, A1)]), BlockIdShort(BC, 2), h("b2"), st)
+    assert q.apply_diff(QueueDiff([msg(20, A0, A1)]), BlockIdShort(BC, 2), digest("b2"), st)
     info = q.get_diff_info(BC, 2)
     assert info is not None
     assert (info.min_message, info.max_message) == (K.MIN, K.max_for_lt(25))
-    q.apply_diff(QueueDiff(), BlockIdShort(MC, 2), h("m2"))
+    q.apply_diff(QueueDiff(), BlockIdShort(MC, 2), digest("m2"))
     assert q.commit_diff([top(MC, 2), top(BC, 2, 2)])
     assert q.get_commit_pointers()[BC].key == K.max_for_lt(25)
     assert q.get_commit_pointers()[BC].seqno == 2
@@ -160,30 +152,32 @@ def test_zone_is_decided_by_key_only_and_drives_the_sequence_rule(q: Queue) -> N
     commit pointer key with the diff's max_message ... The pointer's seqno is not used";
     §5.3: "If last does not exist, or that diff is not visible in zone, there is no
     sequence constraint"."""
-    q.apply_diff(QueueDiff([msg(10, A0, A1)]), BlockIdShort(BC, 1), h("b1"))
-    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), h("m1"))
+    q.apply_diff(QueueDiff([msg(10, A0, A1)]), BlockIdShort(BC, 1), digest("b1"))
+    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), digest("m1"))
     q.commit_diff([top(MC, 1), top(BC, 1, 1)])
     # seqno 3 (above the pointer's seqno 1) but max_message below the pointer's key.
     low = DiffStatistics(BC, K.MIN, K.max_for_lt(5), {})
-    assert q.apply_diff(QueueDiff(), BlockIdShort(BC, 3), h("b3"), low)
+    assert q.apply_diff(QueueDiff(), BlockIdShort(BC, 3), digest("b3"), low)
     assert q.get_diff_info(BC, 3, DiffZone.COMMITTED) is not None
     assert q.get_diff_info(BC, 3, DiffZone.UNCOMMITTED) is None
     far = QueueDiff([msg(90, A0, A1)])
     with q.prepare_diff(
-        far, BlockIdShort(BC, 9), h("b9"), check_sequence=DiffZone.UNCOMMITTED
+        far, BlockIdShort(BC, 9), digest("b9"), check_sequence=DiffZone.UNCOMMITTED
     ) as pd:
         assert pd is not None  # last (3) is not uncommitted: no constraint
     with pytest.raises(DiffSequenceError):  # 3 is committed, 9 != 4
-        q.prepare_diff(far, BlockIdShort(BC, 9), h("b9"), check_sequence=DiffZone.COMMITTED)
+        q.prepare_diff(far, BlockIdShort(BC, 9), digest("b9"), check_sequence=DiffZone.COMMITTED)
 
 
 def test_iterator_position_holds_skips_gathered_while_refilling(q: Queue) -> None:
     """SEMANTICS §11.2: next() first refills every shard not in the heap (a Skip sets
     current_position[shard] = key and pulling continues), then pops the smallest message.
     §11.3: "It holds only shards that have yielded or skipped at least one message"."""
-    q.apply_diff(QueueDiff([msg(10, AL, AR), msg(12, AL, AL)]), BlockIdShort(LEFT, 1), h("L1"))
-    q.apply_diff(QueueDiff([msg(11, AR, AL), msg(14, AR, AM)]), BlockIdShort(RIGHT, 1), h("R1"))
-    q.apply_diff(QueueDiff([msg(9, AM, AL)]), BlockIdShort(MC, 1), h("M1"))
+    q.apply_diff(QueueDiff([msg(10, AL, AR), msg(12, AL, AL)]), BlockIdShort(LEFT, 1), digest("L1"))
+    q.apply_diff(
+        QueueDiff([msg(11, AR, AL), msg(14, AR, AM)]), BlockIdShort(RIGHT, 1), digest("R1")
+    )
+    q.apply_diff(QueueDiff([msg(9, AM, AL)]), BlockIdShort(MC, 1), digest("M1"))
     it = q.iterator(0, [rng(LEFT), rng(RIGHT), rng(MC)], LEFT)
     assert it.current_position() == {}
     first = next(it)
@@ -200,8 +194,8 @@ def test_iterator_range_is_half_open_even_at_max(q: Queue) -> None:
     """API.md: QueueShardRange is "half-open [from_key, to_key)"; SEMANTICS §5.2: upper
     bound key(partition, S, to) exclusive. A message at QueueKey.MAX is never in [MIN, MAX),
     while load/tail counts still see its diff (I1: tail counts MAX included)."""
-    assert q.apply_diff(QueueDiff([Message(K.MIN, A0, A1)]), BlockIdShort(BC, 1), h("b1"))
-    assert q.apply_diff(QueueDiff([Message(K.MAX, A0, A1)]), BlockIdShort(BC, 2), h("b2"))
+    assert q.apply_diff(QueueDiff([Message(K.MIN, A0, A1)]), BlockIdShort(BC, 1), digest("b1"))
+    assert q.apply_diff(QueueDiff([Message(K.MAX, A0, A1)]), BlockIdShort(BC, 2), digest("b2"))
     assert [m.message.key for m in q.iterator(0, [rng(BC)], BC)] == [K.MIN]
     assert q.get_diffs_tail_len(BC, K.MAX) == 1
     assert q.load_diff_statistics(0, rng(BC)) == {A1: 1}  # the MAX diff is outside [MIN, MAX)
@@ -211,8 +205,8 @@ def test_pointer_at_max_clear_keeps_the_committed_diff(q: Queue) -> None:
     """SEMANTICS §6: "uncommitted messages of a shard are those with key > pointer" and
     QueueKey.next_value "saturates at MAX": a pointer at MAX leaves nothing uncommitted, so
     a clear must not remove the committed diff whose message is at MAX."""
-    q.apply_diff(QueueDiff([Message(K.MAX, A0, A1)]), BlockIdShort(BC, 1), h("b1"))
-    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), h("m1"))
+    q.apply_diff(QueueDiff([Message(K.MAX, A0, A1)]), BlockIdShort(BC, 1), digest("b1"))
+    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), digest("m1"))
     assert q.commit_diff([top(MC, 1), top(BC, 1, 1)])
     assert q.get_commit_pointers()[BC].key == K.MAX
     q.clear_uncommitted_state(top_shards=[BC])
@@ -224,8 +218,8 @@ def test_two_masterchain_entries_are_a_listed_twice_error(q: Queue) -> None:
     """SEMANTICS §5.5: "mc_block_id = the first item whose block id is masterchain"; every
     item with a diff sets pointers[item.shard], "If that shard already has an entry ->
     error". API.md: CommitError for "a shard listed twice"; nothing written."""
-    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), h("m1"))
-    q.apply_diff(QueueDiff(), BlockIdShort(MC, 2), h("m2"))
+    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), digest("m1"))
+    q.apply_diff(QueueDiff(), BlockIdShort(MC, 2), digest("m2"))
     with pytest.raises(CommitError, match="twice"):
         q.commit_diff([top(MC, 2), top(MC, 1)])
     assert q.get_commit_pointers() == {}
@@ -237,13 +231,13 @@ def test_missing_diff_referenced_at_the_zerostate_seqno_is_skipped(tmp_path: Pat
     "item.updated && item.block.ref_by_mc_seqno > zerostate_id.seqno" (strictly);
     otherwise the item is skipped."""
     with Queue.open(tmp_path / "q", QueueConfig(gc_enabled=False), zerostate_seqno=5) as q:
-        q.apply_diff(QueueDiff(), BlockIdShort(MC, 6), h("m6"))
-        assert q.commit_diff([top(MC, 6), top(BC, 3, ref=5, updated=True)]) is True
+        q.apply_diff(QueueDiff(), BlockIdShort(MC, 6), digest("m6"))
+        assert q.commit_diff([top(MC, 6), top(BC, 3, ref_by_mc_seqno=5, updated=True)]) is True
         assert set(q.get_commit_pointers()) == {MC}
-        q.apply_diff(QueueDiff(), BlockIdShort(MC, 7), h("m7"))
+        q.apply_diff(QueueDiff(), BlockIdShort(MC, 7), digest("m7"))
         with pytest.raises(CommitError, match="zerostate seqno 5"):
-            q.commit_diff([top(MC, 7), top(BC, 3, ref=6, updated=True)])
-        assert q.get_last_committed_mc_block_id() == bid(MC, 6)
+            q.commit_diff([top(MC, 7), top(BC, 3, ref_by_mc_seqno=6, updated=True)])
+        assert q.get_last_committed_mc_block_id() == block_id(MC, 6)
 
 
 def test_clear_with_no_partitions_still_removes_the_diffs_own_partitions(q: Queue) -> None:
@@ -253,7 +247,7 @@ def test_clear_with_no_partitions_still_removes_the_diffs_own_partitions(q: Queu
     and 5)."""
     router = PartitionRouter(dst={1: [A1], 5: [AM]})
     diff = QueueDiff([msg(10, A0, A1), msg(11, A0, AM), msg(12, A0, A0)], router=router)
-    q.apply_diff(diff, BlockIdShort(BC, 1), h("b1"))
+    q.apply_diff(diff, BlockIdShort(BC, 1), digest("b1"))
     assert [all_keys(q, p, BC) for p in (0, 1, 5)] == [[12], [10], [11]]
     q.clear_uncommitted_state(partitions=(), top_shards=[BC])
     assert not q.is_diff_exists(BlockIdShort(BC, 1))
@@ -266,8 +260,8 @@ def test_export_refuses_a_diff_whose_messages_gc_partly_removed(q: Queue) -> Non
     longer stored". A GC bound inside a diff's key span removes some of its messages but
     keeps its record (§7.3: tails/infos go only when max_message <= end_key)."""
     msgs = [msg(10, A0, A1), msg(11, A0, A1), msg(12, A0, A1)]
-    q.apply_diff(QueueDiff(msgs), BlockIdShort(BC, 1), h("b1"))
-    q.apply_diff(QueueDiff([], {BC: msgs[1].key}), BlockIdShort(MC, 1), h("m1"))
+    q.apply_diff(QueueDiff(msgs), BlockIdShort(BC, 1), digest("b1"))
+    q.apply_diff(QueueDiff([], {BC: msgs[1].key}), BlockIdShort(MC, 1), digest("m1"))
     q.commit_diff([top(MC, 1), top(BC, 1, 1)])
     assert q.run_gc() == 2  # (0, BC) and (1, BC)
     assert q.is_diff_exists(BlockIdShort(BC, 1))
@@ -281,22 +275,22 @@ def test_startup_with_same_seqno_other_block_changes_nothing(q: Queue) -> None:
     """SEMANTICS §14.2 step 3: require "c == last_block_id or c.seqno < last_block_id.seqno";
     API.md: "startup checks first and clears only if the check passes; a StartupError
     changes nothing". Same seqno, different hashes: refused, uncommitted diff kept."""
-    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), h("m1"))
+    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), digest("m1"))
     q.commit_diff([top(MC, 1)])
-    q.apply_diff(QueueDiff([msg(10, A0, A1)]), BlockIdShort(BC, 1), h("b1"))
+    q.apply_diff(QueueDiff([msg(10, A0, A1)]), BlockIdShort(BC, 1), digest("b1"))
     with pytest.raises(StartupError):
-        q.startup(bid(MC, 1, tag="other"), [BC])
+        q.startup(block_id(MC, 1, tag="other"), [BC])
     assert q.is_diff_exists(BlockIdShort(BC, 1))
-    q.startup(bid(MC, 1), [BC])
+    q.startup(block_id(MC, 1), [BC])
     assert not q.is_diff_exists(BlockIdShort(BC, 1))
 
 
 def test_last_applied_seqno_finds_the_u32_max_seqno(q: Queue) -> None:
     """API.md get_last_applied_seqno: "highest seqno with a stored diff, either zone"
     (SEMANTICS §5.12); seqno is u32, so 2**32-1 must be found, and seqno 0 too."""
-    q.apply_diff(QueueDiff([msg(5, A0, A1)]), BlockIdShort(BC, 0), h("0"))
+    q.apply_diff(QueueDiff([msg(5, A0, A1)]), BlockIdShort(BC, 0), digest("0"))
     assert q.get_last_applied_seqno(BC) == 0
-    q.apply_diff(QueueDiff([msg(50, A0, A1)]), BlockIdShort(BC, 2**32 - 1), h("max"))
+    q.apply_diff(QueueDiff([msg(50, A0, A1)]), BlockIdShort(BC, 2**32 - 1), digest("max"))
     assert q.get_last_applied_seqno(BC) == 2**32 - 1
 
 
@@ -304,8 +298,8 @@ def test_waiting_commit_blocks_new_prepares_until_the_pending_diff_goes(q: Queue
     """SEMANTICS §4: "commit and clear wait until every pending (prepared, unwritten) diff
     is written or dropped, and while one of them waits, new prepares wait behind it"
     (writer-preferring lock), even prepares of another shard."""
-    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), h("m1"))
-    pending = q.prepare_diff(QueueDiff([msg(5, A0, A1)]), BlockIdShort(BC, 1), h("b1"))
+    q.apply_diff(QueueDiff(), BlockIdShort(MC, 1), digest("m1"))
+    pending = q.prepare_diff(QueueDiff([msg(5, A0, A1)]), BlockIdShort(BC, 1), digest("b1"))
     assert pending is not None
     done: dict[str, float] = {}
 
@@ -314,7 +308,7 @@ def test_waiting_commit_blocks_new_prepares_until_the_pending_diff_goes(q: Queue
         done["commit"] = time.monotonic()
 
     def apply_other() -> None:
-        q.apply_diff(QueueDiff(), BlockIdShort(LEFT, 1), h("L1"))
+        q.apply_diff(QueueDiff(), BlockIdShort(LEFT, 1), digest("L1"))
         done["apply"] = time.monotonic()
 
     committer = threading.Thread(target=commit)
