@@ -1,7 +1,8 @@
 """Shared helpers of the state import/export tests: the real tycho files with the values
 their README lists, and oracles that share no code with ``imq.state`` -- a small TL
 parser written from FORMAT.md §3, ``zstandard`` for ``.queue`` files and pytoniq-core for
-message cells and blocks -- so a test compares imq against something independent.
+message cells and blocks -- so a test compares imq against something independent --
+and builders of crafted states (made with ``imq.state``'s own encoders, for bad input).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import blake3
 import zstandard
@@ -29,7 +31,9 @@ from imq import (
     ShardIdent,
 )
 from imq.state.block import parse_block_id_name
+from imq.state.boc import Cell, encode_boc, join_roots
 from imq.state.synth import SynthState, write_synth_state
+from imq.state.tl import TlDiff, diff_hash, encode_chunk, encode_diff, encode_state_header
 
 BASE = ShardIdent.BASECHAIN
 MC = ShardIdent.MASTERCHAIN
@@ -343,3 +347,66 @@ def expected_partition(state: SynthState, seqno: int, src: Address, dst: Address
             if address in addresses:
                 return partition
     return 0
+
+
+# -- crafted states ---------------------------------------------------------------------------
+
+
+def assemble(
+    shard: ShardIdent,
+    diffs_tl: Sequence[bytes],
+    chunks: Sequence[Sequence[bytes]],
+    *,
+    n_chunks: int | None = None,
+    tail: bytes = b"",
+) -> bytes:
+    """A state from boxed diffs (newest first) and chunks given as lists of one-root
+    BOCs; ``n_chunks`` overrides the announced count."""
+    seqno = struct.unpack_from("<I", diffs_tl[0], 48)[0]
+    announced = len(chunks) if n_chunks is None else n_chunks
+    parts = [encode_state_header(shard, seqno, diffs_tl, announced)]
+    parts += [encode_chunk(join_roots(list(bocs))) for bocs in chunks]
+    return b"".join(parts) + tail
+
+
+@dataclass(frozen=True)
+class CraftedDiff:
+    tl: bytes
+    bocs: list[bytes]  # file order: ascending by hash
+
+
+def craft_diffs(
+    shard: ShardIdent,
+    first_seqno: int,
+    cells: Sequence[Sequence[Cell]],
+    *,
+    processed_to: tuple[tuple[ShardIdent, QueueKey], ...] = ((BASE, QueueKey.max_for_lt(1)),),
+    spans: dict[int, tuple[QueueKey, QueueKey]] | None = None,
+    **routers: Any,
+) -> list[CraftedDiff]:
+    """Diffs (newest first) of consecutive seqnos listing ``cells`` (oldest diff first);
+    diff ``s`` spans lts ``1000 s ..= 1000 s + 999`` whatever its cells hold, unless
+    ``spans`` gives diff ``i`` (counted from the oldest) another span. ``routers``
+    (``router_src``, ``router_dst``) go into every diff."""
+    prev = bytes(32)
+    out = []
+    for i, group in enumerate(cells):
+        seqno = first_seqno + i
+        ordered = sorted(group, key=lambda c: c.hash)
+        lo, hi = QueueKey.min_for_lt(seqno * 1000), QueueKey.max_for_lt(seqno * 1000 + 999)
+        lo, hi = (spans or {}).get(i, (lo, hi))
+        tl = encode_diff(
+            TlDiff(
+                prev_hash=prev,
+                shard=shard,
+                seqno=seqno,
+                processed_to=processed_to,
+                min_message=lo,
+                max_message=hi,
+                hashes=b"".join(c.hash for c in ordered),
+                **routers,
+            )
+        )
+        prev = diff_hash(tl)
+        out.append(CraftedDiff(tl, [encode_boc([c]) for c in ordered]))
+    return out[::-1]

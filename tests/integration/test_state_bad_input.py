@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import zstandard
 from builders import BASE, MC, Chain, dump, open_queue, shard_rows
+from state_fixtures import CraftedDiff, assemble, craft_diffs
 from tycho_data import TYCHO
 
 from imq import Address, BlockId, CommitPointer, Queue, QueueKey, ShardIdent
@@ -163,23 +164,6 @@ def state_bytes(state: SynthState, max_chunk_roots: int = 10_000) -> bytes:
     return out.getvalue()
 
 
-def assemble(
-    shard: ShardIdent,
-    diffs_tl: Sequence[bytes],
-    chunks: Sequence[Sequence[bytes]],
-    *,
-    n_chunks: int | None = None,
-    tail: bytes = b"",
-) -> bytes:
-    """A state from boxed diffs (newest first) and chunks given as lists of one-root
-    BOCs; ``n_chunks`` overrides the announced count."""
-    seqno = struct.unpack_from("<I", diffs_tl[0], 48)[0]
-    announced = len(chunks) if n_chunks is None else n_chunks
-    parts = [encode_state_header(shard, seqno, diffs_tl, announced)]
-    parts += [encode_chunk(join_roots(list(bocs))) for bocs in chunks]
-    return b"".join(parts) + tail
-
-
 def cut(items: Sequence[bytes], size: int) -> list[list[bytes]]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
@@ -187,39 +171,6 @@ def cut(items: Sequence[bytes], size: int) -> list[list[bytes]]:
 def synth_parts(state: SynthState) -> tuple[list[bytes], list[bytes]]:
     """The boxed diffs (newest first) and the message BOCs in file order."""
     return [encode_diff(d.tl) for d in state.diffs], [m.body for m in state.messages]
-
-
-@dataclass(frozen=True)
-class CraftedDiff:
-    tl: bytes
-    bocs: list[bytes]  # file order: ascending by hash
-
-
-def craft_diffs(
-    shard: ShardIdent, first_seqno: int, cells: Sequence[Sequence[Cell]]
-) -> list[CraftedDiff]:
-    """Diffs (newest first) of consecutive seqnos listing ``cells`` (oldest diff first);
-    diff ``s`` spans lts ``1000 s ..= 1000 s + 999`` whatever its cells hold."""
-    prev = bytes(32)
-    out = []
-    for i, group in enumerate(cells):
-        seqno = first_seqno + i
-        ordered = sorted(group, key=lambda c: c.hash)
-        lt_lo, lt_hi = seqno * 1000, seqno * 1000 + 999
-        tl = encode_diff(
-            TlDiff(
-                prev_hash=prev,
-                shard=shard,
-                seqno=seqno,
-                processed_to=((BASE, QueueKey.max_for_lt(1)),),
-                min_message=QueueKey.min_for_lt(lt_lo),
-                max_message=QueueKey.max_for_lt(lt_hi),
-                hashes=b"".join(c.hash for c in ordered),
-            )
-        )
-        prev = diff_hash(tl)
-        out.append(CraftedDiff(tl, [encode_boc([c]) for c in ordered]))
-    return out[::-1]
 
 
 def src_in(shard: ShardIdent, n: int) -> Address:

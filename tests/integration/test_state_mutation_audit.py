@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from builders import dump, message_keys, rows
+from state_fixtures import assemble, craft_diffs
 from tycho_data import TYCHO
 
 from imq import (
@@ -29,16 +30,14 @@ from imq import (
 )
 from imq.errors import StateFormatError
 from imq.state import importer
-from imq.state.boc import Cell, encode_boc, join_roots
+from imq.state.boc import Cell, encode_boc
 from imq.state.message import build_internal_message
 from imq.state.source import BUFFER_SIZE, ByteSource
 from imq.state.tl import (
     TlDiff,
     decode_diff,
     diff_hash,
-    encode_chunk,
     encode_diff,
-    encode_state_header,
     read_state_header,
 )
 from imq.storage import Table
@@ -129,32 +128,11 @@ def _state(
     ``1000 s ..= 1000 s + 999`` unless ``spans`` gives group ``i`` another span), all
     messages in one chunk, with its block id and top update. ``routers``
     (``router_src``, ``router_dst``) go into every diff."""
-    prev, tls, bocs = bytes(32), [], []
-    for i, group in enumerate(groups):
-        seqno = first_seqno + i
-        ordered = sorted(group, key=lambda c: c.hash)
-        lo, hi = QueueKey.min_for_lt(1000 * seqno), QueueKey.max_for_lt(1000 * seqno + 999)
-        lo, hi = (spans or {}).get(i, (lo, hi))
-        tl = encode_diff(
-            _diff(
-                b"".join(c.hash for c in ordered),
-                prev_hash=prev,
-                shard=shard,
-                seqno=seqno,
-                min_message=lo,
-                max_message=hi,
-                **routers,
-            )
-        )
-        prev = diff_hash(tl)
-        tls.append(tl)
-        bocs.append([encode_boc([c]) for c in ordered])
-    tls.reverse()
-    roots = [boc for group in reversed(bocs) for boc in group]
-    seqno = first_seqno + len(groups) - 1
-    chunks = [encode_chunk(join_roots(roots))] if roots else []
-    data = encode_state_header(shard, seqno, tls, len(chunks)) + b"".join(chunks)
-    return data, BlockId(shard, seqno), (diff_hash(tls[0]), len(tls))
+    diffs = craft_diffs(shard, first_seqno, groups, processed_to=(), spans=spans, **routers)
+    roots = [boc for diff in diffs for boc in diff.bocs]
+    data = assemble(shard, [diff.tl for diff in diffs], [roots] if roots else [])
+    block = BlockId(shard, first_seqno + len(groups) - 1)
+    return data, block, (diff_hash(diffs[0].tl), len(diffs))
 
 
 def _with_bit(cell: Cell, bit: int, value: int) -> Cell:
