@@ -402,6 +402,7 @@ class RootView(NamedTuple):
     bits: int
     boc: bytes
     refs: int  # how many cells the root refers to (0: a leaf)
+    children: tuple[Cell, ...]  # the cells it refers to (``()`` for a leaf)
 
 
 def split_roots(data: bytes | memoryview, *, max_roots: int = 10_000) -> list[RootView]:
@@ -424,7 +425,14 @@ def split_roots(data: bytes | memoryview, *, max_roots: int = 10_000) -> list[Ro
                 cell = built[r]
                 view = views[r] = new(
                     RootView,
-                    (cell.hash, cell.data, cell.bits, encode_boc([cell]), len(cell.refs)),
+                    (
+                        cell.hash,
+                        cell.data,
+                        cell.bits,
+                        encode_boc([cell]),
+                        len(cell.refs),
+                        cell.refs,
+                    ),
                 )
             out.append(view)
             continue
@@ -433,7 +441,7 @@ def split_roots(data: bytes | memoryview, *, max_roots: int = 10_000) -> list[Ro
         raw = buf[st:en]
         d2 = raw[1]
         bits = d2 * 4 if not d2 & 1 else (d2 - 1) * 4 + tag_bits[raw[-1]]
-        out.append(new(RootView, (sha(raw).digest(), raw[2:], bits, headers[en - st] + raw, 0)))
+        out.append(new(RootView, (sha(raw).digest(), raw[2:], bits, headers[en - st] + raw, 0, ())))
     return out
 
 

@@ -332,7 +332,7 @@ def _stage_segment(segment: Segment, work: _DiffWork) -> tuple[list[int] | None,
     roots = segment.roots
     parse = parse_internal_header
     try:
-        headers = [parse(r.data, r.bits, r.refs) for r in roots]
+        headers = [parse(r.data, r.bits, r.refs, r.children) for r in roots]
     except MessageFormatError:
         _raise_bad_message(segment, work.diff)
     _check_range(segment, work.diff, headers)
@@ -358,7 +358,7 @@ def _stage_segment(segment: Segment, work: _DiffWork) -> tuple[list[int] | None,
 def _raise_bad_message(segment: Segment, diff: TlDiff) -> NoReturn:
     for i, root in enumerate(segment.roots):
         try:
-            parse_internal_header(root.data, root.bits, root.refs)
+            parse_internal_header(root.data, root.bits, root.refs, root.children)
         except MessageFormatError as exc:
             raise _message_error(segment, i, diff, f"bad {exc.field}: {exc}") from None
     raise AssertionError("unreachable: a message failed to parse once only")

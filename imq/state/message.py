@@ -13,7 +13,10 @@ Header of ``int_msg_info$0`` (bit offsets from the start of the cell)::
 
 ``MessageFormatError.field`` names what is wrong: ``info`` (not an internal message),
 ``src`` or ``dst`` (not ``addr_std``, or an anycast prefix: imq addresses are std only),
-``truncated`` (the cell ends inside the header; the message says in which field).
+``truncated`` (the cell ends inside the header; the message says in which field); with
+the cell's reference count given, also ``init`` (the cell ends inside the init or before
+the body's bit, or an init in a ref is no ``StateInit``) and ``refs`` (the header, init
+and body name more referenced cells than the cell has).
 
 Speed: :func:`parse_internal_header` turns the cell into one int and reads every field
 with a shift and a mask (about 1.2 us per call here, against 1.8 us for byte slicing);
@@ -22,6 +25,7 @@ only to explain a failure does it walk the header bit by bit (:func:`_diagnose`)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal, NoReturn
 
 from imq.state.boc import Cell, CellBuilder
@@ -31,6 +35,7 @@ __all__ = [
     "MessageFormatError",
     "build_external_in_message",
     "build_internal_message",
+    "build_state_init",
     "build_message_with_var_address",
     "parse_internal_header",
 ]
@@ -54,13 +59,18 @@ class MessageFormatError(ValueError):
 
 
 def parse_internal_header(
-    data: bytes, bits: int, refs: int | None = None
+    data: bytes, bits: int, refs: int | None = None, children: Sequence[Cell] = ()
 ) -> tuple[int, int, bytes, int, bytes]:
     """``(created_lt, src_workchain, src_account, dst_workchain, dst_account)`` of an
-    internal message cell given its data bytes and bit length. With ``refs``, the cell's
-    number of references, a header that names more referenced cells than that (its
-    extra currencies, a state init or a body "in a ref") is refused too: no such cell
-    parses as a message (``field`` ``refs``)."""
+    internal message cell given its data bytes and bit length.
+
+    With ``refs``, the cell's number of references, what follows the header is checked
+    as the node parses it: ``init:(Maybe (Either StateInit ^StateInit))`` then
+    ``body:(Either X ^X)``. A cell that ends inside them (``field`` ``init``), or whose
+    header, init and body name more referenced cells than it has (``field`` ``refs``),
+    is no message. ``children``, the cell's references when the caller has them, lets
+    an init "in a ref" be checked the same way (``field`` ``init``); without them only
+    its presence is counted."""
     size = len(data) * 8
     try:
         x = _from_bytes(data, "big")
@@ -79,7 +89,10 @@ def parse_internal_header(
     if (head >> 531) & 0x47 != 0x04 or (head >> 264) & 7 != 4 or not size - p + 34 <= bits <= size:
         _diagnose(data, bits)
     if refs is not None:
-        _check_refs(x, p, size - bits, extra_currencies, refs)
+        if (x >> (p - 33)) & 1:  # an init: walk it (rare; the common case is two bits)
+            _check_init_and_body(x, p - 34, size - bits, extra_currencies, refs, children)
+        elif extra_currencies + ((x >> (p - 34)) & 1) > refs:  # the body's bit: in a ref
+            _refuse_refs(extra_currencies + ((x >> (p - 34)) & 1), refs)
     return (
         lt,
         _I8[(head >> 523) & 255],
@@ -89,26 +102,72 @@ def parse_internal_header(
     )
 
 
-def _check_refs(x: int, p: int, pad: int, extra_currencies: int, refs: int) -> None:
-    """Refuse a header that names more referenced cells than the cell has. ``p``: the
-    shift of created_lt's lowest bit in ``x``; ``pad``: the bits below the cell's data.
-    After created_at (32 bits) come init:(Maybe (Either StateInit ^StateInit)) and
-    body:(Either X ^X); an init inline hides where the body starts, so neither its
-    references nor the body's are counted then (a lower bound, never a false refusal)."""
-    init = (x >> (p - 33)) & 1
-    needed = extra_currencies
-    if not init:
-        needed += (x >> (p - 34)) & 1  # the body in a ref
-    elif (x >> (p - 34)) & 1:  # the init in a ref, then the body's bit, when present
-        needed += 1
-        if p - 35 >= pad:
-            needed += (x >> (p - 35)) & 1
-    if needed > refs:
+def _check_init_and_body(  # noqa: PLR0917 - the parser's state
+    x: int, s: int, pad: int, named: int, refs: int, children: Sequence[Cell]
+) -> None:
+    """Walk an init and the body's bit from shift ``s`` (the init's Either bit) down to
+    ``pad`` (the bits below the cell's data), counting the references they name after
+    the ``named`` ones before them."""
+    if (x >> s) & 1:  # ^StateInit: the next reference
+        if named < len(children):
+            _check_state_init(children[named])
+        named += 1
+        s -= 1
+    else:
+        named, s = _walk_state_init(x, s - 1, pad, named, "the cell")
+    if s < pad:
+        raise MessageFormatError("init", "the cell ends before the body's bit: not a message")
+    named += (x >> s) & 1  # the body in a ref
+    if named > refs:
+        _refuse_refs(named, refs)
+
+
+def _walk_state_init(x: int, s: int, pad: int, named: int, where: str) -> tuple[int, int]:
+    """Read a ``StateInit`` (split_depth:(Maybe (## 5)) special:(Maybe TickTock)
+    code:(Maybe ^Cell) data:(Maybe ^Cell) library:(Maybe ^Cell)) from shift ``s``:
+    (the references named so far, the shift after it). The library dictionary's root is
+    a reference the node loads lazily; its contents are not parsed, nor the code's.
+    ``where`` names the cell in an error. A split_depth or special value cut short is
+    found at the next Maybe bit, which is always read."""
+    for width in (5, 2):  # split_depth, special: a Maybe bit, then the value
+        if s < pad:
+            _init_ends(where)
+        s -= 1 + width if (x >> s) & 1 else 1
+    for _ in range(3):  # code, data, library: Maybe ^Cell
+        if s < pad:
+            _init_ends(where)
+        named += (x >> s) & 1
+        s -= 1
+    return named, s
+
+
+def _check_state_init(cell: Cell) -> None:
+    """An init "in a ref" is an ordinary cell holding a whole ``StateInit``."""
+    if cell.exotic:
+        raise MessageFormatError("init", "the init's cell is exotic, not a StateInit")
+    data, bits = cell.data, cell.bits
+    size = len(data) * 8
+    named, _ = _walk_state_init(
+        _from_bytes(data, "big"), size - 1, size - bits, 0, "the init's cell"
+    )
+    if named > len(cell.refs):
         raise MessageFormatError(
-            "refs",
-            f"the header names {needed} referenced cell{'s' if needed != 1 else ''} (extra "
-            f"currencies, init, body in a ref), the cell has {refs}: not a message",
+            "init",
+            f"the init names {named} referenced cells (code, data, library), its cell has "
+            f"{len(cell.refs)}: not a StateInit",
         )
+
+
+def _init_ends(where: str) -> NoReturn:
+    raise MessageFormatError("init", f"{where} ends inside the StateInit: not a message")
+
+
+def _refuse_refs(needed: int, refs: int) -> NoReturn:
+    raise MessageFormatError(
+        "refs",
+        f"the header names {needed} referenced cell{'s' if needed != 1 else ''} (extra "
+        f"currencies, init, body in a ref), the cell has {refs}: not a message",
+    )
 
 
 class _Bits:
@@ -220,10 +279,13 @@ def build_internal_message(
     body: bytes = b"",
     body_in_ref: bool | None = None,
     extra_cells: int = 0,
+    init: Cell | None = None,
+    init_in_ref: bool = False,
 ) -> Cell:
-    """A valid ``int_msg_info$0`` message without init. The body (whole bytes) is inline
-    when it fits and ``body_in_ref`` is not True, else a chain of ref cells of 127 bytes
-    each, followed by ``extra_cells`` more filler cells."""
+    """A valid ``int_msg_info$0`` message. The body (whole bytes) is inline when it fits
+    and ``body_in_ref`` is not True, else a chain of ref cells of 127 bytes each,
+    followed by ``extra_cells`` more filler cells. ``init``, a ``StateInit`` cell (not
+    checked), is written inline (its bits and references) unless ``init_in_ref``."""
     builder = CellBuilder().store_uint(0, 1).store_bit(1).store_bit(bounce).store_bit(bounced)
     _store_std(builder, src)
     _store_std(builder, dst)
@@ -231,8 +293,38 @@ def build_internal_message(
     builder.store_bit(0)
     _store_grams(builder, ihr_fee)
     _store_grams(builder, fwd_fee)
-    builder.store_uint(created_lt, 64).store_uint(created_at, 32).store_bit(0)
+    builder.store_uint(created_lt, 64).store_uint(created_at, 32)
+    if init is None:
+        builder.store_bit(0)
+    elif init_in_ref:
+        builder.store_bit(1).store_bit(1).store_ref(init)
+    else:
+        builder.store_bit(1).store_bit(0)
+        builder.store_uint(_from_bytes(init.data) >> (len(init.data) * 8 - init.bits), init.bits)
+        for ref in init.refs:
+            builder.store_ref(ref)
     return _store_body(builder, body, body_in_ref, extra_cells)
+
+
+def build_state_init(
+    *, split_depth: int | None = None, special: int | None = None, refs: Sequence[Cell] = ()
+) -> Cell:
+    """A ``StateInit`` cell: ``split_depth`` (5 bits) and ``special`` (tick-tock, 2 bits)
+    when given, then code, data and library, each present when ``refs`` holds a cell
+    for it (in that order, up to three)."""
+    if len(refs) > 3:
+        raise ValueError(f"a StateInit holds at most 3 references, got {len(refs)}")
+    builder = CellBuilder()
+    for value, width in ((split_depth, 5), (special, 2)):
+        if value is None:
+            builder.store_bit(0)
+        else:
+            builder.store_bit(1).store_uint(value, width)
+    for i in range(3):
+        builder.store_bit(i < len(refs))
+    for ref in refs:
+        builder.store_ref(ref)
+    return builder.end()
 
 
 def build_external_in_message(dst: Address, *, import_fee: int = 0, body: bytes = b"") -> Cell:

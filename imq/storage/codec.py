@@ -373,11 +373,11 @@ def put_raw_message_rows(
     *,
     partitions: Iterable[int] | None,
     headers: Iterable[tuple[int, int, bytes, int, bytes]],
-    roots: Iterable[tuple[bytes, bytes, int, bytes, int]],
+    roots: Iterable[Sequence[Any]],
 ) -> None:
     """Put message rows given as plain fields, without building ``Message`` objects (the
     import path). ``headers`` are ``(lt, src_wc, src_account, dst_wc, dst_account)``,
-    ``roots`` are ``(hash, _, _, body, _)`` (a state's message roots, ``RootView``s),
+    ``roots`` are ``(hash, _, _, body, ...)`` (a state's message roots, ``RootView``s),
     ``partitions`` one per message or ``None`` for partition 0. The bytes equal what
     :func:`put_message_rows` writes for the same message."""
     pack_key = _MESSAGE_KEY.pack
@@ -385,25 +385,23 @@ def put_raw_message_rows(
     shard_b = shard_bytes(shard)
     if partitions is None:
         prefix = _U16.pack(0) + shard_b
-        for (lt, src_wc, src_acc, dst_wc, dst_acc), (hash_, _, _, body, _) in zip(
-            headers, roots, strict=True
-        ):
+        for (lt, src_wc, src_acc, dst_wc, dst_acc), root in zip(headers, roots, strict=True):
             put(
-                pack_key(prefix, lt, hash_),
-                pack_header(dst_wc + 128, dst_acc, src_wc + 128, src_acc) + body,
+                pack_key(prefix, lt, root[0]),
+                pack_header(dst_wc + 128, dst_acc, src_wc + 128, src_acc) + root[3],
                 target,
             )
         return
     prefixes: dict[int, bytes] = {}
-    for partition, (lt, src_wc, src_acc, dst_wc, dst_acc), (hash_, _, _, body, _) in zip(
+    for partition, (lt, src_wc, src_acc, dst_wc, dst_acc), root in zip(
         partitions, headers, roots, strict=True
     ):
         prefix = prefixes.get(partition) or prefixes.setdefault(
             partition, _U16.pack(partition) + shard_b
         )
         put(
-            pack_key(prefix, lt, hash_),
-            pack_header(dst_wc + 128, dst_acc, src_wc + 128, src_acc) + body,
+            pack_key(prefix, lt, root[0]),
+            pack_header(dst_wc + 128, dst_acc, src_wc + 128, src_acc) + root[3],
             target,
         )
 

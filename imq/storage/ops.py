@@ -111,7 +111,7 @@ def put_raw_messages(
     *,
     partitions: Iterable[int] | None,
     headers: Iterable[tuple[int, int, bytes, int, bytes]],
-    roots: Iterable[tuple[bytes, bytes, int, bytes, int]],
+    roots: Iterable[Sequence[Any]],
 ) -> None:
     """The message rows of an imported diff, from plain fields (see
     :func:`imq.storage.codec.put_raw_message_rows`): the same bytes as :func:`put_messages`.

@@ -31,7 +31,7 @@ from imq import (
 from imq.errors import StateFormatError
 from imq.state import importer
 from imq.state.boc import Cell, encode_boc
-from imq.state.message import build_internal_message
+from imq.state.message import build_internal_message, build_state_init
 from imq.state.source import BUFFER_SIZE, ByteSource
 from imq.state.tl import (
     TlDiff,
@@ -203,6 +203,50 @@ def test_a_message_missing_the_ref_its_header_names_is_refused(
     assert plain.bits == 689 and not plain.refs
     data, block, top = _state([[_with_bit(plain, bit, 1)]])
     _refused(queue, data, block, top, "bad refs")
+
+
+def _with_init(n: int, lt: int, init: Cell, *, in_ref: bool) -> Cell:
+    return build_internal_message(
+        _src(n), _dst(n), lt, body=b"init %d" % n, init=init, init_in_ref=in_ref
+    )
+
+
+_LEAF = Cell(b"\x2a", 8)
+
+
+def test_messages_carrying_an_init_import_and_export_back_bit_exactly(queue: Queue) -> None:
+    """A message may carry a StateInit, inline or in a ref (FORMAT.md §7): the import
+    walks it (stop 47) and files the message like any other; the export writes the
+    same bytes back."""
+    full = build_state_init(split_depth=5, special=1, refs=[_LEAF, Cell(b"\x2b", 8), _LEAF])
+    messages = [
+        _with_init(1, 10_001, full, in_ref=False),
+        _with_init(2, 10_002, full, in_ref=True),
+        _with_init(3, 10_003, build_state_init(), in_ref=False),
+    ]
+    data, block, top = _state([messages])
+    assert queue.import_state(io.BytesIO(data), block, top).messages == 3
+    out = io.BytesIO()
+    assert queue.export_state(BASE, block.seqno, 1, out).bit_exact
+    assert out.getvalue() == data
+
+
+def test_a_message_whose_inline_init_names_a_missing_ref_is_refused(queue: Queue) -> None:
+    """An inline init's code, data and library bits each name a reference: a message
+    whose init says "code present" while the cell holds no reference for it is no
+    ``Message`` (FORMAT §6): refused, the queue as it was."""
+    plain = _with_init(1, 10_001, build_state_init(), in_ref=False)
+    code_bit = plain.bits - 1 - 8 * len(b"init 1") - 3  # code, data, library, body bit
+    data, block, top = _state([[_with_bit(plain, code_bit, 1)]])
+    _refused(queue, data, block, top, "bad refs")
+
+
+def test_a_message_whose_init_in_a_ref_is_no_state_init_is_refused(queue: Queue) -> None:
+    """An init "in a ref" must be a StateInit: a 3-bit cell there (fewer than its five
+    Maybe bits) makes the message unparseable, so the import refuses the state."""
+    bad = _with_init(1, 10_001, Cell(b"\xa0", 3), in_ref=True)
+    data, block, top = _state([[bad]])
+    _refused(queue, data, block, top, "bad init")
 
 
 # -- zstd input (docs/formats.md §2.3: streamed, frame structure walked) ------------------------

@@ -15,6 +15,7 @@ from pytoniq_core import Cell as PCell
 from pytoniq_core.tlb.account import StateInit
 from pytoniq_core.tlb.block import CurrencyCollection, ExtraCurrencyCollection
 from pytoniq_core.tlb.transaction import InternalMsgInfo, MessageAny
+from pytoniq_oracle import to_pytoniq
 from tycho_data import TYCHO
 
 from imq.state.boc import Cell, CellBuilder, decode_boc, encode_boc, split_roots
@@ -328,14 +329,15 @@ def test_a_header_naming_more_references_than_the_cell_has_is_refused(
     """With the cell's reference count, the parser refuses a header whose extra
     currencies, init or body "in a ref" name a cell that is not there (an outside audit:
     such a state imported, and the node refuses it). Every valid layout (pytoniq parses
-    it) passes with its own count; an inline init hides where the body starts, so its
-    references are never counted (a lower bound: no false refusal)."""
+    it) passes with its own count; an inline init (code and data here) is walked, so its
+    references and the body's after it count too."""
     cell = _laid_out(ec=ec, init=init, body_ref=body_ref)
     MessageAny.deserialize(cell.begin_parse())  # valid, by pytoniq
     (root,) = decode_boc(cell.to_boc())
     expected = (77, A.workchain, A.account, B.workchain, B.account)
     assert parse_internal_header(root.data, root.bits, len(root.refs)) == expected
-    named = ec + (init == "ref") + (body_ref and init != "inline")
+    named = ec + {None: 0, "inline": 2, "ref": 1}[init] + body_ref
+    assert named == len(root.refs)
     for refs in range(len(root.refs)):
         if refs < named:
             with pytest.raises(MessageFormatError, match="names") as info:
@@ -343,3 +345,122 @@ def test_a_header_naming_more_references_than_the_cell_has_is_refused(
             assert info.value.field == "refs"
         else:
             assert parse_internal_header(root.data, root.bits, refs) == expected
+
+
+def _message_with(tail: PBuilder, *, ec: bool = False) -> PCell:
+    """A message whose header (pytoniq's, extra currencies when ``ec``) is followed by
+    ``tail``'s bits and references as they are: its init and body, valid or not."""
+    info = pytoniq_new_info(A, B, 77, value=5, at=1, extra={7: 9} if ec else None)
+    return PBuilder().store_cell(info.serialize()).store_cell(tail.end_cell()).end_cell()
+
+
+def _state_init(split: bool, special: bool, code: bool, data: bool, library: bool) -> PBuilder:
+    """A StateInit's bits and references written field by field (TL-B: split_depth,
+    special, code, data, library; the library root is any cell: the node loads a
+    dictionary's root lazily)."""
+    leaf = PBuilder().store_uint(3, 8).end_cell()
+    out = PBuilder()
+    out.store_bit(1).store_uint(17, 5) if split else out.store_bit(0)
+    out.store_bit(1).store_uint(0b10, 2) if special else out.store_bit(0)
+    for present, tag in ((code, 1), (data, 2), (library, 3)):
+        if present:
+            out.store_bit(1).store_ref(PBuilder().store_uint(tag, 8).store_ref(leaf).end_cell())
+        else:
+            out.store_bit(0)
+    return out
+
+
+def _imq(cell: PCell) -> Cell:
+    (root,) = decode_boc(cell.to_boc())
+    return root
+
+
+_FLAGS = [
+    (split, special, code, data, library)
+    for split in (False, True)
+    for special in (False, True)
+    for code in (False, True)
+    for data in (False, True)
+    for library in (False, True)
+]
+
+
+@pytest.mark.parametrize("flags", _FLAGS)
+@pytest.mark.parametrize("body_ref", [False, True])
+def test_an_inline_init_is_walked_and_its_references_counted(
+    flags: tuple[bool, bool, bool, bool, bool], body_ref: bool
+) -> None:
+    """FORMAT.md §6: the node parses each message whole. An init written inline is read
+    field by field (split_depth and special change its length), so the references its
+    code, data and library name, and the body's after it, are counted exactly: the
+    cell's own count passes, one fewer is refused."""
+    tail = PBuilder().store_bit(1).store_bit(0).store_cell(_state_init(*flags).end_cell())
+    body = PBuilder().store_uint(42, 32).end_cell()
+    tail.store_bit(1).store_ref(body) if body_ref else tail.store_bit(0).store_cell(body)
+    for ec in (False, True):
+        named = ec + sum(flags[2:]) + body_ref
+        if named > 4:  # a cell has at most four references
+            continue
+        cell = _message_with(tail, ec=ec)
+        if not flags[4]:  # pytoniq parses a library as a dictionary: only without one
+            MessageAny.deserialize(cell.begin_parse())
+        root = _imq(cell)
+        assert len(root.refs) == named
+        expected = (77, A.workchain, A.account, B.workchain, B.account)
+        assert parse_internal_header(root.data, root.bits, named) == expected
+        if named:
+            with pytest.raises(MessageFormatError, match="names") as info:
+                parse_internal_header(root.data, root.bits, named - 1)
+            assert info.value.field == "refs"
+
+
+def test_a_cell_ending_inside_its_inline_init_is_refused() -> None:
+    """Cut anywhere inside an inline init, or before the body's bit after it, the cell
+    is no message (pytoniq cannot parse it either): refused as ``init``, with every
+    reference the init names still there (the cut, not a count, is what is wrong)."""
+    tail = PBuilder().store_bit(1).store_bit(0)
+    tail.store_cell(_state_init(True, True, True, True, False).end_cell()).store_bit(0)
+    whole = _imq(_message_with(tail))
+    assert parse_internal_header(whole.data, whole.bits, 2) == parse(whole)
+    init_at = whole.bits - 1 - (1 + 5 + 1 + 2 + 3) - 2  # the init's Maybe bit
+    for bits in range(init_at + 2, whole.bits):
+        cut = Cell(whole.data[: (bits + 7) // 8], bits, whole.refs)
+        with pytest.raises(Exception):  # noqa: B017 - any failure of pytoniq's parse
+            MessageAny.deserialize(to_pytoniq(cut).begin_parse())
+        with pytest.raises(MessageFormatError, match="ends") as info:
+            parse_internal_header(cut.data, cut.bits, 4)
+        assert info.value.field == "init", bits
+
+
+def _ref_init(child: Cell, *, ec: bool) -> Cell:
+    """A message whose init is ``child``, in a ref (after the extra currencies' when
+    ``ec``), then a body in a ref."""
+    body = PBuilder().store_uint(42, 32).end_cell()
+    tail = PBuilder().store_bit(1).store_bit(1).store_ref(to_pytoniq(child))
+    return _imq(_message_with(tail.store_bit(1).store_ref(body), ec=ec))
+
+
+def test_an_init_in_a_ref_must_hold_a_state_init() -> None:
+    """An init "in a ref" is an ordinary cell holding a whole StateInit: with the cell's
+    references given, one too short for its Maybe bits, one missing a reference its
+    fields name, or an exotic one is refused as ``init``; a valid one passes (pytoniq
+    agrees on each ordinary case), also behind an extra currencies' reference. Without
+    the references only the count is checked."""
+    good = _imq(_state_init(False, False, True, True, False).end_cell())
+    expected = (77, A.workchain, A.account, B.workchain, B.account)
+    short = CellBuilder().store_uint(0, 4).end()  # five Maybe bits at least
+    missing = Cell(good.data, good.bits, good.refs[:1])  # names code and data, holds one
+    library = Cell(bytes([2]) + bytes(32), 8 + 256, (), exotic=True)
+    for ec in (False, True):
+        cell = _ref_init(good, ec=ec)
+        MessageAny.deserialize(to_pytoniq(cell).begin_parse())
+        assert parse_internal_header(cell.data, cell.bits, 2 + ec, cell.refs) == expected
+        for child, ordinary in ((short, True), (missing, True), (library, False)):
+            cell = _ref_init(child, ec=ec)
+            if ordinary:
+                with pytest.raises(Exception):  # noqa: B017 - any failure of pytoniq's parse
+                    MessageAny.deserialize(to_pytoniq(cell).begin_parse())
+            with pytest.raises(MessageFormatError) as info:
+                parse_internal_header(cell.data, cell.bits, 2 + ec, cell.refs)
+            assert info.value.field == "init", child
+            assert parse_internal_header(cell.data, cell.bits, 2 + ec) == expected
