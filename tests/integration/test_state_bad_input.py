@@ -40,8 +40,6 @@ from imq.state.message import (
 from imq.state.source import ByteSource
 from imq.state.synth import SynthState, synth_state, write_synth_state
 from imq.state.tl import (
-    TlDiff,
-    diff_hash,
     encode_chunk,
     encode_diff,
     encode_state_header,
@@ -520,27 +518,16 @@ def test_a_message_from_outside_the_states_shard_is_refused(prior: Queue) -> Non
     )
 
 
-def _diffs_at(shard: ShardIdent, specs: Sequence[tuple[int, Sequence[Cell]]]) -> list[CraftedDiff]:
-    """Diffs (newest first) of the given (seqno, cells), oldest first, each spanning
-    exactly its messages' keys."""
-    prev, out = bytes(32), []
-    for seqno, cells in specs:
-        ordered = sorted(cells, key=lambda c: c.hash)
+def _diffs_spanning(
+    shard: ShardIdent, first_seqno: int, groups: Sequence[Sequence[Cell]]
+) -> list[CraftedDiff]:
+    """:func:`craft_diffs` of ``groups`` (oldest first, consecutive seqnos from
+    ``first_seqno``), each diff spanning exactly its messages' keys."""
+    spans = {}
+    for i, cells in enumerate(groups):
         keys = sorted(QueueKey(message_lt(c), c.hash) for c in cells)
-        tl = encode_diff(
-            TlDiff(
-                prev_hash=prev,
-                shard=shard,
-                seqno=seqno,
-                processed_to=(),
-                min_message=keys[0],
-                max_message=keys[-1],
-                hashes=b"".join(c.hash for c in ordered),
-            )
-        )
-        prev = diff_hash(tl)
-        out.append(CraftedDiff(tl, [encode_boc([c]) for c in ordered]))
-    return out[::-1]
+        spans[i] = (keys[0], keys[-1])
+    return craft_diffs(shard, first_seqno, groups, processed_to=(), spans=spans)
 
 
 def message_lt(cell: Cell) -> int:
@@ -555,17 +542,17 @@ def test_diffs_out_of_order_or_sharing_a_message_are_refused(prior: Queue) -> No
     high = internals(BASE, seqno + 9, 3)  # lts 79,001..
     low = internals(BASE, seqno, 3)  # lts 70,001..
     cases = {
-        "older above newer": [(seqno, high), (seqno + 1, low)],
-        "one message in both": [(seqno, low), (seqno + 1, [low[-1], *high])],
+        "older above newer": [high, low],
+        "one message in both": [low, [low[-1], *high]],
     }
-    for name, specs in cases.items():
-        diffs = _diffs_at(BASE, specs)
+    for name, groups in cases.items():
+        diffs = _diffs_spanning(BASE, seqno, groups)
         data = assemble(BASE, [d.tl for d in diffs], [[b for d in diffs for b in d.bocs]])
         exc = rejected(
             prior, data, BlockId(BASE, seqno + 1), match="ascending, disjoint message ranges"
         )
         assert f"queue diff seqno {seqno} " in str(exc), name
-    diffs = _diffs_at(BASE, [(seqno, low), (seqno + 1, high)])
+    diffs = _diffs_spanning(BASE, seqno, [low, high])
     data = assemble(BASE, [d.tl for d in diffs], [[b for d in diffs for b in d.bocs]])
     assert prior.import_state(io.BytesIO(data), BlockId(BASE, seqno + 1)).messages == 6
 
