@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from imq.state.boc import encode_boc
-from imq.state.message import build_internal_message
+from imq.state.boc import CellBuilder, encode_boc
+from imq.state.message import build_internal_message, build_state_init
 from imq.state.tl import TlDiff, diff_hash, encode_diff
 from imq.state.writer import MAX_CHUNK_BYTES, ChunkSpool, open_sink, write_state
 from imq.types import Address, BlockId, Message, QueueKey, ShardIdent
@@ -86,10 +86,13 @@ def synth_state(
     routed_every: int = 0,
     seed: int = 0,
     first_prev_hash: bytes = bytes(32),
+    init_every: int = 0,
 ) -> SynthState:
     """Build a state in memory. ``routed_every=n`` sends every n-th destination to
     partition 1 and lists every (n+1)-th source in partition 2 of the src router;
-    ``masterchain_every=n`` sends every n-th message to the masterchain."""
+    ``masterchain_every=n`` sends every n-th message to the masterchain;
+    ``init_every=n`` gives every n-th message a ``StateInit`` (split depth, tick-tock,
+    code and data), written inline and in a ref by turns."""
     rng = random.Random(seed)
     counts = (
         [messages_per_diff] * diffs
@@ -115,6 +118,7 @@ def synth_state(
             body_in_ref=body_in_ref,
             masterchain_every=masterchain_every,
             routed_every=routed_every,
+            init_every=init_every,
         )
         prev_hash = diff.hash
         built.append(diff)
@@ -134,6 +138,7 @@ def _synth_diff(
     body_in_ref: bool,
     masterchain_every: int,
     routed_every: int,
+    init_every: int = 0,
 ) -> SynthDiff:
     start_lt = (seqno + 1) * _LT_STEP
     src_prefix = shard.prefix >> (64 - shard.prefix_len) if shard.prefix_len else 0
@@ -144,7 +149,20 @@ def _synth_diff(
         src = Address(shard.workchain, _account(rng, src_prefix, shard.prefix_len))
         dst = _destination(rng, dst_shards, masterchain_every, j + 1)
         lt = start_lt + 1 + j // 3  # several messages share an lt, as in the real data
-        cell = build_internal_message(src, dst, lt, body=body, body_in_ref=body_in_ref or None)
+        init = None
+        if init_every and (j + 1) % init_every == 0:
+            code_cell = CellBuilder().store_uint(j, 32).end()
+            data_cell = CellBuilder().store_bytes(src.account).end()
+            init = build_state_init(split_depth=j % 31, special=j % 4, refs=[code_cell, data_cell])
+        cell = build_internal_message(
+            src,
+            dst,
+            lt,
+            body=body,
+            body_in_ref=body_in_ref or None,
+            init=init,
+            init_in_ref=(j // init_every) % 2 == 1 if init_every else False,
+        )
         messages.append(Message(QueueKey(lt, cell.hash), src, dst, encode_boc([cell])))
         if routed_every and (j + 1) % routed_every == 0:
             routed_dst.add(dst)

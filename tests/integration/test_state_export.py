@@ -118,6 +118,8 @@ SYNTH_CASES = {  # name: (synth_state arguments, chunks of the export)
         {"diffs": 2, "messages_per_diff": 10, "body_in_ref": True, "body_bytes": 300},
         1,
     ),
+    # Messages carrying a StateInit, inline and in a ref (the import walks it).
+    "state-inits": ({"diffs": 2, "messages_per_diff": 12, "init_every": 2, "body_bytes": 40}, 1),
     "multi-chunk-with-an-empty-diff": ({"diffs": 3, "messages_per_diff": [7_000, 0, 5_000]}, 2),
     # D11: cut at 10 MiB; the original would announce ceil(5,200 / 10,000) = 1 chunk.
     "size-cut-chunks": ({"diffs": 1, "messages_per_diff": 5_200, "body_bytes": 2_000}, 2),
