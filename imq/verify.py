@@ -394,6 +394,13 @@ def _check_statistics(
                         f"diff {shard}:{seqno} partition {partition}: statistics count {got} "
                         f"messages, the diff stored {stored}"
                     )
+        # Rows under a stored diff's key in a partition its record does not list.
+        for (shard, seqno, partition), got in sorted(counted.items(), key=str):
+            if partition not in infos[(shard, seqno)][1]:
+                report.problems.append(
+                    f"diff {shard}:{seqno} partition {partition}: statistics count {got} "
+                    "messages, the diff stored none in this partition"
+                )
     return unowned
 
 
@@ -499,6 +506,8 @@ def _check_messages(
     }
     orphan_bytes = {shard: codec.key_bytes(bound) for shard, bound in orphan_reach.items()}
     found: dict[tuple[ShardIdent, int, int], int] = defaultdict(int)
+    # of those, the rows at or below their shard's orphan reach (an older diff's, maybe)
+    old: dict[tuple[ShardIdent, int, int], int] = defaultdict(int)
     prefix_len = codec.MESSAGE_PREFIX_LEN
     stray = 0
     shard_of: dict[bytes, ShardIdent] = {}
@@ -510,16 +519,21 @@ def _check_messages(
         qk = key[prefix_len:]
         starts, ends = bounds.get(known, ([], []))
         i = bisect.bisect_right(starts, qk) - 1
+        orphan = orphan_bytes.get(known)
         if i < 0 or qk > ends[i]:
-            if qk > orphan_bytes.get(known, b""):
+            if orphan is None or qk > orphan:
                 stray += 1
             continue
-        found[(known, i, int.from_bytes(key[:2], "big"))] += 1
+        slot = (known, i, int.from_bytes(key[:2], "big"))
+        found[slot] += 1
+        if orphan is not None and qk <= orphan:
+            old[slot] += 1
     if stray:
         report.problems.append(
             f"{stray} stored messages belong to no stored diff (above every GC bound of "
             "their shard)"
         )
+    singles: dict[tuple[ShardIdent, int], _Cluster] = {}  # the clusters of one diff
     for shard, cs in sorted(clusters.items(), key=lambda item: str(item[0])):
         for i, cluster in enumerate(cs):
             if len(cluster.seqnos) > 1:
@@ -538,6 +552,20 @@ def _check_messages(
                     report.problems.append(
                         f"{cluster.name(shard)} partition {partition}: {problem}"
                     )
+            singles[(shard, i)] = cluster
+    # Rows of a partition the diff's record does not list: none of them is the diff's.
+    # Those at or below the shard's orphan reach may be an older, collected diff's whose
+    # span this one's overlaps (a collator never writes such diffs); the rest are found.
+    for (shard, i, partition), got in sorted(found.items(), key=str):
+        single = singles.get((shard, i))
+        if single is None or partition in single.stored:
+            continue
+        fresh = got - old.get((shard, i, partition), 0)
+        if fresh:
+            report.problems.append(
+                f"{single.name(shard)} partition {partition}: {fresh} messages stored in "
+                "its span, the diff record lists none in this partition"
+            )
 
 
 def _count_problem(
