@@ -721,6 +721,8 @@ class _Replayer:
                 return real, modeled
             pending = real["result"]
             if pending is None:
+                if "error" in modeled:  # the queue took it for applied, the model refuses it
+                    return {"result": None}, modeled
                 return {"result": None}, {
                     "result": None if modeled["result"] is False else "written"
                 }
