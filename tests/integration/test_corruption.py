@@ -344,13 +344,33 @@ def _written(path: Path, rounds: int, *, compact: bool = False) -> tuple[Queue, 
     return q, chain
 
 
+_BUSY = (
+    "rocksdb.num-running-compactions",
+    "rocksdb.num-running-flushes",
+    "rocksdb.compaction-pending",
+    "rocksdb.num-immutable-mem-table",
+)
+
+
+def _copy_live(q: Queue, path: Path, image: Path) -> None:
+    """Copy the directory of the open queue ``q`` as a crash image, once RocksDB has no
+    flush or compaction running or pending: one finishing during the copy deletes files
+    the copy has listed (a failed copy under load), or adds files after the copy took
+    the MANIFEST. No write runs meanwhile, so none starts again before the copy ends."""
+    deadline = time.monotonic() + 120
+    while any(q._store.property_int(t, name) for t in Table for name in _BUSY):
+        assert time.monotonic() < deadline, "RocksDB stayed busy for two minutes"
+        time.sleep(0.01)
+    shutil.copytree(path, image)
+
+
 def _log_image(tmp_path: Path) -> tuple[Path, Chain]:
     """A crash image (a copy taken while the queue is open) whose last writes are only
     in the write-ahead log."""
     path = tmp_path / "db"
     q, chain = _written(path, 4)
     image = tmp_path / "image"
-    shutil.copytree(path, image)
+    _copy_live(q, path, image)
     q.close()
     return image, chain
 
@@ -631,7 +651,7 @@ def _logs_image(tmp_path: Path) -> Path:
     for _ in range(40):
         chain.apply(APPLIED[0], 60, body=bytes(200))
     image = tmp_path / "image"
-    shutil.copytree(path, image)
+    _copy_live(q, path, image)
     q.close()
     logs = [n for n in wal.log_files(os.listdir(image)) if (image / n).stat().st_size]
     assert len(logs) >= 3, logs
