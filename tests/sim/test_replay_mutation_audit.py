@@ -216,6 +216,14 @@ STATE_FAULTS: dict[str, tuple[_Patch, int, str]] = {
 }
 
 
+def _diverges(log: Path, step: int, op: str, says: str) -> None:
+    """The replay of ``log`` stops as a divergence at ``step`` (``op``), naming ``says``."""
+    with pytest.raises(ReplayDivergenceError) as caught:
+        replay(log)
+    assert (caught.value.step, caught.value.op) == (step, op)
+    assert says in caught.value.difference, caught.value.difference
+
+
 @pytest.mark.parametrize("fault", sorted(STATE_FAULTS))
 def test_the_state_comparison_sees_each_observable_it_lists(
     committed: Path, monkeypatch: pytest.MonkeyPatch, fault: str
@@ -253,11 +261,7 @@ def test_a_result_the_model_gives_otherwise_is_a_divergence(
         assert q.apply_diff(_shard_diff(), BlockIdShort(SHARD, 1), b"\x01" * 32)
         assert q.load_diff_statistics(0, QueueShardRange(SHARD, QueueKey.MIN, QueueKey.MAX)) == {}
 
-    log = _record(tmp_path, session)
-    with pytest.raises(ReplayDivergenceError) as caught:
-        replay(log)
-    assert (caught.value.step, caught.value.op) == (3, "load_diff_statistics")
-    assert "the model" in caught.value.difference, caught.value.difference
+    _diverges(_record(tmp_path, session), 3, "load_diff_statistics", "the model")
 
 
 def _lenient_prepare(
@@ -296,11 +300,7 @@ def test_a_prepare_the_queue_skips_and_the_model_writes_is_a_divergence(
             is None
         )
 
-    log = _record(tmp_path, session)
-    with pytest.raises(ReplayDivergenceError) as caught:
-        replay(log)
-    assert (caught.value.step, caught.value.op) == (2, "prepare_diff")
-    assert "the model" in caught.value.difference, caught.value.difference
+    _diverges(_record(tmp_path, session), 2, "prepare_diff", "the model")
 
 
 def test_a_pending_diff_the_model_skips_is_a_divergence(
@@ -327,11 +327,7 @@ def test_a_pending_diff_the_model_skips_is_a_divergence(
         assert pending is not None  # the fault: the model skips seqno 3 below 5
         pending.write()
 
-    log = _record(tmp_path, session)
-    with pytest.raises(ReplayDivergenceError) as caught:
-        replay(log)
-    assert (caught.value.step, caught.value.op) == (3, "prepare_diff")
-    assert "the model" in caught.value.difference, caught.value.difference
+    _diverges(_record(tmp_path, session), 3, "prepare_diff", "the model")
 
 
 def test_an_iterator_the_queue_refuses_is_a_divergence(
@@ -463,11 +459,7 @@ def test_a_prepare_the_queue_takes_for_applied_and_the_model_refuses_is_a_diverg
         assert q.apply_diff(_shard_diff(), BlockIdShort(SHARD, 1), b"\x01" * 32)
         assert q.prepare_diff(other, BlockIdShort(SHARD, 1), b"\x02" * 32) is None
 
-    log = _record(tmp_path, session)
-    with pytest.raises(ReplayDivergenceError) as caught:
-        replay(log)
-    assert (caught.value.step, caught.value.op) == (3, "prepare_diff")
-    assert "DiffConflictError" in caught.value.difference, caught.value.difference
+    _diverges(_record(tmp_path, session), 3, "prepare_diff", "DiffConflictError")
 
 
 # -- the log's values come back as they went in ----------------------------------------------
