@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +284,24 @@ def test_the_check_reports_the_bytes_it_read(recorded: Path) -> None:
     assert done == sorted(done) and 0 < done[-1] <= size
 
 
+class Altering:
+    """An iterator whose messages come out with one byte added to their bodies."""
+
+    def __init__(self, it: Any) -> None:
+        self.it = it
+
+    def __enter__(self) -> Altering:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.it.close()
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in self.it:
+            msg = item.message
+            yield item._replace(message=msg._replace(body=msg.body + b"!"))
+
+
 def test_a_message_the_queue_reads_wrong_is_caught_by_the_state_check(
     recorded: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -290,21 +309,6 @@ def test_a_message_the_queue_reads_wrong_is_caught_by_the_state_check(
     the difference): a queue whose reads change one body diverges at the step that
     stored it."""
     original = imq.queue.Queue.iterator
-
-    class Altering:
-        def __init__(self, it: Any) -> None:
-            self.it = it
-
-        def __enter__(self) -> Altering:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            self.it.close()
-
-        def __iter__(self) -> Any:
-            for item in self.it:
-                msg = item.message
-                yield item._replace(message=msg._replace(body=msg.body + b"!"))
 
     def iterator(self: Any, *args: Any, **kwargs: Any) -> Altering:
         return Altering(original(self, *args, **kwargs))

@@ -13,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_replay import Altering
 
 import imq.queue
 from imq import (
@@ -153,31 +154,13 @@ def _never_committed(monkeypatch: pytest.MonkeyPatch) -> None:
     _wrap(monkeypatch, "get_diff_info", change)
 
 
-class _Altering:
-    """An iterator whose messages come out with one byte added to their bodies."""
-
-    def __init__(self, it: Any) -> None:
-        self.it = it
-
-    def __enter__(self) -> _Altering:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.it.close()
-
-    def __iter__(self) -> Iterator[Any]:
-        for item in self.it:
-            msg = item.message
-            yield item._replace(message=msg._replace(body=msg.body + b"!"))
-
-
 def _altered_when(test: Callable[[int, ShardIdent], bool]) -> _Patch:
     def patch(monkeypatch: pytest.MonkeyPatch) -> None:
         original = imq.queue.Queue.iterator
 
         def iterator(self: Any, partition: int, ranges: Any, for_shard: ShardIdent) -> Any:
             it = original(self, partition, ranges, for_shard)
-            return _Altering(it) if test(partition, for_shard) else it
+            return Altering(it) if test(partition, for_shard) else it
 
         monkeypatch.setattr(imq.queue.Queue, "iterator", iterator)
 
