@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from builders import (
     MC,
+    Applied,
     Chain,
     address_in,
     full_range,
@@ -219,20 +220,27 @@ def test_an_executed_bound_above_a_later_requested_one_still_explains_gc(tmp_pat
     assert report.ok, report.problems
 
 
+def _split_diff(q: Queue, to_partition_1: list[bool], read_to: int) -> Applied:
+    """LEFT diff 1, committed, of one message per flag: to a RIGHT account the router
+    sends to partition 1 where the flag is set, else to a LEFT account (partition 0);
+    the masterchain reads partition 0 up to message ``read_to``."""
+    hot, other = address_in(RIGHT, 9), address_in(LEFT, 1)
+    chain = Chain(q)
+    router = PartitionRouter(dst={1: [hot]})
+    first = chain.apply(LEFT, [hot if f else other for f in to_partition_1], router=router)
+    chain.apply(MC, 0, processed_to={LEFT: first.messages[read_to].key})
+    q.commit_diff([top(MC, 1), top(LEFT, 1, 1)], partitions=(0,))
+    return first
+
+
 def test_a_lost_message_of_a_partition_no_gc_bound_reaches_is_reported(tmp_path: Path) -> None:
     """docs/reliability.md and verify.py: a diff's messages are counted per partition
     against the partition's own GC bound. Partition 0's bound lies inside LEFT diff 1's
     span (only an excess shows there); partition 1 has no bound, so a partition 1
     message lost inside the same span is reported."""
     db = tmp_path / "db"
-    hot = address_in(RIGHT, 9)
     with open_queue(db) as q:
-        chain = Chain(q)
-        router = PartitionRouter(dst={1: [hot]})
-        other = address_in(LEFT, 1)
-        first = chain.apply(LEFT, [other, hot, other, hot, other, hot], router=router)
-        chain.apply(MC, 0, processed_to={LEFT: first.messages[2].key})
-        q.commit_diff([top(MC, 1), top(LEFT, 1, 1)], partitions=(0,))
+        first = _split_diff(q, [False, True, False, True, False, True], read_to=2)
         q.run_gc()
         assert q.gc_bounds()[1] == {(0, LEFT): first.messages[2].key}
         assert len(iterate_all(q, [LEFT], partition=1, for_shard=RIGHT)) == 3
@@ -252,14 +260,8 @@ def test_a_span_gc_reached_with_every_message_of_a_partition_kept_is_no_problem(
     message, which went to partition 1: GC deleted none of partition 0's rows, so all
     of them are there (as many as stored), which is sound."""
     db = tmp_path / "db"
-    hot = address_in(RIGHT, 9)
     with open_queue(db) as q:
-        chain = Chain(q)
-        router = PartitionRouter(dst={1: [hot]})
-        other = address_in(LEFT, 1)
-        first = chain.apply(LEFT, [hot, other, other], router=router)
-        chain.apply(MC, 0, processed_to={LEFT: first.messages[0].key})
-        q.commit_diff([top(MC, 1), top(LEFT, 1, 1)], partitions=(0,))
+        first = _split_diff(q, [True, False, False], read_to=0)
         assert q.run_gc_report().messages == 0
         assert q.gc_bounds()[1] == {(0, LEFT): first.diff.min_message}
     report = verify(db)
