@@ -1063,6 +1063,7 @@ class Store:
     _manifest_sequence: int | None = None  # the highest last sequence number it records
     _logged_sequence: int | None = None  # the highest one of the logs' last write batches
     _synced_mark: int | None = None  # SYNCED_FILE's number, read before the logs' checks
+    _tables_before = 0  # table files in the directory before RocksDB's open
 
     def __init__(
         self,
@@ -1071,6 +1072,7 @@ class Store:
         *,
         read_only: bool = False,
         check_synced: bool = True,
+        check_schema: bool = True,
     ) -> None:
         """Open (creating if missing) the store in ``path``.
 
@@ -1078,7 +1080,8 @@ class Store:
         lock is taken, nothing can be written, and the view is the state at open
         (including the writer's unflushed log). ``check_synced=False`` leaves out the
         check against the mark of synced writes (a writer's open makes it with such a
-        read-only open first: ``_check_recoverable``).
+        read-only open first: ``_check_recoverable``). ``check_schema=False`` (read-only
+        only) leaves out the schema version's check: ``_check_versioned``'s probe reads it.
         """
         _check_path(path)
         self.path = Path(path)
@@ -1116,7 +1119,8 @@ class Store:
         )
         self.diff_tops = DiffTops()
         try:
-            self._check_schema()
+            if check_schema or not read_only:
+                self._check_schema()
         except BaseException:
             self.close()
             raise
@@ -1147,6 +1151,7 @@ class Store:
             floor = self._synced_mark = self._synced_floor()
             self._check_logs()  # under the lock: no writer changes them meanwhile
             self._check_recoverable(floor)
+            self._check_versioned(floor)
             self._db, self._tables, self._handles = self._open_rocksdb()
             self._check_synced(floor)
         except BaseException:
@@ -1226,6 +1231,40 @@ class Store:
             probe.close()
         if recovered < floor:
             raise _short_of_synced(self.path, recovered, floor, untouched=True)
+
+    def _check_versioned(self, floor: int | None) -> None:
+        """A writer's open of table files without the mark of synced writes (deleted, or
+        never written), before RocksDB's: refuse them while nothing is changed when they
+        show no schema version. RocksDB's writer open deletes the table files a damaged
+        MANIFEST no longer lists, so the check after the open (``_check_schema``) refused
+        only once: the next open found neither table files nor a version and created an
+        empty queue (an outside audit). With the mark, ``_check_recoverable`` guards this.
+        Costs one read-only open, only on this path."""
+        if floor is not None or not self._complete or not self._tables_before:
+            return
+        try:
+            probe = Store(
+                self.path, self.options, read_only=True, check_synced=False, check_schema=False
+            )
+        except ImqError:
+            return  # the writer's open and its own checks decide, as without the probe
+        try:
+            versioned = probe.get_latest(Table.VARS, codec.SCHEMA_VERSION_KEY) is not None
+        finally:
+            probe.close()
+        if not versioned:
+            raise self._data_without_version()
+
+    def _data_without_version(self) -> SchemaVersionError:
+        # imq writes the version (synced) when it creates the tables, before any table
+        # file can exist: table files without it mean a damaged MANIFEST (RocksDB drops
+        # the files it no longer lists at a writer's open) or a foreign database.
+        return SchemaVersionError(
+            f"queue database {self.path} holds data ({self._tables_before} table "
+            "files before this open) but no schema version: its files are damaged "
+            "or it is not an imq queue; restore the directory from a copy or "
+            "rebuild it from a persistent state in a new directory (import_state)"
+        )
 
     def _mark_synced(self) -> None:
         """Record that the log is synced up to the latest write (under the gate, after a
@@ -1736,6 +1775,8 @@ class Store:
 
     def _check_schema(self) -> None:
         raw = self.get_latest(Table.VARS, codec.SCHEMA_VERSION_KEY)
+        if raw is None and self.read_only and self._tables_before:
+            raise self._data_without_version()
         if raw is None and self.read_only:
             raise SchemaVersionError(
                 f"queue database {self.path} has no schema version: it is not an imq queue, "
@@ -1744,15 +1785,7 @@ class Store:
             )
         if raw is None:
             if self._tables_before or any(self._has_rows(t) for t in Table if t is not Table.VARS):
-                # imq writes the version (synced) when it creates the tables, before any
-                # table file can exist: table files without it mean a damaged MANIFEST
-                # (RocksDB dropped the files it no longer lists) or a foreign database.
-                raise SchemaVersionError(
-                    f"queue database {self.path} holds data ({self._tables_before} table "
-                    "files before this open) but no schema version: its files are damaged "
-                    "or it is not an imq queue; restore the directory from a copy or "
-                    "rebuild it from a persistent state in a new directory (import_state)"
-                )
+                raise self._data_without_version()
             self._tables[Table.VARS].put(
                 codec.SCHEMA_VERSION_KEY, codec.u32_value(codec.SCHEMA_VERSION), self._sync
             )
