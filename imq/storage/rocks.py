@@ -1064,6 +1064,7 @@ class Store:
     _logged_sequence: int | None = None  # the highest one of the logs' last write batches
     _synced_mark: int | None = None  # SYNCED_FILE's number, read before the logs' checks
     _tables_before = 0  # table files in the directory before RocksDB's open
+    _refused = False  # the open failed its schema check: close writes no mark of synced writes
 
     def __init__(
         self,
@@ -1122,6 +1123,7 @@ class Store:
             if check_schema or not read_only:
                 self._check_schema()
         except BaseException:
+            self._refused = True
             self.close()
             raise
         self._register()
@@ -1864,7 +1866,12 @@ class Store:
                         failure = failure or exc
                 self._tables.clear()
                 self._handles.clear()
-                if not self.read_only and self._db is not None and self._dead is None:
+                if (
+                    not self.read_only
+                    and self._db is not None
+                    and self._dead is None
+                    and not self._refused
+                ):
                     self._sync_at_close()
                 db, self._db = self._db, None
                 if db is not None:

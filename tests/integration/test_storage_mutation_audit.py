@@ -295,6 +295,25 @@ def test_a_lower_schema_version_is_refused_too(tmp_path: Path) -> None:
             Queue.open(db, read_only=read_only)
 
 
+def test_an_open_refused_by_the_schema_check_writes_no_mark(tmp_path: Path) -> None:
+    """A refused open changes nothing it can avoid changing: its close does not write the
+    mark of synced writes (before stop 48 it did, recording the refused database's
+    sequence number as synced, in a directory that may have had no mark)."""
+    db = tmp_path / "db"
+    with open_queue(db) as q:
+        q._store._tables[Table.VARS].put(
+            codec.SCHEMA_VERSION_KEY, codec.u32_value(codec.SCHEMA_VERSION + 1)
+        )
+    mark = (db / SYNCED_FILE).read_bytes()
+    with pytest.raises(SchemaVersionError, match="has schema version"):
+        Queue.open(db)
+    assert (db / SYNCED_FILE).read_bytes() == mark
+    (db / SYNCED_FILE).unlink()
+    with pytest.raises(SchemaVersionError, match="has schema version"):
+        Queue.open(db)
+    assert not (db / SYNCED_FILE).exists()
+
+
 def test_a_manifest_changed_while_the_writer_took_the_lock_is_walked_again(
     closed: tuple[Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
