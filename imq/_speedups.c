@@ -2192,6 +2192,23 @@ row_end(const Chunk *c, Py_ssize_t i)
     return i + 1 < c->n ? (Py_ssize_t)c->o[i + 1] : c->data.len;
 }
 
+/* Where row i's value starts and how long it is (*vlen), checked against the chunk's
+ * bounds: a row must lie inside data, after its offset, and hold a whole key. The cache
+ * only holds chunks chunk_check passed; ChunkRows also takes any other (its callers'
+ * lists), so each row it reads is checked here first, never read out of bounds (a
+ * pointer to the row, or NULL with ValueError). */
+static const unsigned char *
+row_checked(const Chunk *c, Py_ssize_t i, Py_ssize_t *vlen)
+{
+    Py_ssize_t start = c->o[i], end = row_end(c, i);
+    if (end > c->data.len || end - start < KEY_LEN) {
+        PyErr_SetString(PyExc_ValueError, "a cached chunk must hold message rows");
+        return NULL;
+    }
+    *vlen = end - start - KEY_LEN;
+    return c->d + start;
+}
+
 /* -1, 0, 1 as row i's key orders before, with, after `key` (bytes order). The key is
  * what the data holds of it (data[o[i]:o[i] + KEY_LEN], as the pure-Python bisection
  * slices): a chunk not checked by chunk_check is read in its bounds only. Two
@@ -2374,11 +2391,13 @@ chunk_pack(PyObject *self, PyObject *rows)
     return pair_of(nd, no);
 }
 
-/* The (key, value) pair of row i, a new reference. */
+/* The (key, value) pair of row i, a new reference, or NULL with an exception. */
 static PyObject *
 chunk_row(const Chunk *c, Py_ssize_t i)
 {
-    return row_at(c->d + c->o[i], row_end(c, i) - c->o[i] - KEY_LEN);
+    Py_ssize_t vlen;
+    const unsigned char *at = row_checked(c, i, &vlen);
+    return at == NULL ? NULL : row_at(at, vlen);
 }
 
 /*
@@ -2651,8 +2670,19 @@ chunk_refill(PyObject *source, Py_ssize_t *skipped, Head *head,
             continue;
         }
         const Chunk *c = &self->chunks[p];
-        Py_ssize_t i = self->row++;
-        const unsigned char *at = c->d + c->o[i];
+        Py_ssize_t i = self->row++, vlen;
+        const unsigned char *at = row_checked(c, i, &vlen);
+        if (at == NULL)
+            return -1;
+        if (vlen < HEADER_LEN) { /* as refill(): corrupt, whether for this shard or not */
+            PyObject *key = PyBytes_FromStringAndSize((const char *)at, KEY_LEN);
+            if (key != NULL) {
+                row_error(PyExc_ValueError,
+                          vlen == 0 ? "empty message value" : "message row too short", key);
+                Py_DECREF(key);
+            }
+            return -1;
+        }
         if (accepts(at + KEY_LEN, ROUTE_LEN, self->wc_byte, self->prefix_len, self->shift,
                     self->want)) {
             if (self->pending_part >= 0) { /* the run's last row: a skip */
@@ -2668,7 +2698,7 @@ chunk_refill(PyObject *source, Py_ssize_t *skipped, Head *head,
             head->has = 1;
             head->k = at;
             head->v = at + KEY_LEN;
-            head->vlen = row_end(c, i) - c->o[i] - KEY_LEN;
+            head->vlen = vlen;
             return 0;
         }
         if (self->pending_part >= 0) {
