@@ -683,8 +683,9 @@ class Simulation:
             self._round(base + n, drain=True)
             self.result.drain_rounds = n
             if self._outstanding() == 0:
+                # The first round that owes nothing, then three more.
                 extra += 1
-                if extra >= 3:
+                if extra > 3:
                     return
             elif self.result.messages_delivered == before:
                 idle += 1
@@ -866,8 +867,10 @@ class Simulation:
                     "not read yet"
                 )
         # A range's end is excluded: read again up to the source's last message read, that
-        # message is not among them.
-        for source, key in itertools.islice(last.items(), 1):
+        # message is not among them. (A source the read did not ask for has no range to
+        # read again: the range check above named it.)
+        asked = ((source, key) for source, key in last.items() if source in bounds)
+        for source, key in itertools.islice(asked, 1):
             again = self._node(shard).iterator(
                 partition, [QueueShardRange(source, bounds[source].from_key, key)], shard
             )
