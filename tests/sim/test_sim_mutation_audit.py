@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_simulate import _Wrapped
 
 from imq import (
     CommitPointer,
@@ -51,19 +52,14 @@ _SHORT: dict[str, Any] = {"rounds": 40, "seed": 3, "restart_rate": 0.08, "reset_
 _CALM: dict[str, Any] = {"rounds": 24, "seed": 2, "restart_rate": 0, "reset_rate": 0}
 
 
-class _Wrapped:
-    """A queue with some calls replaced (each gets the real call first); everything
-    else is the real queue's."""
-
-    def __init__(self, queue: Queue, **calls: Callable[..., Any]) -> None:
-        self._queue = queue
-        self._calls = calls
-
-    def __getattr__(self, name: str) -> Any:
-        if name in self._calls:
-            inner = getattr(self._queue, name)
-            return lambda *args: self._calls[name](inner, *args)
-        return getattr(self._queue, name)
+def _past_the_pointers(inner: Any, partition: int, ranges: Any, for_shard: ShardIdent) -> Any:
+    """An iterator call that reads the other shards' ranges on to ``MAX``: past their
+    commit pointers, into blocks not committed before the reading one."""
+    wide = [
+        r if r.shard == for_shard else QueueShardRange(r.shard, r.from_key, QueueKey.MAX)
+        for r in ranges
+    ]
+    return inner(partition, wide, for_shard)
 
 
 def _simulation(tmp_path: Path, settings: dict[str, Any], **calls: Any) -> Simulation:
@@ -121,14 +117,7 @@ def test_a_message_executed_that_no_committed_block_created_is_named_phantom(
     ends ignored): a block executes messages of blocks not committed before it, which the
     ledger names ``phantom`` (a mutant that left phantoms unreported went unseen)."""
 
-    def past_the_pointers(inner: Any, partition: int, ranges: Any, for_shard: ShardIdent) -> Any:
-        wide = [
-            r if r.shard == for_shard else QueueShardRange(r.shard, r.from_key, QueueKey.MAX)
-            for r in ranges
-        ]
-        return inner(partition, wide, for_shard)
-
-    result = _run(tmp_path, _CALM, iterator=past_the_pointers)
+    result = _run(tmp_path, _CALM, iterator=_past_the_pointers)
     phantoms = [v for v in result.violations if v.kind == "phantom"]
     assert phantoms, result.verdict()
     assert "no committed block created it" in phantoms[0].detail
@@ -423,14 +412,7 @@ def test_the_verdict_line_counts_and_names_the_first_failed_state_check(tmp_path
 
 
 def test_the_verdict_line_names_the_first_violation(tmp_path: Path) -> None:
-    def past_the_pointers(inner: Any, partition: int, ranges: Any, for_shard: ShardIdent) -> Any:
-        wide = [
-            r if r.shard == for_shard else QueueShardRange(r.shard, r.from_key, QueueKey.MAX)
-            for r in ranges
-        ]
-        return inner(partition, wide, for_shard)
-
-    result = _run(tmp_path, _CALM, iterator=past_the_pointers)
+    result = _run(tmp_path, _CALM, iterator=_past_the_pointers)
     assert result.violations
     assert result.verdict().endswith(f"; first: {result.violations[0]}")
 

@@ -27,11 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import struct
-import subprocess
 import sys
-import textwrap
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -39,8 +36,8 @@ from typing import Any, NamedTuple
 
 import pytest
 from compiled_only import COMPILED_ONLY
+from test_speedups_safety import _child as _safety_child
 
-import imq
 from imq import iterator
 from imq.errors import CorruptDataError
 from imq.storage import cache as cache_mod
@@ -51,7 +48,6 @@ pytestmark = COMPILED_ONLY
 
 S: Any = pytest.importorskip("imq._speedups")
 
-_ROOT = str(Path(imq.__file__).resolve().parent.parent)
 SHARD = ShardIdent(0, 0x4000_0000_0000_0000)
 OTHER = ShardIdent(0, 0xC000_0000_0000_0000)
 SRC = Address(0, b"\x01" * 32)
@@ -113,17 +109,7 @@ def _error_of(run: Callable[[], object]) -> tuple[type[BaseException], tuple[Any
 def _child(code: str) -> str:
     """Run ``code`` in a fresh interpreter that imports this imq; its stdout. The child
     must exit cleanly: a crash fails the test instead of ending the run."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    return _safety_child(code, prelude="")
 
 
 # -- malformed rows: the same error on both paths ----------------------------------------------
@@ -556,6 +542,9 @@ def test_merge_fill_keeps_no_reference_to_what_it_is_given_or_makes() -> None:
             _merge_all([first, second], 16, _c_fill, (128, 0, 0), shards)
 
     held = [*shards, *(x for row in [*a, *b, bad[-1], *first, *second] for x in row)]
+    # Garbage from earlier tests may still refer to the (shared) shard objects: collected
+    # first, or _growth's collection would lower their counts.
+    gc.collect()
     before = [sys.getrefcount(x) for x in held]
     assert _growth(merge) < 16_000
     assert _growth(fail) < 16_000
@@ -573,6 +562,7 @@ def test_cache_scan_and_message_bounds_keep_no_reference() -> None:
         for lt in range(4)
     )
     objects = [floor, segment.firsts, segment.datas, pairs[0], pairs[1], ranges, ranges[0]]
+    gc.collect()  # as above: only this test's references are counted
     before = [sys.getrefcount(o) for o in objects]
 
     def scan() -> None:

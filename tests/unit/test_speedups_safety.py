@@ -41,12 +41,13 @@ def value(body=b"body"):
 """
 
 
-def _child(code: str) -> str:
-    """Run ``code`` (after the helpers above) in a fresh interpreter that imports this
-    imq; its stdout. The child must exit cleanly: a crash fails the test."""
+def _child(code: str, prelude: str = _COMMON) -> str:
+    """Run ``code`` (after ``prelude``: by default the helpers above) in a fresh
+    interpreter that imports this imq; its stdout. The child must exit cleanly: a crash
+    fails the test."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, "-c", _COMMON + textwrap.dedent(code)],
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
         check=False,
         capture_output=True,
         text=True,
