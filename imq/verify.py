@@ -533,7 +533,6 @@ def _check_messages(
             f"{stray} stored messages belong to no stored diff (above every GC bound of "
             "their shard)"
         )
-    singles: dict[tuple[ShardIdent, int], _Cluster] = {}  # the clusters of one diff
     for shard, cs in sorted(clusters.items(), key=lambda item: str(item[0])):
         for i, cluster in enumerate(cs):
             if len(cluster.seqnos) > 1:
@@ -552,18 +551,17 @@ def _check_messages(
                     report.problems.append(
                         f"{cluster.name(shard)} partition {partition}: {problem}"
                     )
-            singles[(shard, i)] = cluster
     # Rows of a partition the diff's record does not list: none of them is the diff's.
     # Those at or below the shard's orphan reach may be an older, collected diff's whose
     # span this one's overlaps (a collator never writes such diffs); the rest are found.
     for (shard, i, partition), got in sorted(found.items(), key=str):
-        single = singles.get((shard, i))
-        if single is None or partition in single.stored:
-            continue
+        cluster = clusters[shard][i]
+        if len(cluster.seqnos) > 1 or partition in cluster.stored:
+            continue  # (a cluster of several diffs is not counted, see above)
         fresh = got - old.get((shard, i, partition), 0)
         if fresh:
             report.problems.append(
-                f"{single.name(shard)} partition {partition}: {fresh} messages stored in "
+                f"{cluster.name(shard)} partition {partition}: {fresh} messages stored in "
                 "its span, the diff record lists none in this partition"
             )
 
