@@ -168,8 +168,10 @@ class QueueDiff:
         _check_span(start_lt, end_lt, first, last)
         _check_keys(min_key, max_key, first, last)
         object.__setattr__(self, "messages", tuple(msgs))
-        object.__setattr__(self, "processed_to", _check_processed_to(processed_to or {}))
-        fixed = router.read_only_copy() if router else _EMPTY_ROUTER
+        # ``None`` alone means none: a falsy non-mapping ([], 0, "") is refused too.
+        processed = {} if processed_to is None else processed_to
+        object.__setattr__(self, "processed_to", _check_processed_to(processed))
+        fixed = _EMPTY_ROUTER if router is None else router.read_only_copy()
         object.__setattr__(self, "router", fixed)
         object.__setattr__(self, "prev_hash", prev_hash)
         object.__setattr__(self, "start_lt", start_lt)

@@ -39,8 +39,8 @@ class PartitionRouter:
         # Ascending partition order: when an address is listed twice in one half,
         # the highest partition wins, as in the original.
         for name, half, insert in (
-            ("src", src or {}, self.insert_src),
-            ("dst", dst or {}, self.insert_dst),
+            ("src", {} if src is None else src, self.insert_src),
+            ("dst", {} if dst is None else dst, self.insert_dst),
         ):
             check_mapping(f"PartitionRouter {name}", half)
             for partition in sorted(half):
@@ -66,11 +66,11 @@ class PartitionRouter:
     def partition_for(self, src: Address | None, dst: Address) -> int:
         if src is not None and type(src) is not Address:
             raise TypeError(f"src must be an Address or None, got {type(src).__name__}")
+        if type(dst) is not Address:  # before the lookup: a plain tuple equals an Address
+            raise TypeError(f"dst must be an Address, got {type(dst).__name__}")
         partition = self._dst.get(dst)
         if partition is not None:
             return partition
-        if type(dst) is not Address:  # checked only here: a routed dst is an Address
-            raise TypeError(f"dst must be an Address, got {type(dst).__name__}")
         if src is not None:
             partition = self._src.get(src)
             if partition is not None:
@@ -85,7 +85,7 @@ class PartitionRouter:
         """When no source is routed, a message's partition depends on its destination
         alone: the destination routes (read-only; absent means partition 0). ``None``
         when some source is routed."""
-        return None if self._src else self._dst
+        return None if self._src else MappingProxyType(self._dst)
 
     @staticmethod
     def _group(mapping: Mapping[Address, int]) -> dict[int, frozenset[Address]]:

@@ -189,6 +189,11 @@ def output_file(path: Path) -> Path:
         raise PathError(f"output {path} is a directory, not a file")
     parent = path.parent
     if not parent.is_dir():
+        # The nearest existing ancestor tells which: a missing directory, or a plain file
+        # where a directory belongs (not to be reported as missing: it exists).
+        found = next((p for p in (parent, *parent.parents) if p.exists()), None)
+        if found is not None and not found.is_dir():
+            raise PathError(f"cannot write {path}: {found} is a file, not a directory")
         raise PathError(f"cannot write {path}: directory {parent} does not exist")
     return path
 
