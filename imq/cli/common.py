@@ -189,13 +189,18 @@ def output_file(path: Path) -> Path:
         raise PathError(f"output {path} is a directory, not a file")
     parent = path.parent
     if not parent.is_dir():
-        # The nearest existing ancestor tells which: a missing directory, or a plain file
-        # where a directory belongs (not to be reported as missing: it exists).
-        found = next((p for p in (parent, *parent.parents) if p.exists()), None)
-        if found is not None and not found.is_dir():
-            raise PathError(f"cannot write {path}: {found} is a file, not a directory")
+        blocker = file_in_the_way(parent)
+        if blocker is not None:  # not to be reported as missing: it exists
+            raise PathError(f"cannot write {path}: {blocker} is a file, not a directory")
         raise PathError(f"cannot write {path}: directory {parent} does not exist")
     return path
+
+
+def file_in_the_way(directory: Path) -> Path | None:
+    """The file (not a directory) that ``directory`` or the nearest of its existing
+    ancestors is, if any: the path where a directory is wanted but a file stands."""
+    found = next((p for p in (directory, *directory.parents) if p.exists()), None)
+    return found if found is not None and not found.is_dir() else None
 
 
 # -- a queue's close ------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO, cast
 
-from imq.cli.common import PathError, path_arg
+from imq.cli.common import PathError, file_in_the_way, path_arg
 from imq.config import QueueConfig
 from imq.errors import FileAccessError
 from imq.observability import configure_for_cli
@@ -187,6 +187,25 @@ class _OpLogFile:
             raise FileAccessError(self._path, _WRITE_LOG, exc) from exc
 
 
+def _check_paths(directory: Path, record: Path | None) -> None:
+    """Refuse a run directory or op log that cannot be made, before anything is."""
+    blocker = file_in_the_way(directory)
+    if blocker is not None:
+        where = "is a file" if blocker == directory else f"is under {blocker}, a file"
+        raise PathError(
+            f"--dir {directory} {where}; give a directory (the run's queue/, report.json "
+            "and report.png go there)"
+        )
+    if record is None:
+        return
+    if record.is_dir():
+        exc = IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(record))
+        raise FileAccessError(record, _WRITE_LOG, exc)
+    blocker = file_in_the_way(record.parent)
+    if blocker is not None:
+        raise PathError(f"cannot write the op log {record}: {blocker} is a file, not a directory")
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
@@ -204,14 +223,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         gc_every=args.gc_every or (5 if args.record is not None else 0),
         nodes=args.nodes,
     )
-    if args.dir.exists() and not args.dir.is_dir():
-        raise PathError(
-            f"--dir {args.dir} is a file; give a directory (the run's queue/, report.json "
-            "and report.png go there)"
-        )
-    if args.record is not None and args.record.is_dir():  # refused before the run's dir
-        exc = IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(args.record))
-        raise FileAccessError(args.record, _WRITE_LOG, exc)
+    _check_paths(args.dir, args.record)
     progress = _Progress(rounds, args.duration, err)
     with contextlib.ExitStack() as stack:
         log: OpLog | None = None

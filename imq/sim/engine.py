@@ -221,8 +221,10 @@ class SimConfig:
             raise ValueError(
                 f"gc_every must be >= 0 (0: the background worker collects), got {self.gc_every}"
             )
-        if self.commit_every < 1 or self.read_limit < 1:
-            raise ValueError("commit_every and read_limit must be at least 1")
+        if self.commit_every < 1:
+            raise ValueError(f"commit_every must be at least 1, got {self.commit_every}")
+        if self.read_limit < 1:
+            raise ValueError(f"read_limit must be at least 1, got {self.read_limit}")
 
     def queue_config(self) -> QueueConfig:
         return QueueConfig(

@@ -313,7 +313,12 @@ def _bad_message(
             f"({exc.detail}); a state holds only those"
         )
     else:
-        problem = f"the stored body of {where} is not a message BOC ({exc.detail})"
+        problem = (
+            f"the stored body of {where} is not a message BOC ({exc.detail}); a state "
+            "holds each message as the TON message it is, so this block's state cannot be "
+            "written from this queue: take it from a node that serves it (the queues of "
+            "`imq demo` and `imq simulate` store bodies that are no messages, and export none)"
+        )
     return StateFormatError(f"cannot export the state of {shard}:{seqno}: {problem}")
 
 

@@ -1337,12 +1337,34 @@ class Store:
         except OSError as exc:  # not permitted to look
             raise FileAccessError(self.path, operation, exc) from None
         if found is None or not stat.S_ISREG(found.st_mode):
+            if found is None and self._lost_current():
+                raise StorageError(
+                    self.path,
+                    "open (read-only)",
+                    "it holds a RocksDB database's files (MANIFEST, table or log files) but "
+                    "no CURRENT file: the file was lost or damaged, or a deletion of the "
+                    "database was cut short",
+                    hint="restore the directory from a copy; nothing in it was changed",
+                )
             raise FileAccessError(
                 self.path,
                 operation,
                 FileNotFoundError(errno.ENOENT, f"no queue database at {self.path}"),
                 "pass the directory of an existing queue (a read-only open creates nothing)",
             )
+
+    def _lost_current(self) -> bool:
+        """A directory holding a RocksDB's MANIFEST, table or log files without CURRENT
+        (read-only open; named as what it is, not as no database at all)."""
+        try:
+            names = os.listdir(self.path)
+        except OSError:
+            return False
+        return any(
+            n.startswith("MANIFEST-")
+            or (DATABASE_FILE.fullmatch(n) and n.endswith((".sst", ".log")))
+            for n in names
+        )
 
     def _check_directory(self) -> int:
         """Refuse a directory that is not (yet) an imq queue: one holding a RocksDB

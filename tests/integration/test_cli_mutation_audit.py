@@ -8,9 +8,13 @@ stdout against stderr, progress lines, refusals of paths, read-only opens.
 against the other files that exercise its code): 85 killed, 6 equivalent, 39 survived
 (gaps), each pinned here by one test per documented rule (a test may pin several
 mutants; the mutant is named in its docstring; the last gap, an op-log close error
-raised over the run's own error in ``_OpLogFile.__exit__``, was pinned after the audit). One bug, fixed (its
-test, at the end, fails on the code before): an output path under a plain file was
-reported as a missing directory.
+raised over the run's own error in ``_OpLogFile.__exit__``, was pinned after the
+audit). One bug, fixed (its test fails on the code before): an output path under a
+plain file was reported as a missing directory. The audit's smaller findings, each
+fixed with a test at the end: ``verify`` said "no queue database" of one that lost its
+CURRENT file, ``simulate``'s paths under a plain file gave "Not a directory" or "File
+exists" with no next step, ``--commit-every 0`` named a setting the command does not
+have, and an export of bodies that are no messages said nothing of what to do.
 
 Each test pins a rule of README.md's CLI paragraphs, ``docs/api.md``'s errors table,
 ``docs/simulation.md`` or a command's ``--help``.
@@ -44,7 +48,7 @@ from imq.cli import simulate as simulate_cli
 from imq.cli import state as state_cli
 from imq.cli.common import Heartbeat
 from imq.cli.main import build_parser, main
-from imq.errors import CorruptDataError, DiffConflictError, QueueClosedError
+from imq.errors import CorruptDataError, DiffConflictError, QueueClosedError, StorageError
 from imq.sim import SimConfig
 from imq.state.boc import CellBuilder, encode_boc
 from imq.state.exporter import MAX_TAIL_LEN
@@ -696,3 +700,69 @@ def test_an_op_log_close_error_does_not_hide_the_runs_own_error() -> None:
         raise RuntimeError("the run's own error")
     with pytest.raises(FileAccessError, match="/dev/full"), _OpLogFile(full) as log:
         log.write("{}\n")
+
+
+# -- the audit's smaller findings, fixed after it -------------------------------------------------
+
+
+def test_verify_names_a_lost_current_file(imq: Imq, demo_db: Path, tmp_path: Path) -> None:
+    """A directory holding a queue's files without CURRENT lost it (or a deletion was
+    cut short): ``imq verify`` (a read-only open) says so, as ``inspect`` and ``gc`` do,
+    not that there is no database; a read-only ``Queue.open`` raises ``StorageError``
+    with the same words. Nothing is changed."""
+    db = _copy(demo_db, tmp_path / "db")
+    (db / "CURRENT").unlink()
+    before = sorted(p.name for p in db.iterdir())
+    for argv in (("verify", db), ("inspect", db)):
+        run = imq(*argv)
+        assert run.code == 1
+        line = _one_error_line(run.err)
+        assert "no CURRENT file" in line, line
+        assert "restore the directory from a copy" in line, line
+    with pytest.raises(StorageError, match="no CURRENT file"):
+        Queue.open(db, read_only=True)
+    assert sorted(p.name for p in db.iterdir()) == before
+
+
+def test_simulate_paths_under_a_plain_file_say_so(imq: Imq, tmp_path: Path) -> None:
+    """``imq simulate``: a run directory or an op log under a plain file is refused in
+    one line naming the file in the way (not "Not a directory" with no next step, nor
+    "File exists"), exit 1, and nothing is created."""
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    run = imq("simulate", "--rounds", "3", "--dir", plain / "sub")
+    assert run.code == 1
+    line = _one_error_line(run.err)
+    assert f"--dir {plain / 'sub'} is under {plain}, a file; give a directory" in line, line
+    run = imq("simulate", "--rounds", "3", "--dir", tmp_path / "run", "--record", plain / "x.jsonl")
+    assert run.code == 1
+    line = _one_error_line(run.err)
+    assert f"cannot write the op log {plain / 'x.jsonl'}: {plain} is a file" in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plain"]
+
+
+def test_simulate_commit_every_zero_names_that_option_alone(imq: Imq, tmp_path: Path) -> None:
+    """``imq simulate --commit-every 0``: a bad argument (exit 2) whose line names the
+    value given, and no setting the command does not have (``read_limit``)."""
+    run = imq("simulate", "--rounds", "3", "--dir", tmp_path / "run", "--commit-every", "0")
+    assert run.code == 2
+    line = _one_error_line(run.err)
+    assert line == "imq: commit_every must be at least 1, got 0", line
+    assert not (tmp_path / "run").exists()
+
+
+def test_export_of_bodies_that_are_no_messages_says_what_to_do(
+    imq: Imq, demo_db: Path, tmp_path: Path
+) -> None:
+    """``imq export`` of a queue whose stored bodies are not TON messages (the demo's)
+    fails in one line that names the message and says where such a state comes from,
+    and leaves no output file."""
+    out = tmp_path / "out.bin"
+    run = imq(
+        "export", demo_db, "--shard", "0:4000000000000000", "--seqno", "2", "--tail-len", "1", out
+    )
+    assert run.code == 1
+    line = _one_error_line(run.err.splitlines()[-1])
+    assert "is not a message BOC" in line, line
+    assert "take it from a node that serves it" in line, line
+    assert not out.exists()
