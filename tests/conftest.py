@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,6 +50,13 @@ def _quiet_structlog() -> None:
 
 
 _quiet_structlog()
+
+# Python turns SIGINT into KeyboardInterrupt only if SIGINT was not ignored when it
+# started, and a background job of a non-interactive shell (``make test &`` in a script,
+# some CI runners) starts with it ignored: the tests of a Ctrl-C then saw nothing raised.
+# The run gets Python's own handler, as an interactive one has.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
