@@ -18,8 +18,14 @@ no other test noticing. Deterministic, well under a second each.
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +46,8 @@ from imq import (
     TopBlock,
 )
 from imq.errors import ImqError
-from imq.testing import MemoryDatabase
+from imq.sim.child import ChildQueue, ChildQueueError
+from imq.testing import MemoryDatabase, OpLog, UnrecordableCallError, replay
 from imq.testing.model import DiffInput, QueueModel
 
 CONFIG = replace(QueueConfig.testing(), gc_enabled=False)
@@ -508,3 +515,211 @@ def test_startup_clears_the_masterchain_without_a_pointer(pair: Pair) -> None:
     assert pair.startup(block_id(MC, 1), []) == ("ok", None)
     assert pair.q.get_last_applied_seqno(MC) is None
     pair.check()
+
+
+# -- the recorder (``imq/testing/record.py``): rules of docs/replay-format.md ---------------------
+
+
+def _recorded(tmp_path: Path, zerostate_seqno: int = 0) -> tuple[Path, Any]:
+    """An op log in ``tmp_path`` and a recorded queue on it (closed by the caller)."""
+    log_path = tmp_path / "ops.jsonl"
+    sink = log_path.open("w")
+    log = OpLog(sink, zerostate_seqno=zerostate_seqno)
+    queue = log.open(
+        lambda path, config, **kw: Queue.open(path, config, zerostate_seqno=zerostate_seqno),
+        tmp_path / "q",
+        CONFIG,
+    )
+    return log_path, (queue, sink)
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_log_header_holds_the_zerostate_seqno_and_replays_with_it(tmp_path: Path) -> None:
+    """docs/replay-format.md: the header's ``zerostate_seqno`` is what the replay opens
+    with. A recording of a queue opened with zerostate 5 (a masterchain block of seqno
+    5 is then its first, committed with ``ref_by_mc_seqno`` 5) replays only with it.
+    Mutant: the header always written with 0."""
+    log_path, (queue, sink) = _recorded(tmp_path, zerostate_seqno=5)
+    with sink:
+        left = diff_input(LEFT, 1, [msg(10, A_LEFT, A_RIGHT)])
+        queue.apply_diff(*real_arguments(left)[:1], BlockIdShort(LEFT, 1), left.diff_hash)
+        queue.apply_diff(QueueDiff(), BlockIdShort(MC, 5), bytes([5]) * 32)
+        assert queue.commit_diff([top(MC, 5, 5), top(LEFT, 1, 5)])
+        queue.close()
+    assert _lines(log_path)[0] == {"imq_ops": 1, "zerostate_seqno": 5}
+    assert replay(log_path).steps == len(_lines(log_path)) - 1
+
+
+def test_a_call_returning_none_logs_a_null_result(tmp_path: Path) -> None:
+    """docs/replay-format.md: every line holds ``result`` (the value returned, ``null``
+    for none) or ``error``. Mutant: a ``None`` result left out of the line."""
+    log_path, (queue, sink) = _recorded(tmp_path)
+    with sink:
+        queue.clear_uncommitted_state()
+        queue.close()
+    (clear,) = [line for line in _lines(log_path)[1:] if line["op"] == "clear_uncommitted_state"]
+    assert "result" in clear
+    assert clear["result"] is None
+
+
+def test_generators_of_ranges_and_top_blocks_reach_the_queue_whole(tmp_path: Path) -> None:
+    """The recorder reads an iterable argument once, for the log and the queue alike
+    (``_listed``): a generator of ranges or of top blocks must reach the queue with
+    every item, and the log replay. Mutants: ``iterator`` or ``commit_diff`` passing
+    the generator the log's encoding already consumed."""
+    log_path, (queue, sink) = _recorded(tmp_path)
+    with sink:
+        left = diff_input(LEFT, 1, [msg(10, A_LEFT, A_RIGHT)])
+        queue.apply_diff(*real_arguments(left)[:1], BlockIdShort(LEFT, 1), left.diff_hash)
+        queue.apply_diff(QueueDiff(), BlockIdShort(MC, 1), bytes([1]) * 32)
+        assert queue.commit_diff(t for t in [top(MC, 1), top(LEFT, 1)])
+        with queue.iterator(0, (r for r in [full(LEFT)]), RIGHT) as it:
+            assert [m.message.key for m in it] == [key(10)]
+        queue.close()
+    assert replay(log_path).steps == len(_lines(log_path)) - 1
+
+
+def test_a_call_whose_arguments_cannot_be_logged_is_refused_after_it(tmp_path: Path) -> None:
+    """``OpLog.call``: a call that took effect although the log cannot hold its
+    arguments raises ``UnrecordableCallError`` (saying so), never returns as if
+    recorded. Mutant: the value returned instead."""
+    with (tmp_path / "ops.jsonl").open("w") as sink:
+        log = OpLog(sink)
+        ran: list[int] = []
+
+        def unencodable() -> dict[str, Any]:
+            raise TypeError("no log form")
+
+        with pytest.raises(UnrecordableCallError, match="took effect"):
+            log.call("run_gc", unencodable, lambda: ran.append(1) or 0, int)
+        assert ran == [1]
+
+
+# -- the simulator's child process (``imq/sim/child.py``) -----------------------------------------
+
+
+def _child_script(q: Any, gc_config: bool = False) -> list[object]:
+    """The calls the simulation makes, on ``q`` (a ``Queue`` or a ``ChildQueue``), and
+    what each answered."""
+    out: list[object] = []
+    left = diff_input(LEFT, 1, [msg(10, A_LEFT, A_RIGHT), msg(11, B_LEFT, B_RIGHT)])
+    right = diff_input(RIGHT, 1, [msg(12, A_RIGHT, A_LEFT)], router_dst={A_LEFT: 2})
+    # Two prepared diffs of two shards held at once, written in the other order.
+    first = q.prepare_diff(real_arguments(left)[0], left.block, left.diff_hash)
+    second = q.prepare_diff(real_arguments(right)[0], right.block, right.diff_hash)
+    second.write()
+    first.write()
+    # Applied already (same hash): no pending diff.
+    out.append(q.prepare_diff(real_arguments(left)[0], left.block, left.diff_hash))
+    again = diff_input(LEFT, 2, [msg(20, A_LEFT, A_RIGHT)])
+    pending = q.prepare_diff(real_arguments(again)[0], again.block, again.diff_hash)
+    pending.discard()
+    out.append(q.get_diff_info(LEFT, 2))
+    # A refused call raises the queue's own error in the caller.
+    out.append(outcome(lambda: q.get_diff_info(LEFT, -1)))
+    # Each message with the position after it, and the position at the end.
+    with q.iterator(0, [full(LEFT), full(RIGHT)], ShardIdent.BASECHAIN) as it:
+        out.append([(item, it.current_position()) for item in it])
+        out.append(it.current_position())
+    # A commit's partitions get GC bounds: partition 2's message goes with the others.
+    mc = diff_input(MC, 1, [], {LEFT: key(11), RIGHT: key(12)})
+    q.apply_diff(real_arguments(mc)[0], mc.block, mc.diff_hash)
+    out.append(q.commit_diff([top(MC, 1), top(LEFT, 1), top(RIGHT, 1)], [0, 1, 2]))
+    out.append(q.run_gc())
+    out.append(q.metrics.counter("messages_deleted"))
+    with q.iterator(2, [full(RIGHT)], ShardIdent.BASECHAIN) as it:
+        out.append(list(it))
+    return out
+
+
+def test_the_child_queue_answers_as_the_queue_it_runs(tmp_path: Path) -> None:
+    """docs/simulation.md (``--kill``): the queue in a child process forwards every call
+    the simulation makes and answers as an in-process queue does. Mutants: pending
+    diffs sharing one token, ``None`` of an applied diff turned into a pending one,
+    errors not raised, iterator positions dropped, a commit's partitions replaced by
+    (0, 1), the GC counter read from another metric."""
+    with Queue.open(tmp_path / "in-process", CONFIG) as queue:
+        expected = _child_script(queue)
+    child = ChildQueue(tmp_path / "child", CONFIG)
+    try:
+        assert _child_script(child) == expected
+    finally:
+        child.close()
+    assert child._proc.exitcode == 0  # closed cleanly, not killed
+    assert expected[2] == ("raised", ValueError)
+    # Committed; six (partition, shard) deletions, three messages, partition 2's among them.
+    assert expected[-4:] == [True, 6, 3, []]
+
+
+def test_the_child_queue_iterator_closes_and_kill_is_sigkill(tmp_path: Path) -> None:
+    """A closed iterator of the child queue hands out nothing more; ``kill()`` is a crash
+    (SIGKILL, no close), and the queue reopens with every acknowledged write. Mutants:
+    ``close`` a no-op, ``terminate`` (SIGTERM) instead of SIGKILL."""
+    child = ChildQueue(tmp_path / "q", CONFIG)
+    left = diff_input(LEFT, 1, [msg(10, A_LEFT, A_RIGHT), msg(11, B_LEFT, B_RIGHT)])
+    assert child.apply_diff(real_arguments(left)[0], left.block, left.diff_hash)
+    it = child.iterator(0, [full(LEFT)], ShardIdent.BASECHAIN)
+    assert next(it).message.key == key(10)
+    it.close()
+    assert list(it) == []
+    child.kill()
+    assert child._proc.exitcode == -signal.SIGKILL
+    with Queue.open(tmp_path / "q", CONFIG) as queue:
+        assert queue.get_diff_info(LEFT, 1) is not None
+
+
+def test_the_child_queue_ignores_ctrl_c_and_goes_on(tmp_path: Path) -> None:
+    """The queue process ignores SIGINT (a Ctrl-C reaches the whole process group; the
+    command decides what to do): it answers the next call. Mutant: SIGINT not ignored,
+    so the child died with the parent's Ctrl-C."""
+    child = ChildQueue(tmp_path / "q", CONFIG)
+    try:
+        assert child.get_commit_pointers() == {}  # the child is serving
+        os.kill(child._proc.pid, signal.SIGINT)  # type: ignore[arg-type]
+        time.sleep(0.2)
+        assert child.get_commit_pointers() == {}
+    finally:
+        child.close()
+
+
+def test_an_interrupted_call_closes_the_channel(tmp_path: Path) -> None:
+    """A call cut short between its send and its answer (a Ctrl-C) leaves the answer in
+    the pipe: every later call raises ``ChildQueueError`` instead of reading it as its
+    own, the counters read as zeros and ``close()`` stops the child. Mutants: the
+    interruption not noted; the counters asked of the child all the same."""
+    child = ChildQueue(tmp_path / "q", CONFIG)
+    real_conn = child._conn
+
+    class _CutShort:
+        def send(self, message: object) -> None:
+            real_conn.send(message)
+
+        def recv(self) -> object:
+            raise KeyboardInterrupt
+
+    child._conn = _CutShort()  # type: ignore[assignment]
+    with pytest.raises(KeyboardInterrupt):
+        child.get_last_committed_mc_block_id()
+    child._conn = real_conn
+    with pytest.raises(ChildQueueError, match="interrupted"):
+        child.get_commit_pointers()
+    assert child.metrics.counter("messages_deleted") == 0
+    child.close()
+    assert child._proc.exitcode == -signal.SIGKILL
+
+
+def test_the_child_queue_reports_its_gc_workers_passes(tmp_path: Path) -> None:
+    """The simulation's report counts the background GC worker's passes, which for a
+    queue in a child process are the child's: its first tick fires right after the open
+    (docs/behaviour.md), so the count reaches 1. Mutant: the child answering 0."""
+    child = ChildQueue(tmp_path / "q", replace(CONFIG, gc_enabled=True))
+    try:
+        deadline = time.monotonic() + 10
+        while child.gc_worker.passes < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.gc_worker.passes >= 1
+    finally:
+        child.close()
