@@ -29,7 +29,7 @@ from imq.config import QueueConfig
 from imq.errors import ImqError, StorageError
 from imq.queue import Queue
 from imq.state.block import parse_block_id_name
-from imq.storage.rocks import wipe_database
+from imq.storage.rocks import holds_database_files, wipe_database
 from imq.types import BlockId, ShardIdent
 
 __all__ = [
@@ -141,8 +141,7 @@ def _check_current_not_lost(path: Path) -> None:
     """A directory without CURRENT but with a RocksDB's other files (a MANIFEST, table
     or log files) is a database that lost its CURRENT file (or a deletion cut short):
     say so, rather than that it holds no database."""
-    names = [p.name for p in path.iterdir()]
-    if any(n.startswith("MANIFEST-") or n.endswith((".sst", ".log", ".blob")) for n in names):
+    if holds_database_files(p.name for p in path.iterdir()):
         raise PathError(
             f"{path} holds a RocksDB database's files (MANIFEST, table or log files) but no "
             "CURRENT file: the file was lost or damaged, or a deletion of the database was "

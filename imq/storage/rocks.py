@@ -702,6 +702,13 @@ DATABASE_FILE = re.compile(
 )
 
 
+def holds_database_files(names: Iterable[str]) -> bool:
+    """Whether a directory's file ``names`` include a RocksDB database's own data files (a
+    MANIFEST, table, log or blob files): beside no CURRENT file, a database that lost it,
+    or whose deletion was cut short."""
+    return any(n.startswith("MANIFEST-") or n.endswith((".sst", ".log", ".blob")) for n in names)
+
+
 def _synced_record(sequence: int) -> bytes:
     body = _SYNCED_MAGIC + sequence.to_bytes(8, "big")
     return body + zlib.crc32(body).to_bytes(4, "big")
@@ -1357,14 +1364,9 @@ class Store:
         """A directory holding a RocksDB's MANIFEST, table or log files without CURRENT
         (read-only open; named as what it is, not as no database at all)."""
         try:
-            names = os.listdir(self.path)
+            return holds_database_files(os.listdir(self.path))
         except OSError:
             return False
-        return any(
-            n.startswith("MANIFEST-")
-            or (DATABASE_FILE.fullmatch(n) and n.endswith((".sst", ".log")))
-            for n in names
-        )
 
     def _check_directory(self) -> int:
         """Refuse a directory that is not (yet) an imq queue: one holding a RocksDB
