@@ -276,6 +276,15 @@ row_error(PyObject *exc, const char *what, PyObject *key)
     return NULL;
 }
 
+/* The error of a message row whose value is shorter than its header (vlen < HEADER_LEN),
+ * the pure-Python merge's: ValueError(what, key). Always NULL. */
+static PyObject *
+short_row_error(Py_ssize_t vlen, PyObject *key)
+{
+    return row_error(PyExc_ValueError, vlen == 0 ? "empty message value" : "message row too short",
+                     key);
+}
+
 /* Whether a message row's value names a destination in the iterator's shard. */
 static inline int
 accepts(const unsigned char *vb, Py_ssize_t vlen, long wc_byte, long prefix_len, int shift,
@@ -335,8 +344,7 @@ refill(PyObject *source, long wc_byte, long prefix_len, int shift, unsigned long
         Py_ssize_t vlen = PyBytes_GET_SIZE(v);
         const unsigned char *vb = (const unsigned char *)PyBytes_AS_STRING(v);
         if (vlen < HEADER_LEN) { /* corrupt, whether for this shard or not */
-            row_error(PyExc_ValueError, vlen == 0 ? "empty message value" : "message row too short",
-                      k);
+            short_row_error(vlen, k);
             Py_DECREF(row);
             goto fail;
         }
@@ -2677,8 +2685,7 @@ chunk_refill(PyObject *source, Py_ssize_t *skipped, Head *head,
         if (vlen < HEADER_LEN) { /* as refill(): corrupt, whether for this shard or not */
             PyObject *key = PyBytes_FromStringAndSize((const char *)at, KEY_LEN);
             if (key != NULL) {
-                row_error(PyExc_ValueError,
-                          vlen == 0 ? "empty message value" : "message row too short", key);
+                short_row_error(vlen, key);
                 Py_DECREF(key);
             }
             return -1;
