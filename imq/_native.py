@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from types import ModuleType
 
-__all__ = ["pure_python_requested", "speedups"]
+__all__ = ["pure_python_requested", "speedups", "speedups_status"]
 
 _OFF = frozenset({"", "0", "false", "no", "off"})
 
@@ -36,3 +36,18 @@ def _load() -> ModuleType | None:
 
 
 speedups = _load()
+
+
+def speedups_status() -> str:
+    """One line for ``imq --version``: whether the compiled paths run, and if not, why.
+    A C build that failed is silent at install time (the extension is optional, so pip
+    goes on); this is where an operator sees that the queue runs its slower
+    pure-Python paths."""
+    if speedups is not None:
+        return "compiled speedups: on"
+    if pure_python_requested():
+        return "compiled speedups: off (IMQ_PURE_PYTHON is set)"
+    return (
+        "compiled speedups: not built (no C compiler at install, or the build failed): "
+        "pure-Python paths, about half the read speed; reinstall with a C compiler"
+    )

@@ -319,11 +319,13 @@ refill(PyObject *source, long wc_byte, long prefix_len, int shift, unsigned long
        Py_ssize_t *skipped, PyObject **head, PyObject **last_skip)
 {
     *head = *last_skip = NULL;
-    iternextfunc next = Py_TYPE(source)->tp_iternext;
-    if (next == NULL || next == &_PyObject_NextNotImplemented) {
+    /* PyIter_Check, not a test against _PyObject_NextNotImplemented: Python 3.13 took
+     * that symbol out of its headers. */
+    if (!PyIter_Check(source)) {
         PyErr_SetString(PyExc_TypeError, "sources must be iterators");
         return -1;
     }
+    iternextfunc next = Py_TYPE(source)->tp_iternext;
     for (;;) {
         PyObject *row = next(source);
         if (row == NULL) {

@@ -35,6 +35,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, TextIO, cast
 
 import imq
+from imq._native import speedups_status
 from imq.errors import ImqError
 
 __all__ = ["COMMANDS", "build_parser", "command", "main"]
@@ -69,7 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
     )
     _log_options(parser, default_level="warning", default_json=False)
-    parser.add_argument("--version", action="version", version=f"imq {imq.__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"imq {imq.__version__}\n{speedups_status()}",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"imq.cli.{name}").register(commands)

@@ -26,6 +26,7 @@ import structlog
 from tycho_data import TYCHO
 
 import imq
+from imq._native import speedups_status
 from imq.cli.main import build_parser, main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -184,4 +185,6 @@ def test_every_command_help_ends_with_examples() -> None:
 def test_version_names_the_package_version(root: Path) -> None:
     done = _shell(root, "imq --version")
     assert done.returncode == 0, done.stderr
-    assert done.stdout == f"imq {imq.__version__}\n"
+    # The second line: whether the compiled paths run, as this process (same install,
+    # same environment) finds them.
+    assert done.stdout.splitlines() == [f"imq {imq.__version__}", speedups_status()]

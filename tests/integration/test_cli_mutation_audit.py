@@ -69,7 +69,7 @@ def test_version_names_the_program_and_its_version(imq: Imq) -> None:
     Mutant: the program's name dropped from the line."""
     run = imq("--version")
     assert run.code == 0
-    assert run.out == f"imq {imq_package.__version__}\n"
+    assert run.out.splitlines()[0] == f"imq {imq_package.__version__}"
 
 
 def test_a_refused_path_with_a_newline_is_still_one_line(imq: Imq, tmp_path: Path) -> None:

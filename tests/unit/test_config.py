@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from imq import _native as native
 from imq._native import pure_python_requested
 from imq.config import QueueConfig, parse_duration, parse_size
 from imq.errors import ConfigError, ConfigTypeError
@@ -473,3 +474,18 @@ def test_imq_pure_python_reads_as_a_switch(
     else:
         monkeypatch.setenv("IMQ_PURE_PYTHON", value)
     assert pure_python_requested() is pure
+
+
+def test_speedups_status_says_which_paths_run_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``imq --version``'s second line. A C build that failed is silent at install (the
+    extension is optional), so this line is where an operator learns that the queue runs
+    its pure-Python paths, and why."""
+    monkeypatch.delenv("IMQ_PURE_PYTHON", raising=False)
+    monkeypatch.setattr(native, "speedups", object())
+    assert native.speedups_status() == "compiled speedups: on"
+    monkeypatch.setattr(native, "speedups", None)
+    missing = native.speedups_status()
+    assert missing.startswith("compiled speedups: not built")
+    assert "reinstall with a C compiler" in missing
+    monkeypatch.setenv("IMQ_PURE_PYTHON", "1")
+    assert native.speedups_status() == "compiled speedups: off (IMQ_PURE_PYTHON is set)"

@@ -177,6 +177,17 @@ def test_merge_fill_refuses_a_prefix_length_past_64_and_a_need_past_the_sources(
     assert out.split() == ["IndexError"] * 3
 
 
+def test_merge_fill_refuses_a_source_that_is_not_an_iterator() -> None:
+    """A list of rows (iterable, not an iterator) is a TypeError, not a crash. The check
+    is ``PyIter_Check``: Python 3.13 took ``_PyObject_NextNotImplemented``, which the
+    first form compared against, out of its headers, and the extension stopped building
+    there (silently: it is optional)."""
+    rows = _rows([_message(1)])
+    for source in (rows, tuple(rows), object()):
+        with pytest.raises(TypeError, match="sources must be iterators"):
+            S.merge_fill([source], [None], [None], [0], 16, 128, 0, 0, [SHARD], [None])
+
+
 # -- ordering: ties --------------------------------------------------------------------------
 
 
