@@ -27,6 +27,7 @@ from imq import (
 from imq import delete as imq_delete
 from imq import gc as imq_gc
 from imq.cli.main import main
+from imq.errors import DatabaseLockedError
 from imq.sim import SimConfig, SimQueue, Simulation, SimulationError
 from imq.sim.child import ChildQueue
 from imq.sim.engine import BlockRecord
@@ -537,3 +538,20 @@ def test_a_queue_process_that_cannot_open_says_why(tmp_path: Path) -> None:
     assert done.stdout.startswith("DatabaseLockedError queue database "), done.stdout
     assert "is already open" in done.stdout
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_queue_process_that_cannot_open_answers_only_when_asked(tmp_path: Path) -> None:
+    """The open's error is the answer to the first call, sent after that call arrives: a
+    child that sent it unasked and exited would leave the parent's first send to a dead
+    pipe, and the run would say "died" again, depending on which side was faster (the
+    one mutant of ``child.py`` the stop-49 audit left unpinned, c16). Here the child has
+    five seconds to speak unasked, and must not."""
+    config = QueueConfig(gc_enabled=False)
+    with Queue.open(tmp_path / "db", config) as holder:
+        child = ChildQueue(holder.path, config)
+        try:
+            assert not child._conn.poll(5), "the child answered before any call"
+            with pytest.raises(DatabaseLockedError, match="is already open"):
+                child.get_last_committed_mc_block_id()
+        finally:
+            child.kill()
