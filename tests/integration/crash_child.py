@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import sys
 from pathlib import Path
@@ -51,7 +52,10 @@ def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     db, seed = Path(sys.argv[2]), int(sys.argv[3])
     rng = random.Random(seed)
-    queue = Queue.open(db, quiet_config(gc_enabled=False, sync_commits=True))
+    # IMQ_CRASH_UNSYNCED=1: commits without fsync, for test_power_loss.py's control run
+    # (a power loss must then lose acknowledged commits, and its checker must say so).
+    synced = os.environ.get("IMQ_CRASH_UNSYNCED") != "1"
+    queue = Queue.open(db, quiet_config(gc_enabled=False, sync_commits=synced))
     top_lt = max(
         [
             info.max_message.lt
