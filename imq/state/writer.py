@@ -36,6 +36,7 @@ from typing import BinaryIO, Protocol, cast
 
 import zstandard
 
+from imq._files import sync_directory
 from imq.errors import FileAccessError
 from imq.state.boc import BocError, join_roots
 from imq.state.tl import MAX_CHUNK_ROOTS, encode_chunk, state_header_parts
@@ -336,6 +337,7 @@ def _replacing(path: Path, target: Path) -> Iterator[tuple[BinaryIO, _Output]]:
         _close(raw, path)
         try:
             temp.replace(target)
+            sync_directory(target.parent)
         except OSError as exc:
             raise _write_error(path, exc) from exc
     except BaseException:

@@ -50,6 +50,7 @@ from rocksdict import (
     WriteOptions,
 )
 
+from imq._files import sync_directory
 from imq.errors import (
     CorruptDataError,
     DatabaseLockedError,
@@ -702,6 +703,22 @@ DATABASE_FILE = re.compile(
 )
 
 
+def _make_directory(path: Path) -> None:
+    """Create ``path`` and any missing parents, and sync each new entry into its parent
+    directory: RocksDB syncs the files inside, but only this makes the directory itself
+    survive a power loss, so a commit that returned cannot vanish with it."""
+    missing = []
+    at = path
+    while not at.exists():
+        missing.append(at)
+        if at.parent == at:
+            break
+        at = at.parent
+    path.mkdir(parents=True, exist_ok=True)
+    for made in reversed(missing):
+        sync_directory(made.parent)
+
+
 def holds_database_files(names: Iterable[str]) -> bool:
     """Whether a directory's file ``names`` include a RocksDB database's own data files (a
     MANIFEST, table, log or blob files): beside no CURRENT file, a database that lost it,
@@ -1146,7 +1163,8 @@ class Store:
         seen = self._files_now()  # before the walk: a change after it shows
         self._tables_before = self._check_directory() if found is not None else 0
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            if found is None:
+                _make_directory(self.path)
             self._lock_fd = self._acquire_lock()
         except OSError as exc:
             refused = exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)

@@ -5,15 +5,18 @@
  * only this: a file's data as of its last fsync or fdatasync, and a directory's
  * entries as of the directory's last fsync.
  *
- * This library records exactly that while the writer runs. Each successful fsync or
- * fdatasync of a regular file in the watched directory (IMQ_PL_WATCH) copies the
- * file's whole content to IMQ_PL_SHADOW/<inode>-<birth time>; each of the directory
- * itself writes its entries, "<inode>-<birth time> <name>" a line, to
- * IMQ_PL_SHADOW/dir. Both are written to a temporary file and renamed, before the
- * sync call returns: a SIGKILL at any point leaves every record whole, and no caller
- * ever saw a sync return before its record existed. The test then builds the
- * directory a power loss would have left: each name of the last listing, holding
- * its file's last synced content (empty if it was never synced).
+ * This library records exactly that while the writer runs, for the watched directory
+ * (IMQ_PL_WATCH) and everything below it. Each successful fsync or fdatasync of a
+ * regular file copies the file's whole content to IMQ_PL_SHADOW/<id>; each of a
+ * directory writes its entries to IMQ_PL_SHADOW/<id>.dir, a line "<id> f|d <name>"
+ * each (regular files and directories; nothing else is kept). <id> is the inode and
+ * birth time; IMQ_PL_SHADOW/root names the watched directory's. Every record is
+ * written to a temporary file and renamed, before the sync call returns: a SIGKILL at
+ * any point leaves each record whole, and no caller ever saw a sync return before its
+ * record existed. The test then builds the tree a power loss would have left: from
+ * the root's last listing down, each name holding its file's last synced content
+ * (empty if it was never synced), each directory its own last listing (empty if it
+ * was never synced).
  *
  * The birth time tells a file from a later one that reuses its inode number.
  * Nothing else is intercepted: writes go to the real files as always.
@@ -47,6 +50,26 @@ setup(void)
     shadow = getenv("IMQ_PL_SHADOW");
     if (w == NULL || shadow == NULL || realpath(w, watch) == NULL)
         watch[0] = '\0';
+}
+
+static void publish(const char *tmp, const char *name);
+static int identity(int dirfd, const char *name, int flags, char *out, size_t n, int *is_dir);
+
+/* IMQ_PL_SHADOW/root: the watched directory's id, where the rebuilt tree starts. */
+static void
+record_root(void)
+{
+    static int done;
+    char id[96], tmp[PATH_MAX];
+    int is_dir = 0;
+    if (done || identity(AT_FDCWD, watch, 0, id, sizeof id, &is_dir) != 0 || !is_dir)
+        return;
+    snprintf(tmp, sizeof tmp, "%s/tmp.%d.%lu", shadow, (int)getpid(), counter++);
+    FILE *out = fopen(tmp, "w");
+    if (out == NULL || fprintf(out, "%s\n", id) < 0 || fclose(out) != 0)
+        return;
+    publish(tmp, "root");
+    done = 1;
 }
 
 /* The file's identity: inode and birth time (statx), or -1. */
@@ -113,24 +136,27 @@ record_file(int fd, const char *id)
 }
 
 static void
-record_listing(void)
+record_listing(const char *path, const char *id)
 {
-    char tmp[PATH_MAX], id[96];
+    char tmp[PATH_MAX], entry[96], name[128];
     snprintf(tmp, sizeof tmp, "%s/tmp.%d.%lu", shadow, (int)getpid(), counter++);
     FILE *out = fopen(tmp, "w");
-    DIR *d = opendir(watch);
+    DIR *d = opendir(path);
     if (out == NULL || d == NULL)
         die("listing");
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
         int is_dir = 0;
-        if (identity(dirfd(d), e->d_name, 0, id, sizeof id, &is_dir) == 0 && !is_dir)
-            fprintf(out, "%s %s\n", id, e->d_name);
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (identity(dirfd(d), e->d_name, 0, entry, sizeof entry, &is_dir) == 0)
+            fprintf(out, "%s %c %s\n", entry, is_dir ? 'd' : 'f', e->d_name);
     }
     closedir(d);
     if (fclose(out) != 0)
         die("write listing");
-    publish(tmp, "dir");
+    snprintf(name, sizeof name, "%s.dir", id);
+    publish(tmp, name);
 }
 
 static void
@@ -152,12 +178,11 @@ record(int fd)
         return;
     int saved = errno;
     pthread_mutex_lock(&lock);
-    if (is_dir) {
-        if (path[w] == '\0') /* the watched directory itself, not one below it */
-            record_listing();
-    } else if (strchr(path + w + 1, '/') == NULL) {
+    record_root();
+    if (is_dir)
+        record_listing(path, id);
+    else
         record_file(fd, id);
-    }
     pthread_mutex_unlock(&lock);
     errno = saved;
 }

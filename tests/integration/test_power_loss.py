@@ -37,7 +37,7 @@ import pytest
 from builders import quiet_config
 from test_crash import CHILD, HERE, Model, _lts, check
 
-from imq import Queue
+from imq import Queue, QueueKey, QueueShardRange, ShardIdent
 from imq.verify import verify
 
 SHIM_SOURCE = HERE / "powerloss_shim.c"
@@ -141,23 +141,40 @@ def _run_child(  # noqa: PLR0917 - one round's inputs
     return lines
 
 
-def _after_power_loss(db: Path, shadow: Path, out: Path) -> int:
-    """Build in ``out`` the directory a power loss leaves of ``db``; the number of files
-    whose content differs from what the page cache held (data lost)."""
-    out.mkdir()
-    listing = shadow / "dir"
-    lost = 0
+def _rebuild(shadow: Path, ident: str, out: Path, live: Path) -> int:
+    """Fill the directory ``out`` as a power loss leaves the directory ``ident`` (whose
+    page-cache view is ``live``): its last synced listing, each file with its last
+    synced content (empty if never synced), each directory likewise. The number of
+    entries whose synced form differs from the live one (data lost)."""
+    listing = shadow / f"{ident}.dir"
+    live_names = set(os.listdir(live)) if live.is_dir() else set()
     if not listing.exists():
-        return lost
+        return len(live_names)
+    lost = 0
+    kept = set()
     for line in listing.read_text().splitlines():
-        ident, name = line.split(" ", 1)
-        synced = shadow / ident
+        entry, kind, name = line.split(" ", 2)
+        kept.add(name)
+        if kind == "d":
+            (out / name).mkdir()
+            lost += _rebuild(shadow, entry, out / name, live / name)
+            continue
+        synced = shadow / entry
         data = synced.read_bytes() if synced.exists() else b""
         (out / name).write_bytes(data)
-        live = db / name
-        if not live.exists() or live.read_bytes() != data:
+        if not (live / name).is_file() or (live / name).read_bytes() != data:
             lost += 1
-    return lost
+    return lost + len(live_names - kept)
+
+
+def _after_power_loss(db: Path, shadow: Path, out: Path) -> int:
+    """Build in ``out`` the directory a power loss leaves of ``db``; the number of
+    entries whose content differs from what the page cache held (data lost)."""
+    out.mkdir()
+    root = shadow / "root"
+    if not root.exists():  # nothing was ever synced below it
+        return len(os.listdir(db))
+    return _rebuild(shadow, root.read_text().strip(), out, db)
 
 
 def _cuts(lines: list[str]) -> list[list[str]]:
@@ -241,6 +258,103 @@ def test_power_loss_checker_sees_a_lost_commit(shim: Path, tmp_path: Path) -> No
     checker to accept any state, this would pass the campaign instead."""
     with pytest.raises(AssertionError, match="no state the writer passed through"):
         _campaign(shim, tmp_path, 12, seed=1, unsynced=True)
+
+
+def _until_said(shim: Path, watch: Path, shadow: Path, script: str, word: str) -> None:
+    """Run ``script`` with the recorder watching ``watch``; SIGKILL it once it printed
+    ``word`` (the call before it returned), as a power loss would stop the machine."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(HERE), str(watch)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(shim, watch, shadow),
+    )
+    assert proc.stdout is not None
+    try:
+        line = proc.stdout.readline().decode().strip()
+    finally:
+        proc.kill()
+        _out, err = proc.communicate(timeout=60)
+    assert line == word, err.decode(errors="replace")[-3000:]
+
+
+CREATE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from builders import MC, block, diff_hash, make_diff, messages, Clock, quiet_config, top
+from imq import Queue, QueueDiff, QueueKey, ShardIdent
+shard = ShardIdent(0, 0x8000_0000_0000_0000)
+config = quiet_config(gc_enabled=False, sync_commits=True)  # testing() does not fsync
+queue = Queue.open(Path(sys.argv[2]) / "new" / "db", config)
+queue.apply_diff(make_diff(messages(Clock(), shard, 25)), block(shard, 1), diff_hash("d"))
+empty = QueueDiff(min_key=QueueKey.MIN, max_key=QueueKey.MIN)
+queue.apply_diff(empty, block(MC, 1), diff_hash("mc"))
+queue.commit_diff([top(MC, 1), top(shard, 1, 1)])
+print("committed", flush=True)
+import time
+time.sleep(600)
+"""
+
+
+def test_a_new_queues_directory_survives_a_power_loss(shim: Path, tmp_path: Path) -> None:
+    """A queue created in directories that did not exist, one commit, then the power
+    goes. RocksDB syncs its files, and each directory it writes them to, but not the
+    new directories' entries in their parents: before imq synced those (``Queue.open``
+    of a new path), the rebuilt tree held no queue at all, and the commit that had
+    returned was gone with it."""
+    watch, shadow = tmp_path / "disk", tmp_path / "shadow"
+    watch.mkdir()
+    shadow.mkdir()
+    _until_said(shim, watch, shadow, CREATE, "committed")
+    after = tmp_path / "after"
+    _after_power_loss(watch, shadow, after)
+    assert (after / "new" / "db").is_dir(), "the new queue's directory did not survive"
+    with Queue.open(after / "new" / "db", quiet_config(gc_enabled=False)) as queue:
+        block_id = queue.get_last_committed_mc_block_id()
+        assert block_id is not None and block_id.seqno == 1
+        shard = ShardIdent(0, 0x8000_0000_0000_0000)
+        assert queue.get_last_applied_seqno(shard) == 1
+        assert queue.get_diffs_tail_len(shard, QueueKey.MIN) == 1
+        everything = [QueueShardRange(shard, QueueKey.MIN, QueueKey.MAX)]
+        with queue.iterator(0, everything, shard) as it:
+            assert len(list(it)) == 25
+
+
+EXPORT = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, str(Path(sys.argv[1]).parent))
+from state_fixtures import write_state
+from builders import quiet_config
+from imq import Queue, QueueKey, QueueShardRange, ShardIdent
+from imq.state.synth import synth_state
+out = Path(sys.argv[2])
+state = synth_state(diffs=3, messages_per_diff=50, seed=4)
+source = out.parent / "source.bin"  # outside the watched directory
+write_state(state, source)
+with Queue.open(out.parent / "db", quiet_config(gc_enabled=False)) as queue:
+    queue.import_state(source, state.block_id, state.top_update)
+    queue.export_state(state.shard, state.seqno, len(state.diffs), out / "state.bin")
+print("exported", flush=True)
+import time
+time.sleep(600)
+"""
+
+
+def test_an_exported_state_survives_a_power_loss(shim: Path, tmp_path: Path) -> None:
+    """``export_state`` returned, then the power went: the file must be there, whole.
+    The export synced the file before renaming it into place, but not the directory
+    that holds the new name; before it did, the rebuilt directory held no state."""
+    watch, shadow = tmp_path / "out", tmp_path / "shadow"
+    watch.mkdir()
+    shadow.mkdir()
+    _until_said(shim, watch, shadow, EXPORT, "exported")
+    after = tmp_path / "after"
+    _after_power_loss(watch, shadow, after)
+    assert sorted(os.listdir(after)) == ["state.bin"]
+    assert (after / "state.bin").read_bytes() == (watch / "state.bin").read_bytes()
 
 
 @pytest.mark.slow
