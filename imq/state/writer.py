@@ -8,7 +8,8 @@ written once the count is known.
 
 ``.queue`` destinations are zstd-compressed (level 9, as the node writes them). A regular
 file (or one that does not exist yet) is written to ``<file>.<random>.temp`` beside it, synced and
-renamed over it when complete, so a reader never sees half a file; through a symlink, that
+renamed over it when complete, so a reader never sees half a file, and the directory is synced
+then, so a power loss after the export returned cannot take the name; through a symlink, that
 happens beside the symlink's target, which the symlink keeps pointing to. Anything else
 that exists -- a FIFO, a character device, a socket, or a file descriptor's alias such as
 ``/dev/stdout`` -- is opened and written in place: renaming over it would replace it with a
