@@ -31,13 +31,25 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from builders import quiet_config
 from test_crash import CHILD, HERE, Model, _lts, check
+from test_state_crash import (
+    Child,
+    Crash,
+    assert_rolled_back,
+    build_prior,
+    make_crash_state,
+    marker,
+    reaped_children,
+    start_child,
+)
 
-from imq import Queue, QueueKey, QueueShardRange, ShardIdent
+from imq import DiffZone, Queue, QueueKey, QueueShardRange, ShardIdent
 from imq.verify import verify
 
 SHIM_SOURCE = HERE / "powerloss_shim.c"
@@ -328,7 +340,7 @@ sys.path.insert(0, sys.argv[1])
 sys.path.insert(0, str(Path(sys.argv[1]).parent))
 from state_fixtures import write_state
 from builders import quiet_config
-from imq import Queue, QueueKey, QueueShardRange, ShardIdent
+from imq import DiffZone, Queue, QueueKey, QueueShardRange, ShardIdent
 from imq.state.synth import synth_state
 out = Path(sys.argv[2])
 state = synth_state(diffs=3, messages_per_diff=50, seed=4)
@@ -355,6 +367,65 @@ def test_an_exported_state_survives_a_power_loss(shim: Path, tmp_path: Path) -> 
     _after_power_loss(watch, shadow, after)
     assert sorted(os.listdir(after)) == ["state.bin"]
     assert (after / "state.bin").read_bytes() == (watch / "state.bin").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def crash_state(tmp_path_factory: pytest.TempPathFactory) -> Crash:
+    return make_crash_state(tmp_path_factory)
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    yield from reaped_children()
+
+
+@pytest.mark.parametrize(
+    ("threshold", "hold"),
+    [(1, True), (20_000, True), (1, False)],
+    ids=["marker-only", "mid-import", "returned"],
+)
+def test_an_import_and_a_power_loss(  # noqa: PLR0917 - fixtures and parameters
+    shim: Path,
+    tmp_path: Path,
+    crash_state: Crash,
+    children: list[Child],
+    logs: list[MutableMapping[str, Any]],
+    threshold: int,
+    hold: bool,
+) -> None:
+    """``import_state`` of 30,000 messages into a queue holding data, and the power goes:
+    with only its marker written, halfway through, or after it returned. The first two
+    must roll back to exactly the data before it (the marker, synced first, survives
+    and names the import to undo, whatever part of its unsynced batches is gone); the
+    third must be whole."""
+    db = tmp_path / "db"
+    prior = build_prior(db)
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    _seed(shim, db, shadow)
+    env = {k: v for k, v in _env(shim, db, shadow).items() if k.startswith(("LD_", "IMQ_PL"))}
+    child = start_child(tmp_path, db, crash_state, threshold, hold=hold, extra_env=env)
+    children.append(child)
+    child.wait_for("started" if hold else "finished")
+    child.kill()
+    after = tmp_path / "after"
+    _after_power_loss(db, shadow, after)
+    state = crash_state.state
+    with Queue.open(after, quiet_config(gc_enabled=False)) as queue:
+        if hold:
+            # The import was there to undo: its synced marker survived the power loss.
+            (event,) = [e for e in logs if e["event"] == "import_rolled_back"]
+            assert event["reason"] == "interrupted"
+            assert_rolled_back(queue, prior)
+        else:
+            assert marker(queue) is None
+            assert queue.get_commit_pointers()[state.shard].seqno == state.seqno
+            for diff in state.diffs:
+                stored = queue.get_diff_info(state.shard, diff.seqno, DiffZone.BOTH)
+                assert stored is not None
+                assert sum(stored.shards_messages_count.values()) == len(diff.messages)
+    report = verify(after)
+    assert report.ok, report.problems
 
 
 @pytest.mark.slow

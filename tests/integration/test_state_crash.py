@@ -80,12 +80,17 @@ class Crash:
     path: Path
 
 
-@pytest.fixture(scope="module")
-def crash_state(tmp_path_factory: pytest.TempPathFactory) -> Crash:
+def make_crash_state(tmp_path_factory: pytest.TempPathFactory) -> Crash:
+    """The state every child imports (``test_power_loss.py`` imports it too)."""
     state = synth_state(BASE, top_seqno=500, diffs=3, messages_per_diff=10_000, seed=31)
     path = tmp_path_factory.mktemp("crash") / "state.bin"
     assert write_synth_state(state, path, max_chunk_roots=500) == 60
     return Crash(state, path)
+
+
+@pytest.fixture(scope="module")
+def crash_state(tmp_path_factory: pytest.TempPathFactory) -> Crash:
+    return make_crash_state(tmp_path_factory)
 
 
 def build_prior(path: Path) -> dict[str, list[tuple[bytes, bytes]]]:
@@ -141,7 +146,17 @@ class Child:
         return self.lines + out.splitlines()
 
 
-def start_child(tmp_path: Path, db: Path, crash: Crash, threshold: int, *, hold: bool) -> Child:
+def start_child(
+    tmp_path: Path,
+    db: Path,
+    crash: Crash,
+    threshold: int,
+    *,
+    hold: bool,
+    extra_env: dict[str, str] | None = None,
+) -> Child:
+    """``extra_env``: added to the child's environment (``test_power_loss.py`` preloads
+    its recorder that way)."""
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     state = crash.state
@@ -163,6 +178,7 @@ def start_child(tmp_path: Path, db: Path, crash: Crash, threshold: int, *, hold:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        **(extra_env or {}),
     }
     proc = subprocess.Popen(
         args,
@@ -175,15 +191,20 @@ def start_child(tmp_path: Path, db: Path, crash: Crash, threshold: int, *, hold:
     return Child(proc, [])
 
 
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    """Children still running at the end of a test are killed (by their own pid)."""
+def reaped_children() -> Iterator[list[Child]]:
+    """A fixture's body: children still running at the end of a test are killed (by
+    their own pid)."""
     started: list[Child] = []
     yield started
     for child in started:
         if child.proc.poll() is None:
             os.kill(child.proc.pid, signal.SIGKILL)
             child.proc.communicate(timeout=WAIT)
+
+
+@pytest.fixture
+def children() -> Iterator[list[Child]]:
+    yield from reaped_children()
 
 
 def marker(queue: Queue) -> bytes | None:
