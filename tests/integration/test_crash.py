@@ -173,24 +173,34 @@ def check(queue: Queue, model: Model, lines: list[str]) -> None:
     model.last_mc = got_mc
 
 
-def _run_child(db: Path, seed: int, rng: random.Random, min_lt: int = 0) -> list[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, str(CHILD), str(HERE), str(db), str(seed), str(min_lt)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
+def _run_child(
+    db: Path,
+    seed: int,
+    rng: random.Random,
+    min_lt: int = 0,
+    *,
+    extra_env: dict[str, str] | None = None,
+    window: tuple[float, float] = (0.0, 0.4),
+) -> list[str]:
+    """Run ``crash_child.py`` on ``db`` and SIGKILL it a random time in ``window``
+    (seconds) after it is ready; every line it printed. ``extra_env`` is added to its
+    environment (``test_power_loss.py`` preloads its recorder that way)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    errors = db.parent / f"{db.name}.child-stderr"
+    with errors.open("wb") as err_file:
+        proc = subprocess.Popen(
+            [sys.executable, str(CHILD), str(HERE), str(db), str(seed), str(min_lt)],
+            stdout=subprocess.PIPE,
+            stderr=err_file,
+            env=env,
+        )
     assert proc.stdout is not None
     lines: list[str] = []
     buffer = b""
     deadline = None
     started = time.monotonic()
-    while True:
-        now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            break
-        assert now - started < 120, "the child never became ready"
+    while deadline is None or time.monotonic() < deadline:
+        assert time.monotonic() - started < 120, "the child never became ready"
         ready, _, _ = select.select([proc.stdout], [], [], 0.01)
         if ready:
             chunk = os.read(proc.stdout.fileno(), 1 << 16)
@@ -199,18 +209,18 @@ def _run_child(db: Path, seed: int, rng: random.Random, min_lt: int = 0) -> list
             buffer += chunk
             *complete, buffer = buffer.split(b"\n")
             for raw in complete:
-                line = raw.decode()
-                lines.append(line)
-                if line.startswith("ready") and deadline is None:
-                    deadline = time.monotonic() + rng.uniform(0.0, 0.4)
+                lines.append(raw.decode())
+                if raw == b"ready" and deadline is None:
+                    deadline = time.monotonic() + rng.uniform(*window)
     proc.send_signal(signal.SIGKILL)
     rest = proc.stdout.read()
     proc.wait()
     proc.stdout.close()
-    for raw in (buffer + rest).split(b"\n"):
-        if raw:
-            lines.append(raw.decode())
-    assert proc.returncode == -signal.SIGKILL, f"the child ended by itself: {lines[-3:]}"
+    lines += [raw.decode() for raw in (buffer + rest).split(b"\n") if raw]
+    err = errors.read_text(errors="replace")
+    errors.unlink()
+    assert "powerloss_shim" not in err, err  # the recorder could not write a record
+    assert proc.returncode == -signal.SIGKILL, f"the child ended by itself: {err[-2000:]}"
     return lines
 
 

@@ -25,19 +25,16 @@ from __future__ import annotations
 import copy
 import os
 import random
-import select
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 from builders import quiet_config
-from test_crash import CHILD, HERE, Model, _lts, check
+from test_crash import HERE, Model, _lts, _run_child, check
 from test_state_crash import (
     Child,
     Crash,
@@ -75,15 +72,13 @@ def shim(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _env(shim: Path, watch: Path, shadow: Path, unsynced: bool = False) -> dict[str, str]:
-    return {
-        **os.environ,
-        "IMQ_CRASH_UNSYNCED": "1" if unsynced else "0",
-        "PYTHONUNBUFFERED": "1",
-        "LD_PRELOAD": str(shim),
-        "IMQ_PL_WATCH": str(watch),
-        "IMQ_PL_SHADOW": str(shadow),
-    }
+def _recorder(shim: Path, watch: Path, shadow: Path) -> dict[str, str]:
+    """The environment that preloads the recorder, watching ``watch``."""
+    return {"LD_PRELOAD": str(shim), "IMQ_PL_WATCH": str(watch), "IMQ_PL_SHADOW": str(shadow)}
+
+
+def _env(shim: Path, watch: Path, shadow: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **_recorder(shim, watch, shadow)}
 
 
 def _seed(shim: Path, db: Path, shadow: Path) -> None:
@@ -106,51 +101,6 @@ def _seed(shim: Path, db: Path, shadow: Path) -> None:
         check=True,
         timeout=60,
     )
-
-
-def _run_child(  # noqa: PLR0917 - one round's inputs
-    shim: Path,
-    db: Path,
-    shadow: Path,
-    seed: int,
-    rng: random.Random,
-    min_lt: int,
-    unsynced: bool = False,
-) -> list[str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(CHILD), str(HERE), str(db), str(seed), str(min_lt)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=_env(shim, db, shadow, unsynced),
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    lines: list[str] = []
-    buffer = b""
-    deadline = None
-    started = time.monotonic()
-    while deadline is None or time.monotonic() < deadline:
-        assert time.monotonic() - started < 120, "the child never became ready"
-        ready, _, _ = select.select([proc.stdout], [], [], 0.01)
-        if ready:
-            chunk = os.read(proc.stdout.fileno(), 1 << 16)
-            if not chunk:
-                break
-            buffer += chunk
-            *complete, buffer = buffer.split(b"\n")
-            for raw in complete:
-                lines.append(raw.decode())
-                if raw == b"ready" and deadline is None:
-                    deadline = time.monotonic() + rng.uniform(0.05, 0.6)
-    proc.send_signal(signal.SIGKILL)
-    rest = proc.stdout.read()
-    err = proc.stderr.read().decode(errors="replace")
-    proc.wait()
-    proc.stdout.close()
-    proc.stderr.close()
-    lines += [raw.decode() for raw in (buffer + rest).split(b"\n") if raw]
-    assert "powerloss_shim" not in err, err  # a record it could not write
-    assert proc.returncode == -signal.SIGKILL, f"the child ended by itself: {err[-2000:]}"
-    return lines
 
 
 def _rebuild(shadow: Path, ident: str, out: Path, live: Path) -> int:
@@ -237,7 +187,17 @@ def _campaign(
         shadow = tmp_path / f"shadow{i}"
         shadow.mkdir()
         _seed(shim, db, shadow)
-        lines = _run_child(shim, db, shadow, seed * 100_000 + i, rng, min_lt, unsynced)
+        lines = _run_child(
+            db,
+            seed * 100_000 + i,
+            rng,
+            min_lt,
+            extra_env={
+                **_recorder(shim, db, shadow),
+                "IMQ_CRASH_UNSYNCED": "1" if unsynced else "0",
+            },
+            window=(0.05, 0.6),
+        )
         min_lt = max([min_lt, *_lts(lines)])
         after = tmp_path / f"db{i + 1}"
         totals["lost_files"] += _after_power_loss(db, shadow, after)
@@ -403,8 +363,8 @@ def test_an_import_and_a_power_loss(  # noqa: PLR0917 - fixtures and parameters
     shadow = tmp_path / "shadow"
     shadow.mkdir()
     _seed(shim, db, shadow)
-    env = {k: v for k, v in _env(shim, db, shadow).items() if k.startswith(("LD_", "IMQ_PL"))}
-    child = start_child(tmp_path, db, crash_state, threshold, hold=hold, extra_env=env)
+    recorder = _recorder(shim, db, shadow)
+    child = start_child(tmp_path, db, crash_state, threshold, hold=hold, extra_env=recorder)
     children.append(child)
     child.wait_for("started" if hold else "finished")
     child.kill()
