@@ -250,6 +250,17 @@ def _until_said(shim: Path, watch: Path, shadow: Path, script: str, word: str) -
     assert line == word, err.decode(errors="replace")[-3000:]
 
 
+def _power_lost_after(shim: Path, tmp_path: Path, script: str, word: str) -> tuple[Path, Path]:
+    """Run ``script`` on a fresh watched directory until it says ``word``, cut the
+    power; the watched directory (as the page cache holds it) and the rebuilt one."""
+    watch, shadow, after = tmp_path / "disk", tmp_path / "shadow", tmp_path / "after"
+    watch.mkdir()
+    shadow.mkdir()
+    _until_said(shim, watch, shadow, script, word)
+    _after_power_loss(watch, shadow, after)
+    return watch, after
+
+
 CREATE = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -275,12 +286,7 @@ def test_a_new_queues_directory_survives_a_power_loss(shim: Path, tmp_path: Path
     new directories' entries in their parents: before imq synced those (``Queue.open``
     of a new path), the rebuilt tree held no queue at all, and the commit that had
     returned was gone with it."""
-    watch, shadow = tmp_path / "disk", tmp_path / "shadow"
-    watch.mkdir()
-    shadow.mkdir()
-    _until_said(shim, watch, shadow, CREATE, "committed")
-    after = tmp_path / "after"
-    _after_power_loss(watch, shadow, after)
+    _watch, after = _power_lost_after(shim, tmp_path, CREATE, "committed")
     assert (after / "new" / "db").is_dir(), "the new queue's directory did not survive"
     with Queue.open(after / "new" / "db", quiet_config(gc_enabled=False)) as queue:
         block_id = queue.get_last_committed_mc_block_id()
@@ -319,12 +325,7 @@ def test_an_exported_state_survives_a_power_loss(shim: Path, tmp_path: Path) -> 
     """``export_state`` returned, then the power went: the file must be there, whole.
     The export synced the file before renaming it into place, but not the directory
     that holds the new name; before it did, the rebuilt directory held no state."""
-    watch, shadow = tmp_path / "out", tmp_path / "shadow"
-    watch.mkdir()
-    shadow.mkdir()
-    _until_said(shim, watch, shadow, EXPORT, "exported")
-    after = tmp_path / "after"
-    _after_power_loss(watch, shadow, after)
+    watch, after = _power_lost_after(shim, tmp_path, EXPORT, "exported")
     assert sorted(os.listdir(after)) == ["state.bin"]
     assert (after / "state.bin").read_bytes() == (watch / "state.bin").read_bytes()
 
