@@ -23,6 +23,7 @@ file system or a kernel module:
 from __future__ import annotations
 
 import copy
+import json
 import os
 import random
 import shutil
@@ -34,7 +35,7 @@ from typing import Any
 
 import pytest
 from builders import quiet_config
-from test_crash import HERE, Model, _lts, _run_child, check
+from test_crash import HERE, Model, _lts, _run_child, _stored_max, check
 from test_state_crash import (
     Child,
     Crash,
@@ -155,6 +156,22 @@ def _cuts(lines: list[str]) -> list[list[str]]:
     return [lines[:k] for k in ends]
 
 
+def _nothing_after(queue: Queue, later: list[str]) -> None:
+    """No diff the writer began after the cut is stored (``check`` looks only at what
+    the history before the cut holds): a state with a hole (an operation lost, a later
+    one kept) is no prefix. An operation begun inside the cut (its ``A`` line after it)
+    was in flight there, and ``check`` judged it."""
+    for line in later:
+        if not line.startswith("B "):
+            continue
+        ev = json.loads(line[2:])
+        if ev["op"] in ("apply", "prepare_write"):
+            stored = _stored_max(queue, ev["shard"], ev["seqno"])
+            assert stored != ev["max"], (
+                f"diff {ev['shard']}:{ev['seqno']} of a later call is stored"
+            )
+
+
 def _matching_cut(queue: Queue, model: Model, lines: list[str]) -> tuple[Model, int]:
     """The model after the longest history the database is, and how many operations
     past it were acknowledged but lost (not synced)."""
@@ -164,6 +181,7 @@ def _matching_cut(queue: Queue, model: Model, lines: list[str]) -> tuple[Model, 
         candidate = copy.deepcopy(model)
         try:
             check(queue, candidate, cut)
+            _nothing_after(queue, lines[len(cut) :])
         except AssertionError as exc:
             failures.append(f"{len(cut)} lines: {exc}")
             continue
@@ -221,6 +239,27 @@ def test_power_loss_campaign(shim: Path, tmp_path: Path) -> None:
     assert totals["acked"] > totals["rounds"]
     # The power loss did take something away, so the test is about power loss at all.
     assert totals["lost_files"] > 0, totals
+
+
+def test_the_prefix_search_on_a_kill_without_power_loss(tmp_path: Path) -> None:
+    """A SIGKILL keeps everything: the search must settle on the whole history (nothing
+    lost), and a diff of a call after a shorter cut must be seen as stored."""
+    db = tmp_path / "db"
+    lines = _run_child(db, 5, random.Random(5), window=(0.5, 0.8))
+    with Queue.open(db, quiet_config(gc_enabled=False)) as queue:
+        _model, lost = _matching_cut(queue, Model(), lines)
+        assert lost == 0
+        stored = [
+            line
+            for line in lines
+            if line.startswith("A ")
+            and (ev := json.loads(line[2:]))["op"] in ("apply", "prepare_write")
+            and _stored_max(queue, ev["shard"], ev["seqno"]) == ev["max"]
+        ]
+        assert stored, "the child left no applied diff"
+        began = "B " + stored[-1][2:]
+        with pytest.raises(AssertionError, match="of a later call is stored"):
+            _nothing_after(queue, [began])
 
 
 def test_power_loss_checker_sees_a_lost_commit(shim: Path, tmp_path: Path) -> None:
