@@ -703,6 +703,19 @@ DATABASE_FILE = re.compile(
 )
 
 
+_BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _boot_id() -> str | None:
+    """This boot of the machine (Linux: a new random id at every start), or ``None``."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            text = f.read().strip()
+    except (OSError, ValueError):
+        return None
+    return text if _BOOT_ID.fullmatch(text) else None
+
+
 def _make_directory(path: Path) -> None:
     """Create ``path`` and any missing parents, and sync each new entry into its parent
     directory: RocksDB syncs the files inside, but only this makes the directory itself
@@ -943,10 +956,14 @@ class _Holders:
 _VIEW_WAIT = 10.0
 
 
-def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) -> Any:
+def open_rdict(
+    path: Path, options: StoreOptions, *, read_only: bool = False, point_in_time: bool = False
+) -> Any:
     """Open the rocksdict database with imq's six column families and options (raw mode,
     one block cache shared by all tables). ``Store`` opens through this; so does the raw
-    floor of the benchmarks, so both measure the same engine configuration."""
+    floor of the benchmarks, so both measure the same engine configuration.
+    ``point_in_time``: replay the logs up to their first damaged record (the writer's
+    open after a restart, ``Store._open_after_restart``) instead of refusing them."""
     cache = Cache(options.block_cache_size)
     db_opts = Options(raw_mode=True)
     db_opts.create_if_missing(True)
@@ -956,7 +973,11 @@ def open_rdict(path: Path, options: StoreOptions, *, read_only: bool = False) ->
     # point-in-time recovery, which silently drops every record after it, acknowledged
     # writes included. A record cut short at the very end (power lost mid-append, after
     # the last fsync) is still tolerated: only unsynced diffs can sit there.
-    db_opts.set_wal_recovery_mode(DBRecoveryMode.tolerate_corrupted_tail_records())
+    db_opts.set_wal_recovery_mode(
+        DBRecoveryMode.point_in_time()
+        if point_in_time
+        else DBRecoveryMode.tolerate_corrupted_tail_records()
+    )
     # Bound the WAL: the small tables are written by every commit and rarely fill a
     # memtable, so without a cap every log file stays (RocksDB's default cap is 4x the
     # sum of all write buffers, over 2 GB here); past the cap RocksDB flushes the tables
@@ -1086,6 +1107,7 @@ class Store:
     _manifest_log: int | None = None  # the newest log the current MANIFEST names
     _manifest_sequence: int | None = None  # the highest last sequence number it records
     _logged_sequence: int | None = None  # the highest one of the logs' last write batches
+    _writer_boot: str | None = None  # the boot its last writer opened it in (the lock file)
     _synced_mark: int | None = None  # SYNCED_FILE's number, read before the logs' checks
     _tables_before = 0  # table files in the directory before RocksDB's open
     _refused = False  # the open failed its schema check: close writes no mark of synced writes
@@ -1166,6 +1188,7 @@ class Store:
             if found is None:
                 _make_directory(self.path)
             self._lock_fd = self._acquire_lock()
+            self._read_writer_boot()
         except OSError as exc:
             refused = exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
             hint = _UNWRITABLE_HINT if refused and found is not None else ""
@@ -1179,8 +1202,12 @@ class Store:
             self._check_logs()  # under the lock: no writer changes them meanwhile
             self._check_recoverable(floor)
             self._check_versioned(floor)
-            self._db, self._tables, self._handles = self._open_rocksdb()
+            try:
+                self._db, self._tables, self._handles = self._open_rocksdb()
+            except StorageError as exc:
+                self._open_after_restart(exc)
             self._check_synced(floor)
+            self._record_boot()
         except BaseException:
             self._release_lock()
             raise
@@ -1351,6 +1378,60 @@ class Store:
         else:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def _open_after_restart(self, refused: StorageError) -> None:
+        """RocksDB refused the logs (``refused``): replay them up to their first damaged
+        record instead, if the machine restarted since this queue's last writer opened
+        it, else raise ``refused``.
+
+        Only a power loss (or an OS crash) can leave damage in a log that no storage
+        fault made: the kernel writes a log's unsynced end back in any order, and some
+        file systems then show it torn, or with zeroed pages between written ones. Only
+        writes after the last fsync sit there (uncommitted diffs; a commit is synced
+        before it returns), and the check after the open (``_check_synced``, against
+        the mark of synced writes) still refuses a replay that ends short of a synced
+        write the mark names. Without a restart the damage has no such cause: refused,
+        as every damaged log is."""
+        then, now = self._writer_boot, _boot_id()
+        if then is None or now is None or then == now or "Corruption" not in str(refused):
+            raise refused
+        self._db, self._tables, self._handles = self._open_rocksdb(point_in_time=True)
+        recovered = self._db.latest_sequence_number()
+        logged = self._logged_sequence
+        lost = "" if logged is None or logged <= recovered else f" of {logged} logged"
+        self.log_notes.append(
+            f"the write-ahead log is damaged ({refused.reason}); this machine restarted "
+            f"since the queue was last opened, and a power loss leaves the unsynced end of "
+            f"a log torn on some file systems, so it was replayed up to its first damaged "
+            f"record: sequence number {recovered}{lost}, every synced write the mark names "
+            f"included. A power loss takes only writes made after the last commit "
+            f"(uncommitted diffs, which the node's start sequence applies again); if this "
+            f"machine did not lose power, the file is damaged: compare the queue with a "
+            f"copy, or rebuild it from a persistent state in a new directory"
+        )
+
+    def _read_writer_boot(self) -> None:
+        """The boot of the machine when this queue's last writer opened it, as that open
+        recorded it in the lock file (``_record_boot``); ``None`` if not recorded."""
+        try:
+            raw = os.pread(self._lock_fd, 64, 0)
+        except OSError:
+            raw = b""
+        text = raw.decode("ascii", "replace").strip()
+        self._writer_boot = text if _BOOT_ID.fullmatch(text) else None
+
+    def _record_boot(self) -> None:
+        """Write this boot's id into the lock file, synced so that a power loss keeps it:
+        the next writer's open tells a restart since this one (``_open_after_restart``).
+        A failure only leaves the next open stricter."""
+        now = _boot_id()
+        if now is None or now == self._writer_boot:
+            return
+        with contextlib.suppress(OSError):
+            data = now.encode() + b"\n"
+            os.pwrite(self._lock_fd, data, 0)
+            os.ftruncate(self._lock_fd, len(data))
+            os.fsync(self._lock_fd)
 
     def _check_database_exists(self) -> None:
         """For a read-only open, which creates nothing: a database must be there."""
@@ -1765,10 +1846,14 @@ class Store:
             return (None,)
         return current, manifest, logs
 
-    def _open_rocksdb(self) -> tuple[Any, dict[Table, Any], dict[Table, Any]]:
+    def _open_rocksdb(
+        self, *, point_in_time: bool = False
+    ) -> tuple[Any, dict[Table, Any], dict[Table, Any]]:
         where = self._rocksdb_path()
         try:
-            db = open_rdict(where, self.options, read_only=self.read_only)
+            db = open_rdict(
+                where, self.options, read_only=self.read_only, point_in_time=point_in_time
+            )
         except Exception as exc:
             text = str(exc)
             if "While lock file" in text or "lock hold by" in text or "/LOCK:" in text:
