@@ -473,9 +473,10 @@ def test_a_log_torn_after_its_last_fsync_opens_after_a_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logs: list[MutableMapping[str, Any]]
 ) -> None:
     """After a restart (a power loss, which on some file systems leaves the unsynced end
-    of a log torn, about 1 in 10 to 20 of the simulated power losses with partial write-back):
-    the writer's open replays the log up to the damage and says so. Refused before, the
-    node could not start again without rebuilding its queue. The commit is whole."""
+    of a log torn: about 1 in 10 to 20 of the simulated power losses with partial
+    write-back), the writer's open replays the log up to the damage and says so.
+    Refused before, the node could not start again without rebuilding its queue. The
+    commit is whole."""
     image, committed = _torn_after_commit(tmp_path, synced_part=False)
     _restarted(monkeypatch)
     with Queue.open(image, quiet_config(gc_enabled=False)) as queue:
