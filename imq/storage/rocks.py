@@ -851,6 +851,15 @@ def _open_hint(reason: str, *, read_only: bool = False) -> str:
                 "every file in the directory, or open a copy"
             )
         return _UNWRITABLE_HINT
+    if read_only and "Corruption" in reason:
+        # A log torn past its synced part by a power loss: a writer's open after the
+        # restart replays it up to the damage (Store._open_after_restart); this one
+        # cannot write the replay.
+        return (
+            f"{_DAMAGED_HINT}; if this machine lost power since the queue was last "
+            "opened, open it for writing first (the node, or `imq gc`): after a "
+            "restart, that open replays a log torn past its synced part"
+        )
     return _DAMAGED_HINT
 
 

@@ -469,6 +469,18 @@ def test_a_log_torn_after_its_last_fsync_is_refused_without_a_restart(tmp_path: 
         Queue.open(image, quiet_config(gc_enabled=False))
 
 
+def test_a_read_only_open_of_a_torn_log_names_the_writers_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only open (``imq verify``, ``inspect``) cannot write the replay: it refuses
+    the log, and says that after a power loss a writer's open replays it."""
+    image, _ = _torn_after_commit(tmp_path, synced_part=False)
+    _restarted(monkeypatch)
+    with pytest.raises(StorageError, match="Corruption") as refused:
+        Queue.open(image, read_only=True)
+    assert "open it for writing first" in refused.value.hint
+
+
 def test_a_log_torn_after_its_last_fsync_opens_after_a_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logs: list[MutableMapping[str, Any]]
 ) -> None:
