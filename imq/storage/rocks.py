@@ -981,7 +981,8 @@ def open_rdict(
     # A damaged log record fails the open (a typed error) instead of RocksDB's default
     # point-in-time recovery, which silently drops every record after it, acknowledged
     # writes included. A record cut short at the very end (power lost mid-append, after
-    # the last fsync) is still tolerated: only unsynced diffs can sit there.
+    # the last fsync) is still tolerated: only unsynced diffs can sit there. The one
+    # exception, ``point_in_time``, is the writer's open after a restart of the machine.
     db_opts.set_wal_recovery_mode(
         DBRecoveryMode.point_in_time()
         if point_in_time
