@@ -16,8 +16,14 @@ file system or a kernel module:
    last synced content (empty if never synced). Anything written but not synced is gone.
 3. The queue opens there, and the crash campaign's checker must accept the database as
    the state after some prefix of the child's operations, no shorter than its last
-   acknowledged synced one (a commit or an import). The next round runs on that
-   directory.
+   acknowledged synced one (a commit or an import), with no diff of a later call
+   stored. The next round runs on that directory.
+
+A second campaign rebuilds a disk that also kept part of what was not synced (each
+appended file cut at any byte, some of its pages zeros; ``_written_back``), the open
+after it seeing a new boot of the machine. Targeted tests cover a new queue's
+directories, an export and an import cut by the power loss, and a log garbled after
+or before its last fsync, with and without a restart.
 """
 
 from __future__ import annotations
