@@ -522,6 +522,75 @@ def test_a_log_garbled_before_its_last_fsync_is_refused_even_after_a_restart(
         Queue.open(image, quiet_config(gc_enabled=False))
 
 
+MARKED = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from builders import MC, block, diff_hash, make_diff, messages, Clock, quiet_config, top
+from imq import Queue, QueueDiff, QueueKey, ShardIdent
+from imq.storage import rocks
+path = Path(sys.argv[2]) / "db"
+shard = ShardIdent(0, 0x8000_0000_0000_0000)
+queue = Queue.open(path, quiet_config(gc_enabled=False, sync_commits=True))
+clock = Clock()
+ends = []
+for seqno in (1, 2):
+    if seqno == 2:
+        time.sleep(rocks.MARK_SYNC_INTERVAL + 0.1)  # the mark's last fsync is that old
+    queue.apply_diff(make_diff(messages(clock, shard, 40)), block(shard, seqno), diff_hash(seqno))
+    empty = QueueDiff(min_key=QueueKey.MIN, max_key=QueueKey.MIN)
+    queue.apply_diff(empty, block(MC, seqno), diff_hash(("mc", seqno)))
+    queue.commit_diff([top(MC, seqno), top(shard, seqno, seqno)])
+    (log,) = sorted(path.glob("*.log"))
+    ends.append(log.stat().st_size)
+print("committed", queue._store._db.latest_sequence_number(), log.name, *ends, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_mark_of_synced_writes_survives_a_power_loss(
+    shim: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two commits a second apart, then the power goes, then a storage fault garbles the
+    log between the two commits (inside its synced part). The mark of synced writes is
+    synced at most once a second, so the rebuilt disk's mark names the second commit,
+    and the open after the restart refuses the replay that would end before it. Before
+    the mark was synced only at close, the rebuilt disk had none: the open replayed the
+    log up to the damage and lost the second commit, which had returned, without a
+    word."""
+    watch, shadow, after = tmp_path / "disk", tmp_path / "shadow", tmp_path / "after"
+    watch.mkdir()
+    shadow.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", MARKED, str(HERE), str(watch)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(shim, watch, shadow),
+    )
+    assert proc.stdout is not None
+    try:
+        said = proc.stdout.readline().decode().split()
+    finally:
+        proc.kill()
+        _out, err = proc.communicate(timeout=60)
+    assert said[:1] == ["committed"], err.decode(errors="replace")[-3000:]
+    sequence, log, first_end, second_end = int(said[1]), said[2], int(said[3]), int(said[4])
+    _after_power_loss(watch, shadow, after)
+    db = after / "db"
+    assert rocks.read_synced_mark(db) == sequence, "the mark lags the synced commit"
+    assert (db / log).stat().st_size == second_end  # the commit's fsync covered its log
+    intact = tmp_path / "intact"
+    shutil.copytree(db, intact)
+    _flip(db / log, (first_end + second_end) // 2)
+    _restarted(monkeypatch)
+    with pytest.raises(StorageError, match="had been synced to disk"):
+        Queue.open(db, quiet_config(gc_enabled=False))
+    # The same disk without the fault opens whole after the restart.
+    with Queue.open(intact, quiet_config(gc_enabled=False)) as queue:
+        block_id = queue.get_last_committed_mc_block_id()
+        assert block_id is not None and block_id.seqno == 2
+
+
 @pytest.fixture(scope="module")
 def crash_state(tmp_path_factory: pytest.TempPathFactory) -> Crash:
     return make_crash_state(tmp_path_factory)
