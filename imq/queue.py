@@ -757,6 +757,13 @@ class Queue(QueueReads):
                 self._check_open()
                 # Under the shard's hold, so no import of this queue's is running now.
                 unfinished = self.unfinished_import()
+                if unfinished is not None and self.import_running():
+                    raise ImqError(
+                        f"cannot export from {self._store.path}: an import of block "
+                        f"{unfinished.short} into it is under way (a writer holds the "
+                        "queue's lock) and its diffs are partial until it finishes; export "
+                        "once it has returned"
+                    )
                 if unfinished is not None:
                     raise ImqError(
                         f"cannot export from {self._store.path}: an import of block "

@@ -18,6 +18,7 @@ from imq.observability import Metrics
 from imq.reads import check_type
 from imq.storage import StoreProtocol as Store
 from imq.storage import ops
+from imq.storage.rocks import writer_holds_lock
 from imq.types import (
     Address,
     BlockId,
@@ -168,6 +169,7 @@ class QueueReads:
             summary = reads.summarize(view, diffs, self._store.path, self._store.read_only)
         unfinished = self.unfinished_import()
         summary["unfinished_import"] = None if unfinished is None else str(unfinished)
+        summary["import_running"] = unfinished is not None and self.import_running()
         return summary
 
     def unfinished_import(self) -> BlockId | None:
@@ -178,6 +180,19 @@ class QueueReads:
         self._check_open()
         marker = ops.read_import_marker(self._store)
         return None if marker is None else marker[0]
+
+    def import_running(self) -> bool:
+        """Whether the import :meth:`unfinished_import` names is being written now rather
+        than left by a crash: a writer holds the queue's lock (this handle, importing in
+        another thread, or another process). What a read sees meanwhile is the batches
+        written so far; read again once the import has returned. ``False`` without an
+        unfinished import."""
+        self._check_open()
+        if ops.read_import_marker(self._store) is None:
+            return False
+        # A writer's open rolls back an import a crash left, so beside a writer, or in
+        # one, the marker is that writer's import under way.
+        return not self._store.read_only or writer_holds_lock(self._store.path)
 
     def get_last_committed_mc_block_id(self) -> BlockId | None:
         self._check_open()

@@ -40,7 +40,7 @@ from imq.errors import CorruptDataError, ImqError, StorageError
 from imq.storage import Scan, Store, StoreOptions, Table, codec, ops
 from imq.storage.backend import StoreProtocol
 from imq.storage.queue_state import GcBounds
-from imq.storage.rocks import GONE_SINCE_OPEN
+from imq.storage.rocks import GONE_SINCE_OPEN, writer_holds_lock
 from imq.types import CommitPointer, QueueKey, ShardIdent
 
 __all__ = ["Report", "state_problems", "verify"]
@@ -211,21 +211,47 @@ def _open(path: Path, options: StoreOptions | None) -> Store:
         raise StorageError(exc.path, exc.operation, exc.reason, hint) from exc
 
 
-def _check_import_marker(marker: bytes | None, report: Report) -> None:
-    """An interrupted import's marker, listed first: it explains the problems a partial
-    import leaves (messages of no stored diff, a missing tail)."""
+class _Importing(NamedTuple):
+    """An import under way (its marker, and a writer holding the lock): the diffs it is
+    writing, whose rows are not yet all there."""
+
+    shard: ShardIdent
+    seqnos: frozenset[int]
+    spans: list[tuple[bytes, bytes]]  # each diff's message keys, lowest to highest
+
+    def holds(self, shard: ShardIdent, key: bytes) -> bool:
+        return shard == self.shard and any(lo <= key <= hi for lo, hi in self.spans)
+
+
+def _check_import_marker(store: Store, marker: bytes | None, report: Report) -> _Importing | None:
+    """An import's marker. Left by a crash it is a problem, listed first: it explains
+    the problems a partial import leaves (messages of no stored diff, a missing tail).
+    Beside a writer that holds the lock, the import is under way: a note, and what it
+    is writing (its rows are not counted against the diffs it has not stored yet)."""
     if marker is None:
-        return
+        return None
     try:
-        block = str(codec.decode_import_marker(marker)[0])
+        block_id, diffs, _partitions = codec.decode_import_marker(marker)
     except CorruptDataError as exc:
-        block = f"? ({exc})"
+        block_id, diffs, block = None, [], f"? ({exc})"
+    else:
+        block = str(block_id)
+    if block_id is not None and writer_holds_lock(store.path):
+        report.notes.insert(
+            0,
+            f"an import of block {block} is under way (a writer holds the queue's lock): "
+            "the messages of its diffs that no stored diff owns yet are not counted; "
+            "verify again once it has finished",
+        )
+        spans = [(codec.key_bytes(lo), codec.key_bytes(hi)) for _s, lo, hi in diffs]
+        return _Importing(block_id.shard, frozenset(s for s, _lo, _hi in diffs), spans)
     report.problems.insert(
         0,
         f"an import of block {block} was interrupted: its diffs and messages are partial "
         "(the problems below may be its); the next writer open rolls it back (e.g. `imq "
         "gc`), then import the state again",
     )
+    return None
 
 
 def _verify(
@@ -244,7 +270,7 @@ def _verify(
 
     # The GC bounds, the last committed block.
     values = dict(tables[Table.VARS] or [])
-    _check_import_marker(values.get(codec.IMPORT_MARKER), report)
+    importing = _check_import_marker(store, values.get(codec.IMPORT_MARKER), report)
     requested = _gc_bounds(values, codec.GC_REQUESTED, report)
     executed = _gc_bounds(values, codec.GC_EXECUTED, report)
     last_mc = None
@@ -260,6 +286,8 @@ def _verify(
     reach = _gc_reach(requested, executed)
     orphan_reach = _orphan_reach(reach)
     for shard, seqno, partition, max_message in sorted(unowned, key=str):
+        if importing is not None and shard == importing.shard and seqno in importing.seqnos:
+            continue  # written with its diff's other rows, by the import under way
         bound = orphan_reach.get(shard)
         if bound is None or max_message > bound:
             report.problems.append(
@@ -271,7 +299,7 @@ def _verify(
     try:
         rows = _Streamed(store, Table.MESSAGES, report, progress)
         if counting:
-            _check_messages(rows, infos, reach, orphan_reach, report)
+            _check_messages(rows, infos, reach, orphan_reach, report, importing=importing)
         else:
             for _row in rows:
                 pass
@@ -494,11 +522,14 @@ def _check_messages(
     reach: GcBounds,
     orphan_reach: Mapping[ShardIdent, QueueKey],
     report: Report,
+    *,
+    importing: _Importing | None = None,
 ) -> None:
     """Count the stored messages inside each diff's span (a cluster's, where spans
     overlap), per partition, against the diffs' records; ``reach`` (:func:`_gc_reach`)
     says where GC may have deleted, and ``orphan_reach`` (:func:`_orphan_reach`) up to
-    where rows may outlive their diff."""
+    where rows may outlive their diff. Rows of no stored diff inside the diffs of an
+    import under way (``importing``) are its batches so far, not strays."""
     clusters = _clusters(infos)
     bounds: dict[ShardIdent, tuple[list[bytes], list[bytes]]] = {
         shard: ([codec.key_bytes(c.lo) for c in cs], [codec.key_bytes(c.hi) for c in cs])
@@ -521,7 +552,9 @@ def _check_messages(
         i = bisect.bisect_right(starts, qk) - 1
         orphan = orphan_bytes.get(known)
         if i < 0 or qk > ends[i]:
-            if orphan is None or qk > orphan:
+            if (orphan is None or qk > orphan) and not (
+                importing is not None and importing.holds(known, qk)
+            ):
                 stray += 1
             continue
         slot = (known, i, int.from_bytes(key[:2], "big"))

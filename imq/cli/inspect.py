@@ -66,7 +66,13 @@ def _print_text(summary: dict[str, Any], out: TextIO) -> None:
         print(text, file=out)
 
     say(f"queue database {summary['path']} (read-only view)")
-    if summary["unfinished_import"] is not None:
+    if summary["unfinished_import"] is not None and summary["import_running"]:
+        say(
+            f"IMPORT UNDER WAY of block {summary['unfinished_import']}: a writer holds the "
+            "queue's lock and is importing it; what is shown holds the batches written so "
+            "far: look again once it has finished"
+        )
+    elif summary["unfinished_import"] is not None:
         say(
             f"UNFINISHED IMPORT of block {summary['unfinished_import']}: it was interrupted "
             "and what it wrote is partial; the next writer open rolls it back (e.g. `imq "

@@ -44,6 +44,7 @@ from imq.state.tl import TlDiff
 from imq.storage import StoreProtocol as Store
 from imq.storage import TransactionProtocol as Transaction
 from imq.storage import ops
+from imq.storage.rocks import writer_holds_lock
 from imq.types import (
     Address,
     BlockId,
@@ -266,6 +267,8 @@ def _check_pointer(store: Store, shard: ShardIdent, top: TlDiff) -> None:
         store.state.pointers.get(shard),
         CommitPointer(top.max_message, top.seqno),
         operation=f"importing the state of {shard}:{top.seqno}",
+        hint="this queue is already past that state: import the state of a newer block "
+        "of the shard, or import into a new, empty directory",
     )
 
 
@@ -461,7 +464,10 @@ def rollback_import_at_open(store: Store, log: ImqLogger) -> bool:
     read-only open cannot, and warns that the view holds a partial import."""
     if store.read_only:
         if ops.read_import_marker(store) is not None:
-            log.warning("import_incomplete", detail="a writer's next open will roll it back")
+            if writer_holds_lock(store.path):  # not left by a crash: a writer imports now
+                log.info("import_under_way", detail="the view holds the batches written so far")
+            else:
+                log.warning("import_incomplete", detail="a writer's next open will roll it back")
         return False
     return rollback_import(store, log, reason="interrupted")
 

@@ -310,6 +310,45 @@ def test_read_only_open_sees_the_partial_import_and_warns(
     assert verify(db_path).ok
 
 
+def test_an_import_under_way_is_told_from_an_interrupted_one(
+    tmp_path: Path, db_path: Path, crash_state: Crash, children: list[Child], logs: Logs
+) -> None:
+    """A reader beside a running import (an operator's `imq verify` or `inspect` during
+    a cold start) sees its marker and the batches written so far. Before, it was told
+    the import "was interrupted", to roll it back with `imq gc`, and `verify` failed
+    on the import's messages of no stored diff: a false alarm. Once the importer dies,
+    the same views say interrupted, as before."""
+    build_prior(db_path)
+    child = start_child(tmp_path, db_path, crash_state, 20_000, hold=True)
+    children.append(child)
+    child.wait_for("started")  # alive, holding the lock, its import half written
+    block = str(crash_state.state.block_id)
+    with Queue.open(db_path, read_only=True) as viewer:
+        assert events(logs, "import_incomplete") == []
+        assert len(events(logs, "import_under_way")) == 1
+        assert str(viewer.unfinished_import()) == block
+        assert viewer.import_running()
+        summary = viewer.summary()
+        assert summary["unfinished_import"] == block and summary["import_running"] is True
+        with pytest.raises(ImqError, match=r"is under way .* export once it has returned"):
+            viewer.export_state(BASE, 499, 1, io.BytesIO())
+    text = io.StringIO()
+    inspect_cli.run(db_path, as_json=False, out=text)
+    assert f"IMPORT UNDER WAY of block {block}" in text.getvalue()
+    assert "UNFINISHED IMPORT" not in text.getvalue()
+    report = verify(db_path)
+    assert report.ok, report.problems
+    assert report.notes[0].startswith(f"an import of block {block} is under way"), report.notes
+    child.kill()
+    with Queue.open(db_path, read_only=True) as viewer:
+        assert len(events(logs, "import_incomplete")) == 1
+        assert not viewer.import_running()
+        assert viewer.summary()["import_running"] is False
+    problems = verify(db_path).problems
+    assert problems[0].startswith(f"an import of block {block} was interrupted"), problems
+    assert any("belong to no stored diff" in p for p in problems), problems
+
+
 @pytest.mark.parametrize("threshold", [1, 9_000, 17_000, 25_000, MESSAGES])
 def test_all_or_nothing_wherever_the_kill_lands(
     tmp_path: Path,
