@@ -53,15 +53,22 @@ def masterchain_block(top_blocks: Sequence[TopBlock]) -> BlockId:
     )
 
 
+_COMMIT_HINT = "pass the top blocks of a masterchain block newer than the one last committed"
+
+
 def check_forward(
-    shard: ShardIdent, old: CommitPointer | None, new: CommitPointer, operation: str = "commit"
+    shard: ShardIdent,
+    old: CommitPointer | None,
+    new: CommitPointer,
+    operation: str = "commit",
+    hint: str = _COMMIT_HINT,
 ) -> None:
-    """D6: a commit pointer never moves backwards (commit, and import, which sets one)."""
+    """D6: a commit pointer never moves backwards (commit, and import, which sets one).
+    ``hint``: what the caller of ``operation`` can do instead."""
     if old is not None and (new.key < old.key or new.seqno < old.seqno):
         raise CommitError(
             f"{operation} would move the commit pointer of shard {shard} backwards: from "
-            f"({old.key}, seqno {old.seqno}) to ({new.key}, seqno {new.seqno}); pass the "
-            "top blocks of a masterchain block newer than the one last committed"
+            f"({old.key}, seqno {old.seqno}) to ({new.key}, seqno {new.seqno}); {hint}"
         )
 
 

@@ -36,7 +36,7 @@ from imq.observability import ImqLogger
 from imq.state.boc import BocError, root_data
 from imq.state.message import MessageFormatError, parse_internal_header
 from imq.state.tl import TlDiff, diff_hash, encode_diff
-from imq.state.writer import BadMessageError, ChunkSpool, open_sink, write_state
+from imq.state.writer import BadMessageError, ChunkSpool, check_sink, open_sink, write_state
 from imq.storage import CursorProtocol as Cursor
 from imq.storage import StoreProtocol as Store
 from imq.storage import codec, ops
@@ -80,6 +80,7 @@ def export_state(
         raise ValueError(f"tail_len must be in 1..={MAX_TAIL_LEN}, got {tail_len}")
     if tail_len > seqno + 1:
         raise ValueError(f"tail_len {tail_len} reaches below seqno 0 from seqno {seqno}")
+    check_sink(dest)  # a path that cannot be written fails before the export's work
     started = perf_counter()
     records = _load_infos(store, shard, seqno, tail_len)
     _check_order(shard, seqno, records)
@@ -122,6 +123,10 @@ def export_state(
     return report
 
 
+# Where an export this queue cannot write can come from instead.
+_ELSEWHERE = "this block's state from a node that serves it (its persistent state)"
+
+
 def _load_infos(
     store: Store, shard: ShardIdent, seqno: int, tail_len: int
 ) -> list[tuple[DiffInfo, dict[int, int]]]:
@@ -157,7 +162,9 @@ def _check_order(
                 f"{shard}:{info.seqno} (up to {_keys_text([info.max_message])}) are not below "
                 f"those of the newer diff of {shard}:{newer.seqno} (from "
                 f"{_keys_text([newer.min_message])}); a state's diffs hold ascending, "
-                "disjoint message ranges, and its import would reject this one"
+                "disjoint message ranges, and its import would reject this one; export "
+                f"with a tail_len that stops above the diff of {shard}:{info.seqno}, or take "
+                f"{_ELSEWHERE}"
             )
         newer = info
 
@@ -184,7 +191,9 @@ def _spool_messages(
     if len(rows) != expected:
         raise ImqError(
             f"cannot export the diff of {shard}:{info.seqno}: it wrote {expected} messages, "
-            f"{len(rows)} are still stored (collected by GC?)"
+            f"{len(rows)} are still stored: GC deletes messages every reader has processed "
+            "(or they were deleted outside imq), so this queue can no longer export the "
+            f"block; export a newer block whose diffs it holds whole, or take {_ELSEWHERE}"
         )
     rows.sort()
     hashes = [row[0] for row in rows]
@@ -193,7 +202,8 @@ def _spool_messages(
         keys = _keys_of(store, shard, info, parts, twin)
         raise StateFormatError(
             f"cannot export the diff of {shard}:{info.seqno}: its messages {_keys_text(keys)} "
-            f"have the same hash; a state lists each message hash of a diff once"
+            f"have the same hash; a state lists each message hash of a diff once, so take "
+            f"{_ELSEWHERE}"
         )
     _check_sources(shard, rows)
     _check_headers(rows)
@@ -336,7 +346,8 @@ def _encode_chain(
         except ValueError as exc:
             raise StateFormatError(
                 f"cannot export the state of {shard}:{seqno}: the diff of "
-                f"{shard}:{infos[i].seqno} does not fit the state format: {exc}"
+                f"{shard}:{infos[i].seqno} does not fit the state format: {exc}; take "
+                f"{_ELSEWHERE}"
             ) from None
         tls[i] = tl
         hash_lists[i] = b""  # in the TL now: the hashes are held once

@@ -154,8 +154,9 @@ class StateReader:
                 else f"its messages end in chunk {self.chunks_read - 1}"
             )
             raise StateFormatError(
-                f"extra chunk: the state announces {self.header.n_chunks} chunks but {end} "
-                f"(offset {self._src.offset})"
+                f"extra chunk announced: the state announces {self.header.n_chunks} chunks "
+                f"but {end} (offset {self._src.offset}); a state's chunks hold exactly its "
+                "diffs' messages, so its chunk count is wrong or a chunk holds no message"
             )
         if not self._src.at_eof():
             raise StateFormatError(

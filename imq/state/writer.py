@@ -49,6 +49,7 @@ __all__ = [
     "BadMessageError",
     "ChunkSpool",
     "Writable",
+    "check_sink",
     "open_sink",
     "write_state",
 ]
@@ -290,6 +291,20 @@ def open_sink(dest: str | os.PathLike[str] | BinaryIO) -> Iterator[tuple[BinaryI
         else:
             counter = _Counting(out)
             yield raw, counter
+
+
+def check_sink(dest: str | os.PathLike[str] | BinaryIO) -> None:
+    """Refuse now, before any work, a path :func:`open_sink` would refuse once the state
+    is ready: a directory, or a file in a directory that does not exist (or is a file)."""
+    if not isinstance(dest, (str, os.PathLike)):
+        return
+    path = Path(dest)
+    target = _target(path)  # raises for a directory
+    if target is None or target.parent.is_dir():
+        return
+    code = errno.ENOTDIR if target.parent.exists() else errno.ENOENT
+    missing = OSError(code, os.strerror(code), str(target.parent))
+    raise _write_error(path, missing) from missing
 
 
 def _target(path: Path) -> Path | None:

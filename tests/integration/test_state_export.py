@@ -35,6 +35,7 @@ from imq import (
     Address,
     BlockId,
     BlockIdShort,
+    FileAccessError,
     ImqError,
     Message,
     Queue,
@@ -255,6 +256,30 @@ def test_a_bad_tail_length_is_a_value_error(
     assert not (tmp_path / "out.bin").exists()
 
 
+@pytest.mark.parametrize("where", ["missing directory", "under a file", "a directory"])
+def test_a_destination_that_cannot_be_written_fails_before_the_export(
+    tmp_path: Path, queue: Queue, where: str
+) -> None:
+    """The library checked the path only once the state was ready: a queue whose bodies
+    are no messages said so (StateFormatError) instead of naming the missing directory,
+    and a good one did the whole export's work first (an outside walkthrough found it;
+    the CLI checked already)."""
+    src, dst = address_in(BASE, 1), address_in(BASE, 2)
+    queue.apply_diff(
+        QueueDiff([message(QueueKey(7, b"\x07" * 32), src, dst)]), block(BASE, 1), b"\x01" * 32
+    )
+    (tmp_path / "afile").write_text("x")
+    before = sorted(p.name for p in tmp_path.iterdir())  # the queue's directory, the file
+    dest = {
+        "missing directory": tmp_path / "nowhere" / "out.queue",
+        "under a file": tmp_path / "afile" / "out.queue",
+        "a directory": tmp_path,
+    }[where]
+    with pytest.raises(FileAccessError, match="cannot write the state file"):
+        queue.export_state(BASE, 1, 1, dest)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_messages_collected_by_gc_refuse_the_export(tmp_path: Path, queue: Queue) -> None:
     state, _ = _import_synth(queue, tmp_path, diffs=1, messages_per_diff=10, seed=3)
     bound = sorted(m.key for m in state.messages)[4]
@@ -267,8 +292,9 @@ def test_messages_collected_by_gc_refuse_the_export(tmp_path: Path, queue: Queue
     assert queue.run_gc() > 0
     assert len(iterate(queue, BASE, 0, BASE)) == 5 + 1  # the upper half and the later diff
 
-    with pytest.raises(ImqError, match=r"0:8000000000000000:100: it wrote 10 messages, 5 are"):
+    with pytest.raises(ImqError, match=r"0:8000000000000000:100: it wrote 10 messages, 5 are") as e:
         queue.export_state(BASE, 100, 1, tmp_path / "out.queue")
+    assert "export a newer block whose diffs it holds whole, or take this block's" in str(e.value)
 
     assert not (tmp_path / "out.queue").exists()
     assert _no_leftovers(tmp_path) == []
@@ -439,6 +465,7 @@ def test_diffs_out_of_order_refuse_the_export(tmp_path: Path, queue: Queue) -> N
     with pytest.raises(StateFormatError, match="ascending, disjoint message ranges") as info:
         queue.export_state(BASE, 2, 2, out)
     assert f"the diff of {BASE}:1 (up to (lt 5000, " in str(info.value)
+    assert f"with a tail_len that stops above the diff of {BASE}:1" in str(info.value)
     assert not out.exists() and _no_leftovers(tmp_path) == []
     assert queue.export_state(BASE, 2, 1, io.BytesIO()).messages == 1  # each alone exports
     assert queue.export_state(BASE, 1, 1, io.BytesIO()).messages == 1

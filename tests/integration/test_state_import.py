@@ -281,8 +281,11 @@ def test_an_older_state_after_a_newer_one_would_move_the_pointer_back(
     _import(queue, newer, newer_path)
     before = dump(queue)
 
-    with pytest.raises(CommitError, match="move the commit pointer"):
+    with pytest.raises(CommitError, match="move the commit pointer") as refused:
         _import(queue, older, older_path)
+    # The next step is an import's, not a commit's (an outside audit found the commit's)
+    assert "already past that state: import the state of a newer block" in str(refused.value)
+    assert "top blocks" not in str(refused.value)
 
     assert dump(queue) == before
 
