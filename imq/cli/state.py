@@ -62,7 +62,7 @@ IMPORT_EXAMPLES = f"""\
 The block id comes from the file's name (a node names its states
 wc_shard_seqno_roothash_filehash.queue) unless --block-id gives it. A masterchain name
 or id starts with '-': it is a value all the same (or put the file after '--'). The
-file may be a pipe (/dev/stdin, a FIFO, <(...)): it is read once.
+file may be a pipe (- or /dev/stdin, a FIFO, <(...)): it is read once.
 
 examples (from the repository root):
   imq import var/tycho-db {_SHARD_160} --block-id 0:8000000000000000:160 --top-update {_TOP_160}:3
@@ -96,7 +96,9 @@ def register(commands: Commands) -> None:
         epilog=IMPORT_EXAMPLES,
     )
     load.add_argument("db", type=path_arg, help="database directory (created if missing)")
-    load.add_argument("file", type=path_arg, help="state file (.queue = zstd, or raw)")
+    load.add_argument(
+        "file", type=input_arg, help="state file (.queue = zstd, or raw; - reads stdin)"
+    )
     load.add_argument(
         "--block-id",
         type=block_id_arg,
@@ -150,7 +152,9 @@ def register(commands: Commands) -> None:
         "(the whole state file is read and checked: a file cut short or damaged fails).",
         epilog=DUMP_EXAMPLES,
     )
-    dump.add_argument("file", type=path_arg, help="queue diff (.bin) or queue state file")
+    dump.add_argument(
+        "file", type=input_arg, help="queue diff (.bin) or queue state file (- reads stdin)"
+    )
     dump.add_argument("--json", action="store_true", help="print JSON (a list of diffs)")
     dump.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     dump.set_defaults(run=_dump_command, interrupted="nothing was changed")
@@ -168,6 +172,7 @@ def _tail_len(text: str) -> int:
 
 def _import_command(args: argparse.Namespace, out: TextIO) -> None:
     top = None if args.top_update is None else parse_top_update(args.top_update)
+    input_file(args.file, "state file")  # before its name is read for the block id
     block_id = args.block_id if args.block_id is not None else resolve_block_id(None, args.file)
     run_import(
         args.db,
@@ -194,6 +199,12 @@ def _export_command(args: argparse.Namespace, out: TextIO) -> None:
 
 def _dump_command(args: argparse.Namespace, out: TextIO) -> None:
     dump_diff(args.file, as_json=args.json, out=out, progress=not args.no_progress)
+
+
+def input_arg(text: str) -> Path:
+    """A file argument to read: ``-`` is standard input (``/dev/stdin``), as Unix tools
+    take it; anything else as ``path_arg``."""
+    return Path("/dev/stdin") if text == "-" else path_arg(text)
 
 
 def resolve_block_id(text: str | None, file: Path) -> BlockId:

@@ -140,6 +140,8 @@ def test_a_database_that_lost_its_current_file_is_named_as_one(
     ("argv", "says"),
     [
         (["import", "{db}", "{tmp}/missing.queue", "--block-id", SHARD_ID], "does not exist"),
+        # without --block-id: the missing file first, not that its name names no block
+        (["import", "{db}", "{tmp}/missing.queue"], "missing.queue does not exist"),
         (["import", "{db}", "{tmp}", "--block-id", SHARD_ID], "is a directory"),
         (
             ["import", "{db}", str(SHARD_BIN), "--block-id", SHARD_ID, "--block", "{tmp}/no.block"],
@@ -158,6 +160,7 @@ def test_a_database_that_lost_its_current_file_is_named_as_one(
     ],
     ids=[
         "import-missing-file",
+        "import-missing-file-unnamed",
         "import-directory",
         "import-missing-block",
         "import-block-not-a-block",

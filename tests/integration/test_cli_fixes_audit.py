@@ -207,15 +207,18 @@ def test_import_reads_a_fifo_once(compressed: bool, tmp_path: Path) -> None:
     assert _imq("verify", db).returncode == 0
 
 
-def _import_stdin(db: Path, block_id: str) -> subprocess.CompletedProcess[str]:
+def _import_stdin(
+    db: Path, block_id: str, name: str = "/dev/stdin"
+) -> subprocess.CompletedProcess[str]:
     return _imq(
-        "import", db, "/dev/stdin", "--block-id", block_id, "--no-progress",
+        "import", db, name, "--block-id", block_id, "--no-progress",
         stdin=SHARD_BIN.read_bytes(),
     )  # fmt: skip
 
 
-def test_import_reads_stdin(tmp_path: Path) -> None:
-    done = _import_stdin(tmp_path / "db", SHARD_ID)
+@pytest.mark.parametrize("name", ["/dev/stdin", "-"])
+def test_import_reads_stdin(tmp_path: Path, name: str) -> None:
+    done = _import_stdin(tmp_path / "db", SHARD_ID, name)
     assert done.returncode == 0, done.stderr
     assert "3 diffs (3 written" in done.stdout
 
