@@ -5,6 +5,10 @@ PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# setuptools warns at every editable install of a package beside its pyproject.toml that
+# a folder of the package's name may take precedence in imports: that folder is imq
+# itself, so the twelve lines of warning told a newcomer nothing.
+PIP    := PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip
 
 .PHONY: run test lint typecheck pytest soak bench bench-endurance clean
 
@@ -12,13 +16,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 
 $(STAMP): $(BIN)/python pyproject.toml setup.py imq/_speedups.c
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 # The picture needs matplotlib (the plot extra): installed once, on the first run.
 run: $(STAMP)
-	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(BIN)/python -m pip install --quiet -e '.[dev,plot]'
+	@$(BIN)/python -c 'import matplotlib' 2>/dev/null || $(PIP) install --quiet -e '.[dev,plot]'
 	$(BIN)/python -m imq simulate --fresh
 
 lint: $(STAMP)
@@ -37,7 +41,7 @@ soak: $(STAMP)
 	HYPOTHESIS_PROFILE=thorough $(BIN)/python -m pytest -q -m slow
 
 bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(PIP) install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.bench_core
 	$(BIN)/python -m benchmarks.bench_gc
 	$(BIN)/python -m benchmarks.bench_gc_pause
@@ -50,7 +54,7 @@ bench: $(STAMP)
 # The steady state (issue 11): a 10-minute warm-up, then 30 minutes measured (about 40
 # minutes), apart from `make bench` for its length.
 bench-endurance: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(PIP) install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m benchmarks.bench_endurance
 
 clean:
