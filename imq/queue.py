@@ -760,9 +760,9 @@ class Queue(QueueReads):
                 if unfinished is not None and self.import_running():
                     raise ImqError(
                         f"cannot export from {self._store.path}: an import of block "
-                        f"{unfinished.short} into it is under way (a writer holds the "
-                        "queue's lock) and its diffs are partial until it finishes; export "
-                        "once it has returned"
+                        f"{unfinished.short} into it is under way (its import lock is "
+                        "held) and its diffs are partial until it finishes; export once it "
+                        "has returned"
                     )
                 if unfinished is not None:
                     raise ImqError(

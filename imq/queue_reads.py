@@ -18,7 +18,7 @@ from imq.observability import Metrics
 from imq.reads import check_type
 from imq.storage import StoreProtocol as Store
 from imq.storage import ops
-from imq.storage.rocks import writer_holds_lock
+from imq.storage.rocks import import_lock_held
 from imq.types import (
     Address,
     BlockId,
@@ -167,9 +167,9 @@ class QueueReads:
         diffs = ops.AllDiffs()
         with ops.view(self._store, diffs) as view:
             summary = reads.summarize(view, diffs, self._store.path, self._store.read_only)
-        unfinished = self.unfinished_import()
+        unfinished, running = self._import_state()
         summary["unfinished_import"] = None if unfinished is None else str(unfinished)
-        summary["import_running"] = unfinished is not None and self.import_running()
+        summary["import_running"] = running
         return summary
 
     def unfinished_import(self) -> BlockId | None:
@@ -183,16 +183,23 @@ class QueueReads:
 
     def import_running(self) -> bool:
         """Whether the import :meth:`unfinished_import` names is being written now rather
-        than left by a crash: a writer holds the queue's lock (this handle, importing in
-        another thread, or another process). What a read sees meanwhile is the batches
-        written so far; read again once the import has returned. ``False`` without an
-        unfinished import."""
+        than left by a crash: an ``import_state`` of this handle, or of another handle
+        or process, holds the queue's import lock (``imq.importing``, from before its
+        marker is written until it has finished or rolled back, or failed). What a read
+        sees meanwhile is the batches written so far; read again once the import has
+        returned. ``False`` without an unfinished import, and where the lock cannot be
+        seen (a process in another PID namespace): then the import looks interrupted."""
         self._check_open()
-        if ops.read_import_marker(self._store) is None:
-            return False
-        # A writer's open rolls back an import a crash left, so beside a writer, or in
-        # one, the marker is that writer's import under way.
-        return not self._store.read_only or writer_holds_lock(self._store.path)
+        return self._import_state()[1]
+
+    def _import_state(self) -> tuple[BlockId | None, bool]:
+        """The unfinished import's block and whether it is under way, from one read of
+        its marker."""
+        marker = ops.read_import_marker(self._store)
+        if marker is None:
+            return None, False
+        store = self._store
+        return marker[0], store.importing_now or import_lock_held(store.path)
 
     def get_last_committed_mc_block_id(self) -> BlockId | None:
         self._check_open()

@@ -40,7 +40,7 @@ from imq.errors import CorruptDataError, ImqError, StorageError
 from imq.storage import Scan, Store, StoreOptions, Table, codec, ops
 from imq.storage.backend import StoreProtocol
 from imq.storage.queue_state import GcBounds
-from imq.storage.rocks import GONE_SINCE_OPEN, writer_holds_lock
+from imq.storage.rocks import GONE_SINCE_OPEN, import_lock_held
 from imq.types import CommitPointer, QueueKey, ShardIdent
 
 __all__ = ["Report", "state_problems", "verify"]
@@ -178,9 +178,12 @@ def verify(
     for _ in range(_ATTEMPTS):
         report = Report(Path(path))
         store = _open(Path(path), options)
+        # Looked at as the view opens (the snapshot it reads): an import that starts
+        # or ends later is not in it.
+        running = import_lock_held(Path(path))
         report.notes += store.log_notes
         try:
-            _verify(store, report, progress)
+            _verify(store, report, progress, import_running=running)
         except StorageError as exc:
             if not _outdated(exc):
                 raise
@@ -212,22 +215,26 @@ def _open(path: Path, options: StoreOptions | None) -> Store:
 
 
 class _Importing(NamedTuple):
-    """An import under way (its marker, and a writer holding the lock): the diffs it is
-    writing, whose rows are not yet all there."""
+    """An import under way (its marker, and its import lock held): the key spans of the
+    diffs it is writing, whose messages may be stored before their diffs are."""
 
     shard: ShardIdent
-    seqnos: frozenset[int]
-    spans: list[tuple[bytes, bytes]]  # each diff's message keys, lowest to highest
+    starts: list[bytes]  # each diff's lowest message key, ascending
+    ends: list[bytes]  # the same diff's highest
 
     def holds(self, shard: ShardIdent, key: bytes) -> bool:
-        return shard == self.shard and any(lo <= key <= hi for lo, hi in self.spans)
+        i = bisect.bisect_right(self.starts, key) - 1
+        return shard == self.shard and i >= 0 and key <= self.ends[i]
 
 
-def _check_import_marker(store: Store, marker: bytes | None, report: Report) -> _Importing | None:
+def _check_import_marker(
+    marker: bytes | None, report: Report, *, running: bool
+) -> _Importing | None:
     """An import's marker. Left by a crash it is a problem, listed first: it explains
     the problems a partial import leaves (messages of no stored diff, a missing tail).
-    Beside a writer that holds the lock, the import is under way: a note, and what it
-    is writing (its rows are not counted against the diffs it has not stored yet)."""
+    With the import lock held (``running``, looked at when the view was opened), the
+    import is under way: a note, and the spans whose messages of no stored diff yet are
+    its batches so far."""
     if marker is None:
         return None
     try:
@@ -236,15 +243,15 @@ def _check_import_marker(store: Store, marker: bytes | None, report: Report) -> 
         block_id, diffs, block = None, [], f"? ({exc})"
     else:
         block = str(block_id)
-    if block_id is not None and writer_holds_lock(store.path):
+    if block_id is not None and running:
         report.notes.insert(
             0,
-            f"an import of block {block} is under way (a writer holds the queue's lock): "
-            "the messages of its diffs that no stored diff owns yet are not counted; "
-            "verify again once it has finished",
+            f"an import of block {block} is under way (its import lock is held): the "
+            "messages inside its diffs' key ranges that no stored diff owns yet are not "
+            "counted; verify again once it has finished",
         )
-        spans = [(codec.key_bytes(lo), codec.key_bytes(hi)) for _s, lo, hi in diffs]
-        return _Importing(block_id.shard, frozenset(s for s, _lo, _hi in diffs), spans)
+        spans = sorted((codec.key_bytes(lo), codec.key_bytes(hi)) for _s, lo, hi in diffs)
+        return _Importing(block_id.shard, [lo for lo, _ in spans], [hi for _, hi in spans])
     report.problems.insert(
         0,
         f"an import of block {block} was interrupted: its diffs and messages are partial "
@@ -255,7 +262,11 @@ def _check_import_marker(store: Store, marker: bytes | None, report: Report) -> 
 
 
 def _verify(
-    store: Store, report: Report, progress: Callable[[str, int], object] | None = None
+    store: Store,
+    report: Report,
+    progress: Callable[[str, int], object] | None = None,
+    *,
+    import_running: bool = False,
 ) -> None:
     tables = {t: _rows(store, t, report) for t in Table if t not in _STREAMED}
     infos, counting = _read_diffs(store, report, progress)
@@ -270,7 +281,9 @@ def _verify(
 
     # The GC bounds, the last committed block.
     values = dict(tables[Table.VARS] or [])
-    importing = _check_import_marker(store, values.get(codec.IMPORT_MARKER), report)
+    importing = _check_import_marker(
+        values.get(codec.IMPORT_MARKER), report, running=import_running
+    )
     requested = _gc_bounds(values, codec.GC_REQUESTED, report)
     executed = _gc_bounds(values, codec.GC_EXECUTED, report)
     last_mc = None
@@ -286,8 +299,6 @@ def _verify(
     reach = _gc_reach(requested, executed)
     orphan_reach = _orphan_reach(reach)
     for shard, seqno, partition, max_message in sorted(unowned, key=str):
-        if importing is not None and shard == importing.shard and seqno in importing.seqnos:
-            continue  # written with its diff's other rows, by the import under way
         bound = orphan_reach.get(shard)
         if bound is None or max_message > bound:
             report.problems.append(

@@ -68,9 +68,9 @@ def _print_text(summary: dict[str, Any], out: TextIO) -> None:
     say(f"queue database {summary['path']} (read-only view)")
     if summary["unfinished_import"] is not None and summary["import_running"]:
         say(
-            f"IMPORT UNDER WAY of block {summary['unfinished_import']}: a writer holds the "
-            "queue's lock and is importing it; what is shown holds the batches written so "
-            "far: look again once it has finished"
+            f"IMPORT UNDER WAY of block {summary['unfinished_import']}: an import holds the "
+            "queue's import lock and is writing it; what is shown holds the batches written "
+            "so far: look again once it has finished"
         )
     elif summary["unfinished_import"] is not None:
         say(

@@ -44,7 +44,7 @@ from imq.state.tl import TlDiff
 from imq.storage import StoreProtocol as Store
 from imq.storage import TransactionProtocol as Transaction
 from imq.storage import ops
-from imq.storage.rocks import writer_holds_lock
+from imq.storage.rocks import import_lock_held
 from imq.types import (
     Address,
     BlockId,
@@ -119,26 +119,29 @@ def import_state(
             reader.check_top_update(*expected)
         works = _plan(store, reader, block_id)
         new = [w for w in works if w.write]
-        if new:
-            _write_marker(store, block_id, new)
-        try:
-            messages = _stream(store, reader, works, block_id.shard, progress)
-            _finish(store, block_id, header.diffs[0])
-        except BaseException as exc:
-            if new and store.dead is None:
-                stopped = not isinstance(exc, Exception)  # a Ctrl-C, SIGTERM in the CLI
-                rollback_import(store, log, reason="interrupted" if stopped else "failed")
-            elif new and isinstance(exc, StorageError):
-                # A dead handle (a failed write) cannot roll back: the marker stays and
-                # the next open rolls the import back. Say so: the data is not as before.
-                raise StorageError(
-                    exc.path,
-                    f"import of block {block_id.short}",
-                    exc.reason,
-                    f"{exc.hint}; the import had written part of the state: that open (for "
-                    "writing) rolls it back, then import the state again",
-                ) from exc
-            raise
+        # Held from before the marker to the finish or the rollback (a failed write's
+        # too): readers tell this import from one a crash left (Queue.import_running).
+        with store.importing():
+            if new:
+                _write_marker(store, block_id, new)
+            try:
+                messages = _stream(store, reader, works, block_id.shard, progress)
+                _finish(store, block_id, header.diffs[0])
+            except BaseException as exc:
+                if new and store.dead is None:
+                    stopped = not isinstance(exc, Exception)  # a Ctrl-C, SIGTERM in the CLI
+                    rollback_import(store, log, reason="interrupted" if stopped else "failed")
+                elif new and isinstance(exc, StorageError):
+                    # A dead handle (a failed write) cannot roll back: the marker stays and
+                    # the next open rolls the import back. Say so: the data is not as before.
+                    raise StorageError(
+                        exc.path,
+                        f"import of block {block_id.short}",
+                        exc.reason,
+                        f"{exc.hint}; the import had written part of the state: that open "
+                        "(for writing) rolls it back, then import the state again",
+                    ) from exc
+                raise
         report = ImportReport(
             diffs=len(works),
             messages=messages,
@@ -464,7 +467,7 @@ def rollback_import_at_open(store: Store, log: ImqLogger) -> bool:
     read-only open cannot, and warns that the view holds a partial import."""
     if store.read_only:
         if ops.read_import_marker(store) is not None:
-            if writer_holds_lock(store.path):  # not left by a crash: a writer imports now
+            if import_lock_held(store.path):  # not left by a crash: an import writes now
                 log.info("import_under_way", detail="the view holds the batches written so far")
             else:
                 log.warning("import_incomplete", detail="a writer's next open will roll it back")

@@ -152,6 +152,15 @@ class StoreProtocol(Protocol):
         call refused; ``close`` takes no lock)."""
 
     @property
+    def importing_now(self) -> bool:
+        """Whether an import of this handle is inside :meth:`importing`."""
+
+    def importing(self) -> AbstractContextManager[None]:
+        """Held by an import from before its marker is written until it finished, rolled
+        back or failed: what tells an import under way from one a crash left."""
+        ...
+
+    @property
     def diff_tops(self) -> DiffTops:
         """Each shard's highest stored diff, as this store's writes left it
         (:mod:`imq.storage.tops`)."""

@@ -191,6 +191,7 @@ class MemoryStore:
         self._state = QueueState()
         self._resources: weakref.WeakSet[Any] = weakref.WeakSet()
         self._closed = False
+        self._importing = 0
         self.diff_tops = DiffTops()
         self._tables[Table.VARS].setdefault(
             codec.SCHEMA_VERSION_KEY, codec.u32_value(codec.SCHEMA_VERSION)
@@ -213,6 +214,19 @@ class MemoryStore:
     def forked(self) -> bool:
         """Always ``False``: a forked child's copy of memory is its own."""
         return False
+
+    @property
+    def importing_now(self) -> bool:
+        return self._importing > 0
+
+    @contextlib.contextmanager
+    def importing(self) -> Iterator[None]:
+        """Counts the imports under way (no other process can see memory)."""
+        self._importing += 1
+        try:
+            yield
+        finally:
+            self._importing -= 1
 
     def set_state(self, state: QueueState) -> None:
         with self._gate:

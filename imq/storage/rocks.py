@@ -83,6 +83,9 @@ __all__ = [
 ]
 
 LOCK_FILE = "imq.lock"
+# Locked (flock) by an import_state while it writes: readers tell an import under way from
+# one a crash left by it (import_lock_held). Created by the first import; empty.
+IMPORT_LOCK_FILE = "imq.importing"
 # The sequence number of the last write a writer saw synced to the log (rewritten in place
 # after each synced write; synced itself at most once per MARK_SYNC_INTERVAL and at close):
 # an open that recovers less than it finds the log or the MANIFEST cut short or replaced
@@ -146,22 +149,34 @@ def _read_error(
 
 def writer_holds_lock(path: object) -> bool:
     """Whether a writer (of any process, this one included) holds the directory's lock
-    now; False when that cannot be told. Linux lists every lock in ``/proc/locks``,
-    which is read without touching the lock; elsewhere a shared lock is tried for a
-    moment (a writer opening in that instant would be refused)."""
-    if not isinstance(path, Path):
-        return False
+    now; False when that cannot be told (see :func:`_flock_held`)."""
+    return isinstance(path, Path) and _flock_held(path / LOCK_FILE)
+
+
+def import_lock_held(path: object) -> bool:
+    """Whether an ``import_state`` (of any process, this one included) is writing into
+    the queue in ``path`` now: it holds ``IMPORT_LOCK_FILE`` from before its marker is
+    written until it finished or rolled back, or failed. False when that cannot be told
+    (see :func:`_flock_held`)."""
+    return isinstance(path, Path) and _flock_held(path / IMPORT_LOCK_FILE)
+
+
+def _flock_held(file: Path) -> bool:
+    """Whether a process holds a write ``flock`` on ``file`` now. Linux lists every lock
+    in ``/proc/locks``, read without touching the lock (only the locks of processes in
+    the reader's PID namespace: a holder in another container is not seen); elsewhere a
+    shared lock is tried for a moment (a writer locking in that instant would fail)."""
     try:
-        found = os.stat(path / LOCK_FILE)
+        found = os.stat(file)
     except OSError:
-        return False  # no lock file: no writer ever opened it, or it cannot be seen
+        return False  # no lock file: nobody ever took it, or it cannot be seen
     try:
         with open("/proc/locks", encoding="ascii", errors="replace") as listing:
             return _listed_flock(listing, found)
     except OSError:
         pass
     try:
-        fd = os.open(path / LOCK_FILE, os.O_RDONLY)
+        fd = os.open(file, os.O_RDONLY)
     except OSError:
         return False
     try:
@@ -705,6 +720,8 @@ DATABASE_FILE = re.compile(
     + re.escape(LOCK_FILE)
     + "|"
     + re.escape(SYNCED_FILE)
+    + "|"
+    + re.escape(IMPORT_LOCK_FILE)
 )
 
 
@@ -1152,6 +1169,7 @@ class Store:
         self._checks_synced = check_synced
         self._lock_fd = -1
         self._synced_fd = -1  # SYNCED_FILE, opened at the first synced write
+        self._importing = 0  # imports of this handle inside importing()
         self._mark_fsynced_at = -MARK_SYNC_INTERVAL  # monotonic time of its last fsync
         self._mark_entry_synced = False  # its name synced into the directory
         self._shadow: shadow.Shadow | None = None  # a read-only open of an unwritable directory
@@ -1984,6 +2002,34 @@ class Store:
     def dead(self) -> StorageError | None:
         """The failure that killed this handle (a failed write), or ``None``."""
         return self._dead
+
+    @property
+    def importing_now(self) -> bool:
+        return self._importing > 0
+
+    @contextlib.contextmanager
+    def importing(self) -> Iterator[None]:
+        """Hold ``IMPORT_LOCK_FILE`` (an exclusive ``flock``) while an import writes, so
+        that a reader of another handle or process tells it from an import a crash left
+        (:func:`import_lock_held`). Best effort: where the file cannot be created or
+        locked, readers take the import for an interrupted one (their warning says to
+        roll it back; nothing is hidden). Released in every case, a failed write's
+        included: a dead handle's marker stays for the next open to roll back."""
+        fd = -1
+        try:
+            fd = os.open(self.path / IMPORT_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            if fd >= 0:
+                os.close(fd)
+            fd = -1
+        self._importing += 1
+        try:
+            yield
+        finally:
+            self._importing -= 1
+            if fd >= 0:
+                os.close(fd)  # the last descriptor of the lock: releases it
 
     def close(self) -> str | None:
         """Close the database and release the directory (idempotent; never raises).

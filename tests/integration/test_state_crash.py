@@ -21,6 +21,7 @@ from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from builders import BASE, MC, Chain, dump, open_queue, shard_rows
@@ -310,18 +311,34 @@ def test_read_only_open_sees_the_partial_import_and_warns(
     assert verify(db_path).ok
 
 
+def _stray_diff(db: Path) -> None:
+    """Damage outside any import: the records of APPLIED's diff 2 deleted, so its
+    messages and statistics belong to no stored diff."""
+    with open_queue(db) as queue:
+        info = queue.get_diff_info(APPLIED, 2)
+        assert info is not None
+        txn = queue._store.transaction()
+        txn.delete(Table.DIFF_INFO, codec.diff_info_key(APPLIED, 2))
+        txn.delete(Table.DIFF_TAIL, codec.tail_key(APPLIED, info.max_message, 2))
+        queue._store.write(txn)
+
+
 def test_an_import_under_way_is_told_from_an_interrupted_one(
     tmp_path: Path, db_path: Path, crash_state: Crash, children: list[Child], logs: Logs
 ) -> None:
     """A reader beside a running import (an operator's `imq verify` or `inspect` during
     a cold start) sees its marker and the batches written so far. Before, it was told
     the import "was interrupted", to roll it back with `imq gc`, and `verify` failed
-    on the import's messages of no stored diff: a false alarm. Once the importer dies,
-    the same views say interrupted, as before."""
+    on the import's messages of no stored diff: a false alarm. What is not the
+    import's is still reported: a diff whose records were lost, in another shard. Once
+    the importer dies, the same views say interrupted, as before."""
     build_prior(db_path)
+    _stray_diff(db_path)
+    damage = verify(db_path).problems
+    assert len(damage) == 2 and all("belong to no stored diff" in p for p in damage), damage
     child = start_child(tmp_path, db_path, crash_state, 20_000, hold=True)
     children.append(child)
-    child.wait_for("started")  # alive, holding the lock, its import half written
+    child.wait_for("started")  # alive, its import half written, its import lock held
     block = str(crash_state.state.block_id)
     with Queue.open(db_path, read_only=True) as viewer:
         assert events(logs, "import_incomplete") == []
@@ -337,7 +354,7 @@ def test_an_import_under_way_is_told_from_an_interrupted_one(
     assert f"IMPORT UNDER WAY of block {block}" in text.getvalue()
     assert "UNFINISHED IMPORT" not in text.getvalue()
     report = verify(db_path)
-    assert report.ok, report.problems
+    assert report.problems == damage  # the import's messages of no stored diff not among them
     assert report.notes[0].startswith(f"an import of block {block} is under way"), report.notes
     child.kill()
     with Queue.open(db_path, read_only=True) as viewer:
@@ -346,7 +363,34 @@ def test_an_import_under_way_is_told_from_an_interrupted_one(
         assert viewer.summary()["import_running"] is False
     problems = verify(db_path).problems
     assert problems[0].startswith(f"an import of block {block} was interrupted"), problems
-    assert any("belong to no stored diff" in p for p in problems), problems
+    # the damage's strays and the import's counted together now
+    (strays,) = [p for p in damage if "stored messages belong" in p]
+    (now,) = [p for p in problems if "stored messages belong" in p]
+    assert int(now.split()[0]) > int(strays.split()[0]) > 0, (strays, now)
+
+
+def test_a_writer_that_is_not_importing_leaves_a_stale_marker_interrupted(
+    tmp_path: Path, db_path: Path, crash_state: Crash, children: list[Child]
+) -> None:
+    """Only the import lock says an import is under way, not the writer's lock: a writer
+    that holds the queue without importing (here: one whose open is stopped before it
+    rolls the crash's import back) leaves the marker what it is, an interrupted import,
+    and every stray row counted (an outside review found the writer's lock taken for an
+    import under way)."""
+    build_prior(db_path)
+    child = start_child(tmp_path, db_path, crash_state, 20_000, hold=True)
+    children.append(child)
+    child.wait_for("started")
+    child.kill()  # the marker and the partial import stay
+    with (
+        mock.patch.object(importer, "rollback_import", return_value=False),
+        open_queue(db_path) as writer,  # holds imq.lock, imports nothing
+    ):
+        assert writer.unfinished_import() is not None
+        assert not writer.import_running()
+        report = verify(db_path)
+    assert report.problems[0].startswith("an import of block"), report.problems
+    assert any("belong to no stored diff" in p for p in report.problems), report.problems
 
 
 @pytest.mark.parametrize("threshold", [1, 9_000, 17_000, 25_000, MESSAGES])
