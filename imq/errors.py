@@ -91,6 +91,15 @@ class QueueClosedError(ImqError):
     next_step = "open the queue again (Queue.open) to go on"
 
 
+class ReadOnlyError(ImqError):
+    """A call that changes the queue, on a handle opened with ``read_only=True``."""
+
+    next_step = (
+        "open the queue without read_only=True to change it (one writer at a time: close "
+        "the other handle)"
+    )
+
+
 class DatabaseLockedError(ImqError):
     """The database directory is already open by a writer."""
 

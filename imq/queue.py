@@ -28,7 +28,14 @@ from imq.commit import masterchain_block, plan_commit, stage_commit
 from imq.config import QueueConfig
 from imq.delete import DeletedDiffs, DeleteRange, stage_delete, tail_rows
 from imq.diff import DiffStatistics, QueueDiff
-from imq.errors import ImqError, QueueClosedError, StartupError, StateFormatError, StorageError
+from imq.errors import (
+    ImqError,
+    QueueClosedError,
+    ReadOnlyError,
+    StartupError,
+    StateFormatError,
+    StorageError,
+)
 from imq.gc import GarbageCollector, GcReport, GcWorker
 from imq.locks import RWLock, ShardLocks
 from imq.observability import Metrics, ProgressLine, get_logger
@@ -334,7 +341,7 @@ class Queue(QueueReads):
     def _check_writable(self, operation: str) -> None:
         self._check_open()
         if self._store.read_only:
-            raise ImqError(
+            raise ReadOnlyError(
                 f"{operation}: queue {self._store.path} is open read-only; open it without "
                 "read_only=True to change it (one writer at a time: close the other handle)"
             )

@@ -57,6 +57,7 @@ from imq.errors import (
     FileAccessError,
     ImqError,
     QueueClosedError,
+    ReadOnlyError,
     SchemaVersionError,
     StorageError,
 )
@@ -2348,8 +2349,8 @@ class Store:
 
     # -- writes -------------------------------------------------------------------------------
 
-    def _read_only_error(self) -> ImqError:
-        return ImqError(
+    def _read_only_error(self) -> ReadOnlyError:
+        return ReadOnlyError(
             f"queue database {self.path} is open read-only; open it without read_only=True "
             "to change it"
         )

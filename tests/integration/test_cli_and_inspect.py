@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from imq import (
     QueueDiff,
     QueueKey,
     QueueShardRange,
+    ReadOnlyError,
     ShardIdent,
     TopBlock,
 )
@@ -76,9 +78,12 @@ def test_read_only_refuses_every_write(tmp_path: Path) -> None:
             "clear_uncommitted_state": reader.clear_uncommitted_state,
             "startup": lambda: reader.startup(BlockId(MC, 1), [LEFT]),
             "run_gc": reader.run_gc,
+            "compact": reader.compact,
+            "import_state": lambda: reader.import_state(io.BytesIO(b""), BlockId(LEFT, 9)),
         }
         for name, call in calls.items():
-            with pytest.raises(ImqError, match=f"{name}: .*read-only"):
+            # its own type since an outside review (a plain ImqError before): still one
+            with pytest.raises(ReadOnlyError, match=f"{name}: .*read-only"):
                 call()
         assert reader.is_diff_exists(BlockIdShort(LEFT, 2))  # nothing was cleared
 
