@@ -372,10 +372,11 @@ class GarbageCollector:
                 lows = self._lows(task, first, found.last, executed)
                 removed = self._cached_removed(task.shard, lows, found.last)  # before the write
                 store.write(txn)
-            if removed is None:
+            rest = {p: low for p, low in lows.items() if p not in removed}
+            if rest:
                 # Counted with the mutex released, in the view taken before the write: it
                 # holds every row the write removed, and the shard's writers go on.
-                removed = self._count_removed(view, view[rows], task.shard, lows, found)
+                removed.update(self._count_removed(view, view[rows], task.shard, rest, found))
         return found, removed, txn.deleted_ranges, last_diff
 
     def _written_at_or_below(self, task: GcTask, floor: QueueKey | None, key: QueueKey) -> bool:
@@ -418,11 +419,15 @@ class GarbageCollector:
 
     def _cached_removed(
         self, shard: ShardIdent, lows: dict[int, QueueKey | None], last: QueueKey
-    ) -> dict[int, int] | None:
-        """The messages a batch up to ``last`` removes per partition (from its ``lows``),
-        when the store's cache of fresh rows holds every one of those rows (as a
-        collector that keeps up with its readers finds them): counted by bisection, so
-        no diff record is read. ``None`` when the cache cannot tell one of them."""
+    ) -> dict[int, int]:
+        """The messages a batch up to ``last`` removes in each partition (from its
+        ``lows``) whose rows there the store's cache of fresh rows holds every one of (as
+        a collector that keeps up with its readers finds them): counted by bisection, no
+        row or diff record read. A partition the cache cannot tell is left out, to be
+        counted from the view: each partition on its own, since a partition the shard
+        never wrote to (the low-priority one, often) has no segment in the cache, and
+        counting every partition from RocksDB then read every collected message again
+        (a pass every 5 s filled the block cache at about 30 MB a minute)."""
         counts: dict[int, int] = {}
         ranges: list[tuple[int, tuple[bytes, bytes]]] = []
         for p, low in lows.items():
@@ -432,9 +437,8 @@ class GarbageCollector:
                 ranges.append((p, ops.count_range(p, shard, low, last, inclusive=True)))
         cached = self._store.cached_counts([r for _p, r in ranges]) if ranges else []
         for (p, _r), n in zip(ranges, cached, strict=True):
-            if n is None:
-                return None
-            counts[p] = n
+            if n is not None:
+                counts[p] = n
         return counts
 
     @staticmethod
