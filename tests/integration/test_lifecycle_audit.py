@@ -264,18 +264,20 @@ def test_verify_opens_a_new_view_when_the_writer_outdated_one(
     real = imq.verify._verify
     views: list[int] = []
 
-    def outdated_twice(store: object, report: imq.verify.Report, progress: object) -> None:
+    def outdated_twice(
+        store: object, report: imq.verify.Report, progress: object, **kwargs: object
+    ) -> None:
         views.append(1)
         if len(views) <= 2:
             raise _outdated()
-        real(store, report, progress)  # type: ignore[arg-type]
+        real(store, report, progress, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(imq.verify, "_verify", outdated_twice)
     report = imq.verify.verify(path)
     assert report.ok, report.problems
     assert len(views) == 3
 
-    def always(store: object, report: imq.verify.Report, progress: object) -> None:
+    def always(store: object, report: imq.verify.Report, progress: object, **_: object) -> None:
         raise _outdated()
 
     monkeypatch.setattr(imq.verify, "_verify", always)

@@ -331,9 +331,10 @@ def test_power_loss_checker_sees_a_lost_commit(shim: Path, tmp_path: Path) -> No
         _campaign(shim, tmp_path, 12, seed=1, unsynced=True)
 
 
-def _until_said(shim: Path, watch: Path, shadow: Path, script: str, word: str) -> None:
-    """Run ``script`` with the recorder watching ``watch``; SIGKILL it once it printed
-    ``word`` (the call before it returned), as a power loss would stop the machine."""
+def _until_said(shim: Path, watch: Path, shadow: Path, script: str, word: str) -> list[str]:
+    """Run ``script`` with the recorder watching ``watch``; SIGKILL it once it printed a
+    line starting with ``word`` (the call before it returned), as a power loss would
+    stop the machine. The line's words."""
     proc = subprocess.Popen(
         [sys.executable, "-c", script, str(HERE), str(watch)],
         stdout=subprocess.PIPE,
@@ -342,11 +343,12 @@ def _until_said(shim: Path, watch: Path, shadow: Path, script: str, word: str) -
     )
     assert proc.stdout is not None
     try:
-        line = proc.stdout.readline().decode().strip()
+        said = proc.stdout.readline().decode().split()
     finally:
         proc.kill()
         _out, err = proc.communicate(timeout=60)
-    assert line == word, err.decode(errors="replace")[-3000:]
+    assert said[:1] == [word], err.decode(errors="replace")[-3000:]
+    return said
 
 
 def _power_lost_after(shim: Path, tmp_path: Path, script: str, word: str) -> tuple[Path, Path]:
@@ -561,19 +563,7 @@ def test_the_mark_of_synced_writes_survives_a_power_loss(
     watch, shadow, after = tmp_path / "disk", tmp_path / "shadow", tmp_path / "after"
     watch.mkdir()
     shadow.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", MARKED, str(HERE), str(watch)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=_env(shim, watch, shadow),
-    )
-    assert proc.stdout is not None
-    try:
-        said = proc.stdout.readline().decode().split()
-    finally:
-        proc.kill()
-        _out, err = proc.communicate(timeout=60)
-    assert said[:1] == ["committed"], err.decode(errors="replace")[-3000:]
+    said = _until_said(shim, watch, shadow, MARKED, "committed")
     sequence, log, first_end, second_end = int(said[1]), said[2], int(said[3]), int(said[4])
     _after_power_loss(watch, shadow, after)
     db = after / "db"
