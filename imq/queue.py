@@ -763,8 +763,8 @@ class Queue(QueueReads):
             with self.metrics.time("export_state"):
                 self._check_open()
                 # Under the shard's hold, so no import of this queue's is running now.
-                unfinished = self.unfinished_import()
-                if unfinished is not None and self.import_running():
+                unfinished, running = self._import_state()
+                if unfinished is not None and running:
                     raise ImqError(
                         f"cannot export from {self._store.path}: an import of block "
                         f"{unfinished.short} into it is under way (its import lock is "

@@ -172,12 +172,10 @@ def _tail_len(text: str) -> int:
 
 def _import_command(args: argparse.Namespace, out: TextIO) -> None:
     top = None if args.top_update is None else parse_top_update(args.top_update)
-    input_file(args.file, "state file")  # before its name is read for the block id
-    block_id = args.block_id if args.block_id is not None else resolve_block_id(None, args.file)
     run_import(
         args.db,
         args.file,
-        block_id=block_id,
+        block_id=args.block_id,
         top_update=top,
         block_file=args.block,
         progress=not args.no_progress,
@@ -250,15 +248,18 @@ def run_import(
     db: Path,
     file: Path,
     *,
-    block_id: BlockId,
+    block_id: BlockId | None,
     top_update: tuple[bytes, int] | None,
     block_file: Path | None,
     progress: bool,
     out: TextIO,
 ) -> None:
     """Check every path, the block file and the state's header; only then open (and so
-    create) the database and import."""
+    create) the database and import. ``block_id`` ``None``: the one the file's name
+    gives (read once the file is known to exist)."""
     input_file(file, "state file")
+    if block_id is None:
+        block_id = resolve_block_id(None, file)
     new_database_dir(db)
     if block_file is not None:
         input_file(block_file, "block file")
