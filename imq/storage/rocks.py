@@ -88,7 +88,8 @@ LOCK_FILE = "imq.lock"
 # one a crash left by it (import_lock_held). Created by the first import; empty.
 IMPORT_LOCK_FILE = "imq.importing"
 # The sequence number of the last write a writer saw synced to the log (rewritten in place
-# after each synced write; synced itself at most once per MARK_SYNC_INTERVAL and at close):
+# after each synced write; synced itself at most once per MARK_SYNC_INTERVAL, by a later
+# synced write or a timer, and at close):
 # an open that recovers less than it finds the log or the MANIFEST cut short or replaced
 # (see _check_synced).
 SYNCED_FILE = "imq.synced"
@@ -1173,6 +1174,12 @@ class Store:
         self._importing = 0  # imports of this handle inside importing()
         self._mark_fsynced_at = -MARK_SYNC_INTERVAL  # monotonic time of its last fsync
         self._mark_entry_synced = False  # its name synced into the directory
+        # The mark's deferred fsync: a mark written but not yet synced is synced by a timer
+        # once its last fsync is MARK_SYNC_INTERVAL old, so that a queue left idle after a
+        # burst of commits does not keep an unsynced mark. The lock guards the file's
+        # descriptor and the timer against close().
+        self._mark_lock = threading.Lock()
+        self._mark_timer: threading.Timer | None = None
         self._shadow: shadow.Shadow | None = None  # a read-only open of an unwritable directory
         if read_only:
             self._check_database_exists()
@@ -1360,24 +1367,59 @@ class Store:
         """Record that the log is synced up to the latest write (under the gate, after a
         synced write). Written after the log's fsync, the mark can only lag what is on
         disk, never lead it; a failure leaves it lagging too. The mark itself is synced
-        when its last fsync is ``MARK_SYNC_INTERVAL`` old, or with ``durable`` (at close):
-        so a power loss leaves it at most that far behind the synced log, and a log that
-        then replays short of it (a storage fault in its synced part) is refused."""
+        when its last fsync is ``MARK_SYNC_INTERVAL`` old, or with ``durable`` (at close);
+        a mark written sooner is synced by a timer (one daemon thread, at most one at a
+        time) when that interval has passed. So a power loss leaves the mark at most that
+        far behind the synced log, and a log that then replays short of it (a storage
+        fault in its synced part) is refused."""
+        with self._mark_lock:
+            try:
+                if self._synced_fd < 0:
+                    self._synced_fd = os.open(
+                        self.path / SYNCED_FILE, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644
+                    )
+                os.pwrite(self._synced_fd, _synced_record(self._db.latest_sequence_number()), 0)
+            except OSError:
+                return
+            wait = MARK_SYNC_INTERVAL - (time.monotonic() - self._mark_fsynced_at)
+            if durable or wait <= 0:
+                self._fsync_mark()
+            elif self._mark_timer is None:
+                timer = threading.Timer(wait, self._deferred_mark_sync)
+                timer.name, timer.daemon = "imq-mark-sync", True
+                try:
+                    timer.start()
+                except RuntimeError:  # no thread to be had (the interpreter exiting)
+                    return  # the mark waits for the next synced write, or close
+                self._mark_timer = timer
+
+    def _fsync_mark(self) -> None:
+        """Sync the mark file (and, once per open, its directory entry); under the mark's
+        lock. A failure leaves the mark lagging: a weaker check, never a wrong one."""
+        now = time.monotonic()
         try:
-            if self._synced_fd < 0:
-                self._synced_fd = os.open(
-                    self.path / SYNCED_FILE, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644
-                )
-            os.pwrite(self._synced_fd, _synced_record(self._db.latest_sequence_number()), 0)
-            now = time.monotonic()
-            if durable or now - self._mark_fsynced_at >= MARK_SYNC_INTERVAL:
-                os.fdatasync(self._synced_fd)
-                if not self._mark_entry_synced:  # once per open: the file may be new
-                    sync_directory(self.path)
-                    self._mark_entry_synced = True
-                self._mark_fsynced_at = now
+            os.fdatasync(self._synced_fd)
+            if not self._mark_entry_synced:  # once per open: the file may be new
+                sync_directory(self.path)
+                self._mark_entry_synced = True
         except OSError:
-            pass
+            return
+        self._mark_fsynced_at = now
+
+    def _deferred_mark_sync(self) -> None:
+        """The timer's run: sync the mark the writes since its last fsync left unsynced
+        (unless close() came first: it syncs the mark itself and closes the file)."""
+        with self._mark_lock:
+            self._mark_timer = None
+            if self._synced_fd >= 0:
+                self._fsync_mark()
+
+    def _stop_mark_timer(self) -> None:
+        """Stop a pending deferred sync (close: the mark is synced there, durably)."""
+        with self._mark_lock:
+            timer, self._mark_timer = self._mark_timer, None
+        if timer is not None:
+            timer.cancel()
 
     def _stat_directory(self) -> os.stat_result | None:
         """The database directory's stat, or None when it does not exist yet (created at
@@ -2081,10 +2123,12 @@ class Store:
                     except Exception as exc:
                         failure = failure or exc
             finally:
-                if self._synced_fd >= 0:
-                    with contextlib.suppress(OSError):
-                        os.close(self._synced_fd)
-                    self._synced_fd = -1
+                self._stop_mark_timer()
+                with self._mark_lock:
+                    if self._synced_fd >= 0:
+                        with contextlib.suppress(OSError):
+                            os.close(self._synced_fd)
+                        self._synced_fd = -1
                 self._release_lock()
                 self._remove_shadow()
         return None if failure is None else str(failure)
@@ -2119,6 +2163,8 @@ class Store:
         destructors wait for threads this process does not have (a hang, or a crash, at
         the child's exit even if it never used the queue)."""
         self._forked = True
+        # The parent's timer thread is not here, and may have held the lock at the fork.
+        self._mark_lock, self._mark_timer = threading.Lock(), None
         self._dead = StorageError(
             self.path,
             "a call in a forked process",

@@ -331,12 +331,14 @@ def test_power_loss_checker_sees_a_lost_commit(shim: Path, tmp_path: Path) -> No
         _campaign(shim, tmp_path, 12, seed=1, unsynced=True)
 
 
-def _until_said(shim: Path, watch: Path, shadow: Path, script: str, word: str) -> list[str]:
-    """Run ``script`` with the recorder watching ``watch``; SIGKILL it once it printed a
-    line starting with ``word`` (the call before it returned), as a power loss would
-    stop the machine. The line's words."""
+def _until_said(
+    shim: Path, watch: Path, shadow: Path, script: str, word: str, *args: str
+) -> list[str]:
+    """Run ``script`` (with ``args`` after its two own) with the recorder watching
+    ``watch``; SIGKILL it once it printed a line starting with ``word`` (the call before
+    it returned), as a power loss would stop the machine. The line's words."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", script, str(HERE), str(watch)],
+        [sys.executable, "-c", script, str(HERE), str(watch), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=_env(shim, watch, shadow),
@@ -536,8 +538,9 @@ shard = ShardIdent(0, 0x8000_0000_0000_0000)
 queue = Queue.open(path, quiet_config(gc_enabled=False, sync_commits=True))
 clock = Clock()
 ends = []
+idle = sys.argv[3] == "idle"
 for seqno in (1, 2):
-    if seqno == 2:
+    if seqno == 2 and not idle:
         time.sleep(rocks.MARK_SYNC_INTERVAL + 0.1)  # the mark's last fsync is that old
     queue.apply_diff(make_diff(messages(clock, shard, 40)), block(shard, seqno), diff_hash(seqno))
     empty = QueueDiff(min_key=QueueKey.MIN, max_key=QueueKey.MIN)
@@ -545,25 +548,30 @@ for seqno in (1, 2):
     queue.commit_diff([top(MC, seqno), top(shard, seqno, seqno)])
     (log,) = sorted(path.glob("*.log"))
     ends.append(log.stat().st_size)
+if idle:  # the second commit came too soon to sync the mark: the queue then sits idle
+    time.sleep(rocks.MARK_SYNC_INTERVAL + 0.5)
 print("committed", queue._store._db.latest_sequence_number(), log.name, *ends, flush=True)
 time.sleep(600)
 """
 
 
+@pytest.mark.parametrize("timing", ["apart", "idle"])
 def test_the_mark_of_synced_writes_survives_a_power_loss(
-    shim: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    shim: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timing: str
 ) -> None:
-    """Two commits a second apart, then the power goes, then a storage fault garbles the
-    log between the two commits (inside its synced part). The mark of synced writes is
-    synced at most once a second, so the rebuilt disk's mark names the second commit,
-    and the open after the restart refuses the replay that would end before it. Before
-    the mark was synced only at close, the rebuilt disk had none: the open replayed the
-    log up to the damage and lost the second commit, which had returned, without a
-    word."""
+    """Two commits, then the power goes, then a storage fault garbles the log between
+    the two commits (inside its synced part). The mark of synced writes is synced at most
+    once a second: at the second commit when they are a second apart (``apart``), or by
+    the mark's timer a second after the first when the second comes at once and the queue
+    then sits idle (``idle``). Either way the rebuilt disk's mark names the second
+    commit, and the open after the restart refuses the replay that would end before it.
+    Before the mark was synced only at close, the rebuilt disk had none; before the timer,
+    an idle queue's mark named the first commit: either way the open replayed the log up
+    to the damage and lost the second commit, which had returned, without a word."""
     watch, shadow, after = tmp_path / "disk", tmp_path / "shadow", tmp_path / "after"
     watch.mkdir()
     shadow.mkdir()
-    said = _until_said(shim, watch, shadow, MARKED, "committed")
+    said = _until_said(shim, watch, shadow, MARKED, "committed", timing)
     sequence, log, first_end, second_end = int(said[1]), said[2], int(said[3]), int(said[4])
     _after_power_loss(watch, shadow, after)
     db = after / "db"

@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import types
 from pathlib import Path
 from typing import Any
@@ -532,3 +533,71 @@ def test_a_close_whose_log_sync_fails_leaves_the_mark_as_it_was(tmp_path: Path) 
     store._db = _FailingSync(store._db)
     q.close()
     assert read_synced_mark(db) == mark
+
+
+def _mark_timers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "imq-mark-sync"]
+
+
+def test_a_mark_written_too_soon_to_sync_is_synced_by_one_timer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Synced commits within a second of the mark's last fsync leave it to a timer: one
+    thread for them all, which syncs the mark once that second has passed (what a queue
+    left idle after a burst of commits needs: the power-loss test shows the disk), and
+    which close() stops."""
+    monkeypatch.setattr(rocks, "MARK_SYNC_INTERVAL", 0.5)
+    synced: list[int] = []
+    real = os.fdatasync
+    q = Queue.open(tmp_path / "db", quiet_config(sync_commits=True))
+    store = q._store
+
+    def fdatasync(fd: int) -> None:
+        if fd == store._synced_fd:
+            synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    try:
+        assert _mark_timers() == []
+        chain = Chain(q)
+        _commit_rounds(q, chain, range(1, 2))  # the first mark: synced at once
+        assert len(synced) == 1 and _mark_timers() == []
+        _commit_rounds(q, chain, range(2, 6))  # too soon: one timer takes them all
+        assert len(synced) == 1 and len(_mark_timers()) == 1
+        (timer,) = _mark_timers()
+        timer.join(5)
+        assert not timer.is_alive()
+        assert len(synced) == 2  # the timer's
+        # Another burst, then close: the pending timer is stopped, close syncs the mark.
+        _commit_rounds(q, chain, range(6, 8))
+        (timer,) = _mark_timers()
+        latest = store._db.latest_sequence_number()
+    finally:
+        q.close()
+    timer.join(5)
+    assert not timer.is_alive() and _mark_timers() == []
+    assert len(synced) == 3  # close's, not the timer's as well
+    assert read_synced_mark(tmp_path / "db") == latest
+
+
+def test_a_commit_whose_mark_timer_cannot_start_still_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No thread to be had (an interpreter exiting, a process at its thread limit): the
+    commit, already synced, returns; the mark waits for a later write or close."""
+    q = Queue.open(tmp_path / "db", quiet_config(sync_commits=True))
+    chain = Chain(q)
+    _commit_rounds(q, chain, range(1, 2))
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Timer, "start", refuse)
+    try:
+        _commit_rounds(q, chain, range(2, 4))
+        assert _mark_timers() == [] and q._store._mark_timer is None
+        latest = q._store._db.latest_sequence_number()
+    finally:
+        q.close()
+    assert read_synced_mark(tmp_path / "db") == latest
