@@ -65,7 +65,7 @@ from operator import and_, eq, rshift
 from types import TracebackType
 from typing import Any, NoReturn, cast
 
-from imq._native import pure_python_requested
+from imq._native import speedups
 from imq.errors import CorruptDataError, ImqError, QueueClosedError
 from imq.storage import SnapshotProtocol as Snapshot
 from imq.storage import codec
@@ -778,22 +778,9 @@ def _corrupt(keys: Sequence[bytes], values: Sequence[bytes]) -> NoReturn:
     raise CorruptDataError("messages", keys[0], "undecodable message rows")
 
 
-def _compiled() -> Any:
-    """``imq._speedups`` when it was built (and not disabled with ``IMQ_PURE_PYTHON=1``)."""
-    if pure_python_requested():
-        return None
-    try:
-        from imq import _speedups  # noqa: PLC0415 -- optional, built only with a compiler
-    except ImportError:
-        return None
-    _speedups.init(IteratedMessage, Message, QueueKey, Address)
-    # QueueKey(lt, hash) and Message(key, src, dst, body) of the common types built in C;
-    # every other call still runs (and is checked by) the classes' Python __new__.
-    _speedups.set_constructors()
-    return _speedups
-
-
-_speedups_module = _compiled()
+# ``imq._speedups`` when it was built (and not disabled with ``IMQ_PURE_PYTHON=1``);
+# ``imq.types`` registered the value types with it and gave them its constructors.
+_speedups_module: Any = speedups
 
 
 def _c_decode(keys: list[bytes], values: list[bytes], shard: ShardIdent) -> list[IteratedMessage]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import gc
 import pickle
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -325,3 +326,23 @@ def test_a_class_changed_after_installation_is_called_as_python_would() -> None:
         assert Message(k, A, B, b"x") == (k, A, B, b"x")
     assert inits == [(k, A, B, b"x")]
     assert python_new_calls(lambda: Message(k, A, B)) == 0
+
+
+def test_the_types_alone_get_the_compiled_constructors() -> None:
+    """A host that imports only the value types (to build diffs before, or without,
+    loading the queue) gets the compiled constructors and deallocs too: ``imq.types``
+    registers them, not the iterator (before, they came with ``imq.iterator``, and a
+    bare import ran the Python ``__new__``, two to six times slower)."""
+    code = (
+        "import sys\n"
+        "from imq.types import Message, QueueKey\n"
+        "from imq._native import speedups\n"
+        "assert 'imq.iterator' not in sys.modules\n"
+        "assert speedups is not None\n"
+        # each switch answers whether it was on
+        "print(speedups.value_constructors(True), speedups.value_deallocs(True))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["True", "True"], done.stdout + done.stderr
