@@ -159,26 +159,33 @@ def import_lock_held(path: object) -> bool:
     """Whether an ``import_state`` (of any process, this one included) is writing into
     the queue in ``path`` now: it holds ``IMPORT_LOCK_FILE`` from before its marker is
     written until it finished or rolled back, or failed. False when that cannot be told
-    (see :func:`_flock_held`)."""
-    return isinstance(path, Path) and _flock_held(path / IMPORT_LOCK_FILE)
+    (see :func:`_flock_held`). A lock ``/proc/locks`` does not list is tried as well: it
+    lists only the holders in the reader's PID namespace, and an operator's ``imq
+    inspect`` in another container than the node's would take a running import for an
+    interrupted one (the import retries its lock past such a moment's probe)."""
+    return isinstance(path, Path) and _flock_held(path / IMPORT_LOCK_FILE, probe_unlisted=True)
 
 
-def _flock_held(file: Path) -> bool:
+def _flock_held(file: Path, *, probe_unlisted: bool = False) -> bool:
     """Whether a process holds a write ``flock`` on ``file`` now. Linux lists every lock
     in ``/proc/locks``, read without touching the lock (only the locks of processes in
-    the reader's PID namespace: a holder in another container is not seen); elsewhere a
-    shared lock is tried for a moment (a writer locking in that instant would fail)."""
+    the reader's PID namespace: a holder in another container is not seen); elsewhere,
+    or with ``probe_unlisted`` when the listing does not name one, a shared lock is tried
+    for a moment (a writer locking without retrying in that instant would fail)."""
     try:
         found = os.stat(file)
     except OSError:
         return False  # no lock file: nobody ever took it, or it cannot be seen
     try:
         with open("/proc/locks", encoding="ascii", errors="replace") as listing:
-            return _listed_flock(listing, found)
+            listed = _listed_flock(listing, found)
     except OSError:
         pass
+    else:
+        if listed or not probe_unlisted:
+            return listed
     try:
-        fd = os.open(file, os.O_RDONLY)
+        fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return False
     try:
@@ -190,6 +197,26 @@ def _flock_held(file: Path) -> bool:
     finally:
         os.close(fd)  # closing the descriptor releases a shared lock it took
     return False
+
+
+_LOCK_RETRY = 0.25  # seconds an import tries for its lock, past readers' probes
+
+
+def _flock_retrying(fd: int) -> None:
+    """Take an exclusive ``flock`` on ``fd``, trying again for ``_LOCK_RETRY`` seconds
+    while it is held: a reader's probe (:func:`_flock_held`) holds a shared lock for a
+    moment. ``BlockingIOError`` if it is still held then (a forked child of an earlier
+    import kept it)."""
+    deadline = time.monotonic() + _LOCK_RETRY
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.001)
+        else:
+            return
 
 
 def _listed_flock(listing: Iterable[str], lock: os.stat_result) -> bool:
@@ -2061,7 +2088,7 @@ class Store:
         fd = -1
         try:
             fd = os.open(self.path / IMPORT_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_retrying(fd)
         except OSError:
             if fd >= 0:
                 os.close(fd)

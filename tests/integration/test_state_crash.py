@@ -10,6 +10,7 @@ marker and warns ``import_incomplete``.
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import select
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +33,7 @@ from imq import BlockId, ImqError, Queue, ShardIdent
 from imq.cli import inspect as inspect_cli
 from imq.state import importer
 from imq.state.synth import SynthState, synth_state, write_synth_state
-from imq.storage import Table, codec
+from imq.storage import Table, codec, rocks
 from imq.verify import verify
 
 REPO = Path(__file__).resolve().parents[2]
@@ -367,6 +369,74 @@ def test_an_import_under_way_is_told_from_an_interrupted_one(
     (strays,) = [p for p in damage if "stored messages belong" in p]
     (now,) = [p for p in problems if "stored messages belong" in p]
     assert int(now.split()[0]) > int(strays.split()[0]) > 0, (strays, now)
+
+
+NAMESPACED = ["unshare", "--pid", "--fork", "--mount-proc"]  # a PID namespace of its own
+
+
+def _pid_namespaces() -> bool:
+    """Whether this machine lets the tests start a process in a PID namespace of its own
+    (root, or user namespaces allowed)."""
+    try:
+        done = subprocess.run(
+            [*NAMESPACED, "true"],
+            check=False,
+            capture_output=True,
+            timeout=30,
+        )
+    except OSError:
+        return False
+    return done.returncode == 0
+
+
+def test_an_import_under_way_is_seen_from_another_pid_namespace(
+    tmp_path: Path, db_path: Path, crash_state: Crash, children: list[Child]
+) -> None:
+    """An operator's `imq inspect` in another container than the node's (a sidecar: its
+    own PID namespace, the queue's directory shared). ``/proc/locks`` there lists no lock
+    of the node's processes, so the running import looked interrupted, with the advice
+    to roll it back; the import lock is now also tried when the listing does not name
+    it."""
+    if not _pid_namespaces():
+        pytest.skip("no PID namespace can be made here (needs root or user namespaces)")
+    build_prior(db_path)
+    child = start_child(tmp_path, db_path, crash_state, 20_000, hold=True)
+    children.append(child)
+    child.wait_for("started")  # its import lock held
+    block = str(crash_state.state.block_id)
+
+    def inspect_elsewhere() -> str:
+        done = subprocess.run(
+            [*NAMESPACED, sys.executable, "-m", "imq", "inspect", str(db_path)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    seen = inspect_elsewhere()
+    assert f"IMPORT UNDER WAY of block {block}" in seen, seen
+    assert "UNFINISHED IMPORT" not in seen
+    child.kill()
+    assert f"UNFINISHED IMPORT of block {block}" in inspect_elsewhere()
+
+
+def test_an_import_takes_its_lock_past_a_readers_probe(db_path: Path) -> None:
+    """A reader that cannot see the import lock listed probes it with a shared lock for a
+    moment; an import starting in that moment waits it out instead of writing unlocked
+    (which readers would take for an interrupted import)."""
+    with open_queue(db_path) as queue:
+        store = queue._store
+        with store.importing():
+            pass  # creates the lock file
+        probe = os.open(db_path / rocks.IMPORT_LOCK_FILE, os.O_RDONLY)
+        fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a reader's probe, held 50 ms
+        threading.Timer(0.05, os.close, (probe,)).start()
+        with store.importing():
+            assert rocks._flock_held(db_path / rocks.IMPORT_LOCK_FILE)  # listed: taken
+        assert not rocks.import_lock_held(db_path)
 
 
 def test_a_writer_that_is_not_importing_leaves_a_stale_marker_interrupted(
