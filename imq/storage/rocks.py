@@ -151,8 +151,10 @@ def _read_error(
 
 def writer_holds_lock(path: object) -> bool:
     """Whether a writer (of any process, this one included) holds the directory's lock
-    now; False when that cannot be told (see :func:`_flock_held`)."""
-    return isinstance(path, Path) and _flock_held(path / LOCK_FILE)
+    now; False when that cannot be told (see :func:`_flock_held`). Probed where
+    ``/proc/locks`` does not list it, as :func:`import_lock_held`: a writer in another
+    container is seen too."""
+    return isinstance(path, Path) and _flock_held(path / LOCK_FILE, probe_unlisted=True)
 
 
 def import_lock_held(path: object) -> bool:
@@ -199,15 +201,15 @@ def _flock_held(file: Path, *, probe_unlisted: bool = False) -> bool:
     return False
 
 
-_LOCK_RETRY = 0.25  # seconds an import tries for its lock, past readers' probes
+_IMPORT_LOCK_RETRY = 0.25  # seconds an import tries for its lock, past readers' probes
+_WRITER_LOCK_RETRY = 0.02  # seconds a writer's open does (a held lock: DatabaseLockedError)
 
 
-def _flock_retrying(fd: int) -> None:
-    """Take an exclusive ``flock`` on ``fd``, trying again for ``_LOCK_RETRY`` seconds
-    while it is held: a reader's probe (:func:`_flock_held`) holds a shared lock for a
-    moment. ``BlockingIOError`` if it is still held then (a forked child of an earlier
-    import kept it)."""
-    deadline = time.monotonic() + _LOCK_RETRY
+def _flock_retrying(fd: int, retry: float) -> None:
+    """Take an exclusive ``flock`` on ``fd``, trying again for ``retry`` seconds while it
+    is held: a reader's probe (:func:`_flock_held`) holds a shared lock for a moment.
+    ``BlockingIOError`` if it is still held then."""
+    deadline = time.monotonic() + retry
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -1469,7 +1471,7 @@ class Store:
     def _acquire_lock(self) -> int:
         fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_retrying(fd, _WRITER_LOCK_RETRY)
         except BlockingIOError:
             os.close(fd)
             raise DatabaseLockedError(
@@ -2088,7 +2090,7 @@ class Store:
         fd = -1
         try:
             fd = os.open(self.path / IMPORT_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            _flock_retrying(fd)
+            _flock_retrying(fd, _IMPORT_LOCK_RETRY)  # a forked child of an earlier one may keep it
         except OSError:
             if fd >= 0:
                 os.close(fd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import subprocess
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -345,3 +346,18 @@ def damage_largest_table_file(db: Path) -> Path:
         data[i] ^= 0xFF
     sst.write_bytes(bytes(data))
     return sst
+
+
+NAMESPACED = ["unshare", "--pid", "--fork", "--mount-proc"]
+"""A command prefix that runs a command in a PID namespace of its own, with its own
+``/proc`` (as a container beside the node's would see it)."""
+
+
+def pid_namespaces() -> bool:
+    """Whether this machine lets the tests start a process in a PID namespace of its own
+    (root, or user namespaces allowed)."""
+    try:
+        done = subprocess.run([*NAMESPACED, "true"], check=False, capture_output=True, timeout=30)
+    except OSError:
+        return False
+    return done.returncode == 0

@@ -6,6 +6,7 @@ whose files a live writer compacted away (reported as damage, ``imq verify`` inc
 
 from __future__ import annotations
 
+import fcntl
 import gc as gc_module
 import io
 import os
@@ -18,7 +19,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from builders import BASE, MC, Chain, damage_largest_table_file, full_range, quarter_shards
+from builders import (
+    BASE,
+    MC,
+    NAMESPACED,
+    Chain,
+    damage_largest_table_file,
+    full_range,
+    pid_namespaces,
+    quarter_shards,
+)
 
 import imq.verify
 from imq import (
@@ -286,9 +296,12 @@ def test_verify_opens_a_new_view_when_the_writer_outdated_one(
     assert "nothing was found wrong" in str(info.value)
 
 
-def test_the_writer_probe_reads_the_lock_without_taking_it(tmp_path: Path) -> None:
-    """Whether a writer holds the directory decides the read-only hint; telling it must
-    not take the lock even for a moment (a writer opening then would be refused)."""
+def test_the_writer_probe_reads_the_lock_without_taking_it_where_it_is_listed(
+    tmp_path: Path,
+) -> None:
+    """Whether a writer holds the directory decides the read-only hint; a lock that
+    ``/proc/locks`` lists is told without taking it (only an unlisted one is probed, see
+    the tests below)."""
     path = tmp_path / "db"
     assert not writer_holds_lock(path)  # nothing there
     with Queue.open(path, QueueConfig.testing()):
@@ -302,6 +315,49 @@ def test_the_writer_probe_reads_the_lock_without_taking_it(tmp_path: Path) -> No
     assert not _listed_flock([f"1: -> FLOCK  ADVISORY  WRITE 7 {where} 0 EOF\\n"], lock)
     assert not _listed_flock([f"1: POSIX  ADVISORY  WRITE 7 {where} 0 EOF\\n"], lock)
     assert not _listed_flock([f"1: FLOCK  ADVISORY  WRITE 7 {where}1 0 EOF\\n"], lock)
+
+
+def test_a_writer_opens_past_a_readers_probe_of_its_lock(tmp_path: Path) -> None:
+    """A reader probes an unlisted lock with a shared lock for a moment; a writer that
+    opens in that moment waits it out (before the probe existed, it was refused at
+    once: a false ``DatabaseLockedError``), and one that meets a writer's lock is still
+    refused."""
+    path = tmp_path / "db"
+    with Queue.open(path, QueueConfig.testing()):
+        pass
+    probe = os.open(path / "imq.lock", os.O_RDONLY)
+    fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    threading.Timer(0.005, os.close, (probe,)).start()
+    with Queue.open(path, QueueConfig.testing()), pytest.raises(DatabaseLockedError):
+        Queue.open(path, QueueConfig.testing())
+
+
+def test_a_writer_is_seen_from_another_pid_namespace(tmp_path: Path) -> None:
+    """A read-only view in another container than the writer's (its own PID namespace,
+    so ``/proc/locks`` lists none of the writer's locks) still tells that a writer holds
+    the directory: a file a compaction removed since the view opened is then reported
+    as that (open it again), not as the directory changed outside imq (restore it)."""
+    if not pid_namespaces():
+        pytest.skip("no PID namespace can be made here (needs root or user namespaces)")
+    path = tmp_path / "db"
+    code = (
+        "import sys; from pathlib import Path; from imq.storage.rocks import writer_holds_lock; "
+        "print(writer_holds_lock(Path(sys.argv[1])))"
+    )
+
+    def seen() -> str:
+        done = subprocess.run(
+            [*NAMESPACED, sys.executable, "-c", code, str(path)],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return done.stdout.strip()
+
+    with Queue.open(path, QueueConfig.testing()):
+        assert seen() == "True"
+    assert seen() == "False"
 
 
 def _fds() -> int:

@@ -26,7 +26,16 @@ from typing import Any
 from unittest import mock
 
 import pytest
-from builders import BASE, MC, Chain, dump, open_queue, shard_rows
+from builders import (
+    BASE,
+    MC,
+    NAMESPACED,
+    Chain,
+    dump,
+    open_queue,
+    pid_namespaces,
+    shard_rows,
+)
 from tycho_data import TYCHO
 
 from imq import BlockId, ImqError, Queue, ShardIdent
@@ -371,24 +380,6 @@ def test_an_import_under_way_is_told_from_an_interrupted_one(
     assert int(now.split()[0]) > int(strays.split()[0]) > 0, (strays, now)
 
 
-NAMESPACED = ["unshare", "--pid", "--fork", "--mount-proc"]  # a PID namespace of its own
-
-
-def _pid_namespaces() -> bool:
-    """Whether this machine lets the tests start a process in a PID namespace of its own
-    (root, or user namespaces allowed)."""
-    try:
-        done = subprocess.run(
-            [*NAMESPACED, "true"],
-            check=False,
-            capture_output=True,
-            timeout=30,
-        )
-    except OSError:
-        return False
-    return done.returncode == 0
-
-
 def test_an_import_under_way_is_seen_from_another_pid_namespace(
     tmp_path: Path, db_path: Path, crash_state: Crash, children: list[Child]
 ) -> None:
@@ -397,7 +388,7 @@ def test_an_import_under_way_is_seen_from_another_pid_namespace(
     of the node's processes, so the running import looked interrupted, with the advice
     to roll it back; the import lock is now also tried when the listing does not name
     it."""
-    if not _pid_namespaces():
+    if not pid_namespaces():
         pytest.skip("no PID namespace can be made here (needs root or user namespaces)")
     build_prior(db_path)
     child = start_child(tmp_path, db_path, crash_state, 20_000, hold=True)
