@@ -1201,6 +1201,7 @@ class Store:
         self._lock_fd = -1
         self._synced_fd = -1  # SYNCED_FILE, opened at the first synced write
         self._importing = 0  # imports of this handle inside importing()
+        self._import_lock_fds: set[int] = set()  # their IMPORT_LOCK_FILE descriptors
         self._mark_fsynced_at = -MARK_SYNC_INTERVAL  # monotonic time of its last fsync
         self._mark_entry_synced = False  # its name synced into the directory
         # The mark's deferred fsync: a mark written but not yet synced is synced by a timer
@@ -2086,22 +2087,29 @@ class Store:
         (:func:`import_lock_held`). Best effort: where the file cannot be created or
         locked, readers take the import for an interrupted one (their warning says to
         roll it back; nothing is hidden). Released in every case, a failed write's
-        included: a dead handle's marker stays for the next open to roll back."""
+        included: a dead handle's marker stays for the next open to roll back. Released
+        with ``LOCK_UN``, not only by closing the descriptor: a copy of it that a child
+        forked outside Python's fork hooks keeps (a C library's ``fork``) would keep the
+        lock held (a child forked by Python closes its copies, see
+        :meth:`_forked_into_child`)."""
         fd = -1
         try:
             fd = os.open(self.path / IMPORT_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            _flock_retrying(fd, _IMPORT_LOCK_RETRY)  # a forked child of an earlier one may keep it
+            _flock_retrying(fd, _IMPORT_LOCK_RETRY)
         except OSError:
             if fd >= 0:
                 os.close(fd)
             fd = -1
+        if fd >= 0:
+            self._import_lock_fds.add(fd)
         self._importing += 1
         try:
             yield
         finally:
             self._importing -= 1
             if fd >= 0:
-                os.close(fd)  # the last descriptor of the lock: releases it
+                self._import_lock_fds.discard(fd)
+                _unlock(fd)
 
     def close(self) -> str | None:
         """Close the database and release the directory (idempotent; never raises).
@@ -2194,6 +2202,13 @@ class Store:
         self._forked = True
         # The parent's timer thread is not here, and may have held the lock at the fork.
         self._mark_lock, self._mark_timer = threading.Lock(), None
+        # This process's copies of a running import's lock: closed (never unlocked, which
+        # would free the parent's lock), so that the lock goes with the parent's import,
+        # and with the parent if it dies, not with this child.
+        for fd in self._import_lock_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._import_lock_fds = set()
         self._dead = StorageError(
             self.path,
             "a call in a forked process",

@@ -361,3 +361,8 @@ def pid_namespaces() -> bool:
     except OSError:
         return False
     return done.returncode == 0
+
+
+FORK_WARNING = "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"
+"""The filter of Python 3.12+'s warning on forking a process with threads, for the
+tests whose fork is the point."""

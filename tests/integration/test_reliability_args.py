@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from builders import (
     BASE,
+    FORK_WARNING,
     MC,
     Chain,
     block_id,
@@ -88,12 +89,12 @@ def test_a_read_only_open_of_nothing_is_a_file_access_error(tmp_path: Path) -> N
     assert list(tmp_path.iterdir()) == []
 
 
-# RocksDB's threads run in this process: Python 3.12+ warns at every fork. Both forks are
-# meant (what the child does after it is the test) and the children end with os._exit.
-_FORK_WARNING = "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"
+# RocksDB's threads run in this process: Python 3.12+ warns at every fork (FORK_WARNING).
+# Both forks are meant (what the child does after it is the test) and the children end
+# with os._exit.
 
 
-@pytest.mark.filterwarnings(_FORK_WARNING)
+@pytest.mark.filterwarnings(FORK_WARNING)
 @pytest.mark.skipif(os.geteuid() != 0, reason="drops to another user, which needs root")
 def test_a_read_only_open_without_permission_is_a_file_access_error(tmp_path: Path) -> None:
     """The directory exists but this user may not enter it: a typed error, not a bare
@@ -176,7 +177,7 @@ def test_a_queue_dropped_without_close_frees_its_lock(tmp_path: Path, worker: bo
         assert again.get_last_applied_seqno(BASE) == 1
 
 
-@pytest.mark.filterwarnings(_FORK_WARNING)
+@pytest.mark.filterwarnings(FORK_WARNING)
 def test_a_forked_child_never_frees_its_parents_lock(tmp_path: Path) -> None:
     """A forked child inherits the lock's descriptor and the finalizer that frees it: run
     at the child's exit, it must not unlock the parent's database under the parent."""

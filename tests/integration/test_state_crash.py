@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from unittest import mock
 import pytest
 from builders import (
     BASE,
+    FORK_WARNING,
     MC,
     NAMESPACED,
     Chain,
@@ -428,6 +430,56 @@ def test_an_import_takes_its_lock_past_a_readers_probe(db_path: Path) -> None:
         with store.importing():
             assert rocks._flock_held(db_path / rocks.IMPORT_LOCK_FILE)  # listed: taken
         assert not rocks.import_lock_held(db_path)
+
+
+def _child_holds(pid: int, file: Path) -> bool:
+    """Whether process ``pid`` has a descriptor open on ``file``."""
+    fds = Path(f"/proc/{pid}/fd")
+    return any(os.path.realpath(fd) == str(file.resolve()) for fd in fds.iterdir())
+
+
+@pytest.mark.filterwarnings(FORK_WARNING)
+def test_a_child_forked_during_an_import_does_not_keep_its_lock(db_path: Path) -> None:
+    """A child forked while an import holds its lock shares the lock's descriptor. Its
+    copy is closed at the fork, and the import releases the lock with ``LOCK_UN``: once
+    the import is over, or its process gone, readers no longer see it under way while
+    the child lives (before, the child kept it held until it exited)."""
+    lock = db_path / rocks.IMPORT_LOCK_FILE
+    with open_queue(db_path) as queue:
+        with queue._store.importing():
+            ready, said = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child: its fork hooks have run; says so, sleeps until killed
+                try:
+                    os.write(said, b"!")
+                    time.sleep(60)
+                finally:
+                    os._exit(0)
+            os.close(said)
+            try:
+                assert os.read(ready, 1) == b"!"
+                assert rocks.import_lock_held(db_path)
+                assert not _child_holds(pid, lock)  # closed at the fork
+            except BaseException:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise
+            finally:
+                os.close(ready)
+        try:
+            assert not rocks.import_lock_held(db_path)  # over: released
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        # A copy the fork hook did not close (a C library's fork): LOCK_UN frees the lock
+        # all the same; closing the import's own descriptor alone would not.
+        with queue._store.importing():
+            (fd,) = queue._store._import_lock_fds
+            copy = os.dup(fd)
+        try:
+            assert not rocks.import_lock_held(db_path)
+        finally:
+            os.close(copy)
 
 
 def test_a_writer_that_is_not_importing_leaves_a_stale_marker_interrupted(
