@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
-from imq.cli.common import Heartbeat, path_arg
+from imq.cli.common import Heartbeat, database_dir, path_arg
 from imq.verify import verify
 
 __all__ = ["register", "run"]
@@ -40,6 +40,7 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
+    database_dir(args.db)  # named as inspect, gc and compact name it
     with Heartbeat("verify", enabled=not args.no_progress) as beat:
         beat.update(f"reading and cross-checking {args.db}")
         report = verify(

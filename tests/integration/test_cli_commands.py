@@ -482,3 +482,21 @@ def test_dump_diff_of_a_state_shows_its_progress(
     assert "4300 messages checked" in out.getvalue()
     state_cli.dump_diff(SHARD_BIN, as_json=False, out=io.StringIO(), progress=False)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("command", ["inspect", "verify", "gc", "compact"])
+def test_every_reader_names_a_missing_or_empty_database_alike(
+    imq: Imq, tmp_path: Path, command: str
+) -> None:
+    """One wording for a path that holds no queue (a helper found `verify` saying it
+    differently, through the read-only open's error, from `inspect`, `gc` and `compact`)."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for path, why in (
+        (tmp_path / "nothing", "the path does not exist"),
+        (empty, "the directory holds no database"),
+    ):
+        run = imq(command, path)
+        assert run.code == 1
+        assert run.err.strip().splitlines() == [f"imq: error: no queue database at {path}: {why}"]
+    assert sorted(tmp_path.iterdir()) == [empty] and list(empty.iterdir()) == []
