@@ -188,7 +188,9 @@ class QueueReads:
         marker is written until it has finished or rolled back, or failed). What a read
         sees meanwhile is the batches written so far; read again once the import has
         returned. ``False`` without an unfinished import, and where the lock cannot be
-        seen (a process in another PID namespace): then the import looks interrupted."""
+        seen (a reader not allowed to open ``imq.importing``, a network file system
+        that does not share ``flock``): then the import looks interrupted. A holder in
+        another PID namespace (another container) is seen."""
         self._check_open()
         return self._import_state()[1]
 

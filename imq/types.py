@@ -654,7 +654,7 @@ if speedups is not None:
     # The value types' compiled constructors (QueueKey(lt, hash), QueueKey.from_bytes,
     # Message(...) of the common types) and deallocs, from the first import of this
     # module: a host that builds diffs before it loads the queue (or never does) gets them
-    # too. Measured: QueueKey.from_bytes 109 against 627 ns, QueueKey(lt, hash) 86 against
-    # 219 ns. Every other call still runs (and is checked by) the Python __new__.
+    # too. Measured: QueueKey.from_bytes 108 against 627-656 ns, QueueKey(lt, hash) 68-86
+    # against 219-234 ns. Every other call still runs (and is checked by) the Python __new__.
     speedups.init(IteratedMessage, Message, QueueKey, Address)
     speedups.set_constructors()

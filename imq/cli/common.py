@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any, Protocol, TextIO
 
 from imq.config import QueueConfig
-from imq.errors import ImqError, StorageError
+from imq.errors import FileAccessError, ImqError, StorageError
 from imq.queue import Queue
 from imq.state.block import parse_block_id_name
 from imq.storage.rocks import holds_database_files, wipe_database
@@ -150,14 +150,18 @@ def _check_current_not_lost(path: Path) -> None:
 
 
 def database_dir(path: Path) -> Path:
-    """An existing queue database directory, or one clear :class:`PathError`."""
-    if not path.exists():
-        raise PathError(f"no queue database at {path}: the path does not exist")
-    if not path.is_dir():
-        raise PathError(f"no queue database at {path}: it is a file, not a directory")
-    if not _holds_database(path):
-        _check_current_not_lost(path)
-        raise PathError(f"no queue database at {path}: the directory holds no database")
+    """An existing queue database directory, or one clear :class:`PathError` (or
+    :class:`FileAccessError` where this user may not look into it)."""
+    try:
+        if not path.exists():
+            raise PathError(f"no queue database at {path}: the path does not exist")
+        if not path.is_dir():
+            raise PathError(f"no queue database at {path}: it is a file, not a directory")
+        if not _holds_database(path):
+            _check_current_not_lost(path)
+            raise PathError(f"no queue database at {path}: the directory holds no database")
+    except PermissionError as exc:
+        raise FileAccessError(path, "open queue database", exc) from None
     return path
 
 

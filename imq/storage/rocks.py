@@ -192,24 +192,29 @@ def _flock_held(file: Path, *, probe_unlisted: bool = False) -> bool:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        # Unlocked before the close: a child forked meanwhile would keep a copy of the
+        # descriptor, and with it the lock, for its whole life.
+        fcntl.flock(fd, fcntl.LOCK_UN)
     except BlockingIOError:
         return True
     except OSError:
         return False
     finally:
-        os.close(fd)  # closing the descriptor releases a shared lock it took
+        os.close(fd)
     return False
 
 
-_IMPORT_LOCK_RETRY = 0.25  # seconds an import tries for its lock, past readers' probes
-_WRITER_LOCK_RETRY = 0.02  # seconds a writer's open does (a held lock: DatabaseLockedError)
+# Seconds an import, and a writer's open, try for their lock past a reader's probe of it
+# (a moment's shared lock, which a descheduled reader can stretch to tens of ms on a
+# loaded machine); a lock still held then is another writer's: DatabaseLockedError.
+_LOCK_RETRY = 0.25
 
 
-def _flock_retrying(fd: int, retry: float) -> None:
-    """Take an exclusive ``flock`` on ``fd``, trying again for ``retry`` seconds while it
-    is held: a reader's probe (:func:`_flock_held`) holds a shared lock for a moment.
-    ``BlockingIOError`` if it is still held then."""
-    deadline = time.monotonic() + retry
+def _flock_retrying(fd: int) -> None:
+    """Take an exclusive ``flock`` on ``fd``, trying again for ``_LOCK_RETRY`` seconds
+    while it is held: a reader's probe (:func:`_flock_held`) holds a shared lock for a
+    moment. ``BlockingIOError`` if it is still held then."""
+    deadline = time.monotonic() + _LOCK_RETRY
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -970,6 +975,13 @@ def _synced() -> WriteOptions:
 _OPEN_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
 
 
+def _deferred_mark_sync(ref: weakref.ref[Store]) -> None:
+    """The mark's timer: sync it if its store is still there (:meth:`Store._mark_synced`)."""
+    store = ref()
+    if store is not None:
+        store._deferred_mark_sync()
+
+
 def _after_fork_in_child() -> None:
     for store in list(_OPEN_STORES):
         if not store.closed:
@@ -1210,6 +1222,7 @@ class Store:
         # descriptor and the timer against close().
         self._mark_lock = threading.Lock()
         self._mark_timer: threading.Timer | None = None
+        self._mark_dirty = False  # written since its last fsync
         self._shadow: shadow.Shadow | None = None  # a read-only open of an unwritable directory
         if read_only:
             self._check_database_exists()
@@ -1411,11 +1424,19 @@ class Store:
                 os.pwrite(self._synced_fd, _synced_record(self._db.latest_sequence_number()), 0)
             except OSError:
                 return
+            self._mark_dirty = True
             wait = MARK_SYNC_INTERVAL - (time.monotonic() - self._mark_fsynced_at)
             if durable or wait <= 0:
                 self._fsync_mark()
-            elif self._mark_timer is None:
-                timer = threading.Timer(wait, self._deferred_mark_sync)
+                if self._mark_timer is not None:  # due now too: it would sync again at once
+                    self._mark_timer.cancel()
+                    self._mark_timer = None
+            elif self._mark_timer is None and not self._closed:
+                # The timer holds the store weakly: a queue dropped without close() is
+                # collected (and its lock freed) as before, not kept until the timer runs.
+                # Its fsync holds the mark's lock, which a synced write (under the gate)
+                # then waits for: one fsync of 16 bytes, at most once a second.
+                timer = threading.Timer(wait, _deferred_mark_sync, (weakref.ref(self),))
                 timer.name, timer.daemon = "imq-mark-sync", True
                 try:
                     timer.start()
@@ -1434,14 +1455,15 @@ class Store:
                 self._mark_entry_synced = True
         except OSError:
             return
-        self._mark_fsynced_at = now
+        self._mark_fsynced_at, self._mark_dirty = now, False
 
     def _deferred_mark_sync(self) -> None:
-        """The timer's run: sync the mark the writes since its last fsync left unsynced
-        (unless close() came first: it syncs the mark itself and closes the file)."""
+        """The timer's run: sync the mark if a write since its last fsync left it unsynced
+        (not if a synced write or close() synced it meanwhile, nor once the file is
+        closed)."""
         with self._mark_lock:
             self._mark_timer = None
-            if self._synced_fd >= 0:
+            if self._synced_fd >= 0 and self._mark_dirty:
                 self._fsync_mark()
 
     def _stop_mark_timer(self) -> None:
@@ -1472,12 +1494,15 @@ class Store:
     def _acquire_lock(self) -> int:
         fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            _flock_retrying(fd, _WRITER_LOCK_RETRY)
+            _flock_retrying(fd)
         except BlockingIOError:
             os.close(fd)
             raise DatabaseLockedError(
                 f"queue database {self.path} is already open (in this or another process)"
             ) from None
+        except BaseException:  # an interrupt during the retry: the lock, if taken, goes
+            _unlock(fd)
+            raise
         # A store dropped without close() (a REPL, a test, an error path that skipped
         # ``with``) still frees its lock when it is collected, as RocksDB's own is freed:
         # else the directory stays locked for the rest of the process.
@@ -2095,19 +2120,23 @@ class Store:
         fd = -1
         try:
             fd = os.open(self.path / IMPORT_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            _flock_retrying(fd, _IMPORT_LOCK_RETRY)
-        except OSError:
+            self._import_lock_fds.add(fd)  # before the lock: a fork now closes its copy too
+            _flock_retrying(fd)
+        except BaseException as exc:  # an interrupt must not leave the lock taken
             if fd >= 0:
-                os.close(fd)
+                self._import_lock_fds.discard(fd)
+                _unlock(fd)
+            if not isinstance(exc, OSError):
+                raise
             fd = -1
-        if fd >= 0:
-            self._import_lock_fds.add(fd)
         self._importing += 1
         try:
             yield
         finally:
             self._importing -= 1
-            if fd >= 0:
+            # Not in the set: this is a child forked inside the import, which closed its
+            # copy at the fork (the number may name another file of the child's by now).
+            if fd in self._import_lock_fds:
                 self._import_lock_fds.discard(fd)
                 _unlock(fd)
 
@@ -2128,6 +2157,7 @@ class Store:
             if self._closed:
                 return None
             self._closed = True
+            self._stop_mark_timer()  # the close syncs the mark itself, below
             self._forget_memory()
             self._compactions.wait_for_others()  # none can start now
             if not self._views.wait_for_others(_VIEW_WAIT):  # nor a view
@@ -2160,7 +2190,6 @@ class Store:
                     except Exception as exc:
                         failure = failure or exc
             finally:
-                self._stop_mark_timer()
                 with self._mark_lock:
                     if self._synced_fd >= 0:
                         with contextlib.suppress(OSError):

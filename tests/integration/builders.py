@@ -348,14 +348,15 @@ def damage_largest_table_file(db: Path) -> Path:
     return sst
 
 
-NAMESPACED = ["unshare", "--pid", "--fork", "--mount-proc"]
+NAMESPACED = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]
 """A command prefix that runs a command in a PID namespace of its own, with its own
-``/proc`` (as a container beside the node's would see it)."""
+``/proc`` (as a container beside the node's would see it); through a user namespace, so
+that no root is needed where the kernel allows unprivileged user namespaces."""
 
 
 def pid_namespaces() -> bool:
     """Whether this machine lets the tests start a process in a PID namespace of its own
-    (root, or user namespaces allowed)."""
+    (user namespaces allowed)."""
     try:
         done = subprocess.run([*NAMESPACED, "true"], check=False, capture_output=True, timeout=30)
     except OSError:

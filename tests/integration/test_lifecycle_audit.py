@@ -297,7 +297,7 @@ def test_verify_opens_a_new_view_when_the_writer_outdated_one(
 
 
 def test_the_writer_probe_reads_the_lock_without_taking_it_where_it_is_listed(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whether a writer holds the directory decides the read-only hint; a lock that
     ``/proc/locks`` lists is told without taking it (only an unlisted one is probed, see
@@ -305,9 +305,19 @@ def test_the_writer_probe_reads_the_lock_without_taking_it_where_it_is_listed(
     path = tmp_path / "db"
     assert not writer_holds_lock(path)  # nothing there
     with Queue.open(path, QueueConfig.testing()):
+        probes: list[int] = []
+        real = fcntl.flock
+
+        def flock(fd: int, operation: int) -> None:
+            probes.append(operation)
+            real(fd, operation)
+
+        monkeypatch.setattr(fcntl, "flock", flock)
         assert writer_holds_lock(path)
         with Queue.open(path, QueueConfig.testing(), read_only=True):
             assert writer_holds_lock(path)
+        assert probes == []  # listed: no lock tried
+        monkeypatch.undo()
     assert not writer_holds_lock(path)
     lock = os.stat(path / "imq.lock")
     where = f"{os.major(lock.st_dev):02x}:{os.minor(lock.st_dev):02x}:{lock.st_ino}"

@@ -549,7 +549,10 @@ for seqno in (1, 2):
     (log,) = sorted(path.glob("*.log"))
     ends.append(log.stat().st_size)
 if idle:  # the second commit came too soon to sync the mark: the queue then sits idle
-    time.sleep(rocks.MARK_SYNC_INTERVAL + 0.5)
+    timer = queue._store._mark_timer
+    assert timer is not None, "the second commit's mark was synced at once"
+    timer.join(60)  # until the timer has run (its fsync is what the test is about)
+    assert not timer.is_alive()
 print("committed", queue._store._db.latest_sequence_number(), log.name, *ends, flush=True)
 time.sleep(600)
 """

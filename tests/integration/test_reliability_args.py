@@ -49,6 +49,7 @@ from imq import (
     ShardIdent,
     StartupError,
 )
+from imq.cli.common import database_dir
 from imq.errors import ConfigError, QueueClosedError
 from imq.state.synth import synth_state, write_synth_state
 from imq.storage import rocks, shadow
@@ -98,8 +99,9 @@ def test_a_read_only_open_of_nothing_is_a_file_access_error(tmp_path: Path) -> N
 @pytest.mark.skipif(os.geteuid() != 0, reason="drops to another user, which needs root")
 def test_a_read_only_open_without_permission_is_a_file_access_error(tmp_path: Path) -> None:
     """The directory exists but this user may not enter it: a typed error, not a bare
-    ``PermissionError``. A forked child turns into the unprivileged user ``nobody`` and
-    reports what each open raised."""
+    ``PermissionError``, from the queue's opens and from the CLI's check of the path
+    (which raised a bare ``PermissionError`` once `imq verify` used it). A forked child
+    turns into the unprivileged user ``nobody`` and reports what each raised."""
     db = tmp_path / "db"
     open_queue(db).close()
     tmp_path.chmod(0o755)
@@ -113,9 +115,14 @@ def test_a_read_only_open_without_permission_is_a_file_access_error(tmp_path: Pa
             os.setgid(65534)
             os.setuid(65534)
             seen = []
-            for read_only in (False, True):
+            opens: list[Callable[[], object]] = [
+                lambda: Queue.open(db),
+                lambda: Queue.open(db, read_only=True),
+                lambda: database_dir(db),  # the CLI's check before inspect, verify, gc...
+            ]
+            for attempt in opens:
                 try:
-                    Queue.open(db, read_only=read_only)
+                    attempt()
                 except FileAccessError as exc:
                     seen.append(f"{exc.errno} {'permissions' in str(exc)}")
                 except BaseException as exc:
@@ -128,7 +135,7 @@ def test_a_read_only_open_without_permission_is_a_file_access_error(tmp_path: Pa
     assert _exit_code(pid) == 0  # the report fits the pipe: the child never blocks on it
     with os.fdopen(read, "rb") as pipe:
         report = pipe.read().decode()
-    assert report == "13 True;13 True"
+    assert report == "13 True;13 True;13 True"
 
 
 def _exit_code(pid: int, timeout: float = 60.0) -> int:
@@ -154,15 +161,30 @@ def _names(fd: str, name: str) -> bool:
         return False
 
 
+def _two_commits(queue: Queue) -> None:
+    """Two rounds of a shard's diff and a commit, in a row (no reference kept)."""
+    chain = Chain(queue)
+    for mc_seqno in (1, 2):
+        top = chain.apply(BASE)
+        mc = chain.apply(MC, 0, seqno=mc_seqno)
+        assert queue.commit_diff([mc.top(), top.top(mc_seqno)])
+
+
+@pytest.mark.parametrize("synced", [False, True], ids=["unsynced", "synced-commits"])
 @pytest.mark.parametrize("worker", [False, True], ids=["no-gc-worker", "gc-worker"])
-def test_a_queue_dropped_without_close_frees_its_lock(tmp_path: Path, worker: bool) -> None:
+def test_a_queue_dropped_without_close_frees_its_lock(
+    tmp_path: Path, worker: bool, synced: bool
+) -> None:
     """Forgetting ``close()`` (a REPL, a test, an error path) must not leave the directory
     locked for the rest of the process: collecting the queue frees the lock. With the GC
     worker on (the default), whose thread holds the store, collecting the queue stops the
-    thread, which then lets the store go."""
+    thread, which then lets the store go. With synced commits (the default) two commits in
+    a row leave the mark of synced writes to its timer, which holds the store weakly (a
+    review found it kept the store, and the lock, until it ran)."""
     db = tmp_path / "db"
-    queue = Queue.open(db, quiet_config(gc_enabled=worker, gc_interval=0.01))
-    Chain(queue).apply(BASE)
+    queue = Queue.open(db, quiet_config(gc_enabled=worker, gc_interval=0.01, sync_commits=synced))
+    _two_commits(queue)
+    assert (queue._store._mark_timer is not None) == synced  # the second one's mark: pending
     thread = next((t for t in threading.enumerate() if t.name == "imq-gc"), None)
     assert (thread is not None) == worker
     del queue
@@ -174,7 +196,7 @@ def test_a_queue_dropped_without_close_frees_its_lock(tmp_path: Path, worker: bo
         gc.collect()
     assert not [fd for fd in os.listdir("/proc/self/fd") if _names(fd, "imq.lock")]
     with open_queue(db) as again:
-        assert again.get_last_applied_seqno(BASE) == 1
+        assert again.get_last_applied_seqno(BASE) == 2
 
 
 @pytest.mark.filterwarnings(FORK_WARNING)

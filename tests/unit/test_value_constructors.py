@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import copy
 import gc
+import os
 import pickle
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -342,7 +344,14 @@ def test_the_types_alone_get_the_compiled_constructors() -> None:
         # each switch answers whether it was on
         "print(speedups.value_constructors(True), speedups.value_deallocs(True))\n"
     )
+    root = str(Path(__file__).resolve().parents[2])  # this tree's imq, not an installed one
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=env,
     )
     assert done.stdout.split() == ["True", "True"], done.stdout + done.stderr
