@@ -860,7 +860,7 @@ def wipe_database(path: Path) -> None:
         raise FileAccessError(lock, "open the lock of queue database", exc) from exc
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_retrying(fd)
         except BlockingIOError:
             raise DatabaseLockedError(
                 f"queue database {path} is already open (in this or another process); "
@@ -2238,6 +2238,9 @@ class Store:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._import_lock_fds = set()
+        # The same for the directory's lock: a child that outlives a parent killed without
+        # a close (the OOM killer) would keep it, and the restarted writer be refused.
+        self._release_lock(unlock=False)
         self._dead = StorageError(
             self.path,
             "a call in a forked process",

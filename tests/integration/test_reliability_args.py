@@ -3,6 +3,7 @@ the database unchanged."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import gc
@@ -223,6 +224,46 @@ def test_a_forked_child_never_frees_its_parents_lock(tmp_path: Path) -> None:
             os.close(other)
     finally:
         queue.close()
+
+
+ORPHANING = """
+import os, sys, time
+from imq import Queue, QueueConfig
+queue = Queue.open(sys.argv[1], QueueConfig.testing())
+pid = os.fork()
+if pid == 0:  # a worker forked by the node (multiprocessing's default on Linux)
+    time.sleep(120)
+    os._exit(0)
+print(pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_forked_child_does_not_keep_a_killed_writers_lock(tmp_path: Path) -> None:
+    """A worker the writer forked outlives the writer, killed without a close (the OOM
+    killer): the restarted writer opens the queue. Before, the child's copy of the lock's
+    descriptor kept the lock held until the child exited, so the restart was refused
+    with ``DatabaseLockedError`` naming no live writer (an outside audit)."""
+    db = tmp_path / "db"
+    open_queue(db).close()
+    writer = subprocess.Popen(
+        [sys.executable, "-c", ORPHANING, str(db)], stdout=subprocess.PIPE, text=True
+    )
+    assert writer.stdout is not None
+    child = 0
+    try:
+        child = int(writer.stdout.readline())
+        writer.kill()
+        writer.wait(60)
+        with open_queue(db) as again:  # the child lives on
+            assert again.get_last_applied_seqno(BASE) is None
+            os.kill(child, 0)  # still there
+    finally:
+        writer.kill()
+        writer.wait(60)
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
 
 
 def test_a_gc_interval_past_what_a_thread_can_wait_is_refused() -> None:

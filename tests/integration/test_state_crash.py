@@ -40,11 +40,12 @@ from builders import (
 )
 from tycho_data import TYCHO
 
-from imq import BlockId, ImqError, Queue, ShardIdent
+from imq import BlockId, ImqError, Queue, ShardIdent, queue_reads
+from imq import verify as verify_module
 from imq.cli import inspect as inspect_cli
 from imq.state import importer
 from imq.state.synth import SynthState, synth_state, write_synth_state
-from imq.storage import Table, codec, rocks
+from imq.storage import Table, codec, ops, rocks
 from imq.verify import verify
 
 REPO = Path(__file__).resolve().parents[2]
@@ -480,6 +481,48 @@ def test_a_child_forked_during_an_import_does_not_keep_its_lock(db_path: Path) -
             assert not rocks.import_lock_held(db_path)
         finally:
             os.close(copy)
+
+
+def test_an_import_that_ends_between_the_two_looks_is_not_called_interrupted(
+    tmp_path: Path, db_path: Path, crash_state: Crash, children: list[Child]
+) -> None:
+    """The import lock is looked at before the marker is read (``import_running()``) or
+    the view opens (``verify``), and after: an import under way at the read that ends
+    right after it is not reported as interrupted (an outside audit: the lock was looked
+    at after the read only). Simulated: the lock is seen held until the read, then not."""
+    build_prior(db_path)
+    child = start_child(tmp_path, db_path, crash_state, 20_000, hold=True)
+    children.append(child)
+    child.wait_for("started")
+    child.kill()  # the marker stays; whether it is under way is what the lock says
+    ended = [False]
+
+    def held(_path: object) -> bool:
+        return not ended[0]
+
+    def ending(read: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = read(*args, **kwargs)
+            ended[0] = True  # the import ends right after the read
+            return result
+
+        return call
+
+    with Queue.open(db_path, read_only=True) as viewer:
+        with (
+            mock.patch.object(queue_reads, "import_lock_held", held),
+            mock.patch.object(ops, "read_import_marker", ending(ops.read_import_marker)),
+        ):
+            assert viewer.import_running()
+        assert not viewer.import_running()  # really not held: interrupted
+    ended[0] = False
+    with (
+        mock.patch.object(verify_module, "import_lock_held", held),
+        mock.patch.object(verify_module, "_open", ending(verify_module._open)),
+    ):
+        report = verify(db_path)
+    assert report.notes[0].startswith("an import of block"), report.notes
+    assert "is under way" in report.notes[0], report.notes
 
 
 def test_a_writer_that_is_not_importing_leaves_a_stale_marker_interrupted(
