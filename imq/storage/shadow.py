@@ -37,14 +37,23 @@ ROCKSDICT_CONFIG = "rocksdict-config.json"
 
 def writable_for_rocksdict(path: Path) -> bool:
     """Whether rocksdict can write its config file into ``path`` at an open (it does at
-    every open, read-only ones too): the directory, and the file where it exists, are
-    writable for this process's effective user (``False`` on a read-only mount, for root
-    too)."""
+    every open, read-only ones too): the directory is writable for this process's
+    effective user (``False`` on a read-only mount, for root too), and the file, where it
+    exists, opens for writing. That open is tried, not asked of ``access()``, whose
+    answer a security module (AppArmor, Landlock, SELinux) does not change: a confined
+    operator's tool was told "writable", and its open then failed on rocksdict's write.
+    Opening for writing without truncating changes nothing in the file."""
     effective = os.access in os.supports_effective_ids
     if not os.access(path, os.W_OK, effective_ids=effective):
         return False
-    config = path / ROCKSDICT_CONFIG
-    return not config.exists() or os.access(config, os.W_OK, effective_ids=effective)
+    try:
+        fd = os.open(path / ROCKSDICT_CONFIG, os.O_WRONLY | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        return True  # created at the open: the directory's permission decides
+    except OSError:
+        return False
+    os.close(fd)
+    return True
 
 
 _SHADOW_PREFIX = "imq-read-only-"

@@ -214,24 +214,78 @@ def test_an_unwritable_config_file_means_an_open_through_links(
 ) -> None:
     """rocksdict writes its config file at every open, read-only ones too: a directory
     this user may write whose ``rocksdict-config.json`` it may not (another user's file)
-    is opened through links as well. As root ``os.access`` allows everything, so the
+    is opened through links as well. As root every open for writing is allowed, so the
     refusal is faked for that file alone; with no file, the directory decides."""
     db = tmp_path / "db"
     Queue.open(db, quiet_config()).close()
     config = db / shadow.ROCKSDICT_CONFIG
     assert config.exists()
     assert shadow.writable_for_rocksdict(db) is True
-    real = os.access
+    real = os.open
 
-    def access(path: Any, mode: int, **kwargs: Any) -> bool:
-        if Path(path) == config and mode & os.W_OK:
-            return False
-        return real(path, mode, **kwargs)
+    def refusing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if Path(path) == config and config.exists() and flags & (os.O_WRONLY | os.O_RDWR):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr(shadow.os, "access", access)
+    monkeypatch.setattr(shadow.os, "open", refusing)
     assert shadow.writable_for_rocksdict(db) is False
     config.unlink()
     assert shadow.writable_for_rocksdict(db) is True
+
+
+LANDLOCKED = """
+import ctypes, os, struct, sys, tempfile
+from pathlib import Path
+from imq import Queue
+libc = ctypes.CDLL(None, use_errno=True)
+CREATE, ADD_RULE, RESTRICT = 444, 445, 446  # the landlock syscalls (x86-64, arm64 alike)
+abi = libc.syscall(CREATE, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
+if abi < 1:
+    print("unsupported"); sys.exit(0)
+# every write right Landlock knows: write_file, remove_*, make_*, (truncate from ABI 3)
+writes = sum(1 << b for b in (1, 4, 5, 6, 7, 8, 9, 10, 11, 12)) | ((1 << 14) if abi >= 3 else 0)
+attr = struct.pack("=Q", writes)
+ruleset = libc.syscall(CREATE, attr, len(attr), 0)
+assert ruleset >= 0, ctypes.get_errno()
+for allowed in (tempfile.gettempdir(), "/dev"):  # writes allowed there only
+    fd = os.open(allowed, os.O_PATH)
+    assert libc.syscall(ADD_RULE, ruleset, 1, struct.pack("=Qi", writes, fd), 0) == 0
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert libc.syscall(RESTRICT, ruleset, 0) == 0, ctypes.get_errno()
+path = Path(sys.argv[1])
+try:
+    (path / "probe").write_text("")
+    print("not confined")
+except PermissionError:
+    with Queue.open(path, read_only=True) as queue:
+        print("opened", queue.get_last_committed_mc_block_id())
+"""
+
+
+def test_a_confined_reader_opens_through_links(tmp_path: Path) -> None:
+    """A reader confined by a security module (here Landlock: no writes outside the
+    temporary directory), whose user may write the database by its mode bits: an open
+    of rocksdict's config file for writing is refused although ``access()`` allows it.
+    The read-only open goes through links (an outside audit found it failing with "a
+    file of the database cannot be read", since ``access()`` alone decided)."""
+    db = tmp_path / "db"
+    Queue.open(db, quiet_config()).close()
+    db.parent.chmod(0o755)
+    env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", LANDLOCKED, str(db)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    if done.stdout.strip() == "unsupported":
+        pytest.skip("this kernel has no Landlock")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "opened None", done.stdout
 
 
 def test_an_error_read_through_links_names_the_database(
