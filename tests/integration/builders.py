@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import subprocess
+import sys
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -367,3 +368,18 @@ def pid_namespaces() -> bool:
 FORK_WARNING = "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"
 """The filter of Python 3.12+'s warning on forking a process with threads, for the
 tests whose fork is the point."""
+
+
+def run_python(
+    script: str, *args: str, env: Mapping[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` with ``args`` in a fresh interpreter (this one's), its output as
+    text; the exit status is the caller's to check."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )

@@ -27,6 +27,7 @@ from builders import (
     full_range,
     quarter_shards,
     quiet_config,
+    run_python,
 )
 
 from imq import CorruptDataError, Queue, StorageError
@@ -274,14 +275,7 @@ def test_a_confined_reader_opens_through_links(tmp_path: Path) -> None:
     db.parent.chmod(0o755)
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
     (tmp_path / "tmp").mkdir()
-    done = subprocess.run(
-        [sys.executable, "-c", LANDLOCKED, str(db)],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    done = run_python(LANDLOCKED, str(db), env=env)
     if done.stdout.strip() == "unsupported":
         pytest.skip("this kernel has no Landlock")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -30,6 +30,7 @@ from builders import (
     key,
     open_queue,
     quiet_config,
+    run_python,
     top,
 )
 
@@ -703,14 +704,7 @@ def test_a_forked_childs_exit_leaves_the_parents_links(tmp_path: Path) -> None:
     with open_queue(db) as queue:
         Chain(queue).apply(BASE)
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    run = subprocess.run(
-        [sys.executable, "-c", _FORK_SCRIPT, str(db)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    run = run_python(_FORK_SCRIPT, str(db), env=env, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["True", "1", "False"], run.stdout
 
