@@ -198,13 +198,10 @@ class QueueReads:
         """The unfinished import's block and whether it is under way, from one read of
         its marker."""
         store = self._store
-        # The lock is looked at before the marker is read, and after: an import that
-        # ends between the two reads is not taken for an interrupted one.
-        before = store.importing_now or import_lock_held(store.path)
         marker = ops.read_import_marker(store)
         if marker is None:
             return None, False
-        return marker[0], before or store.importing_now or import_lock_held(store.path)
+        return marker[0], store.importing_now or import_lock_held(store.path)
 
     def get_last_committed_mc_block_id(self) -> BlockId | None:
         self._check_open()

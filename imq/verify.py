@@ -177,12 +177,12 @@ def verify(
     rows)``, when given, is called every 65,536 rows of them."""
     for _ in range(_ATTEMPTS):
         report = Report(Path(path))
-        # Looked at just before and after the view opens (the snapshot it reads): an
-        # import held at either moment was under way at the open, or is the one the view
-        # shows starting; one that ended in between is not taken for an interrupted one.
-        before = import_lock_held(Path(path))
         store = _open(Path(path), options)
-        running = before or import_lock_held(Path(path))
+        # Looked at just before RocksDB's open took the view (the store's open checks
+        # before it can take seconds) and after: an import held at either moment was
+        # under way as the view was taken, or is the one the view shows starting; one
+        # that ended in between is not taken for an interrupted one.
+        running = store.import_lock_at_open or import_lock_held(Path(path))
         report.notes += store.log_notes
         try:
             _verify(store, report, progress, import_running=running)

@@ -855,7 +855,7 @@ def wipe_database(path: Path) -> None:
         return
     lock = path / LOCK_FILE
     try:
-        fd = os.open(lock, os.O_RDWR)
+        fd = _open_lock_file(lock, os.O_RDWR)
     except OSError as exc:
         raise FileAccessError(lock, "open the lock of queue database", exc) from exc
     try:
@@ -876,7 +876,7 @@ def wipe_database(path: Path) -> None:
                 except OSError as exc:
                     raise FileAccessError(path / name, "delete", exc) from exc
     finally:
-        os.close(fd)  # releases the lock
+        _unlock(fd)
 
 
 _DAMAGED_HINT = (
@@ -982,7 +982,30 @@ def _deferred_mark_sync(ref: weakref.ref[Store]) -> None:
         store._deferred_mark_sync()
 
 
+_LOCK_FDS: set[int] = set()
+"""This process's descriptors of imq's ``flock``s (a writer's ``imq.lock``, an import's
+``imq.importing``, a wipe's), from their open to their close: a forked child closes its
+copies at the fork, whatever the state of the store that took them (one still opening,
+or closing, too), so that a child that outlives its parent never keeps a lock."""
+
+
+def _open_lock_file(path: Path, flags: int) -> int:
+    fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+    _LOCK_FDS.add(fd)
+    return fd
+
+
+def _close_lock_file(fd: int) -> None:
+    _LOCK_FDS.discard(fd)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 def _after_fork_in_child() -> None:
+    for fd in list(_LOCK_FDS):  # copies: closed, never unlocked (the parent's locks)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _LOCK_FDS.clear()
     for store in list(_OPEN_STORES):
         if not store.closed:
             store._forked_into_child()
@@ -1114,8 +1137,7 @@ def _unlock(fd: int) -> None:
     """Release and close the lock file descriptor ``fd``."""
     with contextlib.suppress(OSError):
         fcntl.flock(fd, fcntl.LOCK_UN)
-    with contextlib.suppress(OSError):
-        os.close(fd)
+    _close_lock_file(fd)
 
 
 def _drop_lock(fd: int, owner: int) -> None:
@@ -1124,8 +1146,7 @@ def _drop_lock(fd: int, owner: int) -> None:
     took it. A forked child inherits the descriptor, the lock and this finalizer: an
     unlock from it, at its exit, would free the parent's lock under the parent."""
     if os.getpid() == owner:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+        _close_lock_file(fd)
 
 
 def _check_path(path: str | os.PathLike[str]) -> None:
@@ -1214,6 +1235,8 @@ class Store:
         self._synced_fd = -1  # SYNCED_FILE, opened at the first synced write
         self._importing = 0  # imports of this handle inside importing()
         self._import_lock_fds: set[int] = set()  # their IMPORT_LOCK_FILE descriptors
+        # A read-only open: whether an import held its lock just before RocksDB's open.
+        self.import_lock_at_open = False
         self._mark_fsynced_at = -MARK_SYNC_INTERVAL  # monotonic time of its last fsync
         self._mark_entry_synced = False  # its name synced into the directory
         # The mark's deferred fsync: a mark written but not yet synced is synced by a timer
@@ -1431,7 +1454,9 @@ class Store:
                 if self._mark_timer is not None:  # due now too: it would sync again at once
                     self._mark_timer.cancel()
                     self._mark_timer = None
-            elif self._mark_timer is None and not self._closed:
+            elif not self._closed and (
+                self._mark_timer is None or self._mark_timer.finished.is_set()
+            ):  # none pending (one that ran or was stopped counts as none)
                 # The timer holds the store weakly: a queue dropped without close() is
                 # collected (and its lock freed) as before, not kept until the timer runs.
                 # Its fsync holds the mark's lock, which a synced write (under the gate)
@@ -1462,7 +1487,8 @@ class Store:
         (not if a synced write or close() synced it meanwhile, nor once the file is
         closed)."""
         with self._mark_lock:
-            self._mark_timer = None
+            if self._mark_timer is threading.current_thread():  # not a later one's
+                self._mark_timer = None
             if self._synced_fd >= 0 and self._mark_dirty:
                 self._fsync_mark()
 
@@ -1492,11 +1518,11 @@ class Store:
         return found
 
     def _acquire_lock(self) -> int:
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock_file(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT)
         try:
             _flock_retrying(fd)
         except BlockingIOError:
-            os.close(fd)
+            _close_lock_file(fd)
             raise DatabaseLockedError(
                 f"queue database {self.path} is already open (in this or another process)"
             ) from None
@@ -1519,8 +1545,7 @@ class Store:
         if unlock:
             _unlock(fd)
         else:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            _close_lock_file(fd)
 
     def _open_after_restart(self, refused: StorageError) -> None:
         """RocksDB refused the logs (``refused``): replay them up to their first damaged
@@ -1957,6 +1982,9 @@ class Store:
                 self._tables_before = self._check_directory()
                 self._check_logs()
                 before = self._files_now()
+                # Right before the view is taken: whether an import was writing as it was
+                # (verify's question; the checks above can take seconds).
+                self.import_lock_at_open = import_lock_held(self.path)
                 opened = self._open_rocksdb()
             except (StorageError, FileNotFoundError) as exc:
                 if self._files_now() == listed:  # the files held still: their own failure
@@ -2119,8 +2147,8 @@ class Store:
         :meth:`_forked_into_child`)."""
         fd = -1
         try:
-            fd = os.open(self.path / IMPORT_LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            self._import_lock_fds.add(fd)  # before the lock: a fork now closes its copy too
+            fd = _open_lock_file(self.path / IMPORT_LOCK_FILE, os.O_RDWR | os.O_CREAT)
+            self._import_lock_fds.add(fd)  # this store's, not a child's (see the finally)
             _flock_retrying(fd)
         except BaseException as exc:  # an interrupt must not leave the lock taken
             if fd >= 0:
@@ -2231,16 +2259,15 @@ class Store:
         self._forked = True
         # The parent's timer thread is not here, and may have held the lock at the fork.
         self._mark_lock, self._mark_timer = threading.Lock(), None
-        # This process's copies of a running import's lock: closed (never unlocked, which
-        # would free the parent's lock), so that the lock goes with the parent's import,
-        # and with the parent if it dies, not with this child.
-        for fd in self._import_lock_fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        # This process's copies of the directory's lock and of a running import's were
+        # closed by the fork hook (never unlocked, which would free the parent's locks):
+        # forgotten here. So the locks go with the parent, or with its import, and with
+        # the parent if it dies; a child that outlived a parent killed without a close
+        # (the OOM killer) kept them, and the restarted writer was refused.
         self._import_lock_fds = set()
-        # The same for the directory's lock: a child that outlives a parent killed without
-        # a close (the OOM killer) would keep it, and the restarted writer be refused.
-        self._release_lock(unlock=False)
+        if self._lock_fd >= 0:
+            self._lock_fd = -1
+            self._lock_finalizer.detach()
         self._dead = StorageError(
             self.path,
             "a call in a forked process",

@@ -39,15 +39,22 @@ def writable_for_rocksdict(path: Path) -> bool:
     """Whether rocksdict can write its config file into ``path`` at an open (it does at
     every open, read-only ones too): the directory is writable for this process's
     effective user (``False`` on a read-only mount, for root too), and the file, where it
-    exists, opens for writing. That open is tried, not asked of ``access()``, whose
-    answer a security module (AppArmor, Landlock, SELinux) does not change: a confined
-    operator's tool was told "writable", and its open then failed on rocksdict's write.
-    Opening for writing without truncating changes nothing in the file."""
+    exists, is a regular file (not a link, which rocksdict's write would follow: another
+    user's database could point it at any file root may write) that opens for writing.
+    That open is tried, not asked of ``access()``, whose answer AppArmor and Landlock do
+    not change: a confined operator's tool was told "writable", and its open then failed
+    on rocksdict's write. Opening for writing without truncating changes nothing in the
+    file (nor its times); non-blocking, so a FIFO put there cannot hang the open."""
     effective = os.access in os.supports_effective_ids
     if not os.access(path, os.W_OK, effective_ids=effective):
         return False
+    config = path / ROCKSDICT_CONFIG
     try:
-        fd = os.open(path / ROCKSDICT_CONFIG, os.O_WRONLY | os.O_CLOEXEC | os.O_NOCTTY)
+        if not stat.S_ISREG(os.lstat(config).st_mode):
+            return False  # a link, a FIFO, a directory...: the links' own config instead
+        fd = os.open(
+            config, os.O_WRONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NOFOLLOW | os.O_NONBLOCK
+        )
     except FileNotFoundError:
         return True  # created at the open: the directory's permission decides
     except OSError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import subprocess
 import sys
 import threading
@@ -349,20 +350,23 @@ def damage_largest_table_file(db: Path) -> Path:
     return sst
 
 
-NAMESPACED = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc"]
-"""A command prefix that runs a command in a PID namespace of its own, with its own
-``/proc`` (as a container beside the node's would see it); through a user namespace, so
-that no root is needed where the kernel allows unprivileged user namespaces."""
-
-
-def pid_namespaces() -> bool:
-    """Whether this machine lets the tests start a process in a PID namespace of its own
-    (user namespaces allowed)."""
-    try:
-        done = subprocess.run([*NAMESPACED, "true"], check=False, capture_output=True, timeout=30)
-    except OSError:
-        return False
-    return done.returncode == 0
+def pid_namespace_command() -> list[str] | None:
+    """A command prefix that runs a command in a PID namespace of its own, with its own
+    ``/proc`` (as a container beside the node's would see it), or None where this machine
+    allows none: through a user namespace (no root needed where the kernel allows
+    unprivileged ones), else, as root, directly."""
+    base = ["unshare", "--pid", "--fork", "--mount-proc"]
+    tries = [["unshare", "--user", "--map-root-user", *base[1:]]]
+    if os.geteuid() == 0:
+        tries.append(base)
+    for command in tries:
+        try:
+            done = subprocess.run([*command, "true"], check=False, capture_output=True, timeout=30)
+        except OSError:
+            return None  # no unshare at all
+        if done.returncode == 0:
+            return command
+    return None
 
 
 FORK_WARNING = "ignore:This process .* is multi-threaded, use of fork:DeprecationWarning"

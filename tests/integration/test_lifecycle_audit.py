@@ -22,11 +22,10 @@ import pytest
 from builders import (
     BASE,
     MC,
-    NAMESPACED,
     Chain,
     damage_largest_table_file,
     full_range,
-    pid_namespaces,
+    pid_namespace_command,
     quarter_shards,
 )
 
@@ -296,6 +295,7 @@ def test_verify_opens_a_new_view_when_the_writer_outdated_one(
     assert "nothing was found wrong" in str(info.value)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="no /proc/locks to list locks")
 def test_the_writer_probe_reads_the_lock_without_taking_it_where_it_is_listed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -347,7 +347,8 @@ def test_a_writer_is_seen_from_another_pid_namespace(tmp_path: Path) -> None:
     so ``/proc/locks`` lists none of the writer's locks) still tells that a writer holds
     the directory: a file a compaction removed since the view opened is then reported
     as that (open it again), not as the directory changed outside imq (restore it)."""
-    if not pid_namespaces():
+    namespaced = pid_namespace_command()
+    if namespaced is None:
         pytest.skip("no PID namespace can be made here (needs root or user namespaces)")
     path = tmp_path / "db"
     code = (
@@ -357,7 +358,7 @@ def test_a_writer_is_seen_from_another_pid_namespace(tmp_path: Path) -> None:
 
     def seen() -> str:
         done = subprocess.run(
-            [*NAMESPACED, sys.executable, "-c", code, str(path)],
+            [*namespaced, sys.executable, "-c", code, str(path)],
             check=True,
             capture_output=True,
             text=True,

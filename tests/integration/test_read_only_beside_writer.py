@@ -25,6 +25,7 @@ from builders import (
     Chain,
     damage_largest_table_file,
     full_range,
+    open_queue,
     quarter_shards,
     quiet_config,
     run_python,
@@ -233,6 +234,34 @@ def test_an_unwritable_config_file_means_an_open_through_links(
     assert shadow.writable_for_rocksdict(db) is False
     config.unlink()
     assert shadow.writable_for_rocksdict(db) is True
+
+
+@pytest.mark.parametrize("kind", ["link", "fifo"])
+def test_a_config_file_that_is_not_a_file_sends_the_open_through_links(
+    tmp_path: Path, kind: str
+) -> None:
+    """rocksdict writes its config file at every open, through a link too: a database
+    whose ``rocksdict-config.json`` is a link (another user's, pointing at a file root
+    may write) is opened through links, and its target is left untouched; a FIFO there
+    would hang the check's open for writing (no reader): it is not opened."""
+    db = tmp_path / "db"
+    with open_queue(db) as queue:
+        Chain(queue).apply(BASE)
+    config = db / shadow.ROCKSDICT_CONFIG
+    config.unlink()
+    target = tmp_path / "elsewhere"
+    if kind == "link":
+        target.write_text("not rocksdict's")
+        config.symlink_to(target)
+    else:
+        os.mkfifo(config)
+    assert shadow.writable_for_rocksdict(db) is False
+    with Queue.open(db, read_only=True) as viewer:
+        assert viewer.get_last_applied_seqno(BASE) == 1
+        assert viewer._store._shadow is not None  # through links
+    if kind == "link":
+        assert target.read_text() == "not rocksdict's"
+    assert config.is_symlink() == (kind == "link")
 
 
 LANDLOCKED = """

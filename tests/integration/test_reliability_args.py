@@ -9,6 +9,7 @@ import fcntl
 import gc
 import io
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -175,7 +176,7 @@ def _two_commits(queue: Queue) -> None:
 @pytest.mark.parametrize("synced", [False, True], ids=["unsynced", "synced-commits"])
 @pytest.mark.parametrize("worker", [False, True], ids=["no-gc-worker", "gc-worker"])
 def test_a_queue_dropped_without_close_frees_its_lock(
-    tmp_path: Path, worker: bool, synced: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, worker: bool, synced: bool
 ) -> None:
     """Forgetting ``close()`` (a REPL, a test, an error path) must not leave the directory
     locked for the rest of the process: collecting the queue frees the lock. With the GC
@@ -184,6 +185,7 @@ def test_a_queue_dropped_without_close_frees_its_lock(
     a row leave the mark of synced writes to its timer, which holds the store weakly (a
     review found it kept the store, and the lock, until it ran)."""
     db = tmp_path / "db"
+    monkeypatch.setattr(rocks, "MARK_SYNC_INTERVAL", 30.0)  # the second commit's: a timer's
     queue = Queue.open(db, quiet_config(gc_enabled=worker, gc_interval=0.01, sync_commits=synced))
     _two_commits(queue)
     assert (queue._store._mark_timer is not None) == synced  # the second one's mark: pending
@@ -203,8 +205,9 @@ def test_a_queue_dropped_without_close_frees_its_lock(
 
 @pytest.mark.filterwarnings(FORK_WARNING)
 def test_a_forked_child_never_frees_its_parents_lock(tmp_path: Path) -> None:
-    """A forked child inherits the lock's descriptor and the finalizer that frees it: run
-    at the child's exit, it must not unlock the parent's database under the parent."""
+    """A forked child inherits the lock's descriptor and the finalizer that frees it: at
+    the fork it closes its copy and drops the finalizer (never unlocking), so nothing the
+    child runs, its exit included, frees the parent's lock under the parent."""
     db = tmp_path / "db"
     queue = open_queue(db)
     try:
@@ -212,8 +215,10 @@ def test_a_forked_child_never_frees_its_parents_lock(tmp_path: Path) -> None:
         if pid == 0:
             code = 1
             try:
-                queue._store._lock_finalizer()  # type: ignore[attr-defined]  # its exit's
-                code = 0
+                finalizer = queue._store._lock_finalizer  # type: ignore[attr-defined]
+                kept = [fd for fd in os.listdir("/proc/self/fd") if _names(fd, "imq.lock")]
+                finalizer()  # what its exit would run: nothing now
+                code = 0 if not finalizer.alive and not kept else 2
             finally:
                 os._exit(code)
         assert _exit_code(pid) == 0
@@ -233,9 +238,9 @@ from imq import Queue, QueueConfig
 queue = Queue.open(sys.argv[1], QueueConfig.testing())
 pid = os.fork()
 if pid == 0:  # a worker forked by the node (multiprocessing's default on Linux)
+    print("child", os.getpid(), flush=True)  # its fork hooks have run
     time.sleep(120)
     os._exit(0)
-print(pid, flush=True)
 time.sleep(120)
 """
 
@@ -253,7 +258,11 @@ def test_a_forked_child_does_not_keep_a_killed_writers_lock(tmp_path: Path) -> N
     assert writer.stdout is not None
     child = 0
     try:
-        child = int(writer.stdout.readline())
+        ready, _, _ = select.select([writer.stdout], [], [], 60)
+        assert ready, "the writer's child said nothing in 60 s"
+        said = writer.stdout.readline().split()
+        assert said[:1] == ["child"], said
+        child = int(said[1])
         writer.kill()
         writer.wait(60)
         with open_queue(db) as again:  # the child lives on
@@ -262,6 +271,7 @@ def test_a_forked_child_does_not_keep_a_killed_writers_lock(tmp_path: Path) -> N
     finally:
         writer.kill()
         writer.wait(60)
+        writer.stdout.close()
         if child:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)

@@ -20,6 +20,7 @@ import sys
 import textwrap
 import threading
 import types
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -535,8 +536,24 @@ def test_a_close_whose_log_sync_fails_leaves_the_mark_as_it_was(tmp_path: Path) 
     assert read_synced_mark(db) == mark
 
 
-def _mark_timers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "imq-mark-sync"]
+def _mark_timers(store: Any) -> list[threading.Thread]:
+    """The mark timers of ``store`` that are alive (other tests' may linger elsewhere)."""
+    timer = store._mark_timer
+    return [timer] if timer is not None and timer.is_alive() else []
+
+
+def _counting_mark_syncs(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The fsyncs of ``store``'s mark file from now on, one entry each."""
+    synced: list[int] = []
+    real = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        if fd == store._synced_fd:
+            synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    return synced
 
 
 def test_a_mark_written_too_soon_to_sync_is_synced_by_one_timer(
@@ -545,40 +562,57 @@ def test_a_mark_written_too_soon_to_sync_is_synced_by_one_timer(
     """Synced commits within a second of the mark's last fsync leave it to a timer: one
     thread for them all, which syncs the mark once that second has passed (what a queue
     left idle after a burst of commits needs: the power-loss test shows the disk), and
-    which close() stops."""
+    which close() stops before it syncs the mark itself."""
     monkeypatch.setattr(rocks, "MARK_SYNC_INTERVAL", 0.5)
-    synced: list[int] = []
-    real = os.fdatasync
     q = Queue.open(tmp_path / "db", quiet_config(sync_commits=True))
     store = q._store
-
-    def fdatasync(fd: int) -> None:
-        if fd == store._synced_fd:
-            synced.append(fd)
-        real(fd)
-
-    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    synced = _counting_mark_syncs(store, monkeypatch)
     try:
-        assert _mark_timers() == []
+        assert _mark_timers(store) == []
         chain = Chain(q)
         _commit_rounds(q, chain, range(1, 2))  # the first mark: synced at once
-        assert len(synced) == 1 and _mark_timers() == []
+        assert len(synced) == 1 and _mark_timers(store) == []
+        monkeypatch.setattr(rocks, "MARK_SYNC_INTERVAL", 30.0)  # due long after the burst
         _commit_rounds(q, chain, range(2, 6))  # too soon: one timer takes them all
-        assert len(synced) == 1 and len(_mark_timers()) == 1
-        (timer,) = _mark_timers()
-        timer.join(5)
-        assert not timer.is_alive()
+        assert len(synced) == 1 and len(_mark_timers(store)) == 1
+        (timer,) = _mark_timers(store)
+        timer.cancel()  # run it now instead of in 30 s: what its thread runs when due
+        rocks._deferred_mark_sync(weakref.ref(store))
         assert len(synced) == 2  # the timer's
+        rocks._deferred_mark_sync(weakref.ref(store))
+        assert len(synced) == 2  # a mark synced already is not synced again
         # Another burst, then close: the pending timer is stopped, close syncs the mark.
         _commit_rounds(q, chain, range(6, 8))
-        (timer,) = _mark_timers()
+        (timer,) = _mark_timers(store)
         latest = store._db.latest_sequence_number()
     finally:
         q.close()
     timer.join(5)
-    assert not timer.is_alive() and _mark_timers() == []
+    assert not timer.is_alive() and store._mark_timer is None
     assert len(synced) == 3  # close's, not the timer's as well
     assert read_synced_mark(tmp_path / "db") == latest
+
+
+def test_a_synced_write_that_syncs_the_mark_stops_its_pending_timer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A synced write that finds the mark's last fsync a second old syncs it itself; a
+    timer still pending (due at the same moment) is stopped, not left to sync it again
+    right after."""
+    monkeypatch.setattr(rocks, "MARK_SYNC_INTERVAL", 30.0)
+    with Queue.open(tmp_path / "db", quiet_config(sync_commits=True)) as q:
+        store = q._store
+        synced = _counting_mark_syncs(store, monkeypatch)
+        chain = Chain(q)
+        _commit_rounds(q, chain, range(1, 3))  # the first synced, the second: a timer
+        (timer,) = _mark_timers(store)
+        assert len(synced) == 1
+        store._mark_fsynced_at -= 31.0  # as if 31 s had passed (the timer not yet run)
+        _commit_rounds(q, chain, range(3, 4))
+        assert len(synced) == 2  # the write's own
+        timer.join(5)
+        assert not timer.is_alive() and store._mark_timer is None  # stopped, not run
+        assert len(synced) == 2
 
 
 def test_a_commit_whose_mark_timer_cannot_start_still_returns(
@@ -596,7 +630,7 @@ def test_a_commit_whose_mark_timer_cannot_start_still_returns(
     monkeypatch.setattr(threading.Timer, "start", refuse)
     try:
         _commit_rounds(q, chain, range(2, 4))
-        assert _mark_timers() == [] and q._store._mark_timer is None
+        assert q._store._mark_timer is None
         latest = q._store._db.latest_sequence_number()
     finally:
         q.close()
