@@ -232,6 +232,29 @@ def test_a_forked_child_never_frees_its_parents_lock(tmp_path: Path) -> None:
         queue.close()
 
 
+@pytest.mark.filterwarnings(FORK_WARNING)
+def test_a_lock_of_a_store_still_opening_is_not_kept_by_a_child(tmp_path: Path) -> None:
+    """A fork from another thread can land while a store holds its lock but has not yet
+    registered (its open's checks and RocksDB's open can take seconds), or is closing:
+    every lock descriptor imq holds is closed in the child at the fork, whatever its
+    store's state (a review found the per-store hook missing those)."""
+    fd = rocks._open_lock_file(tmp_path / "imq.lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as _acquire_lock, no store yet
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                kept = [f for f in os.listdir("/proc/self/fd") if _names(f, "imq.lock")]
+                code = 0 if not kept else 2
+            finally:
+                os._exit(code)
+        assert _exit_code(pid) == 0
+    finally:
+        rocks._unlock(fd)
+    assert fd not in rocks._LOCK_FDS
+
+
 ORPHANING = """
 import os, sys, time
 from imq import Queue, QueueConfig
