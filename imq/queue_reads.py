@@ -197,10 +197,10 @@ class QueueReads:
     def _import_state(self) -> tuple[BlockId | None, bool]:
         """The unfinished import's block and whether it is under way, from one read of
         its marker."""
-        store = self._store
-        marker = ops.read_import_marker(store)
+        marker = ops.read_import_marker(self._store)
         if marker is None:
             return None, False
+        store = self._store
         return marker[0], store.importing_now or import_lock_held(store.path)
 
     def get_last_committed_mc_block_id(self) -> BlockId | None:

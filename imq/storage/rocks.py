@@ -2143,8 +2143,8 @@ class Store:
         included: a dead handle's marker stays for the next open to roll back. Released
         with ``LOCK_UN``, not only by closing the descriptor: a copy of it that a child
         forked outside Python's fork hooks keeps (a C library's ``fork``) would keep the
-        lock held (a child forked by Python closes its copies, see
-        :meth:`_forked_into_child`)."""
+        lock held (a child forked through Python closes its copies at the fork, see
+        ``_LOCK_FDS``)."""
         fd = -1
         try:
             fd = _open_lock_file(self.path / IMPORT_LOCK_FILE, os.O_RDWR | os.O_CREAT)
