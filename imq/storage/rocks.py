@@ -154,7 +154,7 @@ def writer_holds_lock(path: object) -> bool:
     now; False when that cannot be told (see :func:`_flock_held`). Probed where
     ``/proc/locks`` does not list it, as :func:`import_lock_held`: a writer in another
     container is seen too."""
-    return isinstance(path, Path) and _flock_held(path / LOCK_FILE, probe_unlisted=True)
+    return isinstance(path, Path) and _flock_held(path / LOCK_FILE)
 
 
 def import_lock_held(path: object) -> bool:
@@ -165,15 +165,15 @@ def import_lock_held(path: object) -> bool:
     lists only the holders in the reader's PID namespace, and an operator's ``imq
     inspect`` in another container than the node's would take a running import for an
     interrupted one (the import retries its lock past such a moment's probe)."""
-    return isinstance(path, Path) and _flock_held(path / IMPORT_LOCK_FILE, probe_unlisted=True)
+    return isinstance(path, Path) and _flock_held(path / IMPORT_LOCK_FILE)
 
 
-def _flock_held(file: Path, *, probe_unlisted: bool = False) -> bool:
+def _flock_held(file: Path) -> bool:
     """Whether a process holds a write ``flock`` on ``file`` now. Linux lists every lock
     in ``/proc/locks``, read without touching the lock (only the locks of processes in
-    the reader's PID namespace: a holder in another container is not seen); elsewhere,
-    or with ``probe_unlisted`` when the listing does not name one, a shared lock is tried
-    for a moment (a writer locking without retrying in that instant would fail)."""
+    the reader's PID namespace: a holder in another container is not seen); where it
+    names none, or elsewhere, a shared lock is tried for a moment (a writer locking
+    without retrying in that instant would fail)."""
     try:
         found = os.stat(file)
     except OSError:
@@ -184,8 +184,8 @@ def _flock_held(file: Path, *, probe_unlisted: bool = False) -> bool:
     except OSError:
         pass
     else:
-        if listed or not probe_unlisted:
-            return listed
+        if listed:
+            return True
     try:
         fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -1234,7 +1234,6 @@ class Store:
         self._lock_fd = -1
         self._synced_fd = -1  # SYNCED_FILE, opened at the first synced write
         self._importing = 0  # imports of this handle inside importing()
-        self._import_lock_fds: set[int] = set()  # their IMPORT_LOCK_FILE descriptors
         # A read-only open: whether an import held its lock just before RocksDB's open.
         self.import_lock_at_open = False
         self._mark_fsynced_at = -MARK_SYNC_INTERVAL  # monotonic time of its last fsync
@@ -1451,9 +1450,7 @@ class Store:
             wait = MARK_SYNC_INTERVAL - (time.monotonic() - self._mark_fsynced_at)
             if durable or wait <= 0:
                 self._fsync_mark()
-                if self._mark_timer is not None:  # due now too: it would sync again at once
-                    self._mark_timer.cancel()
-                    self._mark_timer = None
+                self._drop_mark_timer()  # due now too: it would sync again at once
             elif not self._closed and (
                 self._mark_timer is None or self._mark_timer.finished.is_set()
             ):  # none pending (one that ran or was stopped counts as none)
@@ -1492,12 +1489,16 @@ class Store:
             if self._synced_fd >= 0 and self._mark_dirty:
                 self._fsync_mark()
 
+    def _drop_mark_timer(self) -> None:
+        """Cancel a pending deferred sync; under the mark's lock."""
+        if self._mark_timer is not None:
+            self._mark_timer.cancel()
+            self._mark_timer = None
+
     def _stop_mark_timer(self) -> None:
         """Stop a pending deferred sync (close: the mark is synced there, durably)."""
         with self._mark_lock:
-            timer, self._mark_timer = self._mark_timer, None
-        if timer is not None:
-            timer.cancel()
+            self._drop_mark_timer()
 
     def _stat_directory(self) -> os.stat_result | None:
         """The database directory's stat, or None when it does not exist yet (created at
@@ -2145,14 +2146,12 @@ class Store:
         forked outside Python's fork hooks keeps (a C library's ``fork``) would keep the
         lock held (a child forked through Python closes its copies at the fork, see
         ``_LOCK_FDS``)."""
-        fd = -1
+        fd, owner = -1, os.getpid()
         try:
             fd = _open_lock_file(self.path / IMPORT_LOCK_FILE, os.O_RDWR | os.O_CREAT)
-            self._import_lock_fds.add(fd)  # this store's, not a child's (see the finally)
             _flock_retrying(fd)
         except BaseException as exc:  # an interrupt must not leave the lock taken
             if fd >= 0:
-                self._import_lock_fds.discard(fd)
                 _unlock(fd)
             if not isinstance(exc, OSError):
                 raise
@@ -2162,10 +2161,9 @@ class Store:
             yield
         finally:
             self._importing -= 1
-            # Not in the set: this is a child forked inside the import, which closed its
-            # copy at the fork (the number may name another file of the child's by now).
-            if fd in self._import_lock_fds:
-                self._import_lock_fds.discard(fd)
+            # Another process: a child forked inside the import, which closed its copy at
+            # the fork (the number may name another file of the child's by now).
+            if fd >= 0 and os.getpid() == owner:
                 _unlock(fd)
 
     def close(self) -> str | None:
@@ -2261,10 +2259,9 @@ class Store:
         self._mark_lock, self._mark_timer = threading.Lock(), None
         # This process's copies of the directory's lock and of a running import's were
         # closed by the fork hook (never unlocked, which would free the parent's locks):
-        # forgotten here. So the locks go with the parent, or with its import, and with
-        # the parent if it dies; a child that outlived a parent killed without a close
-        # (the OOM killer) kept them, and the restarted writer was refused.
-        self._import_lock_fds = set()
+        # the directory's is forgotten here. So the locks go with the parent, or with its
+        # import, and with the parent if it dies; a child that outlived a parent killed
+        # without a close (the OOM killer) kept them, and the restarted writer was refused.
         if self._lock_fd >= 0:
             self._lock_fd = -1
             self._lock_finalizer.detach()

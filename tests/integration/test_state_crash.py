@@ -474,8 +474,9 @@ def test_a_child_forked_during_an_import_does_not_keep_its_lock(db_path: Path) -
             os.waitpid(pid, 0)
         # A copy the fork hook did not close (a C library's fork): LOCK_UN frees the lock
         # all the same; closing the import's own descriptor alone would not.
+        held = set(rocks._LOCK_FDS)  # the writer's lock
         with queue._store.importing():
-            (fd,) = queue._store._import_lock_fds
+            (fd,) = rocks._LOCK_FDS - held  # the import's
             copy = os.dup(fd)
         try:
             assert not rocks.import_lock_held(db_path)
