@@ -172,6 +172,53 @@ def test_put_rows_survives_a_put_that_empties_the_messages() -> None:
     assert out == "messages changed size during put_rows\n"
 
 
+@pytest.mark.parametrize("fn", ["put_rows", "encode_diff"])
+def test_the_read_ahead_over_messages_survives_odd_shapes_and_a_list_rewritten(fn: str) -> None:
+    """The write loop asks the memory for messages up to 8 ahead, reading their tuples
+    and those tuples' items: it must look only inside objects of the shapes it checks,
+    and only at what the list holds now (a put() may rewrite it)."""
+    out = _child(
+        f"""
+        def msg(i, key=None, src=None):
+            return tuple(Message(key if key is not None else QueueKey(i, b"h" * 32),
+                                 src if src is not None else Address(0, b"s" * 32),
+                                 Address(0, b"d" * 32), b"b" * 10))
+        def call(msgs, put):
+            args = (put, None, bytes(12), msgs, None)
+            return S.{fn}(*args, {{}}) if "{fn}" == "put_rows" else S.{fn}(*args)
+        odd = [7, None, (1, 2), (1, 2, 3, 4, 5), "abcd", b"abcd", (1, 2, 3, 4),
+               ((1,), (2,), (3,), 4), ((1, 2, 3), "s", "d", b""),
+               ((1,), (0, b"s" * 32), (0, b"d" * 32), b"")]
+        for bad in odd:
+            msgs = [msg(i) for i in range(3)] + [bad] + [msg(i) for i in range(4, 20)]
+            put = []
+            try:
+                call(msgs, lambda k, v, t: put.append(k))
+            except (TypeError, ValueError):
+                pass
+            print(len(put), end=" ")
+        print()
+        # a put that swaps every message ahead for other objects, then for a short list
+        msgs = [msg(i) for i in range(40)]
+        seen = []
+        def rewrite(k, v, t):
+            seen.append(k)
+            if len(seen) == 2:
+                msgs[2:] = [msg(100 + i, src=Address(0, b"x" * 32)) for i in range(38)]
+            if len(seen) == 5:
+                del msgs[6:]
+        try:
+            call(msgs, rewrite)
+        except RuntimeError as e:
+            print(e)
+        print(len(seen), int.from_bytes(seen[2][14:22], "big"))
+        """
+    )
+    lines = out.splitlines()
+    assert lines[0].split() == ["3"] * 10  # the 3 messages before the bad one, then the error
+    assert lines[1:] == [f"messages changed size during {fn}", "6 100"]
+
+
 def test_message_bounds_survives_a_range_that_empties_the_list() -> None:
     out = _child(
         """
