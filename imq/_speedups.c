@@ -1083,9 +1083,10 @@ expect_rows_of(PyObject *put, PyObject *seq)
  * of pointers, so it is asked for in three stages, one level deeper each: the message
  * PREFETCH_AHEAD messages ahead, the objects it holds half as far ahead (its tuple asked
  * for in the stage before), and what those hold a quarter as far. A stage reads only
- * what an earlier stage asked for, and only after checking the shapes encode_message
- * checks; a prefetch of a bad address does not fault. items and n are re-read by the
- * caller each message (put() may change a list).
+ * objects the list holds now, and inside them only after checking the shapes
+ * encode_message checks; a prefetch of a bad address does not fault. items and n are
+ * re-read by the caller each message (put() may change a list). Measured: 11-12% less
+ * CPU a 10,000-message apply (docs/architecture.md).
  */
 enum { PREFETCH_AHEAD = 8 }; /* not a #define: those are the row layout, pinned by a test */
 #if defined(__GNUC__) || defined(__clang__)

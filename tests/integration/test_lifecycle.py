@@ -114,6 +114,8 @@ CALLS: dict[str, Callable[[Queue], Any]] = {
     "get_last_committed_mc_block_id": lambda q: q.get_last_committed_mc_block_id(),
     "get_commit_pointers": lambda q: q.get_commit_pointers(),
     "get_last_applied_seqno": lambda q: q.get_last_applied_seqno(S),
+    "run_gc": lambda q: q.run_gc(),
+    "run_gc_report": lambda q: q.run_gc_report(),
 }
 
 
@@ -125,6 +127,25 @@ def test_every_method_after_close_raises(db_path: Path, method: str) -> None:
     queue.close()
     with pytest.raises(QueueClosedError):
         CALLS[method](queue)
+
+
+def test_state_import_and_export_after_close_raise_and_touch_no_file(
+    db_path: Path, tmp_path: Path
+) -> None:
+    """Both check the queue before they look at a file (their work while open is tested
+    in the state tests, on real message BOCs)."""
+    queue = open_queue(db_path)
+    populate(queue)
+    queue.close()
+    dest = tmp_path / "closed.queue"
+    with pytest.raises(QueueClosedError):
+        queue.export_state(S, 1, 1, dest)
+    assert not dest.exists()
+    source = tmp_path / "some.queue"
+    source.write_bytes(b"not read")
+    with pytest.raises(QueueClosedError):
+        queue.import_state(source, block_id(S, 1))
+    assert source.read_bytes() == b"not read"
 
 
 def test_pending_diff_written_after_close(db_path: Path) -> None:

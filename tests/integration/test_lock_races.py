@@ -364,3 +364,72 @@ def test_crossed_prepares_of_two_threads_are_refused_not_hung(queue: Queue, chai
     # Both first diffs and the winner's second are written; the refused one is not.
     last = [queue.get_last_applied_seqno(S), queue.get_last_applied_seqno(OTHER)]
     assert sorted(last) == [1, 2], last
+
+
+# -- D9: compaction after a clear or a GC pass holds none of the facade's locks -------------
+
+
+def _compact_beside_a_writer(queue: Queue, chain: Chain) -> Callable[[Any], None]:
+    """A stand-in for the store's ``compact`` that, while it runs, checks that this
+    thread holds no facade lock and that another thread applies and commits a diff of
+    another shard to the end (a compaction under the write lock would leave it waiting)."""
+    seen: list[bool] = []
+
+    def compact(ranges: Any) -> None:
+        assert not queue._rw.write_held_here()
+        other = chain.build(OTHER, 1)
+        mc = chain.build(MC, 1)
+
+        def write_beside() -> bool:
+            assert queue.apply_diff(other.diff, other.block, other.hash)
+            assert queue.apply_diff(mc.diff, mc.block, mc.hash)
+            return queue.commit_diff([mc.top(), other.top(mc.seqno)])
+
+        seen.append(started(write_beside, "beside-compaction").outcome())
+
+    compact.seen = seen  # type: ignore[attr-defined]
+    return compact
+
+
+def test_a_clears_compaction_lets_other_writers_run(tmp_path: Path) -> None:
+    """D9 (tycho compacts under the global write lock, §16.6): a clear of 256 diffs or
+    more compacts their diff infos after it let go of the write lock."""
+    from builders import quiet_config
+
+    queue = Queue.open(tmp_path / "q", quiet_config(compact_after_delete=True))
+    try:
+        chain = Chain(queue)
+        for _ in range(256):
+            chain.apply(S, 1)
+        compact = _compact_beside_a_writer(queue, chain)
+        queue._store.compact = compact  # type: ignore[method-assign]
+        queue.clear_uncommitted_state(top_shards=[S])
+        assert compact.seen == [True]  # type: ignore[attr-defined]
+        assert queue.get_last_applied_seqno(S) is None
+        assert queue.get_last_applied_seqno(OTHER) == 1
+    finally:
+        queue.close()
+
+
+def test_a_gc_passs_compaction_lets_other_writers_run(tmp_path: Path) -> None:
+    """D9 for GC: with ``compact_after_delete`` a pass compacts what it deleted, and
+    does so holding no facade lock."""
+    from builders import quiet_config
+    from test_gc import apply_keys, commit
+
+    from imq import QueueKey
+
+    k1 = QueueKey(100, bytes(31) + b"\x01")
+    queue = Queue.open(tmp_path / "q", quiet_config(compact_after_delete=True))
+    try:
+        chain = Chain(queue)
+        apply_keys(chain, S, [k1, k1.next_value()])
+        keep = chain.apply(S, 1)
+        mc = chain.apply(MC, 0, processed_to={S: k1.next_value()})
+        commit(queue, mc, keep)
+        compact = _compact_beside_a_writer(queue, chain)
+        queue._store.compact = compact  # type: ignore[method-assign]
+        assert queue.run_gc_report().messages == 2
+        assert compact.seen == [True]  # type: ignore[attr-defined]
+    finally:
+        queue.close()
