@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import MC, Chain, split_shard
+from builders import MC, Chain, quiet_config, split_shard
+from test_gc import apply_keys, commit
 from threads import TIMEOUT, Worker, at_line, hang_guard, started
 
-from imq import ImqError, PendingDiff, Queue
+from imq import ImqError, PendingDiff, Queue, QueueKey
 from imq import pending as pending_module
 from imq.errors import StorageError
 from imq.locks import RWLock
@@ -371,8 +372,9 @@ def test_crossed_prepares_of_two_threads_are_refused_not_hung(queue: Queue, chai
 
 def _compact_beside_a_writer(queue: Queue, chain: Chain) -> Callable[[Any], None]:
     """A stand-in for the store's ``compact`` that, while it runs, checks that this
-    thread holds no facade lock and that another thread applies and commits a diff of
-    another shard to the end (a compaction under the write lock would leave it waiting)."""
+    thread holds no write lock and that another thread applies and commits a diff of
+    another shard to the end: the commit takes the write lock, so a compaction under
+    any facade lock leaves it waiting (``outcome`` fails after ``TIMEOUT``)."""
     seen: list[bool] = []
 
     def compact(ranges: Any) -> None:
@@ -394,8 +396,6 @@ def _compact_beside_a_writer(queue: Queue, chain: Chain) -> Callable[[Any], None
 def test_a_clears_compaction_lets_other_writers_run(tmp_path: Path) -> None:
     """D9 (tycho compacts under the global write lock, §16.6): a clear of 256 diffs or
     more compacts their diff infos after it let go of the write lock."""
-    from builders import quiet_config
-
     queue = Queue.open(tmp_path / "q", quiet_config(compact_after_delete=True))
     try:
         chain = Chain(queue)
@@ -414,11 +414,6 @@ def test_a_clears_compaction_lets_other_writers_run(tmp_path: Path) -> None:
 def test_a_gc_passs_compaction_lets_other_writers_run(tmp_path: Path) -> None:
     """D9 for GC: with ``compact_after_delete`` a pass compacts what it deleted, and
     does so holding no facade lock."""
-    from builders import quiet_config
-    from test_gc import apply_keys, commit
-
-    from imq import QueueKey
-
     k1 = QueueKey(100, bytes(31) + b"\x01")
     queue = Queue.open(tmp_path / "q", quiet_config(compact_after_delete=True))
     try:
