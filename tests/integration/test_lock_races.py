@@ -370,11 +370,14 @@ def test_crossed_prepares_of_two_threads_are_refused_not_hung(queue: Queue, chai
 # -- D9: compaction after a clear or a GC pass holds none of the facade's locks -------------
 
 
-def _compact_beside_a_writer(queue: Queue, chain: Chain) -> Callable[[Any], None]:
-    """A stand-in for the store's ``compact`` that, while it runs, checks that this
-    thread holds no write lock and that another thread applies and commits a diff of
-    another shard to the end: the commit takes the write lock, so a compaction under
-    any facade lock leaves it waiting (``outcome`` fails after ``TIMEOUT``)."""
+def _compact_beside_a_writer(
+    queue: Queue, chain: Chain
+) -> tuple[Callable[[Any], None], list[bool]]:
+    """A stand-in for the store's ``compact``, and what the writer beside each of its
+    calls returned. While it runs, the stand-in checks that this thread holds no write
+    lock and that another thread applies and commits a diff of another shard to the end:
+    the commit takes the write lock, so a compaction under any facade lock leaves it
+    waiting (``outcome`` fails after ``TIMEOUT``)."""
     seen: list[bool] = []
 
     def compact(ranges: Any) -> None:
@@ -389,8 +392,7 @@ def _compact_beside_a_writer(queue: Queue, chain: Chain) -> Callable[[Any], None
 
         seen.append(started(write_beside, "beside-compaction").outcome())
 
-    compact.seen = seen  # type: ignore[attr-defined]
-    return compact
+    return compact, seen
 
 
 def test_a_clears_compaction_lets_other_writers_run(tmp_path: Path) -> None:
@@ -401,10 +403,10 @@ def test_a_clears_compaction_lets_other_writers_run(tmp_path: Path) -> None:
         chain = Chain(queue)
         for _ in range(256):
             chain.apply(S, 1)
-        compact = _compact_beside_a_writer(queue, chain)
+        compact, seen = _compact_beside_a_writer(queue, chain)
         queue._store.compact = compact  # type: ignore[method-assign]
         queue.clear_uncommitted_state(top_shards=[S])
-        assert compact.seen == [True]  # type: ignore[attr-defined]
+        assert seen == [True]
         assert queue.get_last_applied_seqno(S) is None
         assert queue.get_last_applied_seqno(OTHER) == 1
     finally:
@@ -422,9 +424,9 @@ def test_a_gc_passs_compaction_lets_other_writers_run(tmp_path: Path) -> None:
         keep = chain.apply(S, 1)
         mc = chain.apply(MC, 0, processed_to={S: k1.next_value()})
         commit(queue, mc, keep)
-        compact = _compact_beside_a_writer(queue, chain)
+        compact, seen = _compact_beside_a_writer(queue, chain)
         queue._store.compact = compact  # type: ignore[method-assign]
         assert queue.run_gc_report().messages == 2
-        assert compact.seen == [True]  # type: ignore[attr-defined]
+        assert seen == [True]
     finally:
         queue.close()

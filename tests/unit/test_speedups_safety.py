@@ -179,10 +179,8 @@ def test_the_read_ahead_over_messages_survives_odd_shapes_and_a_list_rewritten(f
     and only at what the list holds now (a put() may rewrite it)."""
     out = _child(
         f"""
-        def msg(i, key=None, src=None):
-            return tuple(Message(key if key is not None else QueueKey(i, b"h" * 32),
-                                 src if src is not None else Address(0, b"s" * 32),
-                                 Address(0, b"d" * 32), b"b" * 10))
+        def msg(i, src=Address(0, b"s" * 32)):
+            return tuple(Message(QueueKey(i, b"h" * 32), src, Address(0, b"d" * 32), b"b" * 10))
         def call(msgs, put):
             args = (put, None, bytes(12), msgs, None)
             return S.{fn}(*args, {{}}) if "{fn}" == "put_rows" else S.{fn}(*args)
