@@ -110,15 +110,8 @@ def plan_commit(
 
     moved: dict[ShardIdent, CommitPointer] = {}
     new_record: dict[ShardIdent, Mapping[ShardIdent, QueueKey]] = {}
-    listed: set[ShardIdent] = set()
     for top in top_blocks:
         block = top.block_id
-        if block.shard in listed:
-            raise CommitError(
-                f"shard {block.shard} is listed twice in commit_diff (block {block}); list "
-                "each shard once, with its top block"
-            )
-        listed.add(block.shard)
         info = find_diff(block.shard, block.seqno)
         if info is None:
             if top.updated and top.ref_by_mc_seqno > zerostate_seqno:
@@ -128,9 +121,18 @@ def plan_commit(
                     "apply that block's diff first, then commit again (a top block that did not "
                     "change since the last masterchain block is passed with updated=False)"
                 )
-            if block.shard in record:
+            # Skipped, as in the original, before any check of a repeated shard. A shard
+            # this commit also finds a diff of takes that diff's entry, in either order.
+            if block.shard in record and block.shard not in moved:
                 new_record[block.shard] = record[block.shard]
             continue
+        if block.shard in moved:
+            # SEMANTICS §5.5: only entries with a diff set a pointer, so only two of them
+            # make a shard "listed twice"; a skipped entry never does.
+            raise CommitError(
+                f"shard {block.shard} is listed twice in commit_diff with a stored diff each "
+                f"(block {block}); list each shard once, with its top block"
+            )
         pointer = CommitPointer(info.max_message, info.seqno)
         check_forward(block.shard, pointers.get(block.shard), pointer)
         moved[block.shard] = pointer

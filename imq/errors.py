@@ -73,8 +73,9 @@ class DiffBelowCommitPointerError(ImqError):
 
 
 class CommitError(ImqError):
-    """A commit cannot proceed: no masterchain block, a shard listed twice,
-    a required diff missing, or a pointer that would move backwards."""
+    """A commit cannot proceed: no masterchain block, a shard listed twice (two entries
+    with a stored diff each), a required diff missing, or a pointer that would move
+    backwards."""
 
 
 class StartupError(ImqError):

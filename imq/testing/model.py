@@ -300,19 +300,17 @@ class QueueModel:
             return False
         moved: dict[ShardIdent, CommitPointer] = {}
         record: dict[ShardIdent, dict[ShardIdent, QueueKey]] = {}
-        listed: set[ShardIdent] = set()
         for top in top_blocks:
             shard = top.block_id.shard
-            if shard in listed:
-                raise CommitError(f"{shard} listed twice")
-            listed.add(shard)
             stored = self.diffs.get((shard, top.block_id.seqno))
-            if stored is None:
+            if stored is None:  # skipped before the repeated-shard check (§5.5)
                 if top.updated and top.ref_by_mc_seqno > self.zerostate_seqno:
                     raise CommitError(f"diff of {top.block_id} not found")
-                if shard in self.commit_record:
+                if shard in self.commit_record and shard not in moved:
                     record[shard] = self.commit_record[shard]
                 continue
+            if shard in moved:
+                raise CommitError(f"{shard} listed twice with a stored diff each")
             new = CommitPointer(stored.info.max_message, stored.info.seqno)
             old = self.pointers.get(shard)
             if old is not None and (new.key < old.key or new.seqno < old.seqno):

@@ -148,12 +148,15 @@ def test_duplicate_shard(queue: Queue, chain: Chain) -> None:
     before = dump(queue)
     with pytest.raises(CommitError, match=re.escape(str(S1))):
         queue.commit_diff([mc.top(), s1a.top(1), s1b.top(1)])
-    # Even when the repeated shard's diffs are missing (and need not be there).
-    with pytest.raises(CommitError, match=re.escape(str(S2))):
-        queue.commit_diff([mc.top(), top(S2, 7, 1, updated=False), top(S2, 8, 1, updated=False)])
     with pytest.raises(CommitError, match=re.escape(str(MC))):
         queue.commit_diff([mc.top(), mc.top()])
     assert dump(queue) == before
+    # Entries without a diff are skipped before the check (SEMANTICS §5.5 step 4): a
+    # shard repeated only by them is not listed twice.
+    assert queue.commit_diff(
+        [mc.top(), top(S2, 7, 1, updated=False), top(S2, 8, 1, updated=False), s1a.top(1)]
+    )
+    assert set(queue.get_commit_pointers()) == {MC, S1}
 
 
 def test_missing_required_diff_names_block_ref_and_zerostate(tmp_path: Path) -> None:

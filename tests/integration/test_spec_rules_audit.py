@@ -24,6 +24,7 @@ from imq import (
     Address,
     BlockIdShort,
     CommitError,
+    CommitPointer,
     DiffConflictError,
     DiffSequenceError,
     DiffStatistics,
@@ -224,6 +225,28 @@ def test_two_masterchain_entries_are_a_listed_twice_error(q: Queue) -> None:
         q.commit_diff([top(MC, 2), top(MC, 1)])
     assert q.get_commit_pointers() == {}
     assert q.get_last_committed_mc_block_id() is None
+
+
+def test_a_skipped_entry_does_not_make_its_shard_listed_twice(q: Queue) -> None:
+    """SEMANTICS §5.5 step 4: an item with no diff that is not updated "otherwise skip[s]
+    the item"; only "If there is a diff: pointers[item.shard] = ...  If that shard already
+    has an entry -> error". So a shard listed once with its diff and once more with a
+    skipped entry (either order) commits; the diff sets the pointer. Two entries with a
+    diff each stay an error, with a skipped one between them."""
+    q.apply_diff(QueueDiff([msg(10, AL, AR)]), BlockIdShort(LEFT, 1), digest("l1"))
+    for seqno in (1, 2):
+        q.apply_diff(QueueDiff(), BlockIdShort(MC, seqno), digest(f"m{seqno}"))
+    skipped = top(LEFT, 99, ref_by_mc_seqno=1, updated=False)
+    assert q.commit_diff([top(MC, 1), top(LEFT, 1), skipped]) is True
+    stored = q.get_diff_info(LEFT, 1)
+    assert stored is not None
+    assert q.get_commit_pointers()[LEFT] == CommitPointer(stored.max_message, 1)
+    q.apply_diff(QueueDiff([msg(20, AL, AR)]), BlockIdShort(LEFT, 2), digest("l2"))
+    with pytest.raises(CommitError, match="twice"):
+        q.commit_diff([top(MC, 2), top(LEFT, 1), skipped, top(LEFT, 2)])
+    assert q.get_last_committed_mc_block_id() == block_id(MC, 1)
+    assert q.commit_diff([top(MC, 2), skipped, top(LEFT, 2)]) is True
+    assert q.get_commit_pointers()[LEFT].seqno == 2
 
 
 def test_missing_diff_referenced_at_the_zerostate_seqno_is_skipped(tmp_path: Path) -> None:

@@ -173,9 +173,8 @@ def test_pointer_of_another_shard_does_not_skip() -> None:
         [top(MC, 5), top(LEFT, 3), top(LEFT, 2)],
         [top(MC, 5), top(MC, 5)],
         [top(MC, 5), top(MC, 4)],
-        # even when the diffs are missing and would otherwise be skipped
-        [top(MC, 5), top(RIGHT, 9, updated=False), top(RIGHT, 9, updated=False)],
-        [top(MC, 5), top(RIGHT, 9, ref=0), top(RIGHT, 8, ref=0)],
+        # a skipped entry between the two changes nothing
+        [top(MC, 5), top(LEFT, 3), top(LEFT, 9, updated=False), top(LEFT, 2)],
     ],
 )
 def test_duplicate_shard(tops: list[TopBlock]) -> None:
@@ -187,6 +186,44 @@ def test_duplicate_shard(tops: list[TopBlock]) -> None:
     }
     with pytest.raises(CommitError, match="twice"):
         plan(tops, diffs)
+
+
+@pytest.mark.parametrize(
+    "tops",
+    [
+        [top(MC, 5), top(RIGHT, 9, updated=False), top(RIGHT, 9, updated=False)],
+        [top(MC, 5), top(RIGHT, 9, ref=0), top(RIGHT, 8, ref=0)],
+        [top(MC, 5), top(MC, 3, updated=False)],
+    ],
+)
+def test_a_shard_repeated_only_by_skipped_entries_is_not_listed_twice(
+    tops: list[TopBlock],
+) -> None:
+    """SEMANTICS §5.5 step 4: an entry without a diff (not updated, or referenced at or
+    below the zerostate) is skipped before "If that shard already has an entry", so
+    only two entries with a diff each make a shard listed twice."""
+    result = must_plan(tops, {(MC, 5): info(5, 50, {MC: k(45)})}, record={RIGHT: {LEFT: k(7)}})
+    assert result.moved == {MC: CommitPointer(k(50), 5)}
+    # a listed shard whose diff is missing keeps its entry; an unlisted one drops out
+    kept = {RIGHT: {LEFT: k(7)}} if any(t.block_id.shard == RIGHT for t in tops) else {}
+    assert result.record == {MC: {MC: k(45)}, **kept}
+
+
+@pytest.mark.parametrize("found_first", [True, False])
+def test_a_found_diff_outranks_a_skipped_entry_of_its_shard(found_first: bool) -> None:
+    """A shard listed with a diff and again with a skipped entry, in either order: the
+    diff sets its pointer and its record entry; the old entry the skip would keep is
+    replaced (D7: the record holds the shard's newest committed diff)."""
+    found, skipped = top(LEFT, 3), top(LEFT, 9, updated=False)
+    pair = [found, skipped] if found_first else [skipped, found]
+    result = must_plan(
+        [top(MC, 5), *pair],
+        {(MC, 5): info(5, 50), (LEFT, 3): info(3, 30, {LEFT: k(25)})},
+        record={LEFT: {LEFT: k(1)}},
+    )
+    assert result.moved[LEFT] == CommitPointer(k(30), 3)
+    assert result.record[LEFT] == {LEFT: k(25)}
+    assert result.gc_requested[(0, LEFT)] == k(25)
 
 
 @pytest.mark.parametrize(
