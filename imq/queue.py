@@ -341,10 +341,8 @@ class Queue(QueueReads):
     def _check_writable(self, operation: str) -> None:
         self._check_open()
         if self._store.read_only:
-            raise ReadOnlyError(
-                f"{operation}: queue {self._store.path} is open read-only; open it without "
-                "read_only=True to change it (one writer at a time: close the other handle)"
-            )
+            # ReadOnlyError.next_step says what to do
+            raise ReadOnlyError(f"{operation}: queue {self._store.path} is open read-only")
 
     @property
     def read_only(self) -> bool:

@@ -2496,10 +2496,7 @@ class Store:
     # -- writes -------------------------------------------------------------------------------
 
     def _read_only_error(self) -> ReadOnlyError:
-        return ReadOnlyError(
-            f"queue database {self.path} is open read-only; open it without read_only=True "
-            "to change it"
-        )
+        return ReadOnlyError(f"queue database {self.path} is open read-only")  # + next_step
 
     def transaction(self) -> Transaction:
         self._check_open()

@@ -35,7 +35,17 @@ from builders import (
 )
 from threads import TIMEOUT, started
 
-from imq import ImqError, Queue, QueueClosedError, QueueKey, StorageError, verify
+from imq import (
+    BlockIdShort,
+    ImqError,
+    Queue,
+    QueueClosedError,
+    QueueDiff,
+    QueueKey,
+    ReadOnlyError,
+    StorageError,
+    verify,
+)
 from imq.locks import RWLock, ShardLocks
 from imq.observability import capture_events
 from imq.pending import PendingRegistry
@@ -108,6 +118,34 @@ def test_compact_on_a_read_only_queue_is_refused(tmp_path: Path) -> None:
             view.compact(lambda done, total: calls.append((done, total)))
         assert view.get_last_applied_seqno(LEFT) == 1
     assert calls == []
+
+
+def test_a_read_only_refusal_gives_its_next_step_once(tmp_path: Path) -> None:
+    """Every write call on a read-only handle raises ``ReadOnlyError`` naming the call
+    and the path, then what to do, once (the class appends its ``next_step``; a message
+    that also carried it said it twice)."""
+    path = tmp_path / "db"
+    with open_queue(path) as q:
+        Chain(q).apply(LEFT, 2)
+    step = ReadOnlyError.next_step
+    with Queue.open(path, quiet_config(), read_only=True) as view:
+        calls: dict[str, Callable[[], object]] = {
+            "prepare_diff": lambda: view.prepare_diff(
+                QueueDiff(), BlockIdShort(LEFT, 9), bytes(32)
+            ),
+            "apply_diff": lambda: view.apply_diff(QueueDiff(), BlockIdShort(LEFT, 9), bytes(32)),
+            "commit_diff": lambda: view.commit_diff([top(MC, 1)]),
+            "clear_uncommitted_state": view.clear_uncommitted_state,
+            "run_gc": view.run_gc,
+            "compact": view.compact,
+        }
+        for name, call in calls.items():
+            with pytest.raises(ReadOnlyError) as caught:
+                call()
+            text = str(caught.value)
+            assert text.startswith(f"{name}: queue {path} is open read-only"), text
+            assert text.count(step) == 1 and text.endswith(step), text
+            assert text.count("read_only=True") == 1, text
 
 
 class _FailingClose:
