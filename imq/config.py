@@ -369,7 +369,10 @@ class QueueConfig:
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{source}: not UTF-8 text, so not TOML: {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{source}: malformed TOML: {exc}") from exc
+            raise ConfigError(
+                f"{source}: malformed TOML: {exc}; fix the file's syntax there (see "
+                "config/imq.toml for every key with its default)"
+            ) from exc
         _check_no_misplaced_keys(document, source)
         table = document.get(TABLE, {})
         return cls.from_mapping(table, source=source)

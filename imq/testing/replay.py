@@ -371,7 +371,7 @@ class _Log:
                 line = _parse(path, number, raw)
                 where = f"op log {path} line {number}"
                 if not isinstance(line, dict):
-                    raise OpLogError(f"{where}: a JSON {type(line).__name__}, not an object")
+                    raise OpLogError(f"{where}: {c.json_kind(line)}, not an object")
                 step = line.get("step")
                 if type(step) is not int:
                     raise OpLogError(f'{where}: a step without an integer "step"')
@@ -599,11 +599,17 @@ class _Replayer:
         since = self.agreed if self.unchecked else None
         if real != recorded or _json(real) != _json(recorded):
             raise ReplayDivergenceError(
-                step, op, f"the log says {recorded}, the queue now {real}", checked_to=since
+                step,
+                op,
+                f"the log says {_short(recorded)}, the queue now {_short(real)}",
+                checked_to=since,
             )
         if model != real:
             raise ReplayDivergenceError(
-                step, op, f"the queue gives {real}, the model {model}", checked_to=since
+                step,
+                op,
+                f"the queue gives {_short(real)}, the model {_short(model)}",
+                checked_to=since,
             )
         if op in MUTATING and self.queue is not None and "error" not in real:
             self.unchecked += 1

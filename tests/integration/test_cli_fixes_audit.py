@@ -363,10 +363,11 @@ def test_ctrl_c_during_an_import_is_one_line_and_rolls_back(
     [
         ('{"imq_ops":1}\n{"step":1,\n', "line 2: not JSON: Expecting property name"),
         ("not json\n", "line 1: not JSON: Expecting value (column 1)"),
-        ('{"imq_ops":1}\n\n{"step":1,"op":"open"}\n[1]\n', "line 4: a JSON list, not an object"),
+        ('{"imq_ops":1}\n\n{"step":1,"op":"open"}\n[1]\n', "line 4: an array, not an object"),
+        ('{"imq_ops":1}\nnull\n', "line 2: null, not an object"),
         ('{"imq_ops":1}\n{"op":"open"}\n', 'line 2: a step without an integer "step"'),
     ],
-    ids=["cut-short", "not-json", "not-an-object", "no-step"],
+    ids=["cut-short", "not-json", "not-an-object", "null", "no-step"],
 )
 def test_a_bad_op_log_names_the_file_and_line(text: str, says: str, tmp_path: Path) -> None:
     log = tmp_path / "ops.jsonl"

@@ -422,3 +422,6 @@ def test_a_result_of_another_json_type_does_not_agree(tmp_path: Path, value: obj
     with pytest.raises(ReplayDivergenceError) as caught:
         replay(_log(tmp_path, *lines))
     assert caught.value.step == step["step"] and caught.value.op == "run_gc"
+    # shown as the log writes it (JSON), so the two can be told apart on screen
+    says = f"the log says {json.dumps({'result': value})}, the queue now " + '{"result": 0}'
+    assert caught.value.difference == says, caught.value.difference

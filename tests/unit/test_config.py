@@ -320,6 +320,7 @@ def test_malformed_toml(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="malformed TOML") as info:
         QueueConfig.from_toml(path)
     assert str(path) in str(info.value)
+    assert "fix the file's syntax" in str(info.value)  # what to do next
 
 
 def test_missing_file(tmp_path: Path) -> None:
