@@ -293,6 +293,7 @@ def run_import(
             _check_header(state, block_id, top_update)
         # The import's own errors name the file and say what to do already.
         created = _first_missing(db)
+        was_empty = created is None and _is_empty_directory(db)
         try:
             with checked_queue(db, "import") as queue:
                 try:
@@ -311,20 +312,7 @@ def run_import(
                 # Ctrl-C after the import's last batch: the state is in, and stays.
                 exc.args = (_COMPLETE.format(file=file.name, db=db),)
                 raise
-            if created is not None:  # all or nothing: the directories it made go too
-                _remove_created(db, created)
-                if isinstance(exc, StorageError) and not db.exists():
-                    # The library's hint is a host's (close, reopen, the open rolls back);
-                    # here nothing is left to reopen.
-                    full = says_disk_full(exc.reason)
-                    raise StorageError(
-                        exc.path,
-                        exc.operation,
-                        exc.reason,
-                        f"{'the disk is full: ' if full else ''}the directory this import "
-                        "created was removed; free the space (or fix the fault) and run the "
-                        "import again",
-                    ) from exc
+            _undo_created(db, created, was_empty, exc)
             raise
     rate = report.messages / report.seconds if report.seconds else 0.0
     try:
@@ -375,6 +363,49 @@ def _first_missing(db: Path) -> Path | None:
             break
         first = parent
     return first
+
+
+def _undo_created(db: Path, created: Path | None, was_empty: bool, exc: BaseException) -> None:
+    """All or nothing: after a failed import, remove what it made (the directories it
+    created, or the database it created in an empty directory, which stays). A storage
+    failure is raised again with a hint for what is left; any other error is the
+    caller's to raise."""
+    gone = None
+    if created is not None:
+        _remove_created(db, created)
+        gone = None if db.exists() else "the directory this import created was removed"
+    elif was_empty:
+        _empty_again(db)
+        if _is_empty_directory(db):
+            gone = f"the database this import created in {db} was removed"
+    if gone is not None and isinstance(exc, StorageError):
+        # The library's hint is a host's (close, reopen, the open rolls back); here
+        # nothing is left to reopen.
+        full = says_disk_full(exc.reason)
+        raise StorageError(
+            exc.path,
+            exc.operation,
+            exc.reason,
+            f"{'the disk is full: ' if full else ''}{gone}; free the space (or fix the "
+            "fault) and run the import again",
+        ) from exc
+
+
+def _is_empty_directory(db: Path) -> bool:
+    try:
+        with os.scandir(db) as entries:
+            return next(entries, None) is None
+    except OSError:  # not a directory, or unreadable: the open says why
+        return False
+
+
+def _empty_again(db: Path) -> None:
+    """Remove the database a failed import created in the empty directory ``db`` (its
+    files only, under its lock: :func:`wipe_database`), leaving the directory as it was;
+    anything unexpected leaves it as it is."""
+    with contextlib.suppress(OSError, ImqError):
+        wipe_database(db)
+        (db / LOCK_FILE).unlink()
 
 
 def _remove_created(db: Path, first: Path) -> None:

@@ -175,6 +175,9 @@ def _check_block(shard: ShardIdent, seqno: int, block_id: BlockId) -> None:
         )
 
 
+_U32_MAX = (1 << 32) - 1
+
+
 def _check_top_update(top_update: tuple[bytes, int]) -> tuple[bytes, int]:
     diff_hash: object = None
     tail_len: object = None
@@ -182,8 +185,11 @@ def _check_top_update(top_update: tuple[bytes, int]) -> tuple[bytes, int]:
         diff_hash, tail_len = top_update
     if not isinstance(diff_hash, bytes) or type(tail_len) is not int:
         raise TypeError("top_update must be (diff hash: bytes, tail_len: int)")
-    if len(diff_hash) != 32 or tail_len < 0:
-        raise ValueError("top_update must be a 32-byte hash and a non-negative tail_len")
+    if len(diff_hash) != 32 or not 0 <= tail_len <= _U32_MAX:
+        raise ValueError(
+            "top_update must be a 32-byte hash and a tail_len in 0..2**32-1 (a block's "
+            f"queue tail length is a u32), got {len(diff_hash)} bytes and {tail_len}"
+        )
     return diff_hash, tail_len
 
 

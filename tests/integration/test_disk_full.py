@@ -268,6 +268,14 @@ def test_imq_import_on_a_full_disk_says_what_an_operator_does(
     assert "the directory this import created was removed" in line, line
     assert "run the import again" in line and "close the queue" not in line, line
     assert not db.exists()
+    # Into an empty directory given to it: the database goes, the directory stays.
+    db.mkdir()
+    run = imq("import", db, src, "--block-id", str(synth.block_id), "--no-progress")
+    assert run.code == 1, run
+    (line,) = run.err.strip().splitlines()[-1:]
+    assert f"the database this import created in {db} was removed" in line, line
+    assert "run the import again" in line and "close the queue" not in line, line
+    assert list(db.iterdir()) == []
 
 
 def test_a_compaction_on_a_full_disk_raises_instead_of_reporting_success(disk: Disk) -> None:

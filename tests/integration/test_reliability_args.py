@@ -389,6 +389,10 @@ def test_state_calls_refuse_wrong_argument_types_before_reading(queue: Queue) ->
         queue.import_state(io.BytesIO(b""), block_id(BASE, 1), progress=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="top_update must be"):
         queue.import_state(io.BytesIO(b""), block_id(BASE, 1), ("x",))  # type: ignore[arg-type]
+    # a value out of range is the caller's (ValueError), before the source is read
+    for bad in ((bytes(32), -1), (bytes(32), 1 << 32), (bytes(31), 1)):
+        with pytest.raises(ValueError, match=r"tail_len in 0\.\.2\*\*32-1"):
+            queue.import_state(io.BytesIO(b""), block_id(BASE, 1), bad)
     with pytest.raises(TypeError, match="read_only must be a bool"):
         Queue.open(queue.path, read_only="yes")  # type: ignore[arg-type]
     assert dump(queue) == before
@@ -497,7 +501,7 @@ def test_refusals_say_what_to_do(queue: Queue, db_path: Path, tmp_path: Path) ->
     queue.close()
     with (
         Queue.open(db_path, read_only=True) as reader,
-        pytest.raises(ImqError, match="open it without read_only=True"),
+        pytest.raises(ImqError, match="open the queue without read_only=True"),
     ):
         reader.run_gc()
 

@@ -392,6 +392,14 @@ def test_a_failed_import_removes_the_directory_it_created(imq: Imq, tmp_path: Pa
     run = imq("import", db, cut, "--block-id", SHARD_ID)
     assert run.code == 1 and "truncated at offset" in run.err, run
     assert not db.exists()
+    # An empty directory given to it stays, empty again (`import --help`: the database
+    # is "removed again if the import fails").
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    run = imq("import", empty, cut, "--block-id", SHARD_ID)
+    assert run.code == 1 and "truncated at offset" in run.err, run
+    assert empty.is_dir() and list(empty.iterdir()) == []
+    assert imq("import", empty, SHARD_BIN, "--block-id", SHARD_ID).code == 0  # and is usable
     kept = tmp_path / "kept"
     assert imq("import", kept, SHARD_BIN, "--block-id", SHARD_ID).code == 0
     with _open(kept) as queue:
