@@ -186,6 +186,13 @@ _UNDECODABLE = (
 )
 
 
+def undecodable(exc: BaseException) -> str:
+    """A corrupt row's reason: that its value does not decode, and the decoder's own
+    words when it has any (msgpack's ``FormatError`` has none)."""
+    text = str(exc)
+    return f"the stored value does not decode ({type(exc).__name__}{': ' + text if text else ''})"
+
+
 def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=True)
 
@@ -633,7 +640,7 @@ def decode_diff_span(key: bytes, value: bytes) -> tuple[QueueKey, QueueKey, dict
             partitions[check_partition(p)] = n
         return decode_key(record[1]), decode_key(record[2]), partitions
     except _UNDECODABLE as exc:
-        raise CorruptDataError("diff_info", key, f"{type(exc).__name__}: {exc}") from None
+        raise CorruptDataError("diff_info", key, undecodable(exc)) from None
 
 
 def _decode_router(rows: Any) -> dict[int, frozenset[Address]]:
@@ -677,7 +684,7 @@ def decode_diff_record(key: bytes, value: bytes) -> tuple[DiffInfo, dict[int, in
             partitions[check_partition(p)] = n
         return info, partitions
     except _UNDECODABLE as exc:
-        raise CorruptDataError("diff_info", key, f"{type(exc).__name__}: {exc}") from None
+        raise CorruptDataError("diff_info", key, undecodable(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -746,7 +753,7 @@ def decode_commit_record(value: bytes) -> dict[ShardIdent, dict[ShardIdent, Queu
             for top, entries in rows
         }
     except _UNDECODABLE as exc:
-        raise CorruptDataError("vars", COMMIT_RECORD, f"{type(exc).__name__}: {exc}") from None
+        raise CorruptDataError("vars", COMMIT_RECORD, undecodable(exc)) from None
 
 
 def gc_bounds_value(bounds: GcBounds) -> bytes:
@@ -761,7 +768,7 @@ def decode_gc_bounds(name: bytes, value: bytes) -> dict[tuple[int, ShardIdent], 
             raise ValueError(f"unknown GC bounds version {version!r}")
         return {(check_partition(p), decode_shard(s)): decode_key(k) for p, s, k in rows}
     except _UNDECODABLE as exc:
-        raise CorruptDataError("vars", name, f"{type(exc).__name__}: {exc}") from None
+        raise CorruptDataError("vars", name, undecodable(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -798,7 +805,7 @@ def decode_import_marker(
         diffs = [(int(s), decode_key(lo), decode_key(hi)) for s, lo, hi in record[2]]
         return block_id, diffs, [check_partition(p) for p in record[3]]
     except _UNDECODABLE as exc:
-        raise CorruptDataError("vars", IMPORT_MARKER, f"{type(exc).__name__}: {exc}") from None
+        raise CorruptDataError("vars", IMPORT_MARKER, undecodable(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------------

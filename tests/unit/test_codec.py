@@ -668,6 +668,25 @@ def test_decode_commit_record_corrupt(value: bytes) -> None:
         codec.decode_commit_record(value)
     assert info.value.table == "vars"
     assert info.value.key == codec.COMMIT_RECORD
+    assert info.value.reason.startswith("the stored value does not decode (")
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b"\xc1", "(FormatError)"),  # msgpack's error has no words of its own
+        (b"\x81\xa1\x61\x01", "(KeyError: 0)"),
+        (b"\x00\x00", "(ExtraData: unpack(b) received extra data.)"),
+    ],
+)
+def test_an_undecodable_row_says_so_in_words(value: bytes, reason: str) -> None:
+    """A corrupt diff-info row's reason says what is wrong before the decoder's terms
+    (an outside audit saw "FormatError: " with nothing after it)."""
+    key = codec.diff_info_key(LEFT, 1)
+    with pytest.raises(CorruptDataError) as info:
+        codec.decode_diff_info(key, value)
+    assert info.value.reason == f"the stored value does not decode {reason}"
+    assert f"at key {key.hex()}: the stored value does not decode {reason}; " in str(info.value)
 
 
 @pytest.mark.parametrize(
