@@ -32,9 +32,9 @@ _MIB = 1024**2
 # ``threading.TIMEOUT_MAX`` (about 292 years) at once.
 MAX_SECONDS = 1e9
 
-# Seconds per duration unit. A compound duration must use strictly smaller units from left
-# to right ("1h30m" is fine, "30m1h" and "1s2s" are not).
-# The units of the original's config (Rust's humantime): short and long forms. A month
+# Seconds per duration unit: those of the original's config (Rust's humantime), short and
+# long forms, and "µs". As there, a compound duration is the sum of its parts in any order
+# ("1h30m", "30m 1h" and "45m45m" are all 90 minutes). A month
 # and a year are humantime's 30.44 and 365.25 days. Exact fractions: a duration is summed
 # exactly and rounded once, so "700ms" is the float 0.7 (not 700 * 1e-3 = 0.7000000000000001).
 _DURATION_UNITS: dict[str, Fraction] = {
@@ -45,9 +45,9 @@ _DURATION_UNITS: dict[str, Fraction] = {
     **dict.fromkeys(("hours", "hour", "hrs", "hr", "h"), Fraction(3_600)),
     **dict.fromkeys(("minutes", "minute", "mins", "min", "m"), Fraction(60)),
     **dict.fromkeys(("seconds", "second", "secs", "sec", "s"), Fraction(1)),
-    **dict.fromkeys(("msec", "ms"), Fraction(1, 1_000)),
+    **dict.fromkeys(("millis", "msec", "ms"), Fraction(1, 1_000)),
     **dict.fromkeys(("usec", "us", "µs"), Fraction(1, 1_000_000)),
-    **dict.fromkeys(("nsec", "ns"), Fraction(1, 1_000_000_000)),
+    **dict.fromkeys(("nanos", "nsec", "ns"), Fraction(1, 1_000_000_000)),
 }
 _BARE_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 # Longest unit first, so that "5ms" is not 5 m and an "s"; a unit ends where letters do.
@@ -75,11 +75,13 @@ def parse_duration(text: str) -> float:
     """Parse a human duration (``"500ms"``, ``"1m30s"``, ``"2h"``, ``"250us"``) into seconds.
 
     Units: ``ns``, ``us`` (or ``µs``), ``ms``, ``s``, ``m``, ``h``, ``d``, ``w``, ``M``
-    (month), ``y``, and the long forms of the original's humantime (``nsec``, ``usec``,
-    ``msec``, ``sec``/``second(s)``, ``min``/``minute(s)``, ``hr``/``hour(s)``,
-    ``day(s)``, ``week(s)``, ``month(s)``, ``year(s)``). A unit is required; compound
-    parts go from the largest unit to the smallest, each unit once.
-    Raises ``ValueError`` on an empty, negative or malformed duration.
+    (month), ``y``, and the long forms of the original's humantime (``nanos``/``nsec``,
+    ``usec``, ``millis``/``msec``, ``sec(s)``/``second(s)``, ``min(s)``/``minute(s)``,
+    ``hr(s)``/``hour(s)``, ``day(s)``, ``week(s)``, ``month(s)``, ``year(s)``). A unit is
+    required; a compound duration is the sum of its parts, in any order, as humantime
+    reads it. Every duration humantime accepts is accepted; beyond it, a part may have a
+    fraction (``"1.5s"``). Raises ``ValueError`` on an empty, negative or malformed
+    duration.
     """
     if not isinstance(text, str):
         raise TypeError(f"duration must be a string, got {type(text).__name__}")
@@ -91,7 +93,6 @@ def parse_duration(text: str) -> float:
     if _BARE_NUMBER.fullmatch(stripped):
         raise ValueError(f"duration {text!r} needs a unit, e.g. '5s' or '500ms'")
     total = Fraction(0)
-    last_unit: Fraction | float = math.inf
     pos = 0
     while pos < len(stripped):
         match = _DURATION_PART.match(stripped, pos)
@@ -102,14 +103,7 @@ def parse_duration(text: str) -> float:
                 "e.g. '500ms', '1m30s', '5sec')"
             )
         number, unit = match.groups()
-        seconds = _DURATION_UNITS[unit]
-        if seconds >= last_unit:
-            raise ValueError(
-                f"malformed duration {text!r}: units must go from largest to smallest, "
-                "each at most once"
-            )
-        last_unit = seconds
-        total += Fraction(number) * seconds
+        total += Fraction(number) * _DURATION_UNITS[unit]
         pos = match.end()
     try:
         return float(total)
