@@ -596,6 +596,15 @@ def test_trailing_bytes(prior: Queue, extra: bytes) -> None:
     rejected(prior, MASTER_BIN + extra, MASTER_BLOCK, MASTER_TOP, match="trailing")
 
 
+def test_a_wrong_top_update_is_found_before_trailing_bytes(prior: Queue) -> None:
+    """I22: the reader streams, so it checks the top update right after the header and
+    meets trailing bytes only at the end; the original parses the whole file first and
+    reports the leftover bytes. Either way the import is refused and writes nothing."""
+    rejected(prior, SHARD_BIN + b"junk", SHARD_BLOCK, MASTER_TOP, match="top queue diff hash")
+    wrong_len = (SHARD_TOP[0], SHARD_TOP[1] + 1)
+    rejected(prior, SHARD_BIN + b"junk", SHARD_BLOCK, wrong_len, match="diffs count mismatch")
+
+
 def test_trailing_frame_in_a_queue_file(prior: Queue) -> None:
     """A second zstd frame after the state decompresses to trailing bytes."""
     data = QUEUE_83.read_bytes() + zstandard.ZstdCompressor().compress(b"more")

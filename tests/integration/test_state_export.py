@@ -41,6 +41,7 @@ from imq import (
     Queue,
     QueueDiff,
     QueueKey,
+    ShardIdent,
     StateFormatError,
 )
 from imq.state.boc import encode_boc
@@ -469,3 +470,19 @@ def test_diffs_out_of_order_refuse_the_export(tmp_path: Path, queue: Queue) -> N
     assert not out.exists() and _no_leftovers(tmp_path) == []
     assert queue.export_state(BASE, 2, 1, io.BytesIO()).messages == 1  # each alone exports
     assert queue.export_state(BASE, 1, 1, io.BytesIO()).messages == 1
+
+
+def test_a_diff_past_the_formats_processed_to_limit_is_kept_and_refuses_the_export(
+    tmp_path: Path, queue: Queue
+) -> None:
+    """I20: a diff with more ``processed_to`` entries than a state file holds (1,000) is
+    stored and read back whole (the original writes it and then cannot read it); only its
+    export is refused, and leaves nothing behind."""
+    shards = [ShardIdent(0, (i << 54) | (1 << 53)) for i in range(1_001)]  # depth 10
+    processed = {shard: QueueKey.min_for_lt(i + 1) for i, shard in enumerate(shards)}
+    dst = address_in(BASE, 2)
+    diff = QueueDiff(_real_messages(900, [dst]), processed)
+    assert queue.apply_diff(diff, block(BASE, 1), b"\x01" * 32)
+    info = queue.get_diff_info(BASE, 1)
+    assert info is not None and info.processed_to == processed
+    _refused_everywhere(queue, tmp_path, 1, "1001 processed_to entries, max 1000")
