@@ -9,18 +9,29 @@ thread than the one that prepared it.
 The write lock remembers the thread that holds it, only so that a call from that thread
 which would wait for it (a write call from ``import_state``'s progress callback, which
 runs under the write lock) is refused with ``ImqError`` instead of hanging.
+
+A wait the locks cannot refuse (a thread that was handed a pending diff and commits
+before writing it waits for itself) is reported instead: a waiting call given
+``on_stuck`` calls it once, after ``STUCK_AFTER`` seconds, and goes on waiting.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from imq.errors import ImqError
 from imq.types import ShardIdent
 
-__all__ = ["RWLock", "ShardLocks"]
+__all__ = ["RWLock", "ShardLocks", "STUCK_AFTER", "Stuck"]
+
+# Seconds a call waits for a lock before its ``on_stuck`` is called (once). A prepare,
+# commit or clear normally waits milliseconds: for the pending diffs collated beside it.
+STUCK_AFTER = 10.0
+
+Stuck = Callable[[float], None]  # told how many seconds the call has waited
 
 
 class RWLock:
@@ -66,22 +77,33 @@ class RWLock:
                 "import_state's progress callback); make the call after that one returns"
             )
 
-    def acquire_read(self, *, jump_queue: bool = False, timeout: float | None = None) -> bool:
+    def acquire_read(
+        self,
+        *,
+        jump_queue: bool = False,
+        timeout: float | None = None,
+        on_stuck: Stuck | None = None,
+    ) -> bool:
         """Take a read lock; ``False`` if ``timeout`` seconds passed first. ``jump_queue``
         lets a caller that already holds one pass a waiting writer (otherwise it would
         wait for a writer that waits for it). ``ImqError`` if this thread holds the write
-        lock."""
+        lock. ``on_stuck`` (with no ``timeout``): called once after ``STUCK_AFTER``
+        seconds of waiting, under this lock's condition (it must not take the lock)."""
+
+        def free() -> bool:
+            return self._closed is not None or not (
+                self._writer or (self._writers_waiting and not jump_queue)
+            )
+
         with self._cond:
             self._refuse_self_deadlock("taking the queue's read lock")
-            free = self._cond.wait_for(
-                lambda: (
-                    self._closed is not None
-                    or not (self._writer or (self._writers_waiting and not jump_queue))
-                ),
-                timeout,
-            )
+            if on_stuck is not None and timeout is None:
+                started = time.monotonic()
+                if not self._cond.wait_for(free, STUCK_AFTER):
+                    on_stuck(time.monotonic() - started)
+            got = self._cond.wait_for(free, timeout)
             self.check_closed()
-            if not free:
+            if not got:
                 return False
             self._readers += 1
             return True
@@ -94,16 +116,24 @@ class RWLock:
             if self._readers == 0:
                 self._cond.notify_all()
 
-    def acquire_write(self) -> None:
-        """Take the write lock; ``ImqError`` if this thread holds it already."""
+    def acquire_write(self, on_stuck: Stuck | None = None) -> None:
+        """Take the write lock; ``ImqError`` if this thread holds it already.
+        ``on_stuck``: called once after ``STUCK_AFTER`` seconds of waiting, under this
+        lock's condition (it must not take the lock)."""
         with self._cond:
             self._refuse_self_deadlock("taking the queue's write lock")
             self._writers_waiting += 1
             acquired = False
+            started = time.monotonic()
             try:
                 while self._writer or self._readers:
                     self.check_closed()
                     self._cond.wait(self._WRITER_RECHECK)
+                    if on_stuck is not None:
+                        waited = time.monotonic() - started
+                        if waited >= STUCK_AFTER:
+                            on_stuck(waited)
+                            on_stuck = None
                 self.check_closed()
                 acquired = True
             finally:
@@ -124,8 +154,8 @@ class RWLock:
             self._cond.notify_all()
 
     @contextmanager
-    def write_locked(self) -> Iterator[None]:
-        self.acquire_write()
+    def write_locked(self, on_stuck: Stuck | None = None) -> Iterator[None]:
+        self.acquire_write(on_stuck)
         try:
             yield
         finally:

@@ -16,12 +16,14 @@ its state consistent at each allocation.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from types import TracebackType
 
+from imq import locks
 from imq.errors import ImqError
-from imq.locks import RWLock, ShardLocks
+from imq.locks import RWLock, ShardLocks, Stuck
 from imq.storage import TransactionProtocol
 from imq.types import BlockIdShort, ShardIdent
 
@@ -44,12 +46,20 @@ class PendingRegistry:
         self._owners: dict[ShardIdent, threading.Thread] = {}
         self._waiting: dict[threading.Thread, ShardIdent] = {}
 
-    def hold_shard(self, rw: RWLock, shard_locks: ShardLocks, shard: ShardIdent) -> LockGuard:
+    def hold_shard(
+        self,
+        rw: RWLock,
+        shard_locks: ShardLocks,
+        shard: ShardIdent,
+        on_stuck: Stuck | None = None,
+    ) -> LockGuard:
         """Take the read lock and ``shard``'s mutex for this thread and remember it:
         what a pending diff holds until written or discarded, and what an export holds
         while it reads the shard (so neither can be followed by a commit or clear, or a
         second hold of the shard, in the same thread, nor by a wait for a shard whose
-        holder waits, directly or through others, for one this thread holds)."""
+        holder waits, directly or through others, for one this thread holds).
+        ``on_stuck``: called once if a lock is still not free after ``STUCK_AFTER``
+        seconds (the wait goes on)."""
         thread = threading.current_thread()
         with self._mutex:
             held = list(self._held.get(thread, ()))
@@ -59,11 +69,11 @@ class PendingRegistry:
                 "exporting it); write or discard it before preparing another diff of the "
                 "shard or exporting it"
             )
-        rw.acquire_read(jump_queue=bool(held))
+        rw.acquire_read(jump_queue=bool(held), on_stuck=on_stuck)
         lock = shard_locks.get(shard)
         try:
             if not lock.acquire(blocking=False):
-                self._wait_for(lock, thread, shard, held, rw)
+                self._wait_for(lock, thread, shard, held, rw, on_stuck=on_stuck)
         except BaseException:
             rw.release_read()
             raise
@@ -85,6 +95,8 @@ class PendingRegistry:
         shard: ShardIdent,
         held: list[ShardIdent],
         rw: RWLock,
+        *,
+        on_stuck: Stuck | None,
     ) -> None:
         """Block on ``shard``'s mutex, unless this thread holds shards and the wait
         would close a cycle of waits: then ``ImqError``. The check and the registration
@@ -101,10 +113,16 @@ class PendingRegistry:
                     f"preparing shard {shard} would deadlock: {cycle}; write or discard "
                     f"this thread's pending diffs of {', '.join(map(str, held))} first"
                 )
+        started = time.monotonic()
         try:
             # In steps, so that a close of the queue ends the wait (rw.check_closed).
             while not lock.acquire(timeout=_CLOSED_CHECK):
                 rw.check_closed()
+                if on_stuck is not None:
+                    waited = time.monotonic() - started
+                    if waited >= locks.STUCK_AFTER:
+                        on_stuck(waited)
+                        on_stuck = None
         finally:
             if held:
                 with self._mutex:
@@ -136,6 +154,21 @@ class PendingRegistry:
                     del self._held[thread]
             if self._owners.get(shard) is thread:
                 del self._owners[shard]
+
+    def holders(self) -> str:
+        """Who holds which shard now (pending diffs and exports), for a report of a long
+        wait: each shard with the thread that took it, and whether that thread still
+        runs (a diff whose thread has exited can be written only by a thread it was
+        handed to)."""
+        with self._mutex:
+            owners = sorted(self._owners.items(), key=lambda item: str(item[0]))
+        if not owners:
+            return "no pending diff or export (a GC batch or another call holds the lock)"
+        return "; ".join(
+            f"shard {shard}: thread {thread.name!r} "
+            f"({'running' if thread.is_alive() else 'exited'})"
+            for shard, thread in owners
+        )
 
     def check_no_pending(self, operation: str) -> None:
         with self._mutex:

@@ -338,6 +338,27 @@ class Queue(QueueReads):
             )
         self._rw.close(self._interrupted.again)
 
+    def _stuck(self, operation: str) -> Callable[[float], None]:
+        """What a call does when it has waited ``locks.STUCK_AFTER`` seconds for the
+        queue's locks: log a warning naming the shards held and by which threads (it goes
+        on waiting). Such a wait is a pending diff left unwritten, or handed to a thread
+        that then commits, clears, imports or prepares its shard before writing it: a
+        wait for itself that the locks cannot see."""
+
+        def report(waited: float) -> None:
+            self._log.warning(
+                "lock_wait_long",
+                operation=operation,
+                waited_seconds=round(waited, 1),
+                held=self._pending.holders(),
+                hint="write or discard those pending diffs; a thread handed a pending diff "
+                "must write or discard it before its own commit_diff, "
+                "clear_uncommitted_state, import_state or prepare of that shard, which "
+                "would otherwise wait for it until close()",
+            )
+
+        return report
+
     def _check_writable(self, operation: str) -> None:
         self._check_open()
         if self._store.read_only:
@@ -444,7 +465,9 @@ class Queue(QueueReads):
         stats: DiffStatistics | tuple[QueueKey, QueueKey] | None,
         check_sequence: DiffZone | None,
     ) -> PendingDiff | None:
-        guard = self._pending.hold_shard(self._rw, self._shard_locks, block.shard)
+        guard = self._pending.hold_shard(
+            self._rw, self._shard_locks, block.shard, self._stuck("prepare_diff")
+        )
         try:
             store = self._store
             epoch, known, top = store.diff_tops.lookup(block.shard)
@@ -561,7 +584,7 @@ class Queue(QueueReads):
             check_type("top block", top, TopBlock)
         parts = check_partitions(partitions)
         self._pending.check_no_pending("commit_diff")
-        with self.metrics.time("commit_diff"), self._rw.write_locked():
+        with self.metrics.time("commit_diff"), self._rw.write_locked(self._stuck("commit_diff")):
             self._check_open()
             with ops.view(self._store, diffs=True) as view:
                 state = view.state
@@ -631,7 +654,7 @@ class Queue(QueueReads):
     def _clear(
         self, parts: frozenset[int], tops: list[ShardIdent]
     ) -> tuple[list[DeletedDiffs], list[tuple[Table, bytes, bytes]]]:
-        with self._rw.write_locked():
+        with self._rw.write_locked(self._stuck("clear_uncommitted_state")):
             self._check_open()
             pointers = self._store.state.pointers
             ranges = []
@@ -704,7 +727,10 @@ class Queue(QueueReads):
         if callable(progress):
             callback = progress
         try:
-            with self.metrics.time("import_state"), self._rw.write_locked():
+            with (
+                self.metrics.time("import_state"),
+                self._rw.write_locked(self._stuck("import_state")),
+            ):
                 self._check_open()
                 report = importer.import_state(
                     self._store, source, block_id, top_update, log=self._log, progress=callback
@@ -756,7 +782,9 @@ class Queue(QueueReads):
             callback = progress
         # The shard's diffs and messages must not change while they are read: hold the
         # shard as a pending diff does (read lock and the shard's mutex).
-        guard = self._pending.hold_shard(self._rw, self._shard_locks, shard)
+        guard = self._pending.hold_shard(
+            self._rw, self._shard_locks, shard, self._stuck("export_state")
+        )
         try:
             with self.metrics.time("export_state"):
                 self._check_open()
