@@ -32,7 +32,9 @@ DEFAULT_DIR = Path("var") / "sim"
 DEFAULT_ROUNDS = 4000
 
 EXAMPLES = """\
-Exit status 1 when a committed message was not executed exactly once.
+Exit status 1 when a committed message was not executed exactly once, when the queue's
+answer about its own state disagreed with what the run wrote (a failed state check), or
+when the run stopped on an error (the verdict line then says NOT VERIFIED).
 
 examples (from the repository root):
   imq simulate --fresh --rounds 200 --no-plot
@@ -243,10 +245,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
 
         sim = _build(config, args, progress, recording if args.record is not None else None)
         try:
-            with frozen_startup_heap():  # this command is the host process
-                result = sim.run()
-        finally:
-            progress.close()
+            try:
+                with frozen_startup_heap():  # this command is the host process
+                    result = sim.run()
+            finally:
+                progress.close()
+        except Exception as exc:
+            if sim.started:  # the verdict, with what the checks found until the error
+                print(sim.result.stopped_verdict(exc), file=out)
+            raise
     print(result.verdict(), file=out)
     if config.nodes > 1 and not result.disagreements:
         print(

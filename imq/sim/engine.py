@@ -325,6 +325,22 @@ class SimResult:
     def verified(self) -> bool:
         return not self.violations and not self.disagreements and not self.state_errors
 
+    def stopped_verdict(self, error: BaseException) -> str:
+        """The verdict line of a run that stopped on ``error`` (the caller shows it): not
+        verified, with what the checks had found until then."""
+        line = (
+            f"exactly-once: NOT VERIFIED, the run stopped on {type(error).__name__} after "
+            f"{self.messages_delivered:,} messages delivered"
+        )
+        if self.violations:
+            line += f"; {len(self.violations):,} violations before it, first: {self.violations[0]}"
+        if self.state_errors:
+            line += (
+                f"; {len(self.state_errors):,} failed state checks before it, first: "
+                f"{self.state_errors[0]}"
+            )
+        return line
+
     @property
     def queue_seconds(self) -> float:
         """Wall time spent inside queue calls (every timed operation)."""
@@ -572,6 +588,55 @@ class Simulation:
                         f"{sum(expected[partition].values())} to {len(expected[partition])}"
                     )
 
+    def _check_written(self, shard: ShardIdent, blocks: list[BlockRecord]) -> None:
+        """Right after a block's diff is written, on every node, while it is uncommitted
+        (``blocks``: the shard's uncommitted blocks, oldest first, the new one last): the
+        diff is stored uncommitted as written; ``get_diffs_tail_len`` from a key inside
+        the new diff (its first message's), and from inside the first uncommitted one,
+        counts those uncommitted diffs (both zones count, I1); and ``load_diff_statistics``
+        over the uncommitted diffs counts the destinations of their messages per
+        partition. (Nothing reads uncommitted messages, so GC cannot have touched them.)"""
+        top = blocks[-1]
+        last = top.state.top_max
+        if last is None:  # pragma: no cover - a written block always has its max message
+            raise SimulationError(f"no max message for the block {shard}:{top.seqno}")
+        before = self.committed[shard].top_max
+        pending = QueueShardRange(
+            shard, QueueKey.MIN if before is None else before.next_value(), last.next_value()
+        )
+        expected: dict[int, Counter[Any]] = {p: Counter() for p in PARTITIONS}
+        for block in blocks:
+            for m in block.created:
+                expected[block.router.partition_for(m.src, m.dst)][m.dst] += 1
+        # A key inside a diff: its first message's (its max message when it has none).
+        starts = [
+            (top.created[0].key if top.created else last, 1),
+            (
+                blocks[0].created[0].key if blocks[0].created else blocks[0].state.top_max,
+                len(blocks),
+            ),
+        ]
+        for node in self._nodes():
+            info = node.get_diff_info(shard, top.seqno, DiffZone.UNCOMMITTED)
+            self._check_diff(info, top, f"uncommitted diff of {shard}:{top.seqno}")
+            for key, want in starts:
+                tail = None if key is None else node.get_diffs_tail_len(shard, key)
+                if not self._check(tail == want):
+                    self._state_error(
+                        f"get_diffs_tail_len({shard}, {key}) right after the write of the "
+                        f"uncommitted diff {shard}:{top.seqno}: {tail}, the run stored {want} "
+                        "diffs from there on"
+                    )
+            for partition in PARTITIONS:
+                stats = node.load_diff_statistics(partition, pending)
+                if not self._check(stats == expected[partition]):
+                    self._state_error(
+                        f"statistics of {shard}'s uncommitted diffs {blocks[0].seqno}.."
+                        f"{top.seqno}, partition {partition}: {sum(stats.values())} messages "
+                        f"to {len(stats)} accounts; the diffs hold "
+                        f"{sum(expected[partition].values())} to {len(expected[partition])}"
+                    )
+
     def _gc_counters(self) -> tuple[int, int, int]:
         metrics = getattr(self.queue, "metrics", None)
         worker = getattr(self.queue, "gc_worker", None)
@@ -610,6 +675,11 @@ class Simulation:
     _explicit_gc = 0
 
     # -- the run -----------------------------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        """Whether the run got past its directory checks (a failure after it stops a run)."""
+        return self._started > 0.0
 
     @property
     def db_paths(self) -> list[Path]:
@@ -958,10 +1028,17 @@ class Simulation:
             processed_to=tuple(sorted(processed.items())),
         )
         self.current[shard] = new_state
-        self.uncommitted[shard].append(
-            BlockRecord(shard, seqno, created, taken, new_state, router, from_low)
-        )
+        self._written(BlockRecord(shard, seqno, created, taken, new_state, router, from_low))
+
+    def _written(self, block: BlockRecord) -> None:
+        """A block's diff is written (uncommitted): remember it, and check what the queue
+        says of it."""
+        blocks = self.uncommitted[block.shard]
+        blocks.append(block)
         self.result.blocks += 1
+        if self.config.check_state:
+            with self._checking():
+                self._check_written(block.shard, blocks)
 
     def _execute(
         self, shard: ShardIdent, taken: list[IteratedMessage], start_lt: int, rng: Any

@@ -294,6 +294,33 @@ def test_tail_lengths_right_after_a_commit_are_checked(tmp_path: Path, fault: st
     )
 
 
+def _above_pointer(inner: Any, shard: ShardIdent) -> QueueKey:
+    """The first key above ``shard``'s commit pointer (``MIN`` without one)."""
+    pointer = inner.__self__.get_commit_pointers().get(shard)
+    return QueueKey.MIN if pointer is None else pointer.key.next_value()
+
+
+@pytest.mark.parametrize("call", ["get_diffs_tail_len", "load_diff_statistics"])
+def test_reads_that_leave_out_the_uncommitted_zone_are_named(tmp_path: Path, call: str) -> None:
+    """A tail length, or statistics, of the committed diffs only (the contract counts both
+    zones) passed the run "verified" (an outside audit, stop 54): every check of them ran
+    right after a commit or at the end, with nothing uncommitted in range. They are now
+    checked right after each write too."""
+
+    def tail(inner: Any, shard: ShardIdent, from_key: QueueKey) -> int:
+        above = max(from_key, _above_pointer(inner, shard))
+        return int(inner(shard, from_key)) - int(inner(shard, above))
+
+    def stats(inner: Any, partition: int, r: QueueShardRange) -> Any:
+        end = min(r.to_key, _above_pointer(inner, r.shard))
+        return inner(partition, QueueShardRange(r.shard, r.from_key, max(end, r.from_key)))
+
+    faults = {"get_diffs_tail_len": tail, "load_diff_statistics": stats}
+    errors = _errors(_run(tmp_path, _CALM, **{call: faults[call]}))
+    named = "get_diffs_tail_len(" if call == "get_diffs_tail_len" else "statistics of "
+    assert any(e.startswith(named) and "uncommitted" in e for e in errors), errors[:3]
+
+
 # -- at every read -------------------------------------------------------------------------
 
 

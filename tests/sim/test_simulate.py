@@ -555,3 +555,23 @@ def test_a_queue_process_that_cannot_open_answers_only_when_asked(tmp_path: Path
                 child.get_last_committed_mc_block_id()
         finally:
             child.kill()
+
+
+def test_a_run_the_queue_stops_prints_a_verdict_with_what_it_found(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue whose ``startup()`` keeps the uncommitted zone: the state checks after the
+    restart fail, then the re-collated block is refused (``DiffConflictError``) and the
+    run stops. The command said only "imq: error: ..." and the failed checks were lost
+    (an outside audit, stop 54); the verdict line now says NOT VERIFIED with them."""
+    monkeypatch.setattr(Queue, "startup", lambda *args, **kwargs: None)
+    args = ["simulate", "--dir", str(tmp_path), "--rounds", "200", "--seed", "1", "--no-plot"]
+    assert main(args) == 1
+    captured = capsys.readouterr()
+    (verdict,) = [line for line in captured.out.splitlines() if line.startswith("exactly-once")]
+    assert verdict.startswith(
+        "exactly-once: NOT VERIFIED, the run stopped on DiffConflictError after "
+    ), verdict
+    assert "failed state checks before it, first: node 0: startup kept the uncommitted" in verdict
+    assert "imq: error: diff of block" in captured.err
+    assert not (tmp_path / "report.json").exists()
