@@ -370,6 +370,16 @@ class SimResult:
 _HEADLINE = ("lost", "duplicated")
 
 
+def _statistics_of(blocks: Sequence[BlockRecord]) -> dict[int, Counter[Any]]:
+    """Per partition, the destinations of the blocks' messages, as each block's router
+    sent them: what ``load_diff_statistics`` over those diffs must count."""
+    expected: dict[int, Counter[Any]] = {p: Counter() for p in PARTITIONS}
+    for block in blocks:
+        for m in block.created:
+            expected[block.router.partition_for(m.src, m.dst)][m.dst] += 1
+    return expected
+
+
 def _percentile(samples: Sequence[float], percent: float) -> float:
     ordered = sorted(samples)
     if not ordered:
@@ -553,10 +563,10 @@ class Simulation:
         committed = QueueShardRange(
             shard, QueueKey.MIN if before is None else before.next_value(), last.next_value()
         )
-        expected: dict[int, Counter[Any]] = {p: Counter() for p in PARTITIONS}
-        for block in blocks:
-            for m in block.created:
-                expected[block.router.partition_for(m.src, m.dst)][m.dst] += 1
+        expected = _statistics_of(blocks)
+        # The tail from a diff's own max message counts that diff (">=", not ">"): from
+        # the new top's, just it; from the first committed now, all of them.
+        starts = ((last, 1), (blocks[0].state.top_max, len(blocks)))
         for node in self._nodes():
             info = node.get_diff_info(shard, top.seqno, DiffZone.COMMITTED)
             if info is None and node.get_diff_info(shard, top.seqno, DiffZone.UNCOMMITTED):
@@ -567,26 +577,41 @@ class Simulation:
                 )
             else:
                 self._check_diff(info, top, f"committed diff of {shard}:{top.seqno}")
-            # The tail from a diff's own max message counts that diff (">=", not ">"):
-            # from the new top's, just it; from the first committed now, all of them.
-            first = blocks[0].state.top_max
-            for key, want in ((last, 1), (first, len(blocks))):
-                tail = None if key is None else node.get_diffs_tail_len(shard, key)
-                if not self._check(tail == want):
-                    self._state_error(
-                        f"get_diffs_tail_len({shard}, {key}) right after the commit of "
-                        f"diffs {blocks[0].seqno}..{top.seqno}: {tail}, the run stored {want} "
-                        "diffs from there on"
-                    )
-            for partition in PARTITIONS:
-                stats = node.load_diff_statistics(partition, committed)
-                if not self._check(stats == expected[partition]):
-                    self._state_error(
-                        f"statistics of {shard}'s diffs {blocks[0].seqno}..{top.seqno}, "
-                        f"partition {partition}: {sum(stats.values())} messages to "
-                        f"{len(stats)} accounts; the diffs hold "
-                        f"{sum(expected[partition].values())} to {len(expected[partition])}"
-                    )
+            self._check_tails_and_statistics(
+                node,
+                shard,
+                starts,
+                f"right after the commit of diffs {blocks[0].seqno}..{top.seqno}",
+                (committed, expected, f"diffs {blocks[0].seqno}..{top.seqno}"),
+            )
+
+    def _check_tails_and_statistics(
+        self,
+        node: SimQueue,
+        shard: ShardIdent,
+        starts: Sequence[tuple[QueueKey | None, int]],
+        when: str,
+        statistics: tuple[QueueShardRange, dict[int, Counter[Any]], str],
+    ) -> None:
+        """``get_diffs_tail_len`` from each start key counts its number of diffs, and
+        ``load_diff_statistics`` over the range counts, per partition, the expected
+        destinations (``statistics``: the range, those counts, the diffs named)."""
+        for key, want in starts:
+            tail = None if key is None else node.get_diffs_tail_len(shard, key)
+            if not self._check(tail == want):
+                self._state_error(
+                    f"get_diffs_tail_len({shard}, {key}) {when}: {tail}, the run stored "
+                    f"{want} diffs from there on"
+                )
+        span, expected, named = statistics
+        for partition in PARTITIONS:
+            stats = node.load_diff_statistics(partition, span)
+            if not self._check(stats == expected[partition]):
+                self._state_error(
+                    f"statistics of {shard}'s {named}, partition {partition}: "
+                    f"{sum(stats.values())} messages to {len(stats)} accounts; the diffs "
+                    f"hold {sum(expected[partition].values())} to {len(expected[partition])}"
+                )
 
     def _check_written(self, shard: ShardIdent, blocks: list[BlockRecord]) -> None:
         """Right after a block's diff is written, on every node, while it is uncommitted
@@ -604,38 +629,23 @@ class Simulation:
         pending = QueueShardRange(
             shard, QueueKey.MIN if before is None else before.next_value(), last.next_value()
         )
-        expected: dict[int, Counter[Any]] = {p: Counter() for p in PARTITIONS}
-        for block in blocks:
-            for m in block.created:
-                expected[block.router.partition_for(m.src, m.dst)][m.dst] += 1
+        expected = _statistics_of(blocks)
         # A key inside a diff: its first message's (its max message when it has none).
-        starts = [
+        first = blocks[0]
+        starts = (
             (top.created[0].key if top.created else last, 1),
-            (
-                blocks[0].created[0].key if blocks[0].created else blocks[0].state.top_max,
-                len(blocks),
-            ),
-        ]
+            (first.created[0].key if first.created else first.state.top_max, len(blocks)),
+        )
         for node in self._nodes():
             info = node.get_diff_info(shard, top.seqno, DiffZone.UNCOMMITTED)
             self._check_diff(info, top, f"uncommitted diff of {shard}:{top.seqno}")
-            for key, want in starts:
-                tail = None if key is None else node.get_diffs_tail_len(shard, key)
-                if not self._check(tail == want):
-                    self._state_error(
-                        f"get_diffs_tail_len({shard}, {key}) right after the write of the "
-                        f"uncommitted diff {shard}:{top.seqno}: {tail}, the run stored {want} "
-                        "diffs from there on"
-                    )
-            for partition in PARTITIONS:
-                stats = node.load_diff_statistics(partition, pending)
-                if not self._check(stats == expected[partition]):
-                    self._state_error(
-                        f"statistics of {shard}'s uncommitted diffs {blocks[0].seqno}.."
-                        f"{top.seqno}, partition {partition}: {sum(stats.values())} messages "
-                        f"to {len(stats)} accounts; the diffs hold "
-                        f"{sum(expected[partition].values())} to {len(expected[partition])}"
-                    )
+            self._check_tails_and_statistics(
+                node,
+                shard,
+                starts,
+                f"right after the write of the uncommitted diff {shard}:{top.seqno}",
+                (pending, expected, f"uncommitted diffs {first.seqno}..{top.seqno}"),
+            )
 
     def _gc_counters(self) -> tuple[int, int, int]:
         metrics = getattr(self.queue, "metrics", None)
