@@ -1,7 +1,8 @@
 """Integrity checks of a queue database: a full checksum scan and imq's cross-checks.
 
 :func:`verify` reads every row of every table through checked cursors (RocksDB verifies
-each block's checksum; a damaged block is reported, not skipped), decodes every row, and
+each block's checksum; a damaged block is reported, not skipped; a block whose rows are
+all range-deleted is not read by any scan, so not checked), decodes every row, and
 checks what the tables must agree on:
 
 - every diff info has its tail row and every tail row its diff info;

@@ -943,10 +943,11 @@ def _failed_hint(reason: str) -> str:
         # Met by a compaction (RocksDB's background one included) reading a damaged
         # table file: a reopen brings the same compaction back to the same file.
         return (
-            "a table file is damaged (named above) and reopening will not mend it: run "
-            "`imq verify` on the directory, then restore it from a copy or rebuild it from "
-            "a persistent state in a new directory (nothing the failed call staged was "
-            "written)"
+            "a table file is damaged (named above) and reopening will not mend it: restore "
+            "the directory from a copy or rebuild it from a persistent state in a new "
+            "directory (nothing the failed call staged was written); `imq verify` on the "
+            "directory lists the damage reads reach, which may not include this block (a "
+            "block whose rows are all deleted is read by compactions only)"
         )
     if says_disk_full(reason):
         return (
