@@ -44,13 +44,22 @@ class CommitPlan:
 
 
 def masterchain_block(top_blocks: Sequence[TopBlock]) -> BlockId:
-    for top in top_blocks:
-        if top.block_id.is_masterchain:
-            return top.block_id
-    raise CommitError(
-        "no masterchain block in the top blocks given to commit_diff; list the masterchain "
-        "block being committed among them, with each shard's top block"
-    )
+    """The masterchain block being committed: the one masterchain entry. None is
+    ``CommitError``, as in the original; so are two (I24: the original takes the first,
+    and a second with a diff then moves the masterchain pointer past the block
+    committed, so that the commit of the block between them is skipped)."""
+    blocks = [top.block_id for top in top_blocks if top.block_id.is_masterchain]
+    if not blocks:
+        raise CommitError(
+            "no masterchain block in the top blocks given to commit_diff; list the "
+            "masterchain block being committed among them, with each shard's top block"
+        )
+    if len(blocks) > 1:
+        raise CommitError(
+            f"the masterchain is listed twice in commit_diff ({blocks[0]} and {blocks[1]}); "
+            "list the masterchain block being committed once, with each shard's top block"
+        )
+    return blocks[0]
 
 
 _COMMIT_HINT = "pass the top blocks of a masterchain block newer than the one last committed"

@@ -79,9 +79,9 @@ def parse_duration(text: str) -> float:
     ``usec``, ``millis``/``msec``, ``sec(s)``/``second(s)``, ``min(s)``/``minute(s)``,
     ``hr(s)``/``hour(s)``, ``day(s)``, ``week(s)``, ``month(s)``, ``year(s)``). A unit is
     required; a compound duration is the sum of its parts, in any order, as humantime
-    reads it. Every duration humantime accepts is accepted; beyond it, a part may have a
-    fraction (``"1.5s"``). Raises ``ValueError`` on an empty, negative or malformed
-    duration.
+    reads it (humantime also reads spaces inside a number, ``"1 000s"``; imq does not).
+    Beyond humantime, a part may have a fraction (``"1.5s"``). Raises ``ValueError`` on an
+    empty, negative or malformed duration.
     """
     if not isinstance(text, str):
         raise TypeError(f"duration must be a string, got {type(text).__name__}")

@@ -12,7 +12,11 @@ runs under the write lock) is refused with ``ImqError`` instead of hanging.
 
 A wait the locks cannot refuse (a thread that was handed a pending diff and commits
 before writing it waits for itself) is reported instead: a waiting call given
-``on_stuck`` calls it once, after ``STUCK_AFTER`` seconds, and goes on waiting.
+``on_stuck`` calls it once, after ``STUCK_AFTER`` seconds, and goes on waiting. It is
+called with the condition released: it may take other locks (the pending registry's,
+the host's logging handlers'), and the registry's mutex may be held by a thread that is
+about to release a read lock (a dropped pending diff, collected inside a registry
+section).
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ class RWLock:
         lets a caller that already holds one pass a waiting writer (otherwise it would
         wait for a writer that waits for it). ``ImqError`` if this thread holds the write
         lock. ``on_stuck`` (with no ``timeout``): called once after ``STUCK_AFTER``
-        seconds of waiting, under this lock's condition (it must not take the lock)."""
+        seconds of waiting, with the condition released."""
 
         def free() -> bool:
             return self._closed is not None or not (
@@ -100,13 +104,22 @@ class RWLock:
             if on_stuck is not None and timeout is None:
                 started = time.monotonic()
                 if not self._cond.wait_for(free, STUCK_AFTER):
-                    on_stuck(time.monotonic() - started)
+                    self._report(on_stuck, time.monotonic() - started)
             got = self._cond.wait_for(free, timeout)
             self.check_closed()
             if not got:
                 return False
             self._readers += 1
             return True
+
+    def _report(self, on_stuck: Stuck, waited: float) -> None:
+        """Under ``_cond`` (held once, by this waiting call): call ``on_stuck`` with it
+        released, then take it again (the caller's wait re-checks the state)."""
+        self._cond.release()
+        try:
+            on_stuck(waited)
+        finally:
+            self._cond.acquire()
 
     def release_read(self) -> None:
         with self._cond:
@@ -118,8 +131,8 @@ class RWLock:
 
     def acquire_write(self, on_stuck: Stuck | None = None) -> None:
         """Take the write lock; ``ImqError`` if this thread holds it already.
-        ``on_stuck``: called once after ``STUCK_AFTER`` seconds of waiting, under this
-        lock's condition (it must not take the lock)."""
+        ``on_stuck``: called once after ``STUCK_AFTER`` seconds of waiting, with the
+        condition released."""
         with self._cond:
             self._refuse_self_deadlock("taking the queue's write lock")
             self._writers_waiting += 1
@@ -132,8 +145,8 @@ class RWLock:
                     if on_stuck is not None:
                         waited = time.monotonic() - started
                         if waited >= STUCK_AFTER:
-                            on_stuck(waited)
-                            on_stuck = None
+                            report, on_stuck = on_stuck, None
+                            self._report(report, waited)
                 self.check_closed()
                 acquired = True
             finally:
@@ -166,6 +179,12 @@ class RWLock:
         be refused there before it takes another lock, such as GC's pass lock)."""
         with self._cond:
             return self._writer and self._owner is threading.current_thread()
+
+    def writer_name(self) -> str | None:
+        """The name of the thread holding the write lock (a commit, clear or import), or
+        ``None``: for a report of a long wait (read without the condition)."""
+        owner = self._owner
+        return None if owner is None else owner.name
 
     @property
     def readers(self) -> int:

@@ -34,7 +34,7 @@ _CLOSED_CHECK = 0.05  # seconds: how often a wait for a shard's mutex looks for 
 
 
 class PendingRegistry:
-    __slots__ = ("_held", "_mutex", "_owners", "_waiting")
+    __slots__ = ("_held", "_kinds", "_mutex", "_owners", "_waiting")
 
     def __init__(self) -> None:
         self._mutex = threading.RLock()  # re-entrant: see the module's docstring
@@ -44,6 +44,8 @@ class PendingRegistry:
         # wait-for graph, to refuse a wait that closes a cycle (two threads, each holding
         # a shard the other is about to wait for) instead of hanging both.
         self._owners: dict[ShardIdent, threading.Thread] = {}
+        # What each registered shard's hold is, for a report of a long wait.
+        self._kinds: dict[ShardIdent, str] = {}
         self._waiting: dict[threading.Thread, ShardIdent] = {}
 
     def hold_shard(
@@ -52,6 +54,8 @@ class PendingRegistry:
         shard_locks: ShardLocks,
         shard: ShardIdent,
         on_stuck: Stuck | None = None,
+        *,
+        kind: str = "pending diff",
     ) -> LockGuard:
         """Take the read lock and ``shard``'s mutex for this thread and remember it:
         what a pending diff holds until written or discarded, and what an export holds
@@ -81,6 +85,7 @@ class PendingRegistry:
             with self._mutex:
                 self._held.setdefault(thread, []).append(shard)
                 self._owners[shard] = thread
+                self._kinds[shard] = kind
             return LockGuard(self, rw, lock, thread, shard)
         except BaseException:  # a KeyboardInterrupt here must not keep the locks
             self._forget(thread, shard)
@@ -154,6 +159,7 @@ class PendingRegistry:
                     del self._held[thread]
             if self._owners.get(shard) is thread:
                 del self._owners[shard]
+                self._kinds.pop(shard, None)
 
     def holders(self) -> str:
         """Who holds which shard now (pending diffs and exports), for a report of a long
@@ -161,13 +167,19 @@ class PendingRegistry:
         runs (a diff whose thread has exited can be written only by a thread it was
         handed to)."""
         with self._mutex:
-            owners = sorted(self._owners.items(), key=lambda item: str(item[0]))
+            owners = sorted(
+                (
+                    (shard, thread, self._kinds.get(shard, "pending diff"))
+                    for shard, thread in self._owners.items()
+                ),
+                key=lambda item: str(item[0]),
+            )
         if not owners:
             return "no pending diff or export (a GC batch or another call holds the lock)"
         return "; ".join(
-            f"shard {shard}: thread {thread.name!r} "
+            f"shard {shard}: {kind} of thread {thread.name!r} "
             f"({'running' if thread.is_alive() else 'exited'})"
-            for shard, thread in owners
+            for shard, thread, kind in owners
         )
 
     def check_no_pending(self, operation: str) -> None:

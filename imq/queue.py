@@ -345,16 +345,24 @@ class Queue(QueueReads):
         that then commits, clears, imports or prepares its shard before writing it: a
         wait for itself that the locks cannot see."""
 
+        reported = False
+
         def report(waited: float) -> None:
+            nonlocal reported
+            if reported:  # once a call, whichever of its locks it waits for
+                return
+            reported = True
             self._log.warning(
-                "lock_wait_long",
+                "lock_wait_reported",
                 operation=operation,
                 waited_seconds=round(waited, 1),
                 held=self._pending.holders(),
-                hint="write or discard those pending diffs; a thread handed a pending diff "
-                "must write or discard it before its own commit_diff, "
-                "clear_uncommitted_state, import_state or prepare of that shard, which "
-                "would otherwise wait for it until close()",
+                write_lock=self._rw.writer_name(),
+                hint="a long import_state or export_state holds the locks while it runs; "
+                "otherwise write or discard the pending diffs held: a thread handed a "
+                "pending diff must write or discard it before its own commit_diff, "
+                "clear_uncommitted_state, import_state, or prepare or export of that "
+                "shard, which would otherwise wait for it until close()",
             )
 
         return report
@@ -386,7 +394,9 @@ class Queue(QueueReads):
         self._check_writable("prepare_diff")
         stats = self._check_diff_args(diff, block, diff_hash, statistics, check_sequence)
         with self.metrics.time("prepare_diff"):
-            return self._prepare(diff, block, diff_hash, stats, check_sequence)
+            return self._prepare(
+                diff, block, diff_hash, stats, check_sequence, operation="prepare_diff"
+            )
 
     @_takes_locks("apply_diff")
     def apply_diff(
@@ -401,7 +411,9 @@ class Queue(QueueReads):
         self._check_writable("apply_diff")
         stats = self._check_diff_args(diff, block, diff_hash, statistics, check_sequence)
         with self.metrics.time("apply_diff"):
-            pending = self._prepare(diff, block, diff_hash, stats, check_sequence)
+            pending = self._prepare(
+                diff, block, diff_hash, stats, check_sequence, operation="apply_diff"
+            )
             if pending is None:
                 return False
             pending.write()
@@ -464,9 +476,11 @@ class Queue(QueueReads):
         diff_hash: bytes,
         stats: DiffStatistics | tuple[QueueKey, QueueKey] | None,
         check_sequence: DiffZone | None,
+        *,
+        operation: str,
     ) -> PendingDiff | None:
         guard = self._pending.hold_shard(
-            self._rw, self._shard_locks, block.shard, self._stuck("prepare_diff")
+            self._rw, self._shard_locks, block.shard, self._stuck(operation)
         )
         try:
             store = self._store
@@ -783,7 +797,7 @@ class Queue(QueueReads):
         # The shard's diffs and messages must not change while they are read: hold the
         # shard as a pending diff does (read lock and the shard's mutex).
         guard = self._pending.hold_shard(
-            self._rw, self._shard_locks, shard, self._stuck("export_state")
+            self._rw, self._shard_locks, shard, self._stuck("export_state"), kind="export"
         )
         try:
             with self.metrics.time("export_state"):

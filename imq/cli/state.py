@@ -229,8 +229,10 @@ def parse_top_update(text: str) -> tuple[bytes, int]:
         tail_len = int(tail)
     except ValueError:
         raise ValueError(f"--top-update must be HASH:TAIL, got {text!r}") from None
-    if not sep or len(diff_hash_) != 32 or tail_len < 0:
-        raise ValueError("--top-update must be a 64-hex-digit hash, ':' and a tail length")
+    if not sep or len(diff_hash_) != 32 or not 0 <= tail_len < 1 << 32:
+        raise ValueError(
+            "--top-update must be a 64-hex-digit hash, ':' and a tail length in 0..2**32-1"
+        )
     return diff_hash_, tail_len
 
 
@@ -294,8 +296,13 @@ def run_import(
         # The import's own errors name the file and say what to do already.
         created = _first_missing(db)
         was_empty = created is None and _is_empty_directory(db)
+        ours = False  # the queue this import opened is one it created: undo it on failure
         try:
             with checked_queue(db, "import") as queue:
+                # Decided under the queue's lock: another process may have created (and
+                # filled) the directory since it was looked at. A queue holding nothing
+                # is this import's (or an empty one, which loses nothing if removed).
+                ours = (created is not None or was_empty) and _holds_nothing(queue)
                 try:
                     report = queue.import_state(
                         state.again(), block_id, top_update, progress=progress
@@ -312,7 +319,8 @@ def run_import(
                 # Ctrl-C after the import's last batch: the state is in, and stays.
                 exc.args = (_COMPLETE.format(file=file.name, db=db),)
                 raise
-            _undo_created(db, created, was_empty, exc)
+            if ours:  # a failed open (DatabaseLockedError: another writer) made nothing
+                _undo_created(db, created, was_empty, exc)
             raise
     rate = report.messages / report.seconds if report.seconds else 0.0
     try:
@@ -389,6 +397,13 @@ def _undo_created(db: Path, created: Path | None, was_empty: bool, exc: BaseExce
             f"{'the disk is full: ' if full else ''}{gone}; free the space (or fix the "
             "fault) and run the import again",
         ) from exc
+
+
+def _holds_nothing(queue: Queue) -> bool:
+    summary = queue.summary()
+    return not (
+        summary["shards"] or summary["commit_pointers"] or summary["last_committed_mc_block"]
+    )
 
 
 def _is_empty_directory(db: Path) -> bool:

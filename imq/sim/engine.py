@@ -618,9 +618,11 @@ class Simulation:
         (``blocks``: the shard's uncommitted blocks, oldest first, the new one last): the
         diff is stored uncommitted as written; ``get_diffs_tail_len`` from a key inside
         the new diff (its first message's), and from inside the first uncommitted one,
-        counts those uncommitted diffs (both zones count, I1); and ``load_diff_statistics``
-        over the uncommitted diffs counts the destinations of their messages per
-        partition. (Nothing reads uncommitted messages, so GC cannot have touched them.)"""
+        counts those uncommitted diffs (the tail counts both zones); and
+        ``load_diff_statistics`` over the uncommitted diffs counts the destinations of
+        their messages per partition. (GC's bounds come from committed diffs'
+        ``processed_to`` only, which never pass a commit pointer: it cannot have touched
+        them.)"""
         top = blocks[-1]
         last = top.state.top_max
         if last is None:  # pragma: no cover - a written block always has its max message

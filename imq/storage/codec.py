@@ -187,10 +187,10 @@ _UNDECODABLE = (
 
 
 def undecodable(exc: BaseException) -> str:
-    """A corrupt row's reason: that its value does not decode, and the decoder's own
-    words when it has any (msgpack's ``FormatError`` has none)."""
+    """A corrupt row's reason: that its value is not what imq writes there, and the
+    decoder's or check's own words when it has any (msgpack's ``FormatError`` has none)."""
     text = str(exc)
-    return f"the stored value does not decode ({type(exc).__name__}{': ' + text if text else ''})"
+    return f"the stored value is malformed ({type(exc).__name__}{': ' + text if text else ''})"
 
 
 def _unpack(data: bytes) -> Any:

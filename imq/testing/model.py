@@ -289,9 +289,10 @@ class QueueModel:
     # -- commit (SEMANTICS §5.5 with D6, D7) ---------------------------------------------------
 
     def commit(self, top_blocks: Sequence[TopBlock], partitions: Iterable[int]) -> bool:
-        mc_block = next((t.block_id for t in top_blocks if t.block_id.is_masterchain), None)
-        if mc_block is None:
-            raise CommitError("no masterchain block")
+        mc_blocks = [t.block_id for t in top_blocks if t.block_id.is_masterchain]
+        if len(mc_blocks) != 1:  # none, or two (I24)
+            raise CommitError(f"{len(mc_blocks)} masterchain blocks")
+        mc_block = mc_blocks[0]
         mc_pointer = self.pointers.get(ShardIdent.MASTERCHAIN)
         if mc_pointer is not None and mc_pointer.seqno >= mc_block.seqno:
             return False

@@ -4,7 +4,7 @@ A pending diff counts as its preparing thread's until written or discarded (I5 r
 the waits that thread would make for itself). A thread that was *handed* one and then
 commits, clears, imports or prepares its shard before writing it waits for itself, which
 no lock can see (an outside audit found the commit waiting until ``close()``, silently).
-Such a call now logs ``lock_wait_long`` once, after ``locks.STUCK_AFTER`` seconds, naming
+Such a call now logs ``lock_wait_reported`` once, after ``locks.STUCK_AFTER`` seconds, naming
 the shards held and whether their threads still run; it goes on waiting.
 """
 
@@ -22,7 +22,9 @@ from threads import TIMEOUT, started
 
 from imq import PendingDiff, Queue, QueueClosedError
 from imq import locks as locks_module
+from imq.locks import RWLock
 from imq.observability import capture_events
+from imq.pending import PendingRegistry
 
 LEFT, RIGHT = quarter_shards()[:2]
 STUCK = 0.2  # seconds: locks.STUCK_AFTER in these tests
@@ -61,7 +63,9 @@ def _stuck_report(
     closer_done = threading.Event()
 
     def reports() -> list[MutableMapping[str, Any]]:
-        return [e for e in events if e["event"] == "lock_wait_long" and e["operation"] == operation]
+        return [
+            e for e in events if e["event"] == "lock_wait_reported" and e["operation"] == operation
+        ]
 
     def close_once_reported() -> None:  # or after TIMEOUT: the test then fails, not hangs
         deadline = time.monotonic() + TIMEOUT
@@ -98,7 +102,8 @@ def test_a_write_call_holding_a_handed_over_diff_reports_its_wait(
     assert report["operation"] == operation
     assert report["log_level"] == "warning"
     assert report["waited_seconds"] >= STUCK
-    assert report["held"] == f"shard {LEFT}: thread 'preparer' (exited)"
+    assert report["held"] == f"shard {LEFT}: pending diff of thread 'preparer' (exited)"
+    assert report["write_lock"] is None
     assert "a thread handed a pending diff must write or discard it" in report["hint"]
     with pytest.raises(QueueClosedError):
         pending.write()
@@ -116,7 +121,7 @@ def test_a_prepare_of_a_handed_over_shard_reports_its_wait(queue: Queue) -> None
             events,
         )
     assert report["operation"] == "prepare_diff"
-    assert report["held"] == f"shard {LEFT}: thread 'preparer' (exited)"
+    assert report["held"] == f"shard {LEFT}: pending diff of thread 'preparer' (exited)"
 
 
 def test_a_prepare_behind_a_stuck_commit_reports_its_wait(queue: Queue) -> None:
@@ -137,15 +142,16 @@ def test_a_prepare_behind_a_stuck_commit_reports_its_wait(queue: Queue) -> None:
         with pytest.raises(QueueClosedError):
             committer.outcome()
     assert report["operation"] == "prepare_diff"
-    assert report["held"] == f"shard {LEFT}: thread 'preparer' (exited)"
+    assert report["held"] == f"shard {LEFT}: pending diff of thread 'preparer' (exited)"
     with pytest.raises(QueueClosedError):
         pending.write()
 
 
-def test_a_short_wait_reports_nothing(queue: Queue) -> None:
+def test_a_short_wait_reports_nothing(queue: Queue, monkeypatch: pytest.MonkeyPatch) -> None:
     """A commit that waits less than STUCK_AFTER for a pending diff (the normal case: the
     diffs collated beside it) logs nothing; the one report of a long wait is the only
     one, however long the wait."""
+    monkeypatch.setattr(locks_module, "STUCK_AFTER", STUCK * 4)  # room for a loaded host
     chain = Chain(queue)
     chain.apply(MC)
     applied = chain.build(LEFT)
@@ -161,9 +167,53 @@ def test_a_short_wait_reports_nothing(queue: Queue) -> None:
         pending = queue.prepare_diff(held.diff, held.block, held.hash)
         assert pending is not None
         committer = started(lambda: queue.commit_diff([top(MC, 2)]), "committer")
-        threading.Event().wait(STUCK * 4)
+        threading.Event().wait(STUCK * 12)
         pending.write()
         assert committer.outcome() is True
-    reports = [e for e in events if e["event"] == "lock_wait_long"]
+    reports = [e for e in events if e["event"] == "lock_wait_reported"]
     assert len(reports) == 1, reports
-    assert reports[0]["held"] == f"shard {RIGHT}: thread 'MainThread' (running)"
+    assert reports[0]["held"] == f"shard {RIGHT}: pending diff of thread 'MainThread' (running)"
+
+
+def test_a_report_names_an_export_and_the_write_locks_holder(queue: Queue) -> None:
+    """A wait behind an export says it is one (an export holds its shard while it runs,
+    legitimately); a prepare behind a commit names the thread holding the write lock."""
+    chain = Chain(queue)
+    chain.apply(LEFT)
+    registry, rw = queue._pending, queue._rw
+    guard = registry.hold_shard(rw, queue._shard_locks, LEFT, kind="export")
+    try:
+        assert registry.holders() == f"shard {LEFT}: export of thread 'MainThread' (running)"
+    finally:
+        guard.release()
+    rw.acquire_write()
+    try:
+        assert rw.writer_name() == "MainThread"
+    finally:
+        rw.release_write()
+    assert rw.writer_name() is None
+
+
+def test_a_report_runs_with_the_lock_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report takes the pending registry's mutex (and the host's logging handlers'
+    locks); a thread inside a registry section may release a read lock there (a dropped
+    pending diff collected by cyclic GC), which needs the lock's condition. Reported
+    under the condition, the two waited for each other (an outside review); the report
+    now runs with the condition released."""
+    monkeypatch.setattr(locks_module, "STUCK_AFTER", 0.05)
+    rw, registry = RWLock(), PendingRegistry()
+    rw.acquire_read()  # a pending diff's hold: the writer below waits for it
+    reporting = threading.Event()
+
+    def on_stuck(waited: float) -> None:
+        reporting.set()
+        registry.holders()  # takes the registry's mutex
+
+    with registry._mutex:  # a registry section, in which a dropped diff releases its hold
+        writer = started(lambda: rw.acquire_write(on_stuck), "writer")
+        assert reporting.wait(TIMEOUT)
+        releaser = started(rw.release_read, "releaser")
+        assert releaser.finished.wait(TIMEOUT), "the report held the lock's condition"
+    writer.outcome()
+    assert rw.writer_name() == "writer"
+    rw.release_write()

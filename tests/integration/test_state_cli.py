@@ -382,6 +382,30 @@ def test_an_older_state_into_a_newer_queue_says_what_an_operator_can_do(
         assert dump(queue) == before
 
 
+def test_a_failed_import_never_removes_a_queue_another_process_made(
+    imq: Imq, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory was empty (or missing) when the import looked, and another process
+    created a queue there before the import opened it (an outside review): the import's
+    open fails (DatabaseLockedError), or it opens a queue that holds data, and either
+    way it removes nothing. Decided under the queue's lock, not from the first look."""
+    import imq.cli.state as state_cli
+
+    monkeypatch.setattr(state_cli, "_is_empty_directory", lambda db: True)  # the first look
+    db = tmp_path / "db"
+    assert imq("import", db, SHARD_BIN, "--block-id", SHARD_ID).code == 0  # the other's
+    with _open(db) as holder:
+        run = imq("import", db, SHARD_BIN, "--block-id", SHARD_ID)
+        assert run.code == 1 and "already open" in run.err, run
+        before = dump(holder)
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(SHARD_BIN.read_bytes()[:400_000])
+    run = imq("import", db, cut, "--block-id", SHARD_ID)
+    assert run.code == 1, run
+    with _open(db) as queue:
+        assert dump(queue) == before
+
+
 def test_a_failed_import_removes_the_directory_it_created(imq: Imq, tmp_path: Path) -> None:
     """A state whose header is sound but whose chunk is cut short fails after the queue
     was created: the new directory goes with the import (all or nothing); an existing

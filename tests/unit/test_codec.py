@@ -668,7 +668,7 @@ def test_decode_commit_record_corrupt(value: bytes) -> None:
         codec.decode_commit_record(value)
     assert info.value.table == "vars"
     assert info.value.key == codec.COMMIT_RECORD
-    assert info.value.reason.startswith("the stored value does not decode (")
+    assert info.value.reason.startswith("the stored value is malformed (")
 
 
 @pytest.mark.parametrize(
@@ -685,8 +685,8 @@ def test_an_undecodable_row_says_so_in_words(value: bytes, reason: str) -> None:
     key = codec.diff_info_key(LEFT, 1)
     with pytest.raises(CorruptDataError) as info:
         codec.decode_diff_info(key, value)
-    assert info.value.reason == f"the stored value does not decode {reason}"
-    assert f"at key {key.hex()}: the stored value does not decode {reason}; " in str(info.value)
+    assert info.value.reason == f"the stored value is malformed {reason}"
+    assert f"at key {key.hex()}: the stored value is malformed {reason}; " in str(info.value)
 
 
 @pytest.mark.parametrize(
