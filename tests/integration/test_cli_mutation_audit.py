@@ -216,18 +216,21 @@ def test_tail_len_range_is_one_to_the_maximum_inclusive(
     assert not out.exists()
 
 
-def test_a_negative_tail_in_top_update_is_a_bad_argument(imq: Imq, tmp_path: Path) -> None:
-    """README: bad arguments exit 2; ``--top-update HASH:TAIL`` with a negative tail is one
-    (it is refused before the file is read, and no database is created). Mutant: the sign
-    not checked (the state then "does not match", exit 1)."""
+@pytest.mark.parametrize("tail", ["-1", str(1 << 32)])
+def test_a_tail_in_top_update_outside_a_u32_is_a_bad_argument(
+    imq: Imq, tmp_path: Path, tail: str
+) -> None:
+    """README: bad arguments exit 2; ``--top-update HASH:TAIL`` with a tail outside a u32
+    is one (it is refused before the file is read, and no database is created). Mutant:
+    the range not checked (the state then "does not match", exit 1)."""
     db = tmp_path / "db"
     run = imq(
         "import", db, MASTER_BIN, "--block-id", "-1:8000000000000000:90",
-        "--top-update", f"{MASTER_TOP}:-1",
+        "--top-update", f"{MASTER_TOP}:{tail}",
     )  # fmt: skip
     assert run.code == 2
     assert _one_error_line(run.err) == (
-        "imq: --top-update must be a 64-hex-digit hash, ':' and a tail length"
+        "imq: --top-update must be a 64-hex-digit hash, ':' and a tail length in 0..2**32-1"
     )
     assert not db.exists()
 
