@@ -11,12 +11,12 @@ which would wait for it (a write call from ``import_state``'s progress callback,
 runs under the write lock) is refused with ``ImqError`` instead of hanging.
 
 A wait the locks cannot refuse (a thread that was handed a pending diff and commits
-before writing it waits for itself) is reported instead: a waiting call given
-``on_stuck`` calls it once, after ``STUCK_AFTER`` seconds, and goes on waiting. It is
-called with the condition released: it may take other locks (the pending registry's,
-the host's logging handlers'), and the registry's mutex may be held by a thread that is
-about to release a read lock (a dropped pending diff, collected inside a registry
-section).
+before writing it waits for itself) is reported instead: a waiting call given a
+:class:`LongWait` makes its report once, ``STUCK_AFTER`` seconds after the call began,
+and goes on waiting. The report is made with the condition released: it may take other
+locks (the pending registry's, the host's logging handlers'), and the registry's mutex
+may be held by a thread that is about to release a read lock (a dropped pending diff,
+collected inside a registry section).
 """
 
 from __future__ import annotations
@@ -29,13 +29,40 @@ from contextlib import contextmanager
 from imq.errors import ImqError
 from imq.types import ShardIdent
 
-__all__ = ["RWLock", "ShardLocks", "STUCK_AFTER", "Stuck"]
+__all__ = ["LongWait", "RWLock", "ShardLocks", "STUCK_AFTER"]
 
-# Seconds a call waits for a lock before its ``on_stuck`` is called (once). A prepare,
+# Seconds a call waits for the locks before its wait is reported (once). A prepare,
 # commit or clear normally waits milliseconds: for the pending diffs collated beside it.
 STUCK_AFTER = 10.0
 
-Stuck = Callable[[float], None]  # told how many seconds the call has waited
+
+class LongWait:
+    """One call's wait for the queue's locks, reported once: ``report(waited)`` is made
+    the first time a wait finds ``STUCK_AFTER`` seconds gone since the call began (the
+    call goes on waiting). One object a call, shared by every lock the call waits for,
+    so that a call reports once and says how long it has waited in all."""
+
+    __slots__ = ("_report", "_started")
+
+    def __init__(self, report: Callable[[float], None]) -> None:
+        self._report: Callable[[float], None] | None = report
+        self._started = time.monotonic()
+
+    def left(self) -> float | None:
+        """Seconds until the report is due (0 once it is), ``None`` once it was made."""
+        if self._report is None:
+            return None
+        return max(0.0, STUCK_AFTER - (time.monotonic() - self._started))
+
+    def report_if_due(self) -> None:
+        """Make the report if it is due and not made yet. The report may take other
+        locks: call it holding none of the queue's."""
+        report = self._report
+        if report is not None:
+            waited = time.monotonic() - self._started
+            if waited >= STUCK_AFTER:
+                self._report = None
+                report(waited)
 
 
 class RWLock:
@@ -86,13 +113,13 @@ class RWLock:
         *,
         jump_queue: bool = False,
         timeout: float | None = None,
-        on_stuck: Stuck | None = None,
+        on_stuck: LongWait | None = None,
     ) -> bool:
         """Take a read lock; ``False`` if ``timeout`` seconds passed first. ``jump_queue``
         lets a caller that already holds one pass a waiting writer (otherwise it would
         wait for a writer that waits for it). ``ImqError`` if this thread holds the write
-        lock. ``on_stuck`` (with no ``timeout``): called once after ``STUCK_AFTER``
-        seconds of waiting, with the condition released."""
+        lock. ``on_stuck`` (with no ``timeout``): its report, when due, is made with the
+        condition released."""
 
         def free() -> bool:
             return self._closed is not None or not (
@@ -102,9 +129,9 @@ class RWLock:
         with self._cond:
             self._refuse_self_deadlock("taking the queue's read lock")
             if on_stuck is not None and timeout is None:
-                started = time.monotonic()
-                if not self._cond.wait_for(free, STUCK_AFTER):
-                    self._report(on_stuck, time.monotonic() - started)
+                left = on_stuck.left()
+                if left is not None and not self._cond.wait_for(free, left):
+                    self._report(on_stuck)
             got = self._cond.wait_for(free, timeout)
             self.check_closed()
             if not got:
@@ -112,12 +139,12 @@ class RWLock:
             self._readers += 1
             return True
 
-    def _report(self, on_stuck: Stuck, waited: float) -> None:
-        """Under ``_cond`` (held once, by this waiting call): call ``on_stuck`` with it
-        released, then take it again (the caller's wait re-checks the state)."""
+    def _report(self, on_stuck: LongWait) -> None:
+        """Under ``_cond`` (held once, by this waiting call): make ``on_stuck``'s report
+        with it released, then take it again (the caller's wait re-checks the state)."""
         self._cond.release()
         try:
-            on_stuck(waited)
+            on_stuck.report_if_due()
         finally:
             self._cond.acquire()
 
@@ -129,24 +156,19 @@ class RWLock:
             if self._readers == 0:
                 self._cond.notify_all()
 
-    def acquire_write(self, on_stuck: Stuck | None = None) -> None:
+    def acquire_write(self, on_stuck: LongWait | None = None) -> None:
         """Take the write lock; ``ImqError`` if this thread holds it already.
-        ``on_stuck``: called once after ``STUCK_AFTER`` seconds of waiting, with the
-        condition released."""
+        ``on_stuck``: its report, when due, is made with the condition released."""
         with self._cond:
             self._refuse_self_deadlock("taking the queue's write lock")
             self._writers_waiting += 1
             acquired = False
-            started = time.monotonic()
             try:
                 while self._writer or self._readers:
                     self.check_closed()
                     self._cond.wait(self._WRITER_RECHECK)
-                    if on_stuck is not None:
-                        waited = time.monotonic() - started
-                        if waited >= STUCK_AFTER:
-                            report, on_stuck = on_stuck, None
-                            self._report(report, waited)
+                    if on_stuck is not None and on_stuck.left() == 0.0:
+                        self._report(on_stuck)
                 self.check_closed()
                 acquired = True
             finally:
@@ -167,7 +189,7 @@ class RWLock:
             self._cond.notify_all()
 
     @contextmanager
-    def write_locked(self, on_stuck: Stuck | None = None) -> Iterator[None]:
+    def write_locked(self, on_stuck: LongWait | None = None) -> Iterator[None]:
         self.acquire_write(on_stuck)
         try:
             yield

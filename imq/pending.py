@@ -16,14 +16,12 @@ its state consistent at each allocation.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from types import TracebackType
 
-from imq import locks
 from imq.errors import ImqError
-from imq.locks import RWLock, ShardLocks, Stuck
+from imq.locks import LongWait, RWLock, ShardLocks
 from imq.storage import TransactionProtocol
 from imq.types import BlockIdShort, ShardIdent
 
@@ -53,7 +51,7 @@ class PendingRegistry:
         rw: RWLock,
         shard_locks: ShardLocks,
         shard: ShardIdent,
-        on_stuck: Stuck | None = None,
+        on_stuck: LongWait | None = None,
         *,
         kind: str = "pending diff",
     ) -> LockGuard:
@@ -62,8 +60,8 @@ class PendingRegistry:
         while it reads the shard (so neither can be followed by a commit or clear, or a
         second hold of the shard, in the same thread, nor by a wait for a shard whose
         holder waits, directly or through others, for one this thread holds).
-        ``on_stuck``: called once if a lock is still not free after ``STUCK_AFTER``
-        seconds (the wait goes on)."""
+        ``on_stuck``: the call's wait, reported once if a lock is still not free
+        ``STUCK_AFTER`` seconds after the call began (the wait goes on)."""
         thread = threading.current_thread()
         with self._mutex:
             held = list(self._held.get(thread, ()))
@@ -101,7 +99,7 @@ class PendingRegistry:
         held: list[ShardIdent],
         rw: RWLock,
         *,
-        on_stuck: Stuck | None,
+        on_stuck: LongWait | None,
     ) -> None:
         """Block on ``shard``'s mutex, unless this thread holds shards and the wait
         would close a cycle of waits: then ``ImqError``. The check and the registration
@@ -118,16 +116,12 @@ class PendingRegistry:
                     f"preparing shard {shard} would deadlock: {cycle}; write or discard "
                     f"this thread's pending diffs of {', '.join(map(str, held))} first"
                 )
-        started = time.monotonic()
         try:
             # In steps, so that a close of the queue ends the wait (rw.check_closed).
             while not lock.acquire(timeout=_CLOSED_CHECK):
                 rw.check_closed()
                 if on_stuck is not None:
-                    waited = time.monotonic() - started
-                    if waited >= locks.STUCK_AFTER:
-                        on_stuck(waited)
-                        on_stuck = None
+                    on_stuck.report_if_due()
         finally:
             if held:
                 with self._mutex:

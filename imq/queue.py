@@ -37,7 +37,7 @@ from imq.errors import (
     StorageError,
 )
 from imq.gc import GarbageCollector, GcReport, GcWorker
-from imq.locks import RWLock, ShardLocks
+from imq.locks import LongWait, RWLock, ShardLocks
 from imq.observability import Metrics, ProgressLine, get_logger
 from imq.pending import LockGuard, PendingDiff, PendingRegistry
 from imq.queue_reads import QueueReads
@@ -338,20 +338,14 @@ class Queue(QueueReads):
             )
         self._rw.close(self._interrupted.again)
 
-    def _stuck(self, operation: str) -> Callable[[float], None]:
-        """What a call does when it has waited ``locks.STUCK_AFTER`` seconds for the
-        queue's locks: log a warning naming the shards held and by which threads (it goes
-        on waiting). Such a wait is a pending diff left unwritten, or handed to a thread
-        that then commits, clears, imports or prepares its shard before writing it: a
-        wait for itself that the locks cannot see."""
-
-        reported = False
+    def _stuck(self, operation: str) -> LongWait:
+        """A call's wait for the queue's locks: at ``locks.STUCK_AFTER`` seconds it logs a
+        warning naming the shards held and by which threads (the call goes on waiting).
+        Such a wait is a pending diff left unwritten, or handed to a thread that then
+        commits, clears, imports or prepares its shard before writing it: a wait for
+        itself that the locks cannot see."""
 
         def report(waited: float) -> None:
-            nonlocal reported
-            if reported:  # once a call, whichever of its locks it waits for
-                return
-            reported = True
             self._log.warning(
                 "lock_wait_reported",
                 operation=operation,
@@ -365,7 +359,7 @@ class Queue(QueueReads):
                 "shard, which would otherwise wait for it until close()",
             )
 
-        return report
+        return LongWait(report)
 
     def _check_writable(self, operation: str) -> None:
         self._check_open()

@@ -22,7 +22,7 @@ from threads import TIMEOUT, started
 
 from imq import PendingDiff, Queue, QueueClosedError
 from imq import locks as locks_module
-from imq.locks import RWLock
+from imq.locks import LongWait, RWLock
 from imq.observability import capture_events
 from imq.pending import PendingRegistry
 
@@ -210,7 +210,7 @@ def test_a_report_runs_with_the_lock_released(monkeypatch: pytest.MonkeyPatch) -
         registry.holders()  # takes the registry's mutex
 
     with registry._mutex:  # a registry section, in which a dropped diff releases its hold
-        writer = started(lambda: rw.acquire_write(on_stuck), "writer")
+        writer = started(lambda: rw.acquire_write(LongWait(on_stuck)), "writer")
         assert reporting.wait(TIMEOUT)
         releaser = started(rw.release_read, "releaser")
         assert releaser.finished.wait(TIMEOUT), "the report held the lock's condition"
