@@ -415,9 +415,9 @@ def _is_empty_directory(db: Path) -> bool:
 
 
 def _empty_again(db: Path) -> None:
-    """Remove the database a failed import created in the empty directory ``db`` (its
-    files only, under its lock: :func:`wipe_database`), leaving the directory as it was;
-    anything unexpected leaves it as it is."""
+    """Remove the database a failed import created in ``db`` (its files only, under its
+    lock: :func:`wipe_database`, then the lock file), leaving the directory; anything
+    unexpected leaves it as it is."""
     with contextlib.suppress(OSError, ImqError):
         wipe_database(db)
         (db / LOCK_FILE).unlink()
@@ -427,9 +427,8 @@ def _remove_created(db: Path, first: Path) -> None:
     """Remove the queue directory a failed import created (its database's files only,
     under its lock: :func:`wipe_database`), then the parents it created for it, up to
     ``first``, each only while empty; anything unexpected leaves it as it is."""
-    with contextlib.suppress(OSError, ImqError):
-        wipe_database(db)
-        (db / LOCK_FILE).unlink()
+    _empty_again(db)
+    with contextlib.suppress(OSError):  # a directory left non-empty stays, and its parents
         db.rmdir()
         if first == db:
             return
