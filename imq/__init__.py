@@ -151,13 +151,18 @@ _LAZY: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'imq' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next lookup is an ordinary one
-    return value
+if not TYPE_CHECKING:
+    # Hidden from type checkers: a module-level ``__getattr__`` they can see makes every
+    # unknown ``imq.X`` (a misspelt name) an ``Any`` they accept; the names above are
+    # what they check against.
+
+    def __getattr__(name: str) -> Any:
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module 'imq' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # the next lookup is an ordinary one
+        return value
 
 
 def __dir__() -> list[str]:

@@ -1,5 +1,5 @@
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar, final
 
 from imq.types import Address, IteratedMessage, Message, QueueKey, QueueShardRange, ShardIdent
 
@@ -22,6 +22,29 @@ def decode_run(
 def encode_diff(
     put: object, target: object, shard_bytes: bytes, messages: object, partition_for: object, /
 ) -> tuple[int, list[tuple[int, int, bytes]], list[tuple[int, int]]]: ...
+def merge_fill(
+    sources: list[Any],
+    heads: list[Any],
+    lastkeys: list[bytes | None],
+    need: list[int],
+    limit: int,
+    wc_byte: int,
+    prefix_len: int,
+    want: int,
+    shards: list[ShardIdent],
+    positions: list[Any],
+    /,
+) -> tuple[list[IteratedMessage], list[Any], list[Any], list[int], list[int], int]: ...
+def put_rows(
+    put: object,
+    target: object,
+    shard_bytes: bytes,
+    messages: object,
+    partition_for: object,
+    counts: dict[int, int],
+    /,
+) -> int: ...
+def stat_value(counts: dict[Address, int], /) -> bytes: ...
 def diff_record(
     version: int,
     min_message: QueueKey,
@@ -53,16 +76,17 @@ def cache_scan(
     /,
 ) -> list[ChunkRows | None]: ...
 
+@final
 class ChunkRows:
     dropped: int
-    def __init__(
-        self,
+    def __new__(
+        cls,
         datas: list[bytes | bytearray],
         offss: list[bytes | bytearray],
         start: int,
         stop: int,
         reader: tuple[int, int, int] | None = None,
-    ) -> None: ...
+    ) -> ChunkRows: ...
     def __iter__(self) -> ChunkRows: ...
     def __next__(self) -> tuple[bytes, bytes]: ...
     @property
@@ -73,12 +97,13 @@ class ChunkRows:
     def close(self) -> None: ...
     def count(self, lo: bytes, hi: bytes, /) -> int: ...
 
+@final
 class Tee:
     unordered: int
     invalid: int
-    def __init__(
-        self, put: object, segments: dict[bytes, list[bytearray]], prefix_len: int
-    ) -> None: ...
+    def __new__(
+        cls, put: object, segments: dict[bytes, list[bytearray]], prefix_len: int
+    ) -> Tee: ...
     def __call__(self, key: bytes, value: bytes, target: object, /) -> None: ...
 
 def message_bounds(

@@ -23,6 +23,7 @@ __all__ = [
     "FileAccessError",
     "ImqError",
     "QueueClosedError",
+    "ReadOnlyError",
     "SchemaVersionError",
     "StartupError",
     "StateFormatError",

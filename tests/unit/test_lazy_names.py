@@ -7,6 +7,9 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+from pathlib import Path
+
+from mypy import api as mypy_api
 
 import imq
 
@@ -29,3 +32,41 @@ def test_import_imq_loads_no_submodule_and_star_import_gets_every_name() -> None
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[] []", done.stdout + done.stderr
+
+
+def test_a_misspelt_top_level_name_is_a_type_error(tmp_path: Path) -> None:
+    """A module-level ``__getattr__`` that type checkers can see makes every unknown
+    ``imq.X`` an ``Any``: ``mypy --strict`` then accepted ``from imq import QueueConfg``
+    and ``imq.Queu.open(...)``, which fail only when run (an outside audit)."""
+    user = tmp_path / "user.py"
+    user.write_text(
+        "import imq\n"
+        "from imq import QueueConfg\n"
+        "def open_it(path: str) -> None:\n"
+        "    imq.Queu.open(path)\n"
+        "    imq.Queue.open(path).close()\n"
+    )
+    cache = Path(__file__).resolve().parents[2] / ".mypy_cache"  # make typecheck's, when there
+    report, errors, status = mypy_api.run(
+        ["--strict", "--cache-dir", str(cache), "--no-error-summary", str(user)]
+    )
+    lines = sorted(
+        line.split(": error: ")[0] for line in report.splitlines() if ": error: " in line
+    )
+    assert lines == [f"{user}:2", f"{user}:4"], report + errors
+    assert status == 1
+
+
+def test_every_error_class_is_in_the_errors_module_names() -> None:
+    """``from imq.errors import *`` gives every error ``docs/api.md`` lists there."""
+    errors = importlib.import_module("imq.errors")
+    classes = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type)
+        and issubclass(value, errors.ImqError)
+        and value.__module__ == "imq.errors"
+        and not name.startswith("_")
+    }
+    assert classes <= set(errors.__all__), sorted(classes - set(errors.__all__))
+    assert set(errors.__all__) <= set(imq.__all__)

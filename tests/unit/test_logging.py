@@ -166,3 +166,15 @@ def test_configure_for_cli_twice_keeps_one_handler_and_touches_only_imq(
 def test_configure_for_cli_rejects_an_unknown_level() -> None:
     with pytest.raises(ValueError, match="unknown log level"):
         configure_for_cli(level="loud")
+
+
+def test_the_hosts_structlog_context_variables_reach_imqs_events() -> None:
+    """docs/behaviour.md 5.10: what the host bound with ``bind_contextvars`` is in
+    imq's events, and unbinding it takes it out again."""
+    log = get_logger("queue")
+    with structlog.contextvars.bound_contextvars(request_id="r-7"), capture_events() as events:
+        log.info("diff_applied", seqno=3)
+    with capture_events() as after:
+        log.info("diff_applied", seqno=4)
+    assert events[0]["request_id"] == "r-7"
+    assert "request_id" not in after[0]
