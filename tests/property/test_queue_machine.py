@@ -77,8 +77,11 @@ from imq.verify import verify
 MC = ShardIdent.MASTERCHAIN
 LEFT = ShardIdent(0, 0x4000_0000_0000_0000)  # accounts 0x00.. to 0x7f..
 RIGHT = ShardIdent(0, 0xC000_0000_0000_0000)  # accounts 0x80.. to 0xff..
-SHARDS: dict[str, ShardIdent] = {"mc": MC, "left": LEFT, "right": RIGHT}
-BASE_SHARDS = ("left", "right")
+# "full" overlaps "left" and "right": a parent and its children after a split (or the
+# shard their merge makes) are distinct source shards side by side (behaviour 5.11).
+FULL = ShardIdent.BASECHAIN
+SHARDS: dict[str, ShardIdent] = {"mc": MC, "left": LEFT, "right": RIGHT, "full": FULL}
+BASE_SHARDS = ("left", "right", "full")
 FOR_SHARDS: dict[str, ShardIdent] = {
     **SHARDS,
     "basechain": ShardIdent.BASECHAIN,
@@ -621,7 +624,7 @@ class QueueMachine(RuleBasedStateMachine):
         with pytest.raises(ImqError):
             pending.discard()
 
-    @rule(specs=st.tuples(diff_specs, diff_specs, diff_specs), partitions=partition_sets)
+    @rule(specs=st.tuples(*[diff_specs] * len(SHARDS)), partitions=partition_sets)
     def collate_round(self, specs: tuple[DiffSpec, ...], partitions: list[int]) -> None:
         """The collator's happy path: the next diff of every shard, then a commit on the
         masterchain block with every shard's newest diff as a top block."""
@@ -638,7 +641,7 @@ class QueueMachine(RuleBasedStateMachine):
         note_outcome("collate_round commit", expected)
 
     @rule(
-        specs=st.tuples(diff_specs, diff_specs, diff_specs),
+        specs=st.tuples(*[diff_specs] * len(SHARDS)),
         reads=st.tuples(*[reads_every_shard] * len(SHARDS)),
         partitions=st.lists(st.sampled_from(PARTITIONS), unique=True, min_size=1, max_size=3),
         by_worker=st.booleans(),
@@ -1232,7 +1235,7 @@ class _Workload:
     def commit(self, seqno: int) -> None:
         m, rng = self.m, self.rng
         tops = [TopBlock(BlockId(MC, seqno), seqno)]
-        tops += [TopBlock(BlockId(s, seqno), seqno) for s in (LEFT, RIGHT)]
+        tops += [TopBlock(BlockId(SHARDS[s], seqno), seqno) for s in BASE_SHARDS]
         partitions = rng.sample(PARTITIONS, rng.randint(1, len(PARTITIONS)))
         assert m.model.commit(tops, partitions)
         assert m.queue.commit_diff(tops, partitions)
