@@ -149,24 +149,34 @@ def _load_infos(
 def _check_order(
     shard: ShardIdent, seqno: int, records: list[tuple[DiffInfo, dict[int, int]]]
 ) -> None:
-    """The diffs with messages must lie each wholly below the next newer one, as the
-    state's reader requires (``apply_diff`` checks a diff only against the commit
-    pointer, so a queue can hold diffs that break it)."""
+    """The diffs with messages must lie each wholly below the next newer one, and every
+    diff must end at or below the newest one, as the state's reader requires
+    (``apply_diff`` checks a diff only against the commit pointer, so a queue can hold
+    diffs that break it)."""
     newer: DiffInfo | None = None
+    top = records[0][0]
     for info, parts in records:  # newest first
-        if not any(parts.values()):
-            continue
-        if newer is not None and not info.max_message < newer.min_message:
+        if any(parts.values()):
+            if newer is not None and not info.max_message < newer.min_message:
+                raise StateFormatError(
+                    f"cannot export the state of {shard}:{seqno}: the messages of the diff "
+                    f"of {shard}:{info.seqno} (up to {_keys_text([info.max_message])}) are "
+                    f"not below those of the newer diff of {shard}:{newer.seqno} (from "
+                    f"{_keys_text([newer.min_message])}); a state's diffs hold ascending, "
+                    "disjoint message ranges, and its import would reject this one; export "
+                    f"with a tail_len that stops above the diff of {shard}:{info.seqno}, or "
+                    f"take {_ELSEWHERE}"
+                )
+            newer = info
+        if info.max_message > top.max_message:  # empty diffs too: the reader's rule
             raise StateFormatError(
-                f"cannot export the state of {shard}:{seqno}: the messages of the diff of "
-                f"{shard}:{info.seqno} (up to {_keys_text([info.max_message])}) are not below "
-                f"those of the newer diff of {shard}:{newer.seqno} (from "
-                f"{_keys_text([newer.min_message])}); a state's diffs hold ascending, "
-                "disjoint message ranges, and its import would reject this one; export "
+                f"cannot export the state of {shard}:{seqno}: the diff of {shard}:"
+                f"{info.seqno} ends at {_keys_text([info.max_message])}, above the newest "
+                f"diff's {_keys_text([top.max_message])}, which the import of the state "
+                "makes the commit pointer, and its import would reject this one; export "
                 f"with a tail_len that stops above the diff of {shard}:{info.seqno}, or take "
                 f"{_ELSEWHERE}"
             )
-        newer = info
 
 
 def _message_reads(

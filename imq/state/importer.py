@@ -217,9 +217,53 @@ def _plan(store: Store, reader: StateReader, block_id: BlockId) -> list[_DiffWor
                 f"diff of block {shard}:{d.seqno} ({d.min_message}..{d.max_message}) overlaps "
                 f"a stored diff of the same shard"
             )
+    _check_spans_hold_no_rows(store, shard, [w for w in works if w.write])
     _check_pointer(store, shard, header.diffs[0])
     _check_last_committed(store, block_id)
     return works
+
+
+def _check_spans_hold_no_rows(store: Store, shard: ShardIdent, new: list[_DiffWork]) -> None:
+    """The spans of the diffs to write hold no message or statistics row of the shard in
+    any partition the import writes into, which a rollback deletes whole. Rows of stored
+    diffs are found above by their records; this finds rows whose diff's records are
+    gone: a GC of some partitions deletes a diff's records and leaves its rows in the
+    others until a GC of those reaches them (behaviour 5.7). They are the shard's
+    messages at keys its state claims for another diff: the queue and the state disagree."""
+    if not new:
+        return
+    partitions = sorted(_partitions(new))
+    messages, statistics = ops.MessageCounter(), ops.StatisticsCounter()
+    with ops.view(store, messages, statistics) as view:
+        found_messages, found_statistics = view[messages], view[statistics]
+        for work in new:
+            d = work.diff
+            for partition in partitions:
+                rows = ops.partition_rows(
+                    found_messages,
+                    found_statistics,
+                    shard,
+                    partition,
+                    first=d.min_message,
+                    last=d.max_message,
+                )
+                if rows:
+                    raise DiffConflictError(
+                        f"diff of block {shard}:{d.seqno} ({d.min_message}..{d.max_message}) "
+                        f"overlaps {rows} stored rows of the same shard in partition "
+                        f"{partition} whose diff is no longer stored (a GC of other "
+                        "partitions left them); the queue and the state disagree: import "
+                        "into a new, empty directory, or let GC of that partition collect them"
+                    )
+
+
+def _partitions(new: list[_DiffWork]) -> set[int]:
+    """The partitions the diffs ``new`` write into, 0 always: what the marker lists and
+    a rollback clears."""
+    partitions = {0}
+    for work in new:
+        partitions.update(work.route_dst.values(), work.route_src.values())
+    return partitions
 
 
 class Spans:
@@ -282,12 +326,9 @@ def _check_pointer(store: Store, shard: ShardIdent, top: TlDiff) -> None:
 
 
 def _write_marker(store: Store, block_id: BlockId, new: list[_DiffWork]) -> None:
-    partitions = {0}
-    for work in new:
-        partitions.update(work.route_dst.values(), work.route_src.values())
     txn = store.transaction()
     spans = [(w.diff.seqno, w.diff.min_message, w.diff.max_message) for w in new]
-    ops.put_import_marker(txn, block_id, spans, partitions)
+    ops.put_import_marker(txn, block_id, spans, _partitions(new))
     store.write(txn, sync=True)
 
 

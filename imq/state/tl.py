@@ -542,6 +542,20 @@ def _check_order(diff: TlDiff, at: int, newer: TlDiff | None) -> None:
         )
 
 
+def _check_below_top(diff: TlDiff, at: int, top: TlDiff) -> None:
+    """An older diff ends at or below the newest diff's ``max_message``, empty diffs
+    included: an import makes that key the shard's commit pointer, and a diff ending
+    above it would be left uncommitted, for the next clear (a node's startup) to delete
+    with its messages, after an import that said it succeeded."""
+    if diff.max_message > top.max_message:
+        raise StateFormatError(
+            f"queue diff seqno {diff.seqno} at offset {at}: its max_message "
+            f"{_key_text(diff.max_message)} lies above {_key_text(top.max_message)}, the "
+            f"max_message of the newest diff (seqno {top.seqno}), which an import makes the "
+            "commit pointer; a shard's older diffs end below its newer ones"
+        )
+
+
 def _key_text(key: QueueKey) -> str:
     return f"(lt {key.lt}, hash {key.hash.hex()})"
 
@@ -577,6 +591,7 @@ def read_state_header(src: ByteSource) -> StateHeader:
         if diff.n_messages:
             _check_order(diff, offsets[-1], newer)
             newer = diff
+        _check_below_top(diff, offsets[-1], diffs[0])
     at = src.offset
     n_chunks = _read_u32(src, "the chunk count")
     if n_chunks > MAX_CHUNKS:

@@ -53,8 +53,10 @@ __all__ = [
     "Read",
     "RowCounter",
     "count_range",
+    "partition_rows",
     "ShardDiffs",
     "StatTotals",
+    "StatisticsCounter",
     "StatsByDiff",
     "TailLen",
     "LastTail",
@@ -471,6 +473,37 @@ class MessageCounter(Read[RowCounter]):
 
     def answer(self, cursor: Cursor) -> RowCounter:
         return RowCounter(cursor)
+
+
+class StatisticsCounter(Read[RowCounter]):
+    """Counts statistics rows in any number of key ranges (one seek each), through
+    :meth:`RowCounter.count_keys`; :func:`partition_rows` gives the ranges."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        self.scan = Scan(Table.STATISTICS, b"", None, keys_only=True, seekable=True)
+
+    def answer(self, cursor: Cursor) -> RowCounter:
+        return RowCounter(cursor)
+
+
+def partition_rows(
+    messages: RowCounter,
+    statistics: RowCounter,
+    shard: ShardIdent,
+    partition: int,
+    *,
+    first: QueueKey,
+    last: QueueKey,
+) -> int:
+    """The rows :func:`delete_partition_rows` of the same arguments would delete: the
+    messages with keys in ``[first, last]`` (``messages``: a :class:`MessageCounter`'s)
+    and the statistics rows of diffs with ``max_message`` there (``statistics``: a
+    :class:`StatisticsCounter`'s)."""
+    return messages.count_keys(
+        *codec.message_delete_range(partition, shard, first, last)
+    ) + statistics.count_keys(*codec.stat_delete_range(shard, partition, first, last))
 
 
 def open_messages(

@@ -35,6 +35,7 @@ from imq import (
     Address,
     BlockId,
     BlockIdShort,
+    DiffStatistics,
     FileAccessError,
     ImqError,
     Message,
@@ -470,6 +471,24 @@ def test_diffs_out_of_order_refuse_the_export(tmp_path: Path, queue: Queue) -> N
     assert not out.exists() and _no_leftovers(tmp_path) == []
     assert queue.export_state(BASE, 2, 1, io.BytesIO()).messages == 1  # each alone exports
     assert queue.export_state(BASE, 1, 1, io.BytesIO()).messages == 1
+
+
+def test_an_older_empty_diff_ending_above_the_newest_refuses_the_export(
+    tmp_path: Path, queue: Queue
+) -> None:
+    """An empty diff stored with explicit statistics bounds can end above a newer diff;
+    the state's reader refuses a state holding that (its import would leave the older diff
+    above the pointer it sets), so the export does, naming the diff."""
+    dst = address_in(BASE, 2)
+    high = QueueKey.max_for_lt(9_000)
+    stats = DiffStatistics(BASE, QueueKey.min_for_lt(8_000), high, {})
+    assert queue.apply_diff(QueueDiff(), block(BASE, 1), b"\x01" * 32, stats)
+    queue.apply_diff(QueueDiff(_real_messages(1_000, [dst])), block(BASE, 2), b"\x02" * 32)
+    out = tmp_path / "out.bin"
+    with pytest.raises(StateFormatError, match="which the import of the state makes the commit"):
+        queue.export_state(BASE, 2, 2, out)
+    assert not out.exists() and _no_leftovers(tmp_path) == []
+    assert queue.export_state(BASE, 2, 1, io.BytesIO()).messages == 1
 
 
 def test_a_diff_past_the_formats_processed_to_limit_is_kept_and_refuses_the_export(

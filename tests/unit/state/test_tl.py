@@ -329,7 +329,8 @@ def test_processed_to_entries_are_ordered_by_signed_workchain() -> None:
 
 
 def test_generated_state_with_routers_through_zstd() -> None:
-    older = encode_diff(empty_diff(BC, 6, h(7), router_src=((2, (A2,)),)))
+    below = {"min_message": QueueKey.min_for_lt(1), "max_message": QueueKey.max_for_lt(5)}
+    older = encode_diff(empty_diff(BC, 6, h(7), router_src=((2, (A2,)),), **below))
     newer_diff = TlDiff(
         diff_hash(older), BC, 7, ROUTED.processed_to, ROUTED.min_message,
         ROUTED.max_message, ROUTED.hashes, ROUTED.router_src, ROUTED.router_dst,
