@@ -330,7 +330,19 @@ class _FileInput:
                 BlockingIOError(errno.EAGAIN, "a non-blocking stream had no data ready"),
                 "pass a blocking file object (or the path): a state is read in one pass",
             )
-        return data
+        if type(data) is bytes:
+            return data
+        if isinstance(data, bytes | bytearray | memoryview):  # a buffer: its bytes
+            return bytes(data)
+        if isinstance(data, str):  # a text stream that is no io.TextIOBase (codecs.open)
+            raise TypeError(
+                f"the file object given returned text (str) from read(): open the state "
+                f"file in binary mode ('rb'), or pass its path ({self._path})"
+            )
+        raise TypeError(
+            f"the file object given returned {type(data).__name__} from read(), not bytes: "
+            f"pass a binary file object, or the path ({self._path})"
+        )
 
 
 def open_source(source: str | os.PathLike[str] | BinaryIO) -> ByteSource:
@@ -365,7 +377,7 @@ def open_source(source: str | os.PathLike[str] | BinaryIO) -> ByteSource:
         return ByteSource(
             raw,
             head=head,
-            compressed=head == ZSTD_MAGIC,
+            compressed=head[:4] == ZSTD_MAGIC,  # a read may return more than it was asked
             owned=owned,
             total_raw_bytes=total,
         )

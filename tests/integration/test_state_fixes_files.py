@@ -12,6 +12,7 @@ destination as it was.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import io
@@ -435,3 +436,53 @@ def test_a_non_blocking_stream_without_data_is_named(shard_queue: Queue) -> None
             shard_queue.import_state(stream, BlockId(BASE, 161))
     finally:
         os.close(w)
+
+
+class _BufferReader(io.RawIOBase):
+    """A binary reader over ``data`` whose ``read(n)`` returns ``shape(up to 3 n bytes)``:
+    more than asked, as some wrappers do, and as another buffer type."""
+
+    def __init__(self, data: bytes, shape: type) -> None:
+        self._data, self._at, self._shape = data, 0, shape
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> object:  # type: ignore[override]
+        size = len(self._data) if n < 0 else 3 * max(n, 1)
+        out = self._data[self._at : self._at + size]
+        self._at += len(out)
+        return self._shape(out)
+
+
+@pytest.mark.parametrize("shape", [bytes, bytearray, memoryview])
+@pytest.mark.parametrize("compressed", [False, True], ids=["raw", "zstd"])
+def test_a_reader_returning_more_than_asked_or_another_buffer_imports_the_state(
+    tmp_path: Path, shape: type, compressed: bool
+) -> None:
+    """An outside audit: a reader returning more bytes than asked hid the zstd magic
+    ("unknown id 28b52ffd"), and one returning a bytearray or a memoryview failed with
+    an untyped ``ValueError`` about a TL field, from a valid state."""
+    state = synth_state(diffs=2, messages_per_diff=40)
+    buffer = io.BytesIO()
+    write_synth_state(state, buffer)
+    data = buffer.getvalue()
+    if compressed:
+        data = zstandard.ZstdCompressor(level=3).compress(data)
+    with Queue.open(tmp_path / "q") as queue:
+        report = queue.import_state(_BufferReader(data, shape), state.block_id, state.top_update)
+    assert report.messages == 80
+
+
+def test_a_text_reader_that_is_no_text_io_is_told_to_open_the_file_in_binary(
+    tmp_path: Path,
+) -> None:
+    """``codecs.open`` gives a text reader that is no ``io.TextIOBase``: its ``str`` reads
+    failed with "can't concat str to bytes"; now a ``TypeError`` says what to do."""
+    path = tmp_path / "state.bin"
+    state = synth_state(diffs=1, messages_per_diff=3)
+    write_synth_state(state, path)
+    with Queue.open(tmp_path / "q") as queue, codecs.open(str(path), "r", "latin-1") as text:
+        with pytest.raises(TypeError, match=r"binary mode \('rb'\)"):
+            queue.import_state(text, state.block_id)
+        assert queue.get_commit_pointers() == {}
