@@ -40,19 +40,37 @@ class ImqError(Exception):
     """
 
     _made_with: tuple[Any, ...] | None = None
+    _advised = False  # the message carries a step given at the raise: pickled as it is
     next_step: ClassVar[str] = ""
     """What to do about it, appended to a one-string message by the subclasses that set it."""
 
-    def __init__(self, *args: object) -> None:
-        if self.next_step and len(args) == 1 and isinstance(args[0], str):
-            self._made_with = args
-            args = (f"{args[0]}; {self.next_step}",)
+    def __init__(self, *args: object, next_step: str | None = None) -> None:
+        """``next_step``, when given, replaces the class's for this error: a case whose
+        way out differs from the usual one's (a conflict with a committed diff cannot
+        be cleared away)."""
+        step = self.next_step if next_step is None else next_step
+        if step and len(args) == 1 and isinstance(args[0], str):
+            if next_step is None:
+                self._made_with = args
+            else:
+                self._advised = True
+            args = (f"{args[0]}; {step}",)
         super().__init__(*args)
 
     def __reduce__(self) -> str | tuple[Any, ...]:
+        if self._advised:
+            return _as_raised, (type(self), self.args)
         if self._made_with is None:
             return super().__reduce__()
         return type(self), self._made_with
+
+
+def _as_raised(cls: type[ImqError], args: tuple[object, ...]) -> ImqError:
+    """An error rebuilt from its final arguments, its step not appended again."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error._advised = True
+    return error
 
 
 class DiffConflictError(ImqError):

@@ -703,6 +703,24 @@ class Queue(QueueReads):
             if committed is not None and not (
                 committed == last_applied_mc_block or committed.seqno < last_applied_mc_block.seqno
             ):
+                if committed.seqno == last_applied_mc_block.seqno:
+                    zero = bytes(32)
+                    hashless = committed.root_hash == zero and committed.file_hash == zero
+                    raise StartupError(
+                        f"the queue was committed on masterchain block {committed}, which has "
+                        f"the seqno of the last applied block {last_applied_mc_block} but other "
+                        "hashes: "
+                        + (
+                            "it was imported or committed with a block id without hashes; "
+                            "import the state again into a new, empty directory with the "
+                            "block's full id (wc:shard:seqno:roothash:filehash), or start "
+                            "with that same id"
+                            if hashless
+                            else "this queue belongs to another chain of blocks; restore the "
+                            "queue that belongs to this node's state, or import the state "
+                            "into a new, empty directory"
+                        )
+                    )
                 raise StartupError(
                     f"the queue was committed on masterchain block {committed}, which is ahead "
                     f"of the last applied block {last_applied_mc_block}; apply the masterchain "

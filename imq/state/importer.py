@@ -199,14 +199,12 @@ def _plan(store: Store, reader: StateReader, block_id: BlockId) -> list[_DiffWor
     shard_diffs = ops.ShardDiffs(shard)
     with ops.view(store, shard_diffs) as view:
         stored = view[shard_diffs]
+    pointer = store.state.pointers.get(shard)
     works = []
     for diff, diff_hash in zip(header.diffs, header.diff_hashes, strict=True):
         record = stored.get(diff.seqno)
-        if record is not None and record[0].hash != diff_hash:
-            raise DiffConflictError(
-                f"diff of block {shard}:{diff.seqno} is already stored with hash "
-                f"{record[0].hash.hex()}; the state's diff hashes to {diff_hash.hex()}"
-            )
+        if record is not None:
+            _check_kept(shard, diff, diff_hash, record[0], pointer=pointer, top=header.diffs[0])
         works.append(_DiffWork(diff, diff_hash, record is None, *_routes(diff)))
     # A rollback deletes the spans of the diffs it wrote: they must not hold stored rows.
     spans = Spans((info.min_message, info.max_message) for info, _ in stored.values())
@@ -217,10 +215,76 @@ def _plan(store: Store, reader: StateReader, block_id: BlockId) -> list[_DiffWor
                 f"diff of block {shard}:{d.seqno} ({d.min_message}..{d.max_message}) overlaps "
                 f"a stored diff of the same shard"
             )
+    _check_no_other_diff_below(shard, header.diffs, stored, pointer)
     _check_spans_hold_no_rows(store, shard, [w for w in works if w.write])
     _check_pointer(store, shard, header.diffs[0])
     _check_last_committed(store, block_id)
     return works
+
+
+_OTHER_HISTORY = (
+    "that diff is committed, so this queue holds another history of the shard than the "
+    "state: import into a new, empty directory, or restore the queue that belongs to "
+    "this node's blocks"
+)
+
+
+def _check_kept(
+    shard: ShardIdent,
+    diff: TlDiff,
+    diff_hash: bytes,
+    info: DiffInfo,
+    *,
+    pointer: CommitPointer | None,
+    top: TlDiff,
+) -> None:
+    """A stored diff of a seqno the state holds is kept as it is when it carries the
+    state's hash; it must then end at or below the pointer the import sets (the newest
+    diff's ``max_message``), as the state's own diffs do, or it would stay uncommitted
+    after an import that counts it as imported, for the next clear to delete (a diff
+    stored under a hash that is not its own)."""
+    committed = pointer is not None and pointer.key >= info.max_message
+    if info.hash != diff_hash:
+        raise DiffConflictError(
+            f"diff of block {shard}:{diff.seqno} is already stored with hash "
+            f"{info.hash.hex()}; the state's diff hashes to {diff_hash.hex()}",
+            next_step=_OTHER_HISTORY if committed else None,
+        )
+    if info.max_message > top.max_message:
+        raise DiffConflictError(
+            f"diff of block {shard}:{diff.seqno} is stored with the state's hash "
+            f"{diff_hash.hex()}, but it ends at {info.max_message}, above the commit "
+            f"pointer the import sets ({top.max_message}, seqno {top.seqno}), where the "
+            f"state's diff ends at {diff.max_message}: the stored diff was written under a "
+            "hash that is not its own",
+            next_step="clear the uncommitted zone (clear_uncommitted_state, or startup after "
+            "a restart), then import again",
+        )
+
+
+def _check_no_other_diff_below(
+    shard: ShardIdent,
+    diffs: tuple[TlDiff, ...],
+    stored: dict[int, tuple[DiffInfo, dict[int, int]]],
+    pointer: CommitPointer | None,
+) -> None:
+    """No uncommitted diff the state does not hold ends at or below the pointer the
+    import sets: the import would commit it (a node that crashed while collating a block
+    and then imports the network's state would deliver its own version of that block)."""
+    top = diffs[0].max_message
+    held = {d.seqno for d in diffs}
+    for seqno, (info, _) in sorted(stored.items()):
+        if seqno in held or info.max_message > top:
+            continue
+        if pointer is not None and pointer.key >= info.max_message:
+            continue  # committed already
+        raise DiffConflictError(
+            f"the uncommitted diff of block {shard}:{seqno} ({info.min_message}.."
+            f"{info.max_message}) is not in the state, and the commit pointer its import "
+            f"sets ({top}, seqno {diffs[0].seqno}) would commit it",
+            next_step="clear the uncommitted zone first (clear_uncommitted_state with the "
+            "shard in top_shards, or startup after a restart), then import again",
+        )
 
 
 def _check_spans_hold_no_rows(store: Store, shard: ShardIdent, new: list[_DiffWork]) -> None:
@@ -252,8 +316,9 @@ def _check_spans_hold_no_rows(store: Store, shard: ShardIdent, new: list[_DiffWo
                         f"diff of block {shard}:{d.seqno} ({d.min_message}..{d.max_message}) "
                         f"overlaps {rows} stored rows of the same shard in partition "
                         f"{partition} whose diff is no longer stored (a GC of other "
-                        "partitions left them); the queue and the state disagree: import "
-                        "into a new, empty directory, or let GC of that partition collect them"
+                        "partitions left them)",
+                        next_step="the queue and the state disagree: import into a new, "
+                        "empty directory, or let a GC of that partition collect them first",
                     )
 
 
@@ -500,7 +565,12 @@ def _finish(store: Store, block_id: BlockId, top: TlDiff) -> None:
         last = store.state.last_mc_block
         if last is None or last.seqno <= block_id.seqno:
             mc_block = block_id
-    ops.put_commit_state(txn, {block_id.shard: pointer}, mc_block)
+    # The imported block is the shard's newest committed diff: its processed_to enters
+    # the commit record (D7) as a commit's would, so GC holds back what the shard has not
+    # read until a commit lists the shard with a diff of its own (a first commit after a
+    # cold start that skips the shard's entry keeps it, as for any listed shard).
+    record = {**store.state.commit_record, block_id.shard: dict(top.processed_to)}
+    ops.put_commit_state(txn, {block_id.shard: pointer}, mc_block, record)
     ops.delete_import_marker(txn)
     store.write(txn, sync=True)
 
