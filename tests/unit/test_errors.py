@@ -46,11 +46,11 @@ def test_a_file_access_error_is_an_os_error_with_a_hint_by_errno() -> None:
 
 
 def test_an_error_given_its_own_next_step_carries_it_once_and_pickles_as_raised() -> None:
-    DiffConflictError = errors.DiffConflictError
-    advised = DiffConflictError("diff of block 0:8000000000000000:7 conflicts", next_step="do x")
+    conflict = errors.DiffConflictError
+    advised = conflict("diff of block 0:8000000000000000:7 conflicts", next_step="do x")
     assert str(advised) == "diff of block 0:8000000000000000:7 conflicts; do x"
     again = pickle.loads(pickle.dumps(advised))
-    assert type(again) is DiffConflictError and str(again) == str(advised)
-    usual = DiffConflictError("diff of block 0:8000000000000000:7 conflicts")
-    assert str(usual).endswith(DiffConflictError.next_step)
+    assert type(again) is conflict and str(again) == str(advised)
+    usual = conflict("diff of block 0:8000000000000000:7 conflicts")
+    assert str(usual).endswith(conflict.next_step)
     assert str(pickle.loads(pickle.dumps(usual))) == str(usual)
