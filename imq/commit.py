@@ -6,7 +6,8 @@ lookup, it decides the new pointers, the commit record and the GC bounds, or rai
 
 The commit record (D7) holds, for every shard listed in the top blocks, the
 ``processed_to`` of that shard's newest committed diff; a listed shard whose diff is
-gone keeps its previous entry, and shards no longer listed drop out. The GC bound of a
+gone keeps its previous entry, and shards no longer listed drop out (an import enters
+its shard's newest diff as a commit of it would). The GC bound of a
 source shard is the minimum of its ``processed_to`` over the record's entries, so an
 idle shard holds back the deletion of messages it has not read.
 """

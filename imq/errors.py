@@ -48,13 +48,13 @@ class ImqError(Exception):
         """``next_step``, when given, replaces the class's for this error: a case whose
         way out differs from the usual one's (a conflict with a committed diff cannot
         be cleared away)."""
-        step = self.next_step if next_step is None else next_step
-        if step and len(args) == 1 and isinstance(args[0], str):
-            if next_step is None:
-                self._made_with = args
-            else:
-                self._advised = True
-            args = (f"{args[0]}; {step}",)
+        if next_step is not None:
+            self._advised = True  # pickled as raised, even with an empty step
+            if next_step and len(args) == 1 and isinstance(args[0], str):
+                args = (f"{args[0]}; {next_step}",)
+        elif self.next_step and len(args) == 1 and isinstance(args[0], str):
+            self._made_with = args
+            args = (f"{args[0]}; {self.next_step}",)
         super().__init__(*args)
 
     def __reduce__(self) -> str | tuple[Any, ...]:

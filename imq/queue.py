@@ -705,21 +705,32 @@ class Queue(QueueReads):
             ):
                 if committed.seqno == last_applied_mc_block.seqno:
                     zero = bytes(32)
-                    hashless = committed.root_hash == zero and committed.file_hash == zero
-                    raise StartupError(
-                        f"the queue was committed on masterchain block {committed}, which has "
-                        f"the seqno of the last applied block {last_applied_mc_block} but other "
-                        "hashes: "
-                        + (
+
+                    def hashless(block: BlockId) -> bool:
+                        return block.root_hash == zero and block.file_hash == zero
+
+                    if hashless(committed):
+                        why = (
                             "it was imported or committed with a block id without hashes; "
                             "import the state again into a new, empty directory with the "
                             "block's full id (wc:shard:seqno:roothash:filehash), or start "
                             "with that same id"
-                            if hashless
-                            else "this queue belongs to another chain of blocks; restore the "
+                        )
+                    elif hashless(last_applied_mc_block):
+                        why = (
+                            "the last applied block was given without hashes; pass its full "
+                            "id (wc:shard:seqno:roothash:filehash)"
+                        )
+                    else:
+                        why = (
+                            "this queue belongs to another chain of blocks; restore the "
                             "queue that belongs to this node's state, or import the state "
                             "into a new, empty directory"
                         )
+                    raise StartupError(
+                        f"the queue was committed on masterchain block {committed}, which has "
+                        f"the seqno of the last applied block {last_applied_mc_block} but other "
+                        f"hashes: {why}"
                     )
                 raise StartupError(
                     f"the queue was committed on masterchain block {committed}, which is ahead "

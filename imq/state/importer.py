@@ -4,13 +4,16 @@ Memory stays bounded: the file is streamed chunk by chunk and written in batches
 caller sees all or nothing because of a marker in the variables table:
 
 1. plan under the facade's write lock: the header's checks, the block id, the top
-   update, diffs already stored (same hash: kept; another hash: ``DiffConflictError``),
-   overlap with stored diffs and the commit pointer (D6) -- nothing is written yet;
+   update, the commit pointer (D6) and the last committed block, diffs already stored
+   (same hash: kept; another hash: ``DiffConflictError``), overlap with stored diffs,
+   uncommitted diffs the import would commit, rows a partial GC left where a rollback
+   would delete -- nothing is written yet;
 2. write the marker (synced): the block, the span of every diff the import will write,
    and the partitions it writes into;
 3. stream the messages in batches; finish each diff with its statistics, tail and info;
 4. one synced batch sets the commit pointer (and, for a masterchain state, the last
-   committed block) and removes the marker.
+   committed block), enters the newest diff's ``processed_to`` into the commit record,
+   and removes the marker.
 
 Any failure after step 2 deletes what was written (:func:`rollback_import`); a crash
 leaves the marker, and the next open rolls back the same way.
@@ -199,6 +202,10 @@ def _plan(store: Store, reader: StateReader, block_id: BlockId) -> list[_DiffWor
     shard_diffs = ops.ShardDiffs(shard)
     with ops.view(store, shard_diffs) as view:
         stored = view[shard_diffs]
+    # Where the queue stands first (cheap, and no advice to clear or collect can help a
+    # queue already past the state), then the stored diffs, then rows (reads).
+    _check_pointer(store, shard, header.diffs[0])
+    _check_last_committed(store, block_id)
     pointer = store.state.pointers.get(shard)
     works = []
     for diff, diff_hash in zip(header.diffs, header.diff_hashes, strict=True):
@@ -217,8 +224,6 @@ def _plan(store: Store, reader: StateReader, block_id: BlockId) -> list[_DiffWor
             )
     _check_no_other_diff_below(shard, header.diffs, stored, pointer)
     _check_spans_hold_no_rows(store, shard, [w for w in works if w.write])
-    _check_pointer(store, shard, header.diffs[0])
-    _check_last_committed(store, block_id)
     return works
 
 
@@ -257,8 +262,10 @@ def _check_kept(
             f"pointer the import sets ({top.max_message}, seqno {top.seqno}), where the "
             f"state's diff ends at {diff.max_message}: the stored diff was written under a "
             "hash that is not its own",
-            next_step="clear the uncommitted zone (clear_uncommitted_state, or startup after "
-            "a restart), then import again",
+            next_step=_OTHER_HISTORY
+            if committed
+            else "clear the uncommitted zone (clear_uncommitted_state, or startup after a "
+            "restart), then import again",
         )
 
 
@@ -318,7 +325,8 @@ def _check_spans_hold_no_rows(store: Store, shard: ShardIdent, new: list[_DiffWo
                         f"{partition} whose diff is no longer stored (a GC of other "
                         "partitions left them)",
                         next_step="the queue and the state disagree: import into a new, "
-                        "empty directory, or let a GC of that partition collect them first",
+                        f"empty directory, or let GC collect them first (a commit_diff whose "
+                        f"partitions include {partition}, then run_gc)",
                     )
 
 
@@ -556,8 +564,9 @@ def _stage_diff_rows(txn: Transaction, shard: ShardIdent, work: _DiffWork) -> No
 
 
 def _finish(store: Store, block_id: BlockId, top: TlDiff) -> None:
-    """The pointer, the last committed masterchain block, and the marker gone: one
-    synced batch, after which the import is complete."""
+    """The pointer, the last committed masterchain block, the commit record's entry of
+    the shard, and the marker gone: one synced batch, after which the import is
+    complete."""
     txn = store.transaction()
     pointer = CommitPointer(top.max_message, top.seqno)
     mc_block = None

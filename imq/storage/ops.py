@@ -183,7 +183,8 @@ def put_commit_state(
 ) -> None:
     """Set the ``moved`` commit pointers, the last committed block (if given), the commit
     record and the requested GC bounds (if given), and publish them in the queue state
-    with the write (a commit sets all four; an import a pointer and maybe the block)."""
+    with the write (a commit sets all four; an import a pointer, the record and maybe the
+    block)."""
     for shard, pointer in moved.items():
         txn.put(Table.COMMIT_POINTERS, codec.shard_bytes(shard), codec.pointer_value(pointer))
     if mc_block is not None:

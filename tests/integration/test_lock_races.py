@@ -254,6 +254,8 @@ def test_a_queue_write_from_the_import_progress_callback_is_refused_not_hung(
     with ``ImqError`` (as the documented same-thread deadlocks are), and the import
     must go on."""
     mc = chain.apply(MC, 1)
+    # Committed: the import refuses an uncommitted diff of its shard below its pointer.
+    assert queue.commit_diff([mc.top()])
     a = chain.build(S, 2)
     calls: dict[str, Callable[[], object]] = {
         "apply_diff": lambda: queue.apply_diff(a.diff, a.block, a.hash),

@@ -22,6 +22,7 @@ from builders import BASE, MC, address_in, dump, open_queue
 from imq import (
     BlockId,
     BlockIdShort,
+    CommitError,
     DiffConflictError,
     Message,
     Queue,
@@ -133,3 +134,30 @@ def test_a_conflict_with_a_committed_diff_does_not_advise_a_clear(tmp_path: Path
             queue.import_state(io.BytesIO(_bytes(STATE)), STATE.block_id, STATE.top_update)
         assert "is committed" in str(info.value) and "new, empty directory" in str(info.value)
         assert "clear the uncommitted zone" not in str(info.value)
+
+
+def test_a_state_behind_the_queue_is_refused_as_such_before_any_advice_to_clear(
+    tmp_path: Path,
+) -> None:
+    """Checked first: a queue already past the state (a higher committed seqno). A review
+    found the uncommitted-diff refusal answering first, advising a clear that deleted
+    the node's diff, after which the import failed on the pointer anyway."""
+    with open_queue(tmp_path / "q") as queue:
+        _apply(queue, 200, 5_000, b"\xc8" * 32)
+        assert queue.apply_diff(QueueDiff(), BlockIdShort(MC, 1), b"\x01" * 32)
+        assert queue.commit_diff([TopBlock(BlockId(MC, 1), 1), TopBlock(BlockId(BASE, 200), 1)])
+        _apply(queue, 201, 20_000_000, b"\xc9" * 32)  # uncommitted, below the state's top
+        before = dump(queue)
+        with pytest.raises(CommitError, match="backwards"):
+            queue.import_state(io.BytesIO(_bytes(STATE)), STATE.block_id, STATE.top_update)
+        assert dump(queue) == before
+
+
+def test_startup_by_an_id_without_hashes_on_a_queue_committed_on_the_full_id(
+    tmp_path: Path,
+) -> None:
+    state = synth_state(MC, top_seqno=90, diffs=1, messages_per_diff=0)
+    with open_queue(tmp_path / "q") as queue:
+        queue.import_state(io.BytesIO(_bytes(state)), BlockId(MC, 90, b"\x01" * 32, b"\x02" * 32))
+        with pytest.raises(StartupError, match="given without hashes; pass its full id"):
+            queue.startup(BlockId(MC, 90), [])

@@ -203,18 +203,39 @@ def model_import(
         raise StateFormatError("the state belongs to another block")
     if top_update is not None and top_update != state.top_update:
         raise StateFormatError("top update mismatch")
+    top = state.diffs[0]
     newer = None
     for d in state.diffs:  # newest first; the reader refuses diffs out of order (formats.md)
         if d.tl.n_messages:
             if newer is not None and not d.tl.max_message < newer.tl.min_message:
                 raise StateFormatError("diffs with messages not in ascending, disjoint ranges")
             newer = d
+        if d.tl.max_message > top.tl.max_message:
+            raise StateFormatError("a diff ends above the newest diff's max_message")
+    new_pointer = CommitPointer(top.tl.max_message, top.seqno)
+    old = model.pointers.get(shard)
+    if old is not None and (new_pointer.key < old.key or new_pointer.seqno < old.seqno):
+        raise CommitError("import would move the pointer back")
+    last = model.last_mc_block
+    if (
+        block_id.is_masterchain
+        and last is not None
+        and last.seqno == block_id.seqno
+        and last != block_id
+    ):
+        raise CommitError("another masterchain block of the last committed seqno")
+
+    def committed(info: DiffInfo) -> bool:
+        return old is not None and old.key >= info.max_message
+
     new = []
     for d in state.diffs:
         stored = model.diffs.get((shard, d.seqno))
         if stored is not None:
             if stored.info.hash != d.hash:
                 raise DiffConflictError(f"{shard}:{d.seqno} stored with another hash")
+            if stored.info.max_message > top.tl.max_message:
+                raise DiffConflictError(f"{shard}:{d.seqno} kept but above the new pointer")
             continue
         new.append(d)
     spans = [
@@ -224,11 +245,21 @@ def model_import(
         lo_, hi_ = d.tl.min_message, d.tl.max_message
         if any(lo <= hi_ and lo_ <= hi for lo, hi in spans):
             raise DiffConflictError(f"{shard}:{d.seqno} overlaps a stored diff")
-    top = state.diffs[0]
-    new_pointer = CommitPointer(top.tl.max_message, top.seqno)
-    old = model.pointers.get(shard)
-    if old is not None and (new_pointer.key < old.key or new_pointer.seqno < old.seqno):
-        raise CommitError("import would move the pointer back")
+    held = {d.seqno for d in state.diffs}
+    for (s, seqno), m in model.diffs.items():
+        below = m.info.max_message <= top.tl.max_message
+        if s == shard and seqno not in held and below and not committed(m.info):
+            raise DiffConflictError(f"{shard}:{seqno} uncommitted below the new pointer")
+    partitions = {0} | {p for d in new for p, a in (*d.tl.router_src, *d.tl.router_dst) if a}
+    for d in new:  # rows a rollback would delete: a partial GC's leftovers (no record)
+        lo_, hi_ = d.tl.min_message, d.tl.max_message
+        if any(
+            p in partitions and s == shard and lo_ <= key <= hi_ for p, s, key in model.messages
+        ) or any(
+            p in partitions and s == shard and lo_ <= max_message <= hi_
+            for s, p, max_message, _, _ in model.stats
+        ):
+            raise DiffConflictError(f"{shard}:{d.seqno} spans rows of a diff GC left")
     for d in new:
         route_dst: dict[Address, int] = {}
         route_src: dict[Address, int] = {}
@@ -262,6 +293,7 @@ def model_import(
         )
         model.diffs[(shard, d.seqno)] = ModelDiff(info, frozenset(written))
     model.pointers[shard] = new_pointer
+    model.commit_record[shard] = dict(top.tl.processed_to)  # as a commit of it would
     if block_id.is_masterchain and (
         model.last_mc_block is None or model.last_mc_block.seqno <= block_id.seqno
     ):

@@ -54,3 +54,6 @@ def test_an_error_given_its_own_next_step_carries_it_once_and_pickles_as_raised(
     usual = conflict("diff of block 0:8000000000000000:7 conflicts")
     assert str(usual).endswith(conflict.next_step)
     assert str(pickle.loads(pickle.dumps(usual))) == str(usual)
+    bare = conflict("diff of block 0:8000000000000000:7 conflicts", next_step="")
+    assert str(bare) == "diff of block 0:8000000000000000:7 conflicts"
+    assert str(pickle.loads(pickle.dumps(bare))) == str(bare)
