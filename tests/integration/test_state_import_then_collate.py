@@ -51,6 +51,14 @@ def _apply(queue: Queue, seqno: int, lt: int, diff_hash: bytes) -> None:
     assert queue.apply_diff(QueueDiff([message]), BlockIdShort(BASE, seqno), diff_hash)
 
 
+def _refused(queue: Queue, error: type[Exception], match: str) -> None:
+    """Importing ``STATE`` raises ``error`` (matching ``match``) and changes no row."""
+    before = dump(queue)
+    with pytest.raises(error, match=match):
+        queue.import_state(io.BytesIO(_bytes(STATE)), STATE.block_id, STATE.top_update)
+    assert dump(queue) == before
+
+
 def _messages(queue: Queue) -> list[QueueKey]:
     with queue.iterator(0, [QueueShardRange(BASE, QueueKey.MIN, QueueKey.MAX)], BASE) as it:
         return [m.message.key for m in it]
@@ -59,10 +67,7 @@ def _messages(queue: Queue) -> list[QueueKey]:
 def test_an_uncommitted_diff_the_state_lacks_below_its_pointer_is_refused(tmp_path: Path) -> None:
     with open_queue(tmp_path / "q") as queue:
         _apply(queue, 50, 5_000, b"\x50" * 32)  # the node's own block 50, never committed
-        before = dump(queue)
-        with pytest.raises(DiffConflictError, match=r"block 0:8000000000000000:50 .* would commit"):
-            queue.import_state(io.BytesIO(_bytes(STATE)), STATE.block_id, STATE.top_update)
-        assert dump(queue) == before
+        _refused(queue, DiffConflictError, r"block 0:8000000000000000:50 .* would commit")
         queue.clear_uncommitted_state(top_shards=[BASE])
         assert queue.import_state(io.BytesIO(_bytes(STATE)), STATE.block_id).written_diffs == 2
 
@@ -82,10 +87,7 @@ def test_a_diff_stored_under_the_states_hash_ending_above_its_pointer_is_refused
 ) -> None:
     with open_queue(tmp_path / "q") as queue:
         _apply(queue, 100, TOP.lt + 50, STATE.diffs[0].hash)  # the state's hash, other content
-        before = dump(queue)
-        with pytest.raises(DiffConflictError, match="a hash that is not its own"):
-            queue.import_state(io.BytesIO(_bytes(STATE)), STATE.block_id, STATE.top_update)
-        assert dump(queue) == before
+        _refused(queue, DiffConflictError, "a hash that is not its own")
 
 
 def test_the_imported_shard_holds_gc_back_when_the_first_commit_skips_its_entry(
@@ -147,10 +149,7 @@ def test_a_state_behind_the_queue_is_refused_as_such_before_any_advice_to_clear(
         assert queue.apply_diff(QueueDiff(), BlockIdShort(MC, 1), b"\x01" * 32)
         assert queue.commit_diff([TopBlock(BlockId(MC, 1), 1), TopBlock(BlockId(BASE, 200), 1)])
         _apply(queue, 201, 20_000_000, b"\xc9" * 32)  # uncommitted, below the state's top
-        before = dump(queue)
-        with pytest.raises(CommitError, match="backwards"):
-            queue.import_state(io.BytesIO(_bytes(STATE)), STATE.block_id, STATE.top_update)
-        assert dump(queue) == before
+        _refused(queue, CommitError, "backwards")
 
 
 def test_startup_by_an_id_without_hashes_on_a_queue_committed_on_the_full_id(
