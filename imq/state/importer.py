@@ -287,7 +287,7 @@ def _check_no_other_diff_below(
             continue  # committed already
         raise DiffConflictError(
             f"the uncommitted diff of block {shard}:{seqno} ({info.min_message}.."
-            f"{info.max_message}) is not in the state, and the commit pointer its import "
+            f"{info.max_message}) is not in the state, and the commit pointer the import "
             f"sets ({top}, seqno {diffs[0].seqno}) would commit it",
             next_step="clear the uncommitted zone first (clear_uncommitted_state with the "
             "shard in top_shards, or startup after a restart), then import again",
