@@ -460,7 +460,7 @@ class RowCounter:
         return self.count_keys(*count_range(partition, shard, first, end, inclusive=inclusive))
 
     def count_keys(self, lo: bytes, hi: bytes) -> int:
-        """Message rows with ``lo <= key < hi`` (one seek)."""
+        """Rows of the counter's table with ``lo <= key < hi`` (one seek)."""
         return self._cursor.count(lo, hi)
 
 
