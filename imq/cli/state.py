@@ -36,7 +36,7 @@ from imq.errors import (
 from imq.queue import Queue
 from imq.state.block import check_block_id, parse_block_id_name, read_block_top_update
 from imq.state.exporter import MAX_TAIL_LEN
-from imq.state.reader import StateReader
+from imq.state.reader import StateReader, top_update_check
 from imq.state.source import DIFF_MAGIC, STREAM_READ_HINT, open_source
 from imq.state.tl import TlDiff, decode_diff, diff_hash
 from imq.storage.rocks import LOCK_FILE, says_disk_full, wipe_database
@@ -511,15 +511,16 @@ def _check_header(
 ) -> None:
     """Check the state's header (block, top update) before any database exists; the
     import checks it again, with everything else."""
-    with open_source(cast("BinaryIO", state)) as src:
-        reader = StateReader(src)
-        header = reader.header
-        if (header.shard, header.seqno) != (block_id.shard, block_id.seqno):
+
+    def check_block(shard: ShardIdent, seqno: int, *_: object) -> None:
+        if (shard, seqno) != (block_id.shard, block_id.seqno):
             raise StateFormatError(
-                f"the state belongs to block {header.shard}:{header.seqno}, not to {block_id.short}"
+                f"the state belongs to block {shard}:{seqno}, not to {block_id.short}"
             )
-        if top_update is not None:
-            reader.check_top_update(*top_update)
+
+    on_top = check_block if top_update is None else top_update_check(*top_update, check_block)
+    with open_source(cast("BinaryIO", state)) as src:
+        StateReader(src, on_top=on_top)
 
 
 def run_export(

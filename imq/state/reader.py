@@ -17,9 +17,17 @@ from dataclasses import dataclass
 from imq.errors import StateFormatError
 from imq.state.boc import BocError, RootView, split_roots
 from imq.state.source import ByteSource
-from imq.state.tl import MAX_CHUNK_ROOTS, StateHeader, read_chunk, read_state_header
+from imq.state.tl import (
+    MAX_CHUNK_ROOTS,
+    StateHeader,
+    TlDiff,
+    TopCheck,
+    read_chunk,
+    read_state_header,
+)
+from imq.types import ShardIdent
 
-__all__ = ["Segment", "StateReader"]
+__all__ = ["Segment", "StateReader", "top_update_check"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,29 +48,15 @@ class Segment:
 class StateReader:
     """Reads one state from ``src``; ``header`` is available at once."""
 
-    def __init__(self, src: ByteSource) -> None:
+    def __init__(self, src: ByteSource, *, on_top: TopCheck | None = None) -> None:
+        """``on_top``: see :func:`read_state_header` (:func:`top_update_check` makes one)."""
         self._src = src
-        self.header: StateHeader = read_state_header(src)
+        self.header: StateHeader = read_state_header(src, on_top=on_top)
         self.chunks_read = 0
 
     @property
     def total_messages(self) -> int:
         return sum(d.n_messages for d in self.header.diffs)
-
-    def check_top_update(self, diff_hash: bytes, tail_len: int) -> None:
-        """The checks of ``begin_from_mapped``: the newest diff's hash and the diff count."""
-        header = self.header
-        if header.diff_hashes[0] != diff_hash:
-            raise StateFormatError(
-                f"top queue diff hash mismatch: the state's newest diff (seqno "
-                f"{header.diffs[0].seqno}, offset {header.diff_offsets[0]}) hashes to "
-                f"{header.diff_hashes[0].hex()}, the top update says {diff_hash.hex()}"
-            )
-        if len(header.diffs) != tail_len:
-            raise StateFormatError(
-                f"queue diffs count mismatch: the state holds {len(header.diffs)} diffs, "
-                f"the top update says tail_len {tail_len}"
-            )
 
     def segments(self) -> Iterator[Segment]:
         """Every diff's message roots in file order, then the end-of-file checks."""
@@ -163,3 +157,27 @@ class StateReader:
                 f"data not fully read: trailing bytes after the last chunk at offset "
                 f"{self._src.offset}"
             )
+
+
+def top_update_check(diff_hash: bytes, tail_len: int, before: TopCheck | None = None) -> TopCheck:
+    """The top update's checks as a :data:`TopCheck`; ``before`` runs first (a caller's
+    own check of the header, so that its error keeps its precedence)."""
+
+    def check(  # noqa: PLR0917 - the TopCheck signature
+        shard: ShardIdent, seqno: int, n_diffs: int, top: TlDiff, top_hash: bytes, at: int
+    ) -> None:
+        if before is not None:
+            before(shard, seqno, n_diffs, top, top_hash, at)
+        if top_hash != diff_hash:
+            raise StateFormatError(
+                f"top queue diff hash mismatch: the state's newest diff (seqno "
+                f"{top.seqno}, offset {at}) hashes to {top_hash.hex()}, the top update says "
+                f"{diff_hash.hex()}"
+            )
+        if n_diffs != tail_len:
+            raise StateFormatError(
+                f"queue diffs count mismatch: the state holds {n_diffs} diffs, the top "
+                f"update says tail_len {tail_len}"
+            )
+
+    return check

@@ -560,8 +560,15 @@ def _key_text(key: QueueKey) -> str:
     return f"(lt {key.lt}, hash {key.hash.hex()})"
 
 
-def read_state_header(src: ByteSource) -> StateHeader:
-    """Read the state's ids and header with every list check; stop before the first chunk."""
+TopCheck = Callable[[ShardIdent, int, int, TlDiff, bytes, int], None]
+"""Called once the newest diff is read: (shard, seqno, diff count, newest diff, its hash,
+its offset); raises to stop before any older diff is parsed."""
+
+
+def read_state_header(src: ByteSource, *, on_top: TopCheck | None = None) -> StateHeader:
+    """Read the state's ids and header with every list check; stop before the first chunk.
+    ``on_top`` checks the newest diff as soon as it is read (a top update: a forged
+    header then costs the memory of one diff before it is refused, not of every one)."""
     _read_ids(src)
     at = src.offset
     shard = _shard(
@@ -588,6 +595,8 @@ def read_state_header(src: ByteSource) -> StateHeader:
         diffs.append(diff)
         hashes.append(hasher.digest())
         _check_link((shard, seqno), diffs, offsets, hashes)
+        if on_top is not None and len(diffs) == 1:
+            on_top(shard, seqno, n_diffs, diff, hashes[0], offsets[0])
         if diff.n_messages:
             _check_order(diff, offsets[-1], newer)
             newer = diff

@@ -335,10 +335,12 @@ def test_truncated_synth_queue_file(prior: Queue, tmp_path: Path) -> None:
         (12, 0x01, "shard_ident at offset 8: invalid shard"),  # prefix low bits
         (19, 0x80, "shard_ident at offset 8: invalid shard"),  # prefix 0
         (20, 0x01, "seqno 160 is not the state's seqno 161"),
-        (24, 0x02, "chunk count 1612751794 at offset 137880 exceeds"),  # 3 -> 1 diffs
+        # 3 -> 1 diffs: the top update's diff count is checked once the newest diff is
+        # read (without one, the next diff's id is read as the chunk count: see below)
+        (24, 0x02, "queue diffs count mismatch: the state holds 1 diffs"),
         (24, 0x03, "diff count 0 at offset 24"),
         (27, 0x80, "diff count 2147483651"),
-        (24, 0x07, "is not block.queueDiff"),  # 3 -> 4: the chunk count is read as a diff
+        (24, 0x07, "the state holds 4 diffs"),  # 3 -> 4 (without a top update: below)
     ],
 )
 def test_flipped_header_byte(prior: Queue, at: int, mask: int, match: str) -> None:
@@ -348,6 +350,16 @@ def test_flipped_header_byte(prior: Queue, at: int, mask: int, match: str) -> No
 def test_header_diff_count_one_reads_a_diff_id_as_chunk_count(prior: Queue) -> None:
     exc = rejected(prior, put(SHARD_BIN, 24, u32(1)), SHARD_BLOCK, match="chunk count")
     assert f"offset {DIFF_AT[1]}" in str(exc)
+    rejected(prior, put(SHARD_BIN, 24, u32(4)), SHARD_BLOCK, match="is not block.queueDiff")
+
+
+def test_the_top_update_is_checked_before_an_older_diff_is_parsed(prior: Queue) -> None:
+    """A wrong top update stops the read once the newest diff is read: an older diff,
+    however damaged (or large: a forged router), is not parsed (docs/reliability.md)."""
+    damaged = flip(SHARD_BIN, DIFF_AT[1] + 4)  # the next diff's prev_hash
+    rejected(prior, damaged, SHARD_BLOCK, match="prev_hash")
+    wrong = (bytes(32), 3)
+    rejected(prior, damaged, SHARD_BLOCK, wrong, match="top queue diff hash mismatch")
 
 
 # -- flipped bytes inside a diff ----------------------------------------------------------------
@@ -355,8 +367,12 @@ def test_header_diff_count_one_reads_a_diff_id_as_chunk_count(prior: Queue) -> N
 
 def test_flipped_prev_hash_breaks_the_chain(prior: Queue) -> None:
     for at in (DIFF_AT[0] + 4, DIFF_AT[0] + 35, DIFF_AT[1] + 4):
-        exc = rejected(prior, flip(SHARD_BIN, at), SHARD_BLOCK, SHARD_TOP, match="prev_hash")
+        # No top update: a flip in the newest diff changes its hash, which a top update
+        # (checked first) would refuse before the chain is followed.
+        exc = rejected(prior, flip(SHARD_BIN, at), SHARD_BLOCK, match="prev_hash")
         assert "is not the hash" in str(exc)
+    top = rejected(prior, flip(SHARD_BIN, DIFF_AT[0] + 4), SHARD_BLOCK, SHARD_TOP, match="top")
+    assert "top queue diff hash mismatch" in str(top)
 
 
 def test_flipped_old_diff_body_breaks_the_chain(prior: Queue) -> None:
