@@ -36,7 +36,7 @@ from imq.errors import (
 from imq.queue import Queue
 from imq.state.block import check_block_id, parse_block_id_name, read_block_top_update
 from imq.state.exporter import MAX_TAIL_LEN
-from imq.state.reader import StateReader, top_update_check
+from imq.state.reader import StateReader, header_check
 from imq.state.source import DIFF_MAGIC, STREAM_READ_HINT, open_source
 from imq.state.tl import TlDiff, decode_diff, diff_hash
 from imq.storage.rocks import LOCK_FILE, says_disk_full, wipe_database
@@ -512,15 +512,8 @@ def _check_header(
     """Check the state's header (block, top update) before any database exists; the
     import checks it again, with everything else."""
 
-    def check_block(shard: ShardIdent, seqno: int, *_: object) -> None:
-        if (shard, seqno) != (block_id.shard, block_id.seqno):
-            raise StateFormatError(
-                f"the state belongs to block {shard}:{seqno}, not to {block_id.short}"
-            )
-
-    on_top = check_block if top_update is None else top_update_check(*top_update, check_block)
     with open_source(cast("BinaryIO", state)) as src:
-        StateReader(src, on_top=on_top)
+        StateReader(src, on_top=header_check(block_id, top_update))
 
 
 def run_export(

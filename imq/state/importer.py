@@ -41,7 +41,7 @@ from imq.delete import DeleteRange, stage_delete, tail_rows
 from imq.errors import CommitError, DiffConflictError, StateFormatError, StorageError
 from imq.observability import ImqLogger
 from imq.state.message import MessageFormatError, parse_internal_header
-from imq.state.reader import Segment, StateReader, top_update_check
+from imq.state.reader import Segment, StateReader, header_check
 from imq.state.source import open_source
 from imq.state.tl import TlDiff
 from imq.storage import StoreProtocol as Store
@@ -114,13 +114,9 @@ def import_state(
     facade's write lock."""
     started = perf_counter()
     expected = None if top_update is None else _check_top_update(top_update)
-
-    def check_block(shard: ShardIdent, seqno: int, *_: object) -> None:
-        _check_block(shard, seqno, block_id)
-
     # The block and the top update are checked as soon as the newest diff is read, before
     # any older diff is parsed (a forged header costs one diff's memory, not every one's).
-    on_top = check_block if expected is None else top_update_check(*expected, check_block)
+    on_top = header_check(block_id, expected)
     with open_source(source) as src:
         reader = StateReader(src, on_top=on_top)
         header = reader.header
@@ -172,14 +168,6 @@ def import_state(
 
 # ---------------------------------------------------------------------------------------------
 # planning: every check that needs no message, before anything is written
-
-
-def _check_block(shard: ShardIdent, seqno: int, block_id: BlockId) -> None:
-    if shard != block_id.shard or seqno != block_id.seqno:
-        raise StateFormatError(
-            f"the state belongs to block {shard}:{seqno}, not to {block_id.shard}:"
-            f"{block_id.seqno} (header at offset 8)"
-        )
 
 
 _U32_MAX = (1 << 32) - 1

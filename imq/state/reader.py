@@ -25,9 +25,9 @@ from imq.state.tl import (
     read_chunk,
     read_state_header,
 )
-from imq.types import ShardIdent
+from imq.types import BlockId, ShardIdent
 
-__all__ = ["Segment", "StateReader", "top_update_check"]
+__all__ = ["Segment", "StateReader", "header_check"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ class StateReader:
     """Reads one state from ``src``; ``header`` is available at once."""
 
     def __init__(self, src: ByteSource, *, on_top: TopCheck | None = None) -> None:
-        """``on_top``: see :func:`read_state_header` (:func:`top_update_check` makes one)."""
+        """``on_top``: see :func:`read_state_header` (:func:`header_check` makes one)."""
         self._src = src
         self.header: StateHeader = read_state_header(src, on_top=on_top)
         self.chunks_read = 0
@@ -159,15 +159,23 @@ class StateReader:
             )
 
 
-def top_update_check(diff_hash: bytes, tail_len: int, before: TopCheck | None = None) -> TopCheck:
-    """The top update's checks as a :data:`TopCheck`; ``before`` runs first (a caller's
-    own check of the header, so that its error keeps its precedence)."""
+def header_check(block_id: BlockId, top_update: tuple[bytes, int] | None) -> TopCheck:
+    """The checks of a state's header against the block it is read as, a
+    :data:`TopCheck` (made as soon as the newest diff is read): the header's shard and
+    seqno are the block's (I10), then, when given, the top update's diff hash and diff
+    count."""
 
     def check(  # noqa: PLR0917 - the TopCheck signature
         shard: ShardIdent, seqno: int, n_diffs: int, top: TlDiff, top_hash: bytes, at: int
     ) -> None:
-        if before is not None:
-            before(shard, seqno, n_diffs, top, top_hash, at)
+        if shard != block_id.shard or seqno != block_id.seqno:
+            raise StateFormatError(
+                f"the state belongs to block {shard}:{seqno}, not to {block_id.shard}:"
+                f"{block_id.seqno} (header at offset 8)"
+            )
+        if top_update is None:
+            return
+        diff_hash, tail_len = top_update
         if top_hash != diff_hash:
             raise StateFormatError(
                 f"top queue diff hash mismatch: the state's newest diff (seqno "

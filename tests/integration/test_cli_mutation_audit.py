@@ -247,8 +247,8 @@ def test_a_state_of_another_block_is_refused_before_the_database_exists(
     assert run.code == 1
     assert _one_error_line(run.err) == (
         f"imq: error: {MASTER_BIN}: the state belongs to block -1:8000000000000000:90, not to "
-        "-1:8000000000000000:91; the file is not the queue state of -1:8000000000000000:91, "
-        "or it is damaged: check the path, or fetch the file again"
+        "-1:8000000000000000:91 (header at offset 8); the file is not the queue state of "
+        "-1:8000000000000000:91, or it is damaged: check the path, or fetch the file again"
     )
     assert not db.exists()
 
