@@ -4,8 +4,8 @@ Memory stays bounded: the file is streamed chunk by chunk and written in batches
 caller sees all or nothing because of a marker in the variables table:
 
 1. plan under the facade's write lock: the header's checks, the block id, the top
-   update, the commit pointer (D6) and the last committed block, diffs already stored
-   (same hash: kept; another hash: ``DiffConflictError``), overlap with stored diffs,
+   update, diffs already stored (same hash: kept; another hash: ``DiffConflictError``),
+   the commit pointer (D6) and the last committed block, overlap with stored diffs,
    uncommitted diffs the import would commit, rows a partial GC left where a rollback
    would delete -- nothing is written yet;
 2. write the marker (synced): the block, the span of every diff the import will write,
@@ -194,10 +194,10 @@ def _plan(store: Store, reader: StateReader, block_id: BlockId) -> list[_DiffWor
     shard_diffs = ops.ShardDiffs(shard)
     with ops.view(store, shard_diffs) as view:
         stored = view[shard_diffs]
-    # Where the queue stands first (cheap, and no advice to clear or collect can help a
-    # queue already past the state), then the stored diffs, then rows (reads).
-    _check_pointer(store, shard, header.diffs[0])
-    _check_last_committed(store, block_id)
+    # First the stored diffs of the state's own seqnos (a conflict there is the most
+    # specific answer, and its advice says whether a clear can help), then where the
+    # queue stands (no advice to clear or collect helps a queue already past the
+    # state), then the other stored diffs, then rows (reads).
     pointer = store.state.pointers.get(shard)
     works = []
     for diff, diff_hash in zip(header.diffs, header.diff_hashes, strict=True):
@@ -205,6 +205,8 @@ def _plan(store: Store, reader: StateReader, block_id: BlockId) -> list[_DiffWor
         if record is not None:
             _check_kept(shard, diff, diff_hash, record[0], pointer=pointer, top=header.diffs[0])
         works.append(_DiffWork(diff, diff_hash, record is None, *_routes(diff)))
+    _check_pointer(store, shard, header.diffs[0])
+    _check_last_committed(store, block_id)
     # A rollback deletes the spans of the diffs it wrote: they must not hold stored rows.
     spans = Spans((info.min_message, info.max_message) for info, _ in stored.values())
     for work in works:

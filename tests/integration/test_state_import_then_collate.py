@@ -160,3 +160,18 @@ def test_startup_by_an_id_without_hashes_on_a_queue_committed_on_the_full_id(
         queue.import_state(io.BytesIO(_bytes(state)), BlockId(MC, 90, b"\x01" * 32, b"\x02" * 32))
         with pytest.raises(StartupError, match="given without hashes; pass its full id"):
             queue.startup(BlockId(MC, 90), [])
+
+
+def test_a_committed_diff_of_the_states_seqno_is_a_conflict_before_the_pointer(
+    tmp_path: Path,
+) -> None:
+    """The stored diffs of the state's own seqnos are checked before the pointer: a queue
+    that committed another block 100, ending above the state's, gets the conflict (the
+    most specific answer, which says a clear cannot help), not "the pointer would move
+    back". Found by the state fuzzer (a flipped byte in the newest diff of a state
+    imported over itself) after a review had put the pointer check first."""
+    with open_queue(tmp_path / "q") as queue:
+        _apply(queue, 100, TOP.lt + 10, b"\x99" * 32)
+        assert queue.apply_diff(QueueDiff(), BlockIdShort(MC, 1), b"\x01" * 32)
+        assert queue.commit_diff([TopBlock(BlockId(MC, 1), 1), TopBlock(BlockId(BASE, 100), 1)])
+        _refused(queue, DiffConflictError, "that diff is committed")

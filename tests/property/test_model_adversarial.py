@@ -212,6 +212,16 @@ def model_import(
             newer = d
         if d.tl.max_message > top.tl.max_message:
             raise StateFormatError("a diff ends above the newest diff's max_message")
+    new = []  # the stored diffs of the state's seqnos first, then the pointer
+    for d in state.diffs:
+        stored = model.diffs.get((shard, d.seqno))
+        if stored is not None:
+            if stored.info.hash != d.hash:
+                raise DiffConflictError(f"{shard}:{d.seqno} stored with another hash")
+            if stored.info.max_message > top.tl.max_message:
+                raise DiffConflictError(f"{shard}:{d.seqno} kept but above the new pointer")
+            continue
+        new.append(d)
     new_pointer = CommitPointer(top.tl.max_message, top.seqno)
     old = model.pointers.get(shard)
     if old is not None and (new_pointer.key < old.key or new_pointer.seqno < old.seqno):
@@ -228,16 +238,6 @@ def model_import(
     def committed(info: DiffInfo) -> bool:
         return old is not None and old.key >= info.max_message
 
-    new = []
-    for d in state.diffs:
-        stored = model.diffs.get((shard, d.seqno))
-        if stored is not None:
-            if stored.info.hash != d.hash:
-                raise DiffConflictError(f"{shard}:{d.seqno} stored with another hash")
-            if stored.info.max_message > top.tl.max_message:
-                raise DiffConflictError(f"{shard}:{d.seqno} kept but above the new pointer")
-            continue
-        new.append(d)
     spans = [
         (m.info.min_message, m.info.max_message) for (s, _), m in model.diffs.items() if s == shard
     ]
