@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from array import array
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from imq.state.cells import MAX_CELL_BITS, MAX_DEPTH, MAX_REFS, Cell, CellBuilder, CellError
@@ -110,13 +111,19 @@ def crc32c(data: bytes, crc: int = 0) -> int:
 
 
 class _Layout(NamedTuple):
-    """A validated BOC: ``starts[i]`` is where cell i begins (``starts[-1]`` is the end of the
-    cells); ``special`` maps each cell that has refs or is exotic to its ref indices."""
+    """A validated BOC, in a compact table: ``starts[i]`` is where cell i begins
+    (``starts[-1]`` is the end of the cells); ``special`` lists, ascending, the cells with
+    refs or a non-zero descriptor byte d1 (exotic, or a level mask); ``heights[i]`` is the
+    height of cell i's tree (0 for a leaf; ``None`` when no cell has refs), which is its
+    representation depth (checked against ``MAX_DEPTH`` while scanning). A few bytes a
+    cell: a hostile BOC's millions of cells cost no Python object each before a check
+    can refuse them."""
 
     buf: bytes
     roots: list[int]
-    starts: list[int]
-    special: dict[int, tuple[int, ...]]
+    starts: array[int]
+    special: array[int]
+    heights: array[int] | None
     ref_size: int
 
 
@@ -183,7 +190,8 @@ def _parse(data: bytes | memoryview, max_roots: int | None, max_cells: int | Non
     starts, special = _scan_cells(buf, cells_at, end, cells, ref_size, roots=root_list)
     if has_idx:
         _check_index(buf, p + roots * ref_size, starts, off_size, bool(has_cache))
-    return _Layout(buf, root_list, starts, special, ref_size)
+    heights = _heights(buf, starts, special, ref_size) if special else None
+    return _Layout(buf, root_list, starts, special, heights, ref_size)
 
 
 def _check_counts(
@@ -208,19 +216,19 @@ def _check_counts(
 
 def _scan_cells(
     buf: bytes, p: int, end: int, count: int, ref_size: int, *, roots: list[int]
-) -> tuple[list[int], dict[int, tuple[int, ...]]]:
+) -> tuple[array[int], array[int]]:
     """Validate every cell's descriptor and bounds; the hot loop of every decode.
 
     Every cell must be reachable from a root: refs point only to later cells, so a cell
     that is neither a root nor referenced by a cell before it is referenced by none. A
     BOC padded with such cells is refused at the first of them, before its cells cost
     memory or time (a few bytes of zstd can declare tens of millions of empty cells)."""
-    starts: list[int] = []
+    starts = array("I" if end < 1 << 32 else "Q")
     append = starts.append
+    special = array("I" if count <= 1 << 32 else "Q")  # a ref is at most 4 bytes
     reached = bytearray(count)  # count <= total size / 2: bounded by the bytes at hand
     for root in roots:
         reached[root] = 1
-    special: dict[int, tuple[int, ...]] = {}
     for i in range(count):
         if not reached[i]:
             raise BocError(
@@ -238,7 +246,7 @@ def _scan_cells(
             raise BocError("completion tag", q - 1, f"cell {i} lacks its completion tag")
         if d1:
             refs = _cell_refs(buf, p, i, end, count=count, ref_size=ref_size)
-            special[i] = refs
+            special.append(i)
             for ref in refs:
                 reached[ref] = 1
             q += len(refs) * ref_size
@@ -271,7 +279,35 @@ def _cell_refs(
     return refs
 
 
-def _check_index(buf: bytes, at: int, starts: list[int], off_size: int, cache: bool) -> None:
+def _refs_at(buf: bytes, p: int, ref_size: int) -> list[int]:
+    """The ref indices of the (scanned) cell at ``p``."""
+    q = p + 2 + ((buf[p + 1] + 1) >> 1)
+    return _read_uints(buf, q, buf[p] & 7, ref_size)
+
+
+def _heights(buf: bytes, starts: array[int], special: array[int], ref_size: int) -> array[int]:
+    """Each cell's tree height, children first; a tree deeper than ``MAX_DEPTH`` is
+    refused at its deepest cell past the limit, before any cell is built (a chain of
+    millions of cells fits in a few KB of zstd). A cell's height is its representation
+    depth, whatever its level: a pruned branch, the only leaf whose lower-level depths
+    come from its data, has representation depth 0, and every other cell's is one more
+    than its refs' largest at its own (or, for Merkle cells, the next) level, which is
+    theirs."""
+    heights = array("H", bytes(2 * (len(starts) - 1)))
+    for i in reversed(special):
+        p = starts[i]
+        refs = _refs_at(buf, p, ref_size)
+        if refs:
+            height = 1 + max([heights[r] for r in refs])
+            if height > MAX_DEPTH:
+                raise BocError(
+                    "cell depth", p, f"cell {i}: cell depth {height} exceeds {MAX_DEPTH}"
+                )
+            heights[i] = height
+    return heights
+
+
+def _check_index(buf: bytes, at: int, starts: array[int], off_size: int, cache: bool) -> None:
     base = starts[0]
     for i in range(len(starts) - 1):
         entry = _uint(buf, at + i * off_size, off_size)
@@ -287,8 +323,7 @@ def _cell_at(layout: _Layout, i: int, built: dict[int, Cell]) -> Cell:
     d1, d2 = buf[p], buf[p + 1]
     q = p + 2 + ((d2 + 1) >> 1)
     bits = d2 * 4 if not d2 & 1 else (d2 - 1) * 4 + _TAG_BITS[buf[q - 1]]
-    ref_ids = layout.special.get(i)
-    refs = tuple([built[r] for r in ref_ids]) if ref_ids else ()
+    refs = tuple([built[r] for r in _refs_at(buf, p, layout.ref_size)]) if d1 & 7 else ()
     try:
         return Cell.from_serialized(
             buf[p + 2 : q], bits, refs, exotic=bool(d1 & 8), level_mask=d1 >> 5
@@ -297,19 +332,32 @@ def _cell_at(layout: _Layout, i: int, built: dict[int, Cell]) -> Cell:
         raise BocError(exc.check, p, f"cell {i}: {exc}") from None
 
 
+def _reached_from(layout: _Layout, wanted: Sequence[int]) -> bytearray:
+    """A mark per cell: 1 for ``wanted`` and every cell under them."""
+    buf, starts, ref_size = layout.buf, layout.starts, layout.ref_size
+    needed = bytearray(len(starts) - 1)
+    stack = []
+    for i in wanted:
+        if not needed[i]:
+            needed[i] = 1
+            stack.append(i)
+    while stack:
+        p = starts[stack.pop()]
+        if buf[p] & 7:
+            for ref in _refs_at(buf, p, ref_size):
+                if not needed[ref]:
+                    needed[ref] = 1
+                    stack.append(ref)
+    return needed
+
+
 def _build_cells(layout: _Layout, wanted: Sequence[int]) -> dict[int, Cell]:
     """Cell objects for ``wanted`` and everything under them, built children first."""
-    needed = set(wanted)
-    stack = list(needed)
-    special = layout.special
-    while stack:
-        for ref in special.get(stack.pop(), ()):
-            if ref not in needed:
-                needed.add(ref)
-                stack.append(ref)
+    needed = _reached_from(layout, wanted)
     built: dict[int, Cell] = {}
-    for i in sorted(needed, reverse=True):
-        built[i] = _cell_at(layout, i, built)
+    for i in range(len(needed) - 1, -1, -1):
+        if needed[i]:
+            built[i] = _cell_at(layout, i, built)
     return built
 
 
@@ -405,20 +453,44 @@ class RootView(NamedTuple):
     children: tuple[Cell, ...]  # the cells it refers to (``()`` for a leaf)
 
 
-def split_roots(data: bytes | memoryview, *, max_roots: int = 10_000) -> list[RootView]:
+def split_roots(
+    data: bytes | memoryview,
+    *,
+    max_roots: int = 10_000,
+    expect: Callable[[list[bytes]], None] | None = None,
+) -> list[RootView]:
     """Decode a multi-root chunk (validated like :func:`decode_boc`, and every root must
     be level 0) into one view per root, in root-list order; ``boc`` is a standalone
-    one-root BOC of the root's tree."""
+    one-root BOC of the root's tree.
+
+    ``expect``, when given, is called with every root's representation hash, in order,
+    before any :class:`Cell` is built (it raises to refuse them): the import's check
+    against the diffs' hash lists then costs a forged chunk its compact table and 34
+    bytes a cell, not a cell object each. A chunk whose roots lead to a cell of a higher
+    level (a pruned branch, under a Merkle proof) builds its cells first."""
     layout = _parse(data, max_roots, None)
-    buf, starts, special = layout.buf, layout.starts, layout.special
-    slow = [r for r in layout.roots if r in special] if special else []
-    built = _build_cells(layout, slow) if slow else {}
-    for r in slow:
-        _check_root_level(layout, built[r], r)
+    buf, starts = layout.buf, layout.starts
+    roots = layout.roots
+    slow = [r for r in roots if buf[starts[r]]] if layout.special else []
+    sha = _sha256
+    built: dict[int, Cell] = {}
+    digest_of: dict[int, bytes] | None = None  # each root's hash, once expected
+    if expect is not None:
+        known = _plain_hashes(layout, slow) if slow else {}
+        if known is None:  # cells of higher levels: their hashes need the cells
+            built = _built_roots(layout, slow)
+            known = {r: built[r].hash for r in slow}
+        hashes = [
+            known[r] if r in known else sha(buf[starts[r] : starts[r + 1]]).digest() for r in roots
+        ]
+        expect(hashes)
+        digest_of = dict(zip(roots, hashes, strict=True))
+    if slow and not built:
+        built = _built_roots(layout, slow)
     views: dict[int, RootView] = {}
-    headers, tag_bits, sha, new = _LEAF_HEADERS, _TAG_BITS, _sha256, _tuple_new
+    headers, tag_bits, new = _LEAF_HEADERS, _TAG_BITS, _tuple_new
     out = []
-    for r in layout.roots:
+    for r in roots:
         if r in built:
             view = views.get(r)
             if view is None:
@@ -441,8 +513,50 @@ def split_roots(data: bytes | memoryview, *, max_roots: int = 10_000) -> list[Ro
         raw = buf[st:en]
         d2 = raw[1]
         bits = d2 * 4 if not d2 & 1 else (d2 - 1) * 4 + tag_bits[raw[-1]]
-        out.append(new(RootView, (sha(raw).digest(), raw[2:], bits, headers[en - st] + raw, 0, ())))
+        digest = sha(raw).digest() if digest_of is None else digest_of[r]
+        out.append(new(RootView, (digest, raw[2:], bits, headers[en - st] + raw, 0, ())))
     return out
+
+
+def _built_roots(layout: _Layout, roots: list[int]) -> dict[int, Cell]:
+    built = _build_cells(layout, roots)
+    for r in roots:
+        _check_root_level(layout, built[r], r)
+    return built
+
+
+def _plain_hashes(layout: _Layout, roots: list[int]) -> dict[int, bytes] | None:
+    """The representation hashes of ``roots`` from the compact table, when every cell
+    under them is of level 0 (what messages are made of): one ``sha256`` of the cell's
+    stored bytes, its refs' depths and hashes, children first, in a table of 32 bytes a
+    cell (an exotic cell of level 0 over level-0 refs, a library or a Merkle proof of a
+    whole tree, hashes so too). ``None`` when a level mask is met. Exotic cells are not
+    checked here: a hash the caller accepts is followed by the cells' build, which
+    checks them."""
+    buf, starts, heights, ref_size = layout.buf, layout.starts, layout.heights, layout.ref_size
+    assert heights is not None  # roots with refs: the scan measured the heights
+    needed = _reached_from(layout, roots)
+    digests = bytearray(32 * len(needed))
+    sha, read_uints = _sha256, _read_uints
+    for i in range(len(needed) - 1, -1, -1):
+        if not needed[i]:
+            continue
+        p = starts[i]
+        d1 = buf[p]
+        if d1 & 0xE0:  # a level mask (stored hashes were refused in the scan)
+            return None
+        q = p + 2 + ((buf[p + 1] + 1) >> 1)
+        if d1:
+            refs = read_uints(buf, q, d1 & 7, ref_size)
+            digest = sha(
+                buf[p:q]
+                + b"".join([heights[r].to_bytes(2) for r in refs])
+                + b"".join([digests[32 * r : 32 * r + 32] for r in refs])
+            ).digest()
+        else:
+            digest = sha(buf[p:q]).digest()
+        digests[32 * i : 32 * i + 32] = digest
+    return {r: bytes(digests[32 * r : 32 * r + 32]) for r in roots}
 
 
 def _leaf_cell_of(boc: bytes) -> bytes | None:
@@ -526,5 +640,6 @@ def boc_cell_size(boc: bytes) -> int:
     if cell is not None:
         return len(cell) + 4
     layout = _parse(boc, 1, None)
-    refs = sum(len(r) for r in layout.special.values())
+    buf, starts = layout.buf, layout.starts
+    refs = sum([buf[starts[i]] & 7 for i in layout.special])
     return layout.starts[-1] - layout.starts[0] + (4 - layout.ref_size) * refs + 4

@@ -76,24 +76,11 @@ class StateReader:
                     pos = 0
                 take = min(need - done, len(roots) - pos)
                 part = roots[pos : pos + take]
-                self._check_hashes(
-                    index,
-                    done,
-                    part,
-                    chunk_index=chunk_index,
-                    chunk_offset=chunk_offset,
-                    root_index=pos,
-                )
                 yield Segment(
                     index, done, part, done + take == need, chunk_index, chunk_offset, pos
                 )
                 done += take
                 pos += take
-        if pos != len(roots):
-            raise StateFormatError(
-                f"too many messages: chunk {chunk_index} (offset {chunk_offset}) has "
-                f"{len(roots) - pos} roots after the last message of the last diff"
-            )
         self._check_end()
 
     def _next_chunk(self, diff_index: int, done: int) -> tuple[int, int, list[RootView]]:
@@ -108,8 +95,12 @@ class StateReader:
         offset = self._src.offset
         data = read_chunk(self._src, index)
         self.chunks_read += 1
+
+        def expect(hashes: list[bytes]) -> None:
+            self._check_chunk(hashes, diff_index, done, chunk_index=index, chunk_offset=offset)
+
         try:
-            roots = split_roots(data, max_roots=MAX_CHUNK_ROOTS)
+            roots = split_roots(data, max_roots=MAX_CHUNK_ROOTS, expect=expect)
         except BocError as exc:
             raise StateFormatError(
                 f"chunk {index} at offset {offset}: bad BOC ({exc.check}) at offset "
@@ -117,28 +108,40 @@ class StateReader:
             ) from None
         return index, offset, roots
 
-    def _check_hashes(
+    def _check_chunk(
         self,
+        hashes: list[bytes],
         diff_index: int,
         first: int,
-        roots: list[RootView],
         *,
         chunk_index: int,
         chunk_offset: int,
-        root_index: int,
     ) -> None:
-        diff = self.header.diffs[diff_index]
-        expected = diff.hashes[first * 32 : (first + len(roots)) * 32]
-        if b"".join([r.hash for r in roots]) == expected:
-            return
-        for i, root in enumerate(roots):
-            if root.hash != expected[i * 32 : i * 32 + 32]:
-                raise StateFormatError(
-                    f"message hash mismatch: message {first + i} of diff seqno {diff.seqno} "
-                    f"(chunk {chunk_index} at offset {chunk_offset}, root {root_index + i}) "
-                    f"hashes to {root.hash.hex()}, the diff lists "
-                    f"{expected[i * 32 : i * 32 + 32].hex()}"
-                )
+        """A chunk's root hashes against the diffs' lists, from message ``first`` of
+        diff ``diff_index`` on (called before the chunk's cells are built)."""
+        pos = 0
+        diffs = self.header.diffs
+        while pos < len(hashes) and diff_index < len(diffs):
+            diff = diffs[diff_index]
+            take = min(diff.n_messages - first, len(hashes) - pos)
+            expected = diff.hashes[first * 32 : (first + take) * 32]
+            if b"".join(hashes[pos : pos + take]) != expected:
+                for i in range(take):
+                    if hashes[pos + i] != expected[i * 32 : i * 32 + 32]:
+                        raise StateFormatError(
+                            f"message hash mismatch: message {first + i} of diff seqno "
+                            f"{diff.seqno} (chunk {chunk_index} at offset {chunk_offset}, "
+                            f"root {pos + i}) hashes to {hashes[pos + i].hex()}, the diff "
+                            f"lists {expected[i * 32 : i * 32 + 32].hex()}"
+                        )
+            pos += take
+            diff_index += 1
+            first = 0
+        if pos != len(hashes):
+            raise StateFormatError(
+                f"too many messages: chunk {chunk_index} (offset {chunk_offset}) has "
+                f"{len(hashes) - pos} roots after the last message of the last diff"
+            )
 
     def _check_end(self) -> None:
         if self.chunks_read < self.header.n_chunks:

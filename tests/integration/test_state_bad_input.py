@@ -719,6 +719,26 @@ def test_partly_read_diff_then_a_different_message(prior: Queue) -> None:
     assert f"message 5 of diff seqno {state.diffs[1].seqno}" in str(exc)
 
 
+def test_a_forged_message_tree_is_refused_before_its_cells_are_built(
+    prior: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root with refs that the diff does not list (a forged chunk's tree, as large as
+    it likes) is refused from the chunk's compact table: its hash is computed and
+    compared before any cell object is built."""
+    state = synth_state(BASE, diffs=2, messages_per_diff=6, seed=14)
+    diffs_tl, bocs = synth_parts(state)
+    tree = Cell(b"\x01", 8, [Cell(b"\x02", 8, [Cell(b"", 0)] * 4)] * 4)
+    data = assemble(BASE, diffs_tl, [[*bocs[:11], encode_boc([tree])]])
+
+    def built(*_args: object) -> None:
+        raise AssertionError("a cell was built before the hashes were checked")
+
+    monkeypatch.setattr("imq.state.boc._cell_at", built)
+    exc = rejected(prior, data, state.block_id, state.top_update, match="message hash mismatch")
+    assert f"message 5 of diff seqno {state.diffs[1].seqno}" in str(exc) and "root 11)" in str(exc)
+    assert tree.hash.hex() in str(exc)
+
+
 def test_diff_order_swapped_in_chunks(prior: Queue) -> None:
     """The messages of the two diffs in the wrong order (oldest first)."""
     state = synth_state(BASE, diffs=2, messages_per_diff=6, seed=15)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import struct
+import tracemalloc
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +18,7 @@ from pytoniq_core.crypto.crc import crc32c as p_crc32c
 from pytoniq_oracle import to_pytoniq
 from tycho_data import TYCHO
 
+from imq.state import boc as boc_module
 from imq.state.boc import (
     MAGIC,
     BocError,
@@ -450,11 +453,109 @@ def test_trailing_bytes_crc_and_index() -> None:
     expect("index", bytes(cached))
 
 
-def test_boc_deeper_than_the_limit_is_rejected() -> None:
-    n = 1026  # a chain of 1026 cells: depth 1025
+def chain_boc(n: int) -> bytes:
+    """One root over a chain of ``n`` cells: depth ``n - 1``."""
     body = b"".join(b"\x01\x00" + (i + 1).to_bytes(2) for i in range(n - 1)) + b"\x00\x00"
     header = MAGIC + b"\x02\x02" + n.to_bytes(2) + b"\x00\x01\x00\x00" + len(body).to_bytes(2)
-    expect("cell depth", header + b"\x00\x00" + body)
+    return header + b"\x00\x00" + body
+
+
+def not_built(*_args: object) -> NoReturn:
+    raise AssertionError("a cell object was built")
+
+
+def test_boc_deeper_than_the_limit_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused by the scan, before any cell object exists (a chain of millions of cells
+    fits in a few KB of zstd); at the limit, decoded."""
+    with monkeypatch.context() as patched:
+        patched.setattr(boc_module, "_cell_at", not_built)
+        err = expect("cell depth", chain_boc(1026))
+    assert "cell 0: cell depth 1025 exceeds 1024" in str(err)
+    (root,) = decode_boc(chain_boc(1025))
+    assert root.depth == 1024
+    assert [v.hash for v in split_roots(chain_boc(1025))] == [root.hash]
+
+
+def wide_tree_boc(n: int) -> bytes:
+    """One root over ``n`` empty cells, cell i referring to cells 4i+1..4i+4: every cell
+    reachable, the depth small (what a forged chunk can hide under one message)."""
+    parts = []
+    for i in range(n):
+        refs = range(4 * i + 1, min(4 * i + 5, n))
+        parts.append(bytes((len(refs), 0)) + b"".join(r.to_bytes(3) for r in refs))
+    body = b"".join(parts)
+    return (
+        MAGIC
+        + b"\x03\x04"
+        + n.to_bytes(3)
+        + b"\x00\x00\x01"
+        + bytes(3)
+        + len(body).to_bytes(4)
+        + bytes(3)
+        + body
+    )
+
+
+def test_a_forged_tree_costs_a_compact_table_not_a_cell_object_each() -> None:
+    """The memory a chunk's cells cost before ``expect`` can refuse their root's hash:
+    a few tens of bytes a cell (the table, the heights, 32 bytes of hash), where cell
+    objects took about 500."""
+    n = 20_000
+    data = wide_tree_boc(n)
+    (root,) = decode_boc(data)  # a valid tree; its hash is what expect is shown
+
+    class RefusedError(Exception):
+        pass
+
+    def refuse(hashes: list[bytes]) -> None:
+        assert hashes == [root.hash]
+        raise RefusedError
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(RefusedError):
+            split_roots(data, expect=refuse)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100 * n, f"{peak / n:.0f} bytes a cell"
+
+
+@pytest.mark.parametrize("path", BLOCKS, ids=lambda p: p.name[:24])
+def test_a_cells_height_is_its_depth_at_every_level(path: Path) -> None:
+    """The scan's heights (what the depth limit is checked on) are the cells' depths, in
+    real blocks' Merkle updates over pruned branches too."""
+    layout = boc_module._parse(path.read_bytes(), None, None)
+    built = boc_module._build_cells(layout, layout.roots)
+    assert layout.heights is not None and len(built) == len(layout.starts) - 1
+    assert {c.level_mask for c in built.values()} == {0, 1}
+    assert [layout.heights[i] for i in sorted(built)] == [built[i].depth for i in sorted(built)]
+
+
+@given(forests())
+def test_expect_gets_the_root_hashes_before_any_cell_is_built(roots: list[Cell]) -> None:
+    boc = encode_boc(roots)
+    seen: list[list[bytes]] = []
+
+    class RefusedError(Exception):
+        pass
+
+    def refuse(hashes: list[bytes]) -> None:
+        seen.append(hashes)
+        raise RefusedError
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(boc_module, "_cell_at", not_built)
+        with pytest.raises(RefusedError):
+            split_roots(boc, expect=refuse)
+    assert seen == [[r.hash for r in roots]]
+    assert split_roots(boc, expect=seen.append) == split_roots(boc)
+    assert seen[1] == seen[0]
+    layout = boc_module._parse(boc, None, None)
+    depths = {c.hash: c.depth for root in roots for c in root.iter_tree()}
+    if layout.heights is not None:
+        pairs = zip(layout.roots, seen[0], strict=True)
+        assert all(layout.heights[r] == depths[h] for r, h in pairs)
 
 
 def test_max_cells() -> None:
@@ -486,8 +587,36 @@ def test_cells_of_any_level_decode_but_chunk_roots_are_level_0() -> None:
     # a level-0 root over level-1 cells (a Merkle proof of a pruned tree) is a valid root
     tree = leaf(1, 8, pruned)
     proof = Cell(b"\x03" + tree.get_hash(0) + b"\x00\x01", 280, [tree], exotic=True)
-    views = split_roots(join_roots([encode_boc([proof])]))
+    seen: list[list[bytes]] = []  # a level-1 cell: the hashes come from built cells
+    views = split_roots(join_roots([encode_boc([proof])]), expect=seen.append)
     assert [v.hash for v in views] == [proof.hash] and proof.level_mask == 0
+    assert seen == [[proof.hash]]
+
+
+def test_exotic_cells_of_level_0_are_hashed_from_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library cell, and a Merkle proof of a whole (level-0) tree: level-0 exotic
+    cells hash as ordinary ones do, so ``expect`` sees them before any cell is built;
+    an invalid one is refused by the build that follows an accepted hash."""
+    library = Cell(b"\x02" + bytes(range(32)), 264, exotic=True)
+    tree = leaf(1, 8, leaf(2, 8), library)
+    proof = Cell(b"\x03" + tree.get_hash(0) + tree.depth.to_bytes(2), 280, [tree], exotic=True)
+    assert (library.level_mask, proof.level_mask, tree.level_mask) == (0, 0, 0)
+    chunk = join_roots([encode_boc([proof]), encode_boc([library])])
+    seen: list[list[bytes]] = []
+    with monkeypatch.context() as patched:
+        patched.setattr(boc_module, "_cell_at", not_built)
+        with pytest.raises(AssertionError, match="a cell object was built"):
+            split_roots(chunk, expect=seen.append)
+    assert seen == [[proof.hash, library.hash]]
+    views = split_roots(chunk, expect=seen.append)
+    assert [v.hash for v in views] == [proof.hash, library.hash] == seen[1]
+    # a Merkle proof naming another hash: its table hash is accepted, its build refuses it
+    forged = bytearray(chunk)
+    at = forged.index(tree.get_hash(0))
+    forged[at] ^= 1
+    with pytest.raises(BocError) as info:
+        split_roots(bytes(forged), expect=seen.append)
+    assert info.value.check == "exotic cell" and len(seen) == 3
     assert [c.hash for c in PCell.from_boc(views[0].boc)] == [proof.hash]
 
 
