@@ -351,6 +351,11 @@ class QueueConfig:
         (``[node.internal_queue]``) or imq's settings above any table (whether or not the
         file also holds ``[internal_queue]``) raise ``ConfigError`` naming the file.
         """
+        if not isinstance(path, str | bytes | os.PathLike):
+            raise TypeError(
+                "from_toml takes the path of a TOML file (a str or os.PathLike), got "
+                f"{type(path).__name__}"
+            )
         source = os.fspath(path)
         try:
             with open(source, "rb") as fh:

@@ -23,6 +23,7 @@ __all__ = [
     "FileAccessError",
     "ImqError",
     "QueueClosedError",
+    "ReadInterruptedError",
     "ReadOnlyError",
     "SchemaVersionError",
     "StartupError",
@@ -109,6 +110,18 @@ class QueueClosedError(ImqError):
     """A call on a closed queue."""
 
     next_step = "open the queue again (Queue.open) to go on"
+
+
+class ReadInterruptedError(ImqError):
+    """An iterator's read was cut short by an exception that is not an error of imq's
+    (a signal handler's ``TimeoutError``, a ``KeyboardInterrupt``, a ``MemoryError``):
+    that exception was raised as it was, once; the rows the iterator had read ahead of
+    its consumer are lost with it, so every later ``next()`` raises this instead of
+    ending the range early."""
+
+    next_step = (
+        "close the iterator, and open a new one from its current_position() to read the rest"
+    )
 
 
 class ReadOnlyError(ImqError):

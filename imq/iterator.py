@@ -60,13 +60,14 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from functools import partial
+from inspect import GEN_RUNNING, getgeneratorstate
 from itertools import chain, compress, count, islice, repeat, starmap
 from operator import and_, eq, rshift
 from types import TracebackType
 from typing import Any, NoReturn, cast
 
 from imq._native import speedups
-from imq.errors import CorruptDataError, ImqError, QueueClosedError
+from imq.errors import CorruptDataError, ImqError, QueueClosedError, ReadInterruptedError
 from imq.storage import SnapshotProtocol as Snapshot
 from imq.storage import codec
 from imq.storage.rocks import drop_frame_locals
@@ -104,12 +105,15 @@ class _Closed:
 class _Failed:
     """What the merge hands the chain once a read failed: every pull raises that error
     again (a chain keeps an iterator that raised, so the iterator stays failed instead of
-    ending as if its ranges were complete), until :meth:`QueueIterator.close` ends it."""
+    ending as if its ranges were complete), until :meth:`QueueIterator.close` ends it.
+    ``first``, when given, is what the first pull raises instead: the exception of the
+    host's that cut the read short, passed on as it was raised."""
 
-    __slots__ = ("error", "raised")
+    __slots__ = ("error", "first", "raised")
 
-    def __init__(self, error: ImqError) -> None:
+    def __init__(self, error: ImqError, first: BaseException | None = None) -> None:
         self.error: ImqError | None = error
+        self.first = first
         self.raised = False
 
     def __iter__(self) -> _Failed:
@@ -119,10 +123,56 @@ class _Failed:
         error = self.error
         if error is None:
             raise StopIteration
+        first = self.first
+        if first is not None:
+            self.first = None
+            raise first
         if self.raised:  # again: a fresh traceback (the first one shows where it failed)
             error = error.with_traceback(None)
         self.raised = True
         raise error
+
+
+class _Busy:
+    """What a pull of the merge gets while another thread runs it: an iterator that
+    raises (the chain keeps it, until that thread's batch replaces it)."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> _Busy:
+        return self
+
+    def __next__(self) -> NoReturn:
+        raise ValueError(
+            "this iterator is being read by another thread at the same time: an iterator "
+            "serves one thread at a time (guard it with a lock, or open one per thread)"
+        )
+
+
+class _Source:
+    """The chain's source of batches: the merge, guarded against a second thread. A
+    pull of a generator another thread is running raises ``ValueError``, on which a chain
+    drops its source and then ends cleanly, for every thread: two threads draining one
+    iterator lost the rest of its range without a word. The colliding pull gets
+    :class:`_Busy` instead, and the range goes on for both. One Python call a batch."""
+
+    __slots__ = ("producer",)
+
+    def __init__(self, producer: Generator[Iterator[IteratedMessage], None, None]) -> None:
+        self.producer = producer
+
+    def __iter__(self) -> _Source:
+        return self
+
+    def __next__(self) -> Iterator[IteratedMessage]:
+        producer = self.producer
+        try:
+            return next(producer)
+        except ValueError as exc:
+            running = getgeneratorstate(producer) == GEN_RUNNING
+            if running and str(exc) == "generator already executing":
+                return _Busy()
+            raise
 
 
 _EXHAUSTED: Iterator[Any] = iter(())  # what a source becomes once the merge has run out
@@ -176,7 +226,7 @@ class QueueIterator(chain[IteratedMessage]):
         producer = _merged(
             box, merge_fill, longest, for_shard, shards, positions, sources, snap, on_done
         )
-        self = cast(QueueIterator, cls.from_iterable(producer))
+        self = cast(QueueIterator, cls.from_iterable(_Source(producer)))
         self._snap = snap
         self._shards = shards
         self._positions = positions
@@ -361,8 +411,8 @@ def _merged(  # noqa: PLR0917 - the iterator's state, shared with it
                 snap,
                 counts,
             )
-        except ImqError as exc:
-            if isinstance(exc, QueueClosedError):  # the iterator raises it by itself now
+        except BaseException as exc:
+            if isinstance(exc, GeneratorExit | QueueClosedError):  # closed: it ends or raises
                 raise
             # Nothing more is read: the cursors go now, and the finished frames the
             # error's traceback keeps lose their locals (the view, RocksDB's iterators),
@@ -375,7 +425,19 @@ def _merged(  # noqa: PLR0917 - the iterator's state, shared with it
             drop_frame_locals(exc)
             # The chain drops a producer that raised and then reports the end: hand it an
             # iterator that raises instead, so that asking again never reads as the end.
-            failed = box[2] = _Failed(exc)
+            # An exception that is not imq's (a signal handler's, KeyboardInterrupt) is
+            # raised once as it came; the rows read ahead are lost with it, so the later
+            # pulls raise ReadInterruptedError.
+            if isinstance(exc, ImqError):
+                failed = box[2] = _Failed(exc)
+            else:
+                failed = box[2] = _Failed(
+                    ReadInterruptedError(
+                        f"this iterator's read was cut short by {type(exc).__name__}, "
+                        "and the rows it had read ahead of its consumer are lost with it"
+                    ),
+                    first=exc,
+                )
             del exc
             yield failed
     finally:
@@ -445,10 +507,12 @@ def _merge_batches(  # noqa: PLR0917 - the merge's state
         run = iter(batch)
         box[0] = (batch, run, records)
         yield run
-        # The consumer asked for the next message: the batch is consumed.
+        # The consumer asked for the next message: the batch is consumed. The positions
+        # move first: an exception landing before the batch leaves ``box`` finds it still
+        # there, and current_position() replays it, which moves nothing past it.
+        positions[:] = final
         box[0] = None
         counts[0] += len(batch)
-        positions[:] = final
 
 
 _RUN = 256  # messages per batch, at most (re-measure with benchmarks/bench_floor.py)

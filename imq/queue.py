@@ -887,6 +887,11 @@ class Queue(QueueReads):
         and writes, which go on meanwhile). ``progress(tables done, tables)`` after each
         table. Reclaims the space of deleted rows at once rather than when RocksDB's
         background compactions get to them."""
+        if progress is not None and not callable(progress):
+            raise TypeError(
+                "progress must be None or a callable taking (tables done, tables), got "
+                f"{type(progress).__name__}"
+            )
         self._check_writable("compact")
         started = perf_counter()
         before = self._store.disk_usage()

@@ -360,6 +360,26 @@ def test_replace_and_make_check_like_the_constructors() -> None:
         IteratedMessage(BASE, None)  # type: ignore[arg-type]
 
 
+def test_compact_and_from_toml_refuse_wrong_argument_types_first(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``compact(progress=5)`` failed with "'int' object is not callable" from inside
+    the store, after the first table was compacted; ``QueueConfig.from_toml(None)`` with
+    pathlib's words (an outside audit of embedding). Both are ``TypeError``s naming the
+    argument, before anything is done."""
+
+    def compacted(*_args: object) -> None:
+        raise AssertionError("compacted before the argument was checked")
+
+    monkeypatch.setattr(queue._store, "compact_all", compacted)
+    for bad in (5, "yes"):
+        with pytest.raises(TypeError, match="progress must be None or a callable"):
+            queue.compact(bad)  # type: ignore[arg-type]
+    for path in (None, 5):
+        with pytest.raises(TypeError, match="from_toml takes the path of a TOML file"):
+            QueueConfig.from_toml(path)  # type: ignore[arg-type]
+
+
 def test_startup_takes_a_masterchain_block_only(queue: Queue) -> None:
     before = dump(queue)
     with pytest.raises(ValueError, match="must be a masterchain block"):
