@@ -3497,6 +3497,108 @@ static PyTypeObject TeeType = {
     .tp_dealloc = (destructor)tee_dealloc,
 };
 
+/* -- Guard: the iterator's source of batches, safe to pull from two threads ------------
+ *
+ * A QueueIterator is an itertools.chain whose source is the merge generator. A pull of a
+ * generator another thread is running fails with ValueError ("generator already
+ * executing"), on which a chain drops its source and then ends cleanly, for every
+ * thread: two threads draining one iterator lost the rest of its range without a word.
+ * Guard(gen, busy) pulls gen and hands out `busy` (an iterator that raises) instead of
+ * that error, so the range goes on. In C, not Python: a Python frame between the chain
+ * and the generator is where a signal handler's exception would land outside the
+ * generator's handler, and the chain would drop its source on it just the same. */
+
+typedef struct {
+    PyObject_HEAD PyObject *gen;
+    PyObject *busy;
+} Guard;
+
+static PyObject *
+guard_next(Guard *self)
+{
+    PyObject *gen = self->gen;
+    if (gen == NULL)
+        return NULL;
+    PyObject *item = Py_TYPE(gen)->tp_iternext(gen);
+    if (item != NULL || !PyErr_ExceptionMatches(PyExc_ValueError))
+        return item;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *running = PyObject_GetAttrString(gen, "gi_running");
+    int busy = running != NULL && PyObject_IsTrue(running) == 1;
+    Py_XDECREF(running);
+    if (running == NULL)
+        PyErr_Clear();
+    if (!busy) { /* the generator's own ValueError: passed on */
+        PyErr_Restore(type, value, tb);
+        return NULL;
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    Py_INCREF(self->busy);
+    return self->busy;
+}
+
+static PyObject *
+guard_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *gen, *busy;
+    static char *kwlist[] = {"gen", "busy", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO:Guard", kwlist, &gen, &busy))
+        return NULL;
+    if (Py_TYPE(gen)->tp_iternext == NULL || Py_TYPE(busy)->tp_iternext == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Guard takes two iterators");
+        return NULL;
+    }
+    Guard *self = (Guard *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    Py_INCREF(gen);
+    self->gen = gen;
+    Py_INCREF(busy);
+    self->busy = busy;
+    return (PyObject *)self;
+}
+
+static int
+guard_traverse(Guard *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->gen);
+    Py_VISIT(self->busy);
+    return 0;
+}
+
+static int
+guard_clear(Guard *self)
+{
+    Py_CLEAR(self->gen);
+    Py_CLEAR(self->busy);
+    return 0;
+}
+
+static void
+guard_dealloc(Guard *self)
+{
+    PyObject_GC_UnTrack(self);
+    guard_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject GuardType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "imq._speedups.Guard",
+    .tp_basicsize = sizeof(Guard),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Guard(gen, busy): an iterator of gen's items that hands out busy where a "
+              "pull of gen fails because another thread is running it.",
+    .tp_new = guard_new,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)guard_next,
+    .tp_traverse = (traverseproc)guard_traverse,
+    .tp_clear = (inquiry)guard_clear,
+    .tp_dealloc = (destructor)guard_dealloc,
+};
+
 static PyObject *
 init(PyObject *self, PyObject *args)
 {
@@ -3880,7 +3982,8 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&TeeType) < 0 || PyType_Ready(&ChunkRowsType) < 0 || find_class_new() < 0)
+    if (PyType_Ready(&TeeType) < 0 || PyType_Ready(&ChunkRowsType) < 0 ||
+        PyType_Ready(&GuardType) < 0 || find_class_new() < 0)
         return NULL;
     if ((s_shard = PyUnicode_InternFromString("shard")) == NULL ||
         (s_from_key = PyUnicode_InternFromString("from_key")) == NULL ||
@@ -3897,7 +4000,8 @@ PyInit__speedups(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddType(m, &TeeType) < 0 || PyModule_AddType(m, &ChunkRowsType) < 0) {
+    if (PyModule_AddType(m, &TeeType) < 0 || PyModule_AddType(m, &ChunkRowsType) < 0 ||
+        PyModule_AddType(m, &GuardType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

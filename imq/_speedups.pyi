@@ -1,4 +1,4 @@
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar, final
 
 from imq.types import Address, IteratedMessage, Message, QueueKey, QueueShardRange, ShardIdent
@@ -105,6 +105,12 @@ class Tee:
         cls, put: object, segments: dict[bytes, list[bytearray]], prefix_len: int
     ) -> Tee: ...
     def __call__(self, key: bytes, value: bytes, target: object, /) -> None: ...
+
+@final
+class Guard:
+    def __new__(cls, gen: Iterator[Any], busy: Iterator[Any]) -> Guard: ...
+    def __iter__(self) -> Guard: ...
+    def __next__(self) -> Any: ...
 
 def message_bounds(
     partition: int, ranges: Sequence[QueueShardRange], /

@@ -60,7 +60,6 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from functools import partial
-from inspect import GEN_RUNNING, getgeneratorstate
 from itertools import chain, compress, count, islice, repeat, starmap
 from operator import and_, eq, rshift
 from types import TracebackType
@@ -134,8 +133,9 @@ class _Failed:
 
 
 class _Busy:
-    """What a pull of the merge gets while another thread runs it: an iterator that
-    raises (the chain keeps it, until that thread's batch replaces it)."""
+    """What a pull of the merge gets while another thread runs it (from the compiled
+    ``Guard``): an iterator that raises. The chain keeps it until that thread's batch
+    replaces it, so the range goes on for both threads."""
 
     __slots__ = ()
 
@@ -149,30 +149,7 @@ class _Busy:
         )
 
 
-class _Source:
-    """The chain's source of batches: the merge, guarded against a second thread. A
-    pull of a generator another thread is running raises ``ValueError``, on which a chain
-    drops its source and then ends cleanly, for every thread: two threads draining one
-    iterator lost the rest of its range without a word. The colliding pull gets
-    :class:`_Busy` instead, and the range goes on for both. One Python call a batch."""
-
-    __slots__ = ("producer",)
-
-    def __init__(self, producer: Generator[Iterator[IteratedMessage], None, None]) -> None:
-        self.producer = producer
-
-    def __iter__(self) -> _Source:
-        return self
-
-    def __next__(self) -> Iterator[IteratedMessage]:
-        producer = self.producer
-        try:
-            return next(producer)
-        except ValueError as exc:
-            running = getgeneratorstate(producer) == GEN_RUNNING
-            if running and str(exc) == "generator already executing":
-                return _Busy()
-            raise
+_BUSY = _Busy()  # one for all: a chain overwrites the one it holds without freeing it
 
 
 _EXHAUSTED: Iterator[Any] = iter(())  # what a source becomes once the merge has run out
@@ -226,7 +203,17 @@ class QueueIterator(chain[IteratedMessage]):
         producer = _merged(
             box, merge_fill, longest, for_shard, shards, positions, sources, snap, on_done
         )
-        self = cast(QueueIterator, cls.from_iterable(_Source(producer)))
+        # Primed: the merge runs up to its first yield, inside its handler, so no
+        # exception of the host's can escape it later (a chain drops a source that
+        # raised, and then ends as if the range were complete).
+        primed = next(producer)
+        if primed is not _EXHAUSTED:  # the host's exception landed while priming
+            next(primed)  # raises it, from Queue.iterator()
+        guard = _guard_type
+        self = cast(
+            QueueIterator,
+            cls.from_iterable(producer if guard is None else guard(producer, _BUSY)),
+        )
         self._snap = snap
         self._shards = shards
         self._positions = positions
@@ -394,10 +381,11 @@ def _merged(  # noqa: PLR0917 - the iterator's state, shared with it
     shares the iterator's lists (and ``box``) but never refers to the iterator itself, so
     the two form no reference cycle. Once every source has run out it releases the
     cursors: an iterator kept for its position pins no RocksDB version."""
-    wc_byte, prefix_len, want = destination_test(for_shard)
     counts = [0, 0]  # messages yielded, rows skipped
     try:
         try:
+            wc_byte, prefix_len, want = destination_test(for_shard)
+            yield _EXHAUSTED  # primed by QueueIterator: every later resume is in here
             yield from _merge_batches(
                 box,
                 merge_fill,
@@ -859,6 +847,13 @@ def _c_decode(keys: list[bytes], values: list[bytes], shard: ShardIdent) -> list
 
 _merge_fill: Callable[..., Any] | None = (
     None if _speedups_module is None else _speedups_module.merge_fill
+)
+# Pulls the merge for the chain, turning a second thread's pull into ``_BUSY`` (a chain
+# drops a source that raised: both threads then saw the range end). In C: a Python frame
+# there would be a place for a signal handler's exception to escape the merge's handler.
+# Without the compiled module the host shares an iterator between threads under a lock.
+_guard_type: Callable[..., Iterator[Iterator[IteratedMessage]]] | None = (
+    None if _speedups_module is None else _speedups_module.Guard
 )
 COMPILED = _speedups_module is not None
 """True when the compiled merge and decode are in use (reported by the benchmarks)."""

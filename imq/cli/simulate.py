@@ -18,7 +18,7 @@ from typing import Any, TextIO, cast
 
 from imq.cli.common import PathError, file_in_the_way, path_arg
 from imq.config import QueueConfig
-from imq.errors import FileAccessError
+from imq.errors import FileAccessError, ImqError
 from imq.observability import configure_for_cli
 from imq.sim import SimConfig, SimQueue, SimResult, Simulation
 from imq.sim.child import ChildQueue
@@ -253,6 +253,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
         except Exception as exc:
             if sim.started:  # the verdict, with what the checks found until the error
                 print(sim.result.stopped_verdict(exc), file=out)
+                if isinstance(exc, ValueError | TypeError) and not isinstance(exc, ImqError):
+                    # a call the queue refused mid-run stopped it (1), not the command
+                    # line (2, which a bare ValueError means to imq's main)
+                    print(f"imq: error: {' '.join(str(exc).split())}", file=err)
+                    return 1
             raise
     print(result.verdict(), file=out)
     if config.nodes > 1 and not result.disagreements:

@@ -428,8 +428,11 @@ class Simulation:
         self.owed: dict[MessageId, Message] = {}  # committed, not yet executed
         # The owed messages whose block's router sent them to another partition than 0.
         self.owed_partition: dict[MessageId, int] = {}
-        # Per shard, the max_message of each committed diff the final GC may keep.
-        self.committed_tops: dict[ShardIdent, list[QueueKey]] = {s: [] for s in self.world.shards}
+        # Per shard, the max_message and seqno of each committed diff with messages: the
+        # final GC keeps those above its bound and deletes the others, records included.
+        self.committed_tops: dict[ShardIdent, list[tuple[QueueKey, int]]] = {
+            s: [] for s in self.world.shards
+        }
         # Hashes of messages executed by committed blocks: a dict of bytes to None, not a
         # set, because CPython's cyclic GC stops walking a dict that holds only such
         # values (a set it walks entry by entry at every full collection: a long run's
@@ -798,8 +801,14 @@ class Simulation:
         for i, node in enumerate(self.followers, start=1):
             if node.get_commit_pointers() != pointers:
                 raise SimulationError(f"node {i} disagrees with node 0 on the commit pointers")
+        fault = 1.0 if drain else rng.random()
+        restart = fault < cfg.restart_rate
         for shard in self.world.basechain:
             self._collate(shard, round_no, pointers, drain=drain)
+        if not restart and fault < cfg.restart_rate + cfg.reset_rate:
+            # Before the masterchain block: the shards' new blocks are uncommitted, so
+            # the reset always has something to clear (after a commit it had nothing).
+            self._reset()
         if drain or round_no % cfg.commit_every == 0:
             self._collate(MC, round_no, pointers, drain=drain)
             self._commit()
@@ -809,12 +818,8 @@ class Simulation:
                 node.run_gc()
                 self._timed("run_gc", started)
             self._explicit_gc += 1
-        if not drain:
-            fault = rng.random()
-            if fault < cfg.restart_rate:
-                self._restart(round_no, crash=rng.random() < 0.5)
-            elif fault < cfg.restart_rate + cfg.reset_rate:
-                self._reset()
+        if restart:
+            self._restart(round_no, crash=rng.random() < 0.5)
         self._sample(round_no)
         if self.on_round is not None:
             self.on_round(self.result, drain)
@@ -838,8 +843,33 @@ class Simulation:
             started = time.perf_counter()
             node.clear_uncommitted_state(PARTITIONS, list(self.world.shards))
             self._timed("clear_uncommitted_state", started)
+            if self.config.check_state:
+                with self._checking():
+                    self._check_cleared(node)
         self.result.clears += 1
         self._roll_back()
+
+    def _check_cleared(self, queue: SimQueue) -> None:
+        """After a reset nothing is stored above any commit pointer, in any partition
+        (a cache of fresh rows that kept the cleared rows would serve them here)."""
+        pointers = queue.get_commit_pointers()
+        ranges = [
+            QueueShardRange(
+                s, pointers[s].key.next_value() if s in pointers else QueueKey.MIN, QueueKey.MAX
+            )
+            for s in self.world.shards
+        ]
+        for partition in PARTITIONS:
+            for for_shard in (MC, ShardIdent.BASECHAIN):
+                with queue.iterator(partition, ranges, for_shard) as it:
+                    for item in it:
+                        self._violate(
+                            (item.source, item.message.key),
+                            "stored",
+                            f"still in partition {partition} above the commit pointer after "
+                            "a reset",
+                        )
+                        break
 
     def _roll_back(self) -> None:
         for shard, blocks in self.uncommitted.items():
@@ -1115,7 +1145,7 @@ class Simulation:
             for block in blocks:
                 self._commit_block(block)
                 if block.state.top_max is not None:
-                    self.committed_tops[shard].append(block.state.top_max)
+                    self.committed_tops[shard].append((block.state.top_max, block.seqno))
             self.result.blocks_committed += len(blocks)
             blocks.clear()
             self.committed[shard] = self.current[shard]
@@ -1319,13 +1349,24 @@ class Simulation:
         # last commit's top blocks; the committed diffs above it stay.
         for shard in self.world.shards:
             bound = self._gc_bound(shard)
-            kept = sum(1 for top in self.committed_tops[shard] if bound is None or top > bound)
+            tops = self.committed_tops[shard]
+            kept = sum(1 for top, _ in tops if bound is None or top > bound)
             stored = queue.get_diffs_tail_len(shard, QueueKey.MIN)
             if not self._check(stored == kept):
                 self._state_error(
                     f"{stored} diffs of {shard} stored after the final GC; the run "
                     f"committed {kept} above its GC bound {bound}"
                 )
+            # and the records of the diffs it collected are gone (diff info, existence)
+            for top, seqno in tops:
+                if bound is not None and top <= bound:
+                    info = queue.get_diff_info(shard, seqno, DiffZone.BOTH)
+                    if not self._check(info is None):
+                        self._state_error(
+                            f"the diff {shard}:{seqno} is still stored after the final GC "
+                            f"(its max_message {top} is at or below the GC bound {bound})"
+                        )
+                        break
 
     def _gc_bound(self, source: ShardIdent) -> QueueKey | None:
         """The lowest processed_to of ``source`` over the committed top blocks."""

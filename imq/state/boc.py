@@ -292,7 +292,9 @@ def _heights(buf: bytes, starts: array[int], special: array[int], ref_size: int)
     depth, whatever its level: a pruned branch, the only leaf whose lower-level depths
     come from its data, has representation depth 0, and every other cell's is one more
     than its refs' largest at its own (or, for Merkle cells, the next) level, which is
-    theirs."""
+    theirs. So every tree this refuses, :class:`Cell` refuses too; the lower-level
+    depths a pruned branch stores (which can pass the limit at a smaller height) are
+    checked when the cells are built."""
     heights = array("H", bytes(2 * (len(starts) - 1)))
     for i in reversed(special):
         p = starts[i]
@@ -474,23 +476,26 @@ def split_roots(
     slow = [r for r in roots if buf[starts[r]]] if layout.special else []
     sha = _sha256
     built: dict[int, Cell] = {}
-    digest_of: dict[int, bytes] | None = None  # each root's hash, once expected
+    hashes: list[bytes] | None = None  # each root's hash, once expected
     if expect is not None:
-        known = _plain_hashes(layout, slow) if slow else {}
-        if known is None:  # cells of higher levels: their hashes need the cells
-            built = _built_roots(layout, slow)
-            known = {r: built[r].hash for r in slow}
-        hashes = [
-            known[r] if r in known else sha(buf[starts[r] : starts[r + 1]]).digest() for r in roots
-        ]
+        if slow:
+            known = _plain_hashes(layout, slow)
+            if known is None:  # cells of higher levels: their hashes need the cells
+                built = _built_roots(layout, slow)
+                known = {r: built[r].hash for r in slow}
+            hashes = [
+                known[r] if r in known else sha(buf[starts[r] : starts[r + 1]]).digest()
+                for r in roots
+            ]
+        else:  # every root a leaf (every message of the networks' states)
+            hashes = [sha(buf[starts[r] : starts[r + 1]]).digest() for r in roots]
         expect(hashes)
-        digest_of = dict(zip(roots, hashes, strict=True))
     if slow and not built:
         built = _built_roots(layout, slow)
     views: dict[int, RootView] = {}
     headers, tag_bits, new = _LEAF_HEADERS, _TAG_BITS, _tuple_new
     out = []
-    for r in roots:
+    for k, r in enumerate(roots):
         if r in built:
             view = views.get(r)
             if view is None:
@@ -513,7 +518,7 @@ def split_roots(
         raw = buf[st:en]
         d2 = raw[1]
         bits = d2 * 4 if not d2 & 1 else (d2 - 1) * 4 + tag_bits[raw[-1]]
-        digest = sha(raw).digest() if digest_of is None else digest_of[r]
+        digest = sha(raw).digest() if hashes is None else hashes[k]
         out.append(new(RootView, (digest, raw[2:], bits, headers[en - st] + raw, 0, ())))
     return out
 

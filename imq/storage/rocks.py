@@ -149,6 +149,14 @@ def _read_error(
     )
 
 
+def from_rocksdict(exc: BaseException) -> bool:
+    """Whether ``exc`` is one rocksdict raises for RocksDB (a bare ``Exception`` with
+    RocksDB's status text, or its ``DbClosedError``), not one of the host's that landed
+    in the same code (a signal handler's ``TimeoutError``, say)."""
+    kind = type(exc)
+    return kind is Exception or kind.__module__ == "rocksdict"
+
+
 def writer_holds_lock(path: object) -> bool:
     """Whether a writer (of any process, this one included) holds the directory's lock
     now; False when that cannot be told (see :func:`_flock_held`). Probed where
@@ -358,6 +366,8 @@ class _EndCheck:
         except ImqError:
             raise
         except Exception as exc:  # rocksdict raises a bare Exception("Corruption: ...")
+            if not from_rocksdict(exc):  # a host's (a signal handler's): passed on as it is
+                raise
             key = last_key if last_key is not None else self._lo
             raise _read_error(
                 self._path, self._table, key, exc, read_only=self._read_only

@@ -728,3 +728,32 @@ def test_the_stub_matches_the_compiled_module(tmp_path: Any) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_guard_hands_out_busy_where_the_generator_runs_elsewhere() -> None:
+    """``Guard(gen, busy)``: gen's items, and ``busy`` for a pull made while gen runs
+    (here from inside gen itself, as a second thread's would be); a ValueError of gen's
+    own, and gen's end, pass on as they are."""
+    module = iterator._speedups_module
+    busy = iter(())
+    seen: list[object] = []
+    holder: list[Any] = []
+
+    def gen() -> Iterator[int]:
+        yield 1
+        seen.append(next(holder[0]))  # a pull of the running generator
+        yield 2
+        raise ValueError("gen's own")
+
+    guard = module.Guard(gen(), busy)
+    holder.append(guard)
+    assert iter(guard) is guard and next(guard) == 1 and next(guard) == 2
+    assert seen == [busy]
+    with pytest.raises(ValueError, match="gen's own"):
+        next(guard)
+    with pytest.raises(StopIteration):
+        next(guard)
+    ended = module.Guard(iter([7]), busy)
+    assert list(ended) == [7]
+    with pytest.raises(TypeError, match="two iterators"):
+        module.Guard([1], busy)
