@@ -95,6 +95,10 @@ def _body(rng: Any) -> bytes:
 _message_key = attrgetter("message.key")  # the collator's merge order of its two partitions
 MessageId = tuple[ShardIdent, QueueKey]  # (source shard, key): unique in the network
 START_LT = 1_000
+# How often a commit lists a shard's second-newest block as its top, leaving the newest
+# uncommitted above the new pointer (a real network's masterchain lags its shards): a
+# commit then moves a pointer past uncommitted diffs, and clears and GC run beside them.
+LAG_RATE = 0.25
 
 
 class SimulationError(ImqError):
@@ -553,11 +557,14 @@ class Simulation:
                 + ("" if info.hash == state.top_hash else ", and another hash")
             )
 
-    def _check_committed(self, shard: ShardIdent, blocks: list[BlockRecord]) -> None:
+    def _check_committed(
+        self, shard: ShardIdent, blocks: list[BlockRecord], *, above: int = 0
+    ) -> None:
         """Right after a commit on ``blocks`` of ``shard``, on every node: its new top diff
         is stored as written, the tail lengths from the committed diffs' max messages
-        count them, and the statistics of the committed diffs count, per partition, the
-        destinations of their messages as each block's router sent them.
+        count them (and the ``above`` uncommitted diffs the commit left above them: a
+        tail counts both zones), and the statistics of the committed diffs count, per
+        partition, the destinations of their messages as each block's router sent them.
         (GC cannot have touched them yet: no other shard has read them.)"""
         top = blocks[-1]
         before, last = self.committed[shard].top_max, top.state.top_max
@@ -569,7 +576,7 @@ class Simulation:
         expected = _statistics_of(blocks)
         # The tail from a diff's own max message counts that diff (">=", not ">"): from
         # the new top's, just it; from the first committed now, all of them.
-        starts = ((last, 1), (blocks[0].state.top_max, len(blocks)))
+        starts = ((last, 1 + above), (blocks[0].state.top_max, len(blocks) + above))
         for node in self._nodes():
             info = node.get_diff_info(shard, top.seqno, DiffZone.COMMITTED)
             if info is None and node.get_diff_info(shard, top.seqno, DiffZone.UNCOMMITTED):
@@ -811,7 +818,7 @@ class Simulation:
             self._reset()
         if drain or round_no % cfg.commit_every == 0:
             self._collate(MC, round_no, pointers, drain=drain)
-            self._commit()
+            self._commit(lag=not drain)
         if cfg.gc_every and round_no % cfg.gc_every == 0:
             for node in self._nodes():
                 started = time.perf_counter()
@@ -1114,16 +1121,24 @@ class Simulation:
 
     # -- commit ------------------------------------------------------------------------------
 
-    def _commit(self) -> None:
+    def _commit(self, *, lag: bool = False) -> None:
         mc_state = self.current[MC]
         if mc_state.seqno == 0 or (
             self.last_mc is not None and self.last_mc.seqno >= mc_state.seqno
         ):
             return  # the masterchain block was cancelled: nothing new to commit on
         mc_seqno = mc_state.seqno
+        rng = derive_rng(self.config.seed, "lag", mc_seqno)
         tops = [TopBlock(BlockId(MC, mc_seqno), mc_seqno)]
+        # Per shard, how many of its uncommitted blocks this commit takes: all, or with
+        # ``lag`` now and then all but the newest (which stays uncommitted).
+        taken: dict[ShardIdent, int] = {MC: len(self.uncommitted[MC])}
         for shard in self.world.basechain:
-            state = self.current[shard]
+            blocks = self.uncommitted[shard]
+            taken[shard] = len(blocks)
+            if lag and len(blocks) >= 2 and rng.random() < LAG_RATE:
+                taken[shard] -= 1
+            state = blocks[taken[shard] - 1].state if blocks else self.current[shard]
             if state.seqno == 0:
                 continue
             updated = state.seqno != self.committed[shard].seqno
@@ -1137,18 +1152,22 @@ class Simulation:
         if self.config.check_state:
             with self._checking():
                 for shard, blocks in self.uncommitted.items():
-                    if blocks:
-                        self._check_committed(shard, blocks)
+                    if taken[shard]:
+                        self._check_committed(
+                            shard, blocks[: taken[shard]], above=len(blocks) - taken[shard]
+                        )
         self.last_mc = BlockId(MC, mc_seqno)
         self.result.commits += 1
         for shard, blocks in self.uncommitted.items():
-            for block in blocks:
+            now = blocks[: taken[shard]]
+            for block in now:
                 self._commit_block(block)
                 if block.state.top_max is not None:
                     self.committed_tops[shard].append((block.state.top_max, block.seqno))
-            self.result.blocks_committed += len(blocks)
-            blocks.clear()
-            self.committed[shard] = self.current[shard]
+            self.result.blocks_committed += len(now)
+            del blocks[: taken[shard]]
+            if now:
+                self.committed[shard] = now[-1].state
 
     def _commit_block(self, block: BlockRecord) -> None:
         """The block is final: its messages are owed a delivery, and what it executed is

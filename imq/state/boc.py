@@ -36,7 +36,15 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from imq.state.cells import MAX_CELL_BITS, MAX_DEPTH, MAX_REFS, Cell, CellBuilder, CellError
+from imq.state.cells import (
+    MAX_CELL_BITS,
+    MAX_DEPTH,
+    MAX_REFS,
+    Cell,
+    CellBuilder,
+    CellError,
+    hashed_cell,
+)
 
 __all__ = [
     "MAGIC",
@@ -319,13 +327,21 @@ def _check_index(buf: bytes, at: int, starts: array[int], off_size: int, cache: 
             raise BocError("index", at + i * off_size, f"index entry {i} is {entry}")
 
 
-def _cell_at(layout: _Layout, i: int, built: dict[int, Cell]) -> Cell:
+def _cell_at(
+    layout: _Layout, i: int, built: dict[int, Cell], digests: bytearray | None = None
+) -> Cell:
+    """Cell ``i`` over its built refs; an ordinary one takes its hash from ``digests``
+    (the table :func:`_plain_hashes` filled) when given, instead of hashing again."""
     buf, starts = layout.buf, layout.starts
     p = starts[i]
     d1, d2 = buf[p], buf[p + 1]
     q = p + 2 + ((d2 + 1) >> 1)
     bits = d2 * 4 if not d2 & 1 else (d2 - 1) * 4 + _TAG_BITS[buf[q - 1]]
     refs = tuple([built[r] for r in _refs_at(buf, p, layout.ref_size)]) if d1 & 7 else ()
+    if digests is not None and not d1 & 8:  # ordinary, level 0 (the table's rule)
+        heights = layout.heights
+        depth = 0 if heights is None else heights[i]
+        return hashed_cell(buf[p + 2 : q], bits, refs, bytes(digests[32 * i : 32 * i + 32]), depth)
     try:
         return Cell.from_serialized(
             buf[p + 2 : q], bits, refs, exotic=bool(d1 & 8), level_mask=d1 >> 5
@@ -353,13 +369,15 @@ def _reached_from(layout: _Layout, wanted: Sequence[int]) -> bytearray:
     return needed
 
 
-def _build_cells(layout: _Layout, wanted: Sequence[int]) -> dict[int, Cell]:
+def _build_cells(
+    layout: _Layout, wanted: Sequence[int], digests: bytearray | None = None
+) -> dict[int, Cell]:
     """Cell objects for ``wanted`` and everything under them, built children first."""
     needed = _reached_from(layout, wanted)
     built: dict[int, Cell] = {}
     for i in range(len(needed) - 1, -1, -1):
         if needed[i]:
-            built[i] = _cell_at(layout, i, built)
+            built[i] = _cell_at(layout, i, built, digests)
     return built
 
 
@@ -477,12 +495,15 @@ def split_roots(
     sha = _sha256
     built: dict[int, Cell] = {}
     hashes: list[bytes] | None = None  # each root's hash, once expected
+    table: bytearray | None = None  # every cell's hash under the slow roots, when plain
     if expect is not None:
         if slow:
-            known = _plain_hashes(layout, slow)
-            if known is None:  # cells of higher levels: their hashes need the cells
+            table = _plain_hashes(layout, slow)
+            if table is None:  # cells of higher levels: their hashes need the cells
                 built = _built_roots(layout, slow)
                 known = {r: built[r].hash for r in slow}
+            else:
+                known = {r: bytes(table[32 * r : 32 * r + 32]) for r in slow}
             hashes = [
                 known[r] if r in known else sha(buf[starts[r] : starts[r + 1]]).digest()
                 for r in roots
@@ -491,7 +512,7 @@ def split_roots(
             hashes = [sha(buf[starts[r] : starts[r + 1]]).digest() for r in roots]
         expect(hashes)
     if slow and not built:
-        built = _built_roots(layout, slow)
+        built = _built_roots(layout, slow, table)
     views: dict[int, RootView] = {}
     headers, tag_bits, new = _LEAF_HEADERS, _TAG_BITS, _tuple_new
     out = []
@@ -523,21 +544,23 @@ def split_roots(
     return out
 
 
-def _built_roots(layout: _Layout, roots: list[int]) -> dict[int, Cell]:
-    built = _build_cells(layout, roots)
+def _built_roots(
+    layout: _Layout, roots: list[int], digests: bytearray | None = None
+) -> dict[int, Cell]:
+    built = _build_cells(layout, roots, digests)
     for r in roots:
         _check_root_level(layout, built[r], r)
     return built
 
 
-def _plain_hashes(layout: _Layout, roots: list[int]) -> dict[int, bytes] | None:
-    """The representation hashes of ``roots`` from the compact table, when every cell
-    under them is of level 0 (what messages are made of): one ``sha256`` of the cell's
-    stored bytes, its refs' depths and hashes, children first, in a table of 32 bytes a
-    cell (an exotic cell of level 0 over level-0 refs, a library or a Merkle proof of a
-    whole tree, hashes so too). ``None`` when a level mask is met. Exotic cells are not
-    checked here: a hash the caller accepts is followed by the cells' build, which
-    checks them."""
+def _plain_hashes(layout: _Layout, roots: list[int]) -> bytearray | None:
+    """The representation hashes of ``roots`` and every cell under them, from the
+    compact table, when all those cells are of level 0 (what messages are made of): one
+    ``sha256`` of the cell's stored bytes, its refs' depths and hashes, children first,
+    into a table of 32 bytes a cell (cell i's at ``32 i``; an exotic cell of level 0
+    over level-0 refs, a library or a Merkle proof of a whole tree, hashes so too).
+    ``None`` when a level mask is met. Exotic cells are not checked here: a hash the
+    caller accepts is followed by the cells' build, which checks them."""
     buf, starts, heights, ref_size = layout.buf, layout.starts, layout.heights, layout.ref_size
     assert heights is not None  # roots with refs: the scan measured the heights
     needed = _reached_from(layout, roots)
@@ -561,7 +584,7 @@ def _plain_hashes(layout: _Layout, roots: list[int]) -> dict[int, bytes] | None:
         else:
             digest = sha(buf[p:q]).digest()
         digests[32 * i : 32 * i + 32] = digest
-    return {r: bytes(digests[32 * r : 32 * r + 32]) for r in roots}
+    return digests
 
 
 def _leaf_cell_of(boc: bytes) -> bytes | None:

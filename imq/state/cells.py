@@ -311,6 +311,23 @@ def _init_cell(cell: Cell, data: bytes, bits: int, refs: tuple[Cell, ...], exoti
     cell._depth = depths[-1]
 
 
+def hashed_cell(data: bytes, bits: int, refs: tuple[Cell, ...], digest: bytes, depth: int) -> Cell:
+    """An ordinary cell of level 0 whose shape, refs, hash and depth a decoder has
+    checked and computed already (:mod:`imq.state.boc`'s compact table): built without
+    hashing it again. Not for anything else: nothing here is checked."""
+    cell = Cell.__new__(Cell)
+    cell._data = data
+    cell._bits = bits
+    cell._refs = refs
+    cell._exotic = False
+    cell._mask = 0
+    cell._hashes = (digest,)
+    cell._depths = (depth,)
+    cell._hash = digest
+    cell._depth = depth
+    return cell
+
+
 def _level_hashes(
     data: bytes, bits: int, refs: tuple[Cell, ...], exotic: bool
 ) -> tuple[int, tuple[bytes, ...], tuple[int, ...]]:
