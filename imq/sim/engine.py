@@ -866,6 +866,11 @@ class Simulation:
             )
             for s in self.world.shards
         ]
+        self._none_stored(queue, ranges, "above the commit pointer after a reset")
+
+    def _none_stored(self, queue: SimQueue, ranges: list[QueueShardRange], when: str) -> None:
+        """No message in ``ranges``, in any partition, for any destination: the first
+        found is a ``stored`` violation per partition."""
         for partition in PARTITIONS:
             for for_shard in (MC, ShardIdent.BASECHAIN):
                 with queue.iterator(partition, ranges, for_shard) as it:
@@ -873,8 +878,7 @@ class Simulation:
                         self._violate(
                             (item.source, item.message.key),
                             "stored",
-                            f"still in partition {partition} above the commit pointer after "
-                            "a reset",
+                            f"still in partition {partition} {when}",
                         )
                         break
 
@@ -1347,16 +1351,8 @@ class Simulation:
         self._timed("run_gc", started)
         self._explicit_gc += 1
         everything = [QueueShardRange(s, QueueKey.MIN, QueueKey.MAX) for s in self.world.shards]
+        self._none_stored(queue, everything, "after the final commit and GC")
         for partition in PARTITIONS:
-            for for_shard in (MC, ShardIdent.BASECHAIN):
-                with queue.iterator(partition, everything, for_shard) as it:
-                    for item in it:
-                        self._violate(
-                            (item.source, item.message.key),
-                            "stored",
-                            f"still in partition {partition} after the final commit and GC",
-                        )
-                        break
             for r in everything:
                 left = queue.load_diff_statistics(partition, r)
                 if not self._check(not left):
