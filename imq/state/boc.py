@@ -370,10 +370,11 @@ def _reached_from(layout: _Layout, wanted: Sequence[int]) -> bytearray:
 
 
 def _build_cells(
-    layout: _Layout, wanted: Sequence[int], digests: bytearray | None = None
+    layout: _Layout, wanted: Sequence[int], table: _Table | None = None
 ) -> dict[int, Cell]:
-    """Cell objects for ``wanted`` and everything under them, built children first."""
-    needed = _reached_from(layout, wanted)
+    """Cell objects for ``wanted`` and everything under them, built children first
+    (with ``table``, :func:`_plain_hashes`' for the same ``wanted``, from its hashes)."""
+    digests, needed = (None, _reached_from(layout, wanted)) if table is None else table
     built: dict[int, Cell] = {}
     for i in range(len(needed) - 1, -1, -1):
         if needed[i]:
@@ -495,7 +496,7 @@ def split_roots(
     sha = _sha256
     built: dict[int, Cell] = {}
     hashes: list[bytes] | None = None  # each root's hash, once expected
-    table: bytearray | None = None  # every cell's hash under the slow roots, when plain
+    table: _Table | None = None  # every cell's hash under the slow roots, when plain
     if expect is not None:
         if slow:
             table = _plain_hashes(layout, slow)
@@ -503,7 +504,8 @@ def split_roots(
                 built = _built_roots(layout, slow)
                 known = {r: built[r].hash for r in slow}
             else:
-                known = {r: bytes(table[32 * r : 32 * r + 32]) for r in slow}
+                digests = table[0]
+                known = {r: bytes(digests[32 * r : 32 * r + 32]) for r in slow}
             hashes = [
                 known[r] if r in known else sha(buf[starts[r] : starts[r + 1]]).digest()
                 for r in roots
@@ -544,23 +546,25 @@ def split_roots(
     return out
 
 
-def _built_roots(
-    layout: _Layout, roots: list[int], digests: bytearray | None = None
-) -> dict[int, Cell]:
-    built = _build_cells(layout, roots, digests)
+def _built_roots(layout: _Layout, roots: list[int], table: _Table | None = None) -> dict[int, Cell]:
+    built = _build_cells(layout, roots, table)
     for r in roots:
         _check_root_level(layout, built[r], r)
     return built
 
 
-def _plain_hashes(layout: _Layout, roots: list[int]) -> bytearray | None:
+_Table = tuple[bytearray, bytearray]  # each cell's hash (32 bytes at 32 i), needed marks
+
+
+def _plain_hashes(layout: _Layout, roots: list[int]) -> _Table | None:
     """The representation hashes of ``roots`` and every cell under them, from the
     compact table, when all those cells are of level 0 (what messages are made of): one
     ``sha256`` of the cell's stored bytes, its refs' depths and hashes, children first,
     into a table of 32 bytes a cell (cell i's at ``32 i``; an exotic cell of level 0
     over level-0 refs, a library or a Merkle proof of a whole tree, hashes so too).
     ``None`` when a level mask is met. Exotic cells are not checked here: a hash the
-    caller accepts is followed by the cells' build, which checks them."""
+    caller accepts is followed by the cells' build, which checks them. With the hashes,
+    the marks of the cells they were computed for (``roots`` and everything under)."""
     buf, starts, heights, ref_size = layout.buf, layout.starts, layout.heights, layout.ref_size
     assert heights is not None  # roots with refs: the scan measured the heights
     needed = _reached_from(layout, roots)
@@ -584,7 +588,7 @@ def _plain_hashes(layout: _Layout, roots: list[int]) -> bytearray | None:
         else:
             digest = sha(buf[p:q]).digest()
         digests[32 * i : 32 * i + 32] = digest
-    return digests
+    return digests, needed
 
 
 def _leaf_cell_of(boc: bytes) -> bytes | None:
