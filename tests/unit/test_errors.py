@@ -16,6 +16,7 @@ MADE = [
     errors.StateFormatError("bad chunk"),
     errors.DiffConflictError("diff of block 0:8000000000000000:1 is already stored"),
     errors.QueueClosedError("queue database q is closed"),
+    errors.ReadInterruptedError("this iterator's read was cut short by TimeoutError"),
     errors.DatabaseLockedError("queue database q is already open"),
     errors.CorruptDataError("messages", b"\x01\x02", "bad row"),
     errors.StorageError("q", "open", "IO error", hint="free space"),
