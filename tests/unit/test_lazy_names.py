@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from mypy import api as mypy_api
@@ -38,7 +39,10 @@ def test_a_misspelt_top_level_name_is_a_type_error(tmp_path: Path) -> None:
     """A module-level ``__getattr__`` that type checkers can see makes every unknown
     ``imq.X`` an ``Any``: ``mypy --strict`` then accepted ``from imq import QueueConfg``
     and ``imq.Queu.open(...)``, which fail only when run (an outside audit)."""
-    user = tmp_path / "user.py"
+    # A module name of its own each run: mypy's cache keeps a module by its name, and a
+    # second run of the same file under another directory was taken for the cached one,
+    # whose errors it did not all report again (seen in `make test`).
+    user = tmp_path / f"user_{uuid.uuid4().hex}.py"
     user.write_text(
         "import imq\n"
         "from imq import QueueConfg\n"
