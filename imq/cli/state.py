@@ -511,7 +511,6 @@ def _check_header(
 ) -> None:
     """Check the state's header (block, top update) before any database exists; the
     import checks it again, with everything else."""
-
     with open_source(cast("BinaryIO", state)) as src:
         StateReader(src, on_top=header_check(block_id, top_update))
 

@@ -1372,7 +1372,7 @@ class Simulation:
                     f"{stored} diffs of {shard} stored after the final GC; the run "
                     f"committed {kept} above its GC bound {bound}"
                 )
-            # and the records of the diffs it collected are gone (diff info, existence)
+            # and the records of the diffs it collected are gone (their diff info)
             for top, seqno in tops:
                 if bound is not None and top <= bound:
                     info = queue.get_diff_info(shard, seqno, DiffZone.BOTH)

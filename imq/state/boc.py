@@ -674,4 +674,4 @@ def boc_cell_size(boc: bytes) -> int:
     layout = _parse(boc, 1, None)
     buf, starts = layout.buf, layout.starts
     refs = sum([buf[starts[i]] & 7 for i in layout.special])
-    return layout.starts[-1] - layout.starts[0] + (4 - layout.ref_size) * refs + 4
+    return starts[-1] - starts[0] + (4 - layout.ref_size) * refs + 4

@@ -300,6 +300,19 @@ def _init_cell(cell: Cell, data: bytes, bits: int, refs: tuple[Cell, ...], exoti
         depths = (depth,)
     if depth > MAX_DEPTH:
         raise CellError("cell depth", f"cell depth {depth} exceeds {MAX_DEPTH}")
+    _set_fields(cell, data, bits, refs, exotic, mask, hashes, depths)
+
+
+def _set_fields(  # noqa: PLR0917 - every field of a cell
+    cell: Cell,
+    data: bytes,
+    bits: int,
+    refs: tuple[Cell, ...],
+    exotic: bool,
+    mask: int,
+    hashes: tuple[bytes, ...],
+    depths: tuple[int, ...],
+) -> None:
     cell._data = data
     cell._bits = bits
     cell._refs = refs
@@ -316,15 +329,7 @@ def hashed_cell(data: bytes, bits: int, refs: tuple[Cell, ...], digest: bytes, d
     checked and computed already (:mod:`imq.state.boc`'s compact table): built without
     hashing it again. Not for anything else: nothing here is checked."""
     cell = Cell.__new__(Cell)
-    cell._data = data
-    cell._bits = bits
-    cell._refs = refs
-    cell._exotic = False
-    cell._mask = 0
-    cell._hashes = (digest,)
-    cell._depths = (depth,)
-    cell._hash = digest
-    cell._depth = depth
+    _set_fields(cell, data, bits, refs, False, 0, (digest,), (depth,))
     return cell
 
 

@@ -198,10 +198,15 @@ def test_two_threads_pulling_one_iterator_never_end_it_early(
 
 
 def _injected_run(
-    queue: Queue, pure: bool, k: int, targets: dict[str, frozenset[str]]
-) -> tuple[str, tuple[str, int] | None, int]:
-    """Read the whole partition with a ``TimeoutError`` raised at the ``k``-th opcode
-    boundary of the merge's Python code (``sys.settrace``); what the consumer saw."""
+    queue: Queue,
+    pure: bool,
+    k: int,
+    targets: dict[str, frozenset[str]],
+    everything: list[tuple[object, QueueKey]],
+) -> tuple[str, int]:
+    """Read the whole partition (``everything``, sorted) with a ``TimeoutError`` raised
+    at the ``k``-th opcode boundary of the merge's Python code (``sys.settrace``): what
+    the consumer saw (none, creation, interrupted), and the boundaries passed."""
     seen = {"n": 0}
     where: list[tuple[str, int]] = []
 
@@ -235,10 +240,10 @@ def _injected_run(
     if not where:
         assert it is not None
         it.close()
-        return "none", None, seen["n"]
+        return "none", seen["n"]
     assert raised, f"an exception at {where[0]} ended the read without a word"
     if it is None:  # landed while the iterator was made: Queue.iterator() raised it
-        return "creation", where[0], seen["n"]
+        return "creation", seen["n"]
     later = []
     for _ in range(2):
         try:
@@ -251,14 +256,11 @@ def _injected_run(
     position = it.current_position()
     it.close()
     assert it.current_position() == position
-    complete = len(got) == len(EVERYTHING[id(queue)])
+    complete = len(got) == len(everything)
     # after the last batch (the merge's closing code) the range had been read: an end
     assert later == ["interrupted"] * 2 or (complete and later == ["end"] * 2), (where, later)
-    assert sorted(got + _rest(queue, position)) == EVERYTHING[id(queue)], where
-    return "interrupted", where[0], seen["n"]
-
-
-EVERYTHING: dict[int, list[tuple[object, QueueKey]]] = {}
+    assert sorted(got + _rest(queue, position)) == everything, where
+    return "interrupted", seen["n"]
 
 
 @MODES
@@ -271,8 +273,8 @@ def test_an_exception_at_any_point_of_the_merge_is_never_a_clean_end(
     iterator raises ``ReadInterruptedError`` (or ends, when the range had been read),
     and ``current_position()`` is exact. A review found the Python wrapper that first
     guarded the merge against a second thread let 2% of real alarms end a read
-    silently; the guard is C now. Every ``STRIDE``-th boundary (``IMQ_INJECT_STRIDE``;
-    1 in the soak run)."""
+    silently; the guard is C now. Every 7th boundary (``IMQ_INJECT_STRIDE=1``: every
+    one)."""
     stride = int(os.environ.get("IMQ_INJECT_STRIDE", "7"))
     targets = {
         iterator_module.__file__: frozenset(
@@ -281,14 +283,13 @@ def test_an_exception_at_any_point_of_the_merge_is_never_a_clean_end(
         rocks.__file__: frozenset({"check", "finish"}),
     }
     with Queue.open(db_path, quiet_config(message_cache_size=0)) as queue:
-        EVERYTHING[id(queue)] = sorted(_filled(queue, diffs=2, per_diff=40))
+        everything = sorted(_filled(queue, diffs=2, per_diff=40))
         outcomes: Counter[str] = Counter()
         k = 1
         while True:
-            outcome, _where, total = _injected_run(queue, pure, k, targets)
+            outcome, total = _injected_run(queue, pure, k, targets, everything)
             if outcome == "none":
                 break
             outcomes[outcome] += 1
             k += stride
         assert outcomes["interrupted"] > 10 and total > 100, outcomes
-        del EVERYTHING[id(queue)]
