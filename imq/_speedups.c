@@ -254,8 +254,19 @@ decode_run(PyObject *self, PyObject *args)
     if (out == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item =
-            decode_row(shard, PyList_GET_ITEM(keys, i), PyList_GET_ITEM(values, i), NULL);
+        /* Each row owned while decoded, the lists' lengths checked again: the decode
+         * allocates, an allocation can run the cyclic GC, and a finalizer could change
+         * the caller's lists (an audit, under AddressSanitizer). */
+        if (PyList_GET_SIZE(keys) != n || PyList_GET_SIZE(values) != n) {
+            PyErr_SetString(PyExc_RuntimeError, "decode_run(): the lists changed size");
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *k = Py_NewRef(PyList_GET_ITEM(keys, i));
+        PyObject *v = Py_NewRef(PyList_GET_ITEM(values, i));
+        PyObject *item = decode_row(shard, k, v, NULL);
+        Py_DECREF(k);
+        Py_DECREF(v);
         if (item == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -561,17 +572,8 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *sources = args[0], *heads = args[1], *lastkeys = args[2], *need = args[3];
     PyObject *shards = args[8], *positions = args[9];
-    if (!PyList_CheckExact(sources) || !PyList_CheckExact(heads) || !PyList_CheckExact(lastkeys) ||
-        !PyList_CheckExact(need) || !PyList_CheckExact(shards) || !PyList_CheckExact(positions)) {
-        PyErr_SetString(PyExc_TypeError, "merge_fill() takes lists");
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(sources);
-    if (PyList_GET_SIZE(heads) != n || PyList_GET_SIZE(lastkeys) != n ||
-        PyList_GET_SIZE(shards) != n || PyList_GET_SIZE(positions) != n) {
-        PyErr_SetString(PyExc_ValueError, "merge_fill() lists differ in length");
-        return NULL;
-    }
+    /* The numbers first: a non-int's __index__ is Python code, which could change the
+     * lists after their lengths were read (an audit, under AddressSanitizer). */
     Py_ssize_t limit = PyLong_AsSsize_t(args[4]);
     if (limit == -1 && PyErr_Occurred())
         return NULL;
@@ -584,6 +586,17 @@ merge_fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     unsigned long long want = PyLong_AsUnsignedLongLong(args[7]);
     if (want == (unsigned long long)-1 && PyErr_Occurred())
         return NULL;
+    if (!PyList_CheckExact(sources) || !PyList_CheckExact(heads) || !PyList_CheckExact(lastkeys) ||
+        !PyList_CheckExact(need) || !PyList_CheckExact(shards) || !PyList_CheckExact(positions)) {
+        PyErr_SetString(PyExc_TypeError, "merge_fill() takes lists");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(sources);
+    if (PyList_GET_SIZE(heads) != n || PyList_GET_SIZE(lastkeys) != n ||
+        PyList_GET_SIZE(shards) != n || PyList_GET_SIZE(positions) != n) {
+        PyErr_SetString(PyExc_ValueError, "merge_fill() lists differ in length");
+        return NULL;
+    }
     if (t_iterated == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "imq._speedups.init() was not called");
         return NULL;
@@ -3375,10 +3388,12 @@ tee_vectorcall(PyObject *self_obj, PyObject *const *args, size_t nargsf, PyObjec
             PyErr_SetString(PyExc_TypeError, "Tee's segments must map prefixes to [data, offs]");
             return NULL;
         }
-        Py_INCREF(PyList_GET_ITEM(pair, 0));
-        Py_XSETREF(self->data, PyList_GET_ITEM(pair, 0));
-        Py_INCREF(PyList_GET_ITEM(pair, 1));
-        Py_XSETREF(self->offs, PyList_GET_ITEM(pair, 1));
+        /* Both taken before either old one goes: a bytearray subclass's __del__ could
+         * empty the (borrowed) pair (an audit, under AddressSanitizer). */
+        PyObject *data = Py_NewRef(PyList_GET_ITEM(pair, 0));
+        PyObject *offs = Py_NewRef(PyList_GET_ITEM(pair, 1));
+        Py_XSETREF(self->data, data);
+        Py_XSETREF(self->offs, offs);
         memcpy(self->last_prefix, kb, (size_t)self->prefix_len);
         if (self->expect_bytes > 0 && PyByteArray_GET_SIZE(self->data) == 0 &&
             (bytearray_reserve(self->data, self->expect_bytes) < 0 ||

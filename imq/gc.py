@@ -230,9 +230,8 @@ class GarbageCollector:
                     break
                 try:
                     done, task_ranges = self._delete(task)
-                except (QueueClosedError, StorageError):  # closed, or the handle is dead
-                    raise
                 except Exception as exc:
+                    self._raise_if_final(exc)
                     failed += self._failed([task], exc)
                 else:
                     deleted.append(done)
@@ -247,9 +246,8 @@ class GarbageCollector:
                         compaction = perf_counter() - compact_started
                         self._debt, self._debt_ranges = 0, []
                 self._mark_executed([d.task for d in deleted])
-            except (QueueClosedError, StorageError):
-                raise
             except Exception as exc:
+                self._raise_if_final(exc)
                 failed += self._failed([d.task for d in deleted], exc)
                 deleted = []
             self._report(deleted, failed, started, compaction)
@@ -474,6 +472,15 @@ class GarbageCollector:
         mark = self._store.transaction()
         ops.mark_gc_executed(mark, executed)
         self._store.write(mark)
+
+    def _raise_if_final(self, exc: Exception) -> None:
+        """Raise ``exc`` again when no later pass can do better: the queue is closed, or
+        a failed write killed the handle. A read's I/O error (a ``StorageError`` too,
+        with the handle still usable: too many open files, say) fails the step only, and
+        the next pass retries it (D8)."""
+        store = self._store
+        if isinstance(exc, QueueClosedError) or store.closed or store.dead is not None:
+            raise exc
 
     def _failed(self, tasks: list[GcTask], exc: Exception) -> int:
         n = sum(len(t.partitions) for t in tasks)

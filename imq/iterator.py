@@ -101,12 +101,23 @@ class _Closed:
         raise QueueClosedError("the queue was closed while this iterator was open")
 
 
+# What the merge and the guard hand the chain are iterators whose ``__iter__`` is C's
+# (lists' iterators, and ``iter(pull, _NEVER)`` for the markers below): the chain runs
+# ``iter()`` on what its source returned before it stores it, and a Python ``__iter__``
+# there is a point where the GIL passes to another thread pulling the same chain (an
+# audit: a second thread's busy marker stored over the first one's batch, the iterator
+# then raising for good with the rest of its range unread; a failed read's marker let a
+# second thread find the source ended and see a clean end).
+_NEVER = object()  # no pull returns it: such an iterator ends by StopIteration only
+
+
 class _Failed:
-    """What the merge hands the chain once a read failed: every pull raises that error
-    again (a chain keeps an iterator that raised, so the iterator stays failed instead of
-    ending as if its ranges were complete), until :meth:`QueueIterator.close` ends it.
-    ``first``, when given, is what the first pull raises instead: the exception of the
-    host's that cut the read short, passed on as it was raised."""
+    """The state of a failed read: the chain holds ``iter(failed.pull, _NEVER)``, whose
+    every pull raises that error again (a chain keeps an iterator that raised, so the
+    iterator stays failed instead of ending as if its ranges were complete), until
+    :meth:`QueueIterator.close` ends it. ``first``, when given, is what the first pull
+    raises instead: the exception of the host's that cut the read short, passed on as it
+    was raised."""
 
     __slots__ = ("error", "first", "raised")
 
@@ -115,10 +126,7 @@ class _Failed:
         self.first = first
         self.raised = False
 
-    def __iter__(self) -> _Failed:
-        return self
-
-    def __next__(self) -> NoReturn:
+    def pull(self) -> NoReturn:
         error = self.error
         if error is None:
             raise StopIteration
@@ -132,24 +140,18 @@ class _Failed:
         raise error
 
 
-class _Busy:
-    """What a pull of the merge gets while another thread runs it (from the compiled
-    ``Guard``): an iterator that raises. The chain keeps it until that thread's batch
-    replaces it, so the range goes on for both threads."""
-
-    __slots__ = ()
-
-    def __iter__(self) -> _Busy:
-        return self
-
-    def __next__(self) -> NoReturn:
-        raise ValueError(
-            "this iterator is being read by another thread at the same time: an iterator "
-            "serves one thread at a time (guard it with a lock, or open one per thread)"
-        )
+def _busy() -> NoReturn:
+    raise ValueError(
+        "this iterator is being read by another thread at the same time: an iterator "
+        "serves one thread at a time (guard it with a lock, or open one per thread)"
+    )
 
 
-_BUSY = _Busy()  # one for all: a chain overwrites the one it holds without freeing it
+# What a pull of the merge gets while another thread runs it (from the compiled
+# ``Guard``): an iterator that raises. The chain keeps it until that thread's batch
+# replaces it, so the range goes on for both threads. One for all: a chain overwrites
+# the one it holds without freeing it.
+_BUSY: Iterator[Any] = iter(_busy, _NEVER)
 
 
 _EXHAUSTED: Iterator[Any] = iter(())  # what a source becomes once the merge has run out
@@ -427,7 +429,7 @@ def _merged(  # noqa: PLR0917 - the iterator's state, shared with it
                     first=exc,
                 )
             del exc
-            yield failed
+            yield iter(failed.pull, _NEVER)
     finally:
         current, box[0] = box[0], None
         if current is not None:  # dropped inside a batch: what the consumer took of it

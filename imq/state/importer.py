@@ -47,7 +47,7 @@ from imq.state.tl import TlDiff
 from imq.storage import StoreProtocol as Store
 from imq.storage import TransactionProtocol as Transaction
 from imq.storage import ops
-from imq.storage.rocks import import_lock_held
+from imq.storage.rocks import UNSYNCED_OPERATION, import_lock_held
 from imq.types import (
     Address,
     BlockId,
@@ -137,12 +137,24 @@ def import_state(
                 elif new and isinstance(exc, StorageError):
                     # A dead handle (a failed write) cannot roll back: the marker stays and
                     # the next open rolls the import back. Say so: the data is not as before.
+                    if exc.operation == UNSYNCED_OPERATION:  # the batch may stand
+                        next_step = (
+                            "; the import had written part of the state, or all of it if "
+                            "this was its last batch: after that open (for writing) the "
+                            "import is complete or rolled back (get_diff_info of the "
+                            "state's top diff, or `imq inspect`, tells): import the state "
+                            "again only if it was rolled back"
+                        )
+                    else:
+                        next_step = (
+                            "; the import had written part of the state: that open (for "
+                            "writing) rolls it back, then import the state again"
+                        )
                     raise StorageError(
                         exc.path,
                         f"import of block {block_id.short}",
                         exc.reason,
-                        f"{exc.hint}; the import had written part of the state: that open "
-                        "(for writing) rolls it back, then import the state again",
+                        exc.hint + next_step,
                     ) from exc
                 raise
         report = ImportReport(

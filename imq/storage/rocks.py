@@ -967,6 +967,18 @@ def _failed_hint(reason: str) -> str:
     return StorageError.WRITE_HINT
 
 
+# A synced write whose batch RocksDB took but whose log sync then failed: the batch is in
+# the log file, not known to be on the disk; a reopen replays what the file holds.
+UNSYNCED_OPERATION = "the log's sync after a write"  # StorageError.operation
+_UNSYNCED_HINT = (
+    "the call's batch was written but the sync of the log failed, so whether the change "
+    "survives is known only after a reopen, where it is found whole or not at all: close "
+    "the queue, open it again and check (get_diff_info, the commit pointers, "
+    "get_last_committed_mc_block_id) before retrying; apply_diff and commit_diff "
+    "retried return False where it landed"
+)
+
+
 def _free_space(path: Path) -> str:
     """The free space of ``path``'s file system, said for an error message."""
     try:
@@ -2323,13 +2335,13 @@ class Store:
             "this handle cannot tell",
         )
 
-    def _failed(self, operation: str, exc: Exception) -> ImqError:
+    def _failed(self, operation: str, exc: Exception, hint: str | None = None) -> ImqError:
         """Kill the handle after a failed write: RocksDB refuses writes after an I/O error
         until it is reopened, so every later call says so."""
         if self._closed:
             return QueueClosedError(f"queue database {self.path} closed during {operation}")
         reason = str(exc)
-        error = StorageError(self.path, operation, reason, hint=_failed_hint(reason))
+        error = StorageError(self.path, operation, reason, hint=hint or _failed_hint(reason))
         self._dead = self._dead or error
         return error
 
@@ -2528,9 +2540,11 @@ class Store:
                 for prefix in cache.unknown(txn.kept):
                     self._establish(prefix)
             failed: ImqError | None = None
+            written = False
             try:
                 try:
                     self._db.write(txn.batch)
+                    written = True
                     if sync:
                         # The same guarantee as a write with sync set (the log synced up
                         # to and with this batch before the call returns), but rocksdict
@@ -2544,7 +2558,10 @@ class Store:
                     # rocksdict raises a bare Exception("IO error"): whatever the batch
                     # did, memory must not vouch for it
                     self._forget_memory()
-                    failed = self._failed("write", exc)
+                    if written:  # the batch is in the log and the memtable, unsynced
+                        failed = self._failed(UNSYNCED_OPERATION, exc, _UNSYNCED_HINT)
+                    else:
+                        failed = self._failed("write", exc)
                     failed.__cause__ = exc
                 else:
                     self.diff_tops.after_write(txn.diffs_blind, txn.diff_tops)

@@ -52,10 +52,11 @@ from imq import (
     QueueKey,
     QueueShardRange,
     ShardIdent,
+    StorageError,
 )
 from imq.gc import GarbageCollector
 from imq.observability import get_logger
-from imq.storage import Table, codec
+from imq.storage import Table, codec, rocks
 from imq.verify import verify
 
 A = split_shard(0, 1, 0)
@@ -544,6 +545,109 @@ def test_the_worker_survives_a_failed_pass(db_path: Path, logs: Logs) -> None:
         assert gc.passes >= passes + 2
         assert message_keys(queue, 0, A) == keys_of(a2)
         assert queue.gc_bounds()[1] == {(0, A): a1.max_message, (1, A): a1.max_message}
+
+
+def _fail_one_read_of(queue: Queue, table: Table) -> list[bool]:
+    """Make the store's next cursor over ``table`` fail as RocksDB's read of a file does
+    when the process is out of descriptors (a ``StorageError``; the handle stays usable);
+    returns a flag that is cleared once the failure was raised."""
+    store = queue._store
+    cursor = store._cursor  # type: ignore[attr-defined]
+    armed = [True]
+
+    def failing(scan: Any) -> Any:
+        if armed[0] and scan.table is table:
+            armed[0] = False
+            exc = Exception(
+                "IO error: While open a file for random read: 12.sst: Too many open files"
+            )
+            raise rocks._read_error(store.path, table, scan.lo, exc)
+        return cursor(scan)
+
+    store._cursor = failing  # type: ignore[attr-defined]
+    return armed
+
+
+def test_the_worker_survives_a_read_error_of_a_live_handle(db_path: Path, logs: Logs) -> None:
+    """A read's I/O error inside a pass (a ``StorageError`` whose handle is still usable)
+    fails that step only: logged per range, the bound stays due, the worker goes on and
+    its next tick collects. It stopped for good on such an error before (an audit)."""
+    with open_gc_queue(db_path) as queue:
+        gc = worker(queue)
+        assert gc.tick(timeout=WAIT)
+        chain = Chain(queue)
+        a1 = chain.apply(A, 3)
+        a2 = chain.apply(A, 3)
+        mc = chain.apply(MC, 0, processed_to={A: a1.max_message})
+        commit(queue, mc, a2)
+        armed = _fail_one_read_of(queue, Table.DIFF_TAIL)
+
+        assert gc.tick(timeout=WAIT)
+        assert not armed[0]  # the failure was met
+        assert queue._store.dead is None
+        failed = events(logs, "gc_range_failed")
+        assert {e["partition"] for e in failed} == {0, 1}
+        assert all("Too many open files" in e["error"] for e in failed)
+        assert events(logs, "gc_stopped") == []
+        assert message_keys(queue, 0, A) == keys_of(a1, a2)
+        assert queue.gc_bounds()[1] == {}
+
+        assert gc.tick(timeout=WAIT)  # alive: the next pass collects
+        assert message_keys(queue, 0, A) == keys_of(a2)
+        assert queue.gc_bounds()[1] == {(0, A): a1.max_message, (1, A): a1.max_message}
+
+
+def test_a_read_error_fails_one_step_of_run_gc_and_the_next_call_does_it(
+    db_path: Path, logs: Logs
+) -> None:
+    with Queue.open(db_path, quiet_config()) as queue:
+        chain = Chain(queue)
+        a1, a2, b1, b2 = _two_shards_due(chain)
+        _fail_one_read_of(queue, Table.DIFF_TAIL)
+        report = queue.run_gc_report()
+        assert (len(report.ranges), report.failed) == (2, 2)  # one shard's step failed
+        assert len(events(logs, "gc_range_failed")) == 2
+        assert queue.run_gc() == 2
+        assert message_keys(queue, 0, A) == keys_of(a2)
+        assert message_keys(queue, 0, B) == keys_of(b2)
+        assert queue.get_diff_info(A, a1.seqno) is None
+        assert queue.get_diff_info(B, b1.seqno) is None
+
+
+def test_a_dead_handle_stops_the_worker_and_says_so(db_path: Path, logs: Logs) -> None:
+    """A failed write kills the handle (RocksDB refuses writes until a reopen): the
+    worker logs ``gc_stopped`` and ends; the queue's calls raise ``StorageError``."""
+    with open_gc_queue(db_path) as queue:
+        gc = worker(queue)
+        assert gc.tick(timeout=WAIT)
+        chain = Chain(queue)
+        a1 = chain.apply(A, 3)
+        a2 = chain.apply(A, 3)
+        mc = chain.apply(MC, 0, processed_to={A: a1.max_message})
+        commit(queue, mc, a2)
+        store = queue._store
+        real = store._db  # type: ignore[attr-defined]
+
+        class Full:
+            def write(self, *_: Any) -> None:  # what rocksdict raises: a bare Exception
+                raise Exception("IO error: No space left on device")
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real, name)
+
+        store._db = Full()  # type: ignore[attr-defined]
+        try:
+            assert gc.tick(timeout=WAIT)  # the pass that met the failure
+        finally:
+            store._db = real  # type: ignore[attr-defined]
+        assert wait_for(lambda: not gc._thread.is_alive())
+        assert not gc.tick(timeout=WAIT)  # no pass runs any more
+        assert store.dead is not None
+        [stopped] = events(logs, "gc_stopped")
+        assert "No space left on device" in stopped["error"]
+        assert events(logs, "gc_range_failed") == []
+        with pytest.raises(StorageError):
+            chain.apply(A, 1)
 
 
 def test_close_stops_a_worker_blocked_on_a_pending_diff(db_path: Path) -> None:

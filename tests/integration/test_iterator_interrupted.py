@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 from builders import BASE, Chain, full_range, quarter_shards, quiet_config
 
-from imq import IteratedMessage, Queue, QueueKey, QueueShardRange, ReadInterruptedError
+from imq import (
+    CorruptDataError,
+    IteratedMessage,
+    Queue,
+    QueueKey,
+    QueueShardRange,
+    ReadInterruptedError,
+)
 from imq import iterator as iterator_module
 from imq.storage import rocks
 
@@ -195,6 +202,181 @@ def test_two_threads_pulling_one_iterator_never_end_it_early(
         assert errors == []
         read = [(m.source, m.message.key) for m in got["a"] + got["b"]]
         assert sorted(read) == sorted(everything) and len(set(read)) == len(read)
+
+
+_GUARDED = pytest.mark.skipif(
+    iterator_module._guard_type is None,
+    reason="the thread guard is compiled (imq._speedups.Guard): without it a host shares "
+    "an iterator under a lock (docs/api.md)",
+)
+
+
+def _hand_off_at_python_calls(when: Callable[[], bool], then: Callable[[], None]) -> None:
+    """Trace this thread: at each Python function it enters while ``when()`` holds, run
+    ``then()`` (the first time only): the GIL handed to another thread exactly where the
+    interpreter may switch threads on its own."""
+    done = [False]
+
+    def hook(_frame: FrameType, event: str, _arg: object) -> None:
+        if event == "call" and not done[0] and when():
+            done[0] = True
+            then()
+
+    sys.settrace(hook)
+
+
+@MODES
+@_GUARDED
+def test_a_busy_pull_handing_the_gil_over_never_loses_the_other_threads_batch(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, pure: bool
+) -> None:
+    """The second thread's pull gets the busy marker while the first runs the merge; at
+    the first Python code that pull runs, the GIL goes to the first thread, which stores
+    its batch in the chain and takes a message. The busy marker must not be stored over
+    that batch afterwards: an audit found it was (the marker's ``__iter__`` was Python
+    code, run between the guard's return and the chain's store), and the iterator then
+    raised "another thread" for good with the rest of its range unread (3 of 300 runs of
+    four threads without any hand-off forced)."""
+    with Queue.open(db_path, quiet_config(message_cache_size=0)) as queue:
+        everything = _filled(queue, diffs=3)
+        real = getattr(iterator_module, _fill_name(pure))
+        inside, release, delivered = threading.Event(), threading.Event(), threading.Event()
+        pulled = threading.Event()
+        calls = [0]
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 2:  # the second batch: the other thread pulls meanwhile
+                inside.set()
+                assert release.wait(30)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(iterator_module, _fill_name(pure), slow)
+        with _mode(pure):
+            it = queue.iterator(0, [full_range(s) for s in SOURCES], BASE)
+        monkeypatch.undo()
+        got: list[IteratedMessage] = []
+        stuck = [False]
+
+        def drain_a() -> None:
+            streak = 0
+            while streak < 1000:
+                try:
+                    got.append(next(it))
+                except StopIteration:
+                    return
+                except ValueError:
+                    streak += 1
+                    continue
+                streak = 0
+                if release.is_set() and not delivered.is_set():
+                    delivered.set()
+                    assert pulled.wait(10)  # the second thread's pull has returned
+            stuck[0] = True
+
+        a = threading.Thread(target=drain_a)
+        a.start()
+        pulling = [False]
+        try:
+            assert inside.wait(30)
+
+            def hand_over() -> None:
+                release.set()
+                assert delivered.wait(10)  # the first thread has stored its batch
+
+            _hand_off_at_python_calls(lambda: pulling[0], hand_over)
+            try:
+                with pytest.raises(ValueError, match="one thread at a time"):
+                    pulling[0] = True  # no Python call left before the pull
+                    next(it)
+            finally:
+                sys.settrace(None)
+                pulled.set()
+        finally:
+            pulled.set()
+            release.set()
+            a.join(60)
+        assert not a.is_alive()
+        assert not stuck[0], "the iterator raised 'another thread' for good"
+        got.extend(it)
+        it.close()
+        read = [(m.source, m.message.key) for m in got]
+        assert sorted(read) == sorted(everything) and len(set(read)) == len(read)
+
+
+@MODES
+@_GUARDED
+def test_a_failed_read_handing_the_gil_over_is_no_clean_end_for_another_thread(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, pure: bool
+) -> None:
+    """A read fails; at the first Python code its thread runs once the merge has handed
+    out the failure, another thread pulls. It must meet the failure (or the busy
+    marker), never a clean end: an audit found the failure's marker had a Python
+    ``__iter__``, where the other thread's pull resumed the merge past it, and that
+    thread's chain then dropped its source and ended the range."""
+    with Queue.open(db_path, quiet_config(message_cache_size=0)) as queue:
+        _filled(queue, diffs=3)
+        real = getattr(iterator_module, _fill_name(pure))
+        calls = [0]
+
+        def failing(*args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 3:
+                raise CorruptDataError("messages", b"", "injected read failure")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(iterator_module, _fill_name(pure), failing)
+        with _mode(pure):
+            it = queue.iterator(0, [full_range(s) for s in SOURCES], BASE)
+        monkeypatch.undo()
+        producer = it._producer
+        in_window, other_pulled = threading.Event(), threading.Event()
+        outcome: dict[str, str] = {}
+
+        def a() -> None:
+            def hand_over() -> None:
+                in_window.set()
+                other_pulled.wait(10)
+
+            # past the failure, and out of the merge (whose own code runs while a second
+            # thread's pull gets the busy marker)
+            _hand_off_at_python_calls(lambda: calls[0] >= 3 and not producer.gi_running, hand_over)
+            try:
+                for _ in it:
+                    pass
+                outcome["a"] = "end"
+            except CorruptDataError:
+                outcome["a"] = "failed"
+            finally:
+                sys.settrace(None)
+                in_window.set()
+
+        def b() -> None:
+            assert in_window.wait(30)
+            try:
+                next(it)
+                outcome["b"] = "message"
+            except StopIteration:
+                outcome["b"] = "end"
+            except CorruptDataError:
+                outcome["b"] = "failed"
+            except ValueError:
+                outcome["b"] = "busy"
+            finally:
+                other_pulled.set()
+
+        threads = [threading.Thread(target=a), threading.Thread(target=b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert outcome["a"] == "failed"
+        assert outcome["b"] in {"failed", "busy"}, outcome
+        for _ in range(2):
+            with pytest.raises(CorruptDataError):
+                next(it)
+        it.close()
+        assert list(it) == []
 
 
 def _injected_run(

@@ -635,3 +635,44 @@ def test_a_commit_whose_mark_timer_cannot_start_still_returns(
     finally:
         q.close()
     assert read_synced_mark(tmp_path / "db") == latest
+
+
+def test_a_synced_write_whose_sync_fails_says_its_outcome_is_known_after_a_reopen(
+    tmp_path: Path,
+) -> None:
+    """RocksDB took the batch, then the log's sync failed: the batch is in the log file
+    (and the memtable), not known to be on the disk. The error must not claim that
+    nothing was written (an audit: it did, and the commit was there after the reopen);
+    it names the sync and says to check after a reopen, where the change is whole."""
+    db = tmp_path / "db"
+    q = Queue.open(db, quiet_config(sync_commits=True))
+    chain = Chain(q)
+    _commit_rounds(q, chain, range(1, 2))
+    tops = [chain.apply(s, 2) for s in SHARDS]
+    mc = chain.apply(MC, 0, seqno=2)
+    blocks = [mc.top(), *(t.top(2) for t in tops)]
+    store = q._store
+    real = store._db
+
+    class SyncFails:
+        def flush_wal(self, sync: bool = False) -> None:  # what rocksdict raises
+            raise Exception("IO error: sync failed (the test's)")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    store._db = SyncFails()
+    try:
+        with pytest.raises(StorageError) as raised:
+            q.commit_diff(blocks)
+    finally:
+        store._db = real
+    error = raised.value
+    assert error.operation == rocks.UNSYNCED_OPERATION
+    assert "known only after a reopen" in error.hint
+    assert "nothing the failed call staged was written" not in str(error)
+    assert store.dead is error
+    q.close()
+    with Queue.open(db, quiet_config(sync_commits=True)) as q:
+        assert q.get_last_committed_mc_block_id() == mc.top().block_id
+        assert not q.commit_diff(blocks)  # landed: the retry is a no-op

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import gc
 import struct
@@ -761,3 +762,96 @@ def test_guard_hands_out_busy_where_the_generator_runs_elsewhere() -> None:
     assert list(ended) == [7]
     with pytest.raises(TypeError, match="two iterators"):
         module.Guard([1], busy)
+
+
+_HOSTILE_PRELUDE = """
+import gc, sys
+import imq.iterator  # registers the value types with the extension
+from imq import _speedups as S
+from imq.types import ShardIdent
+SHARD = ShardIdent(0, 1 << 63)
+def key(lt):
+    shard = (2**31).to_bytes(4, "big") + (1 << 63).to_bytes(8, "big")
+    return bytes(2) + shard + lt.to_bytes(8, "big") + lt.to_bytes(32, "big")
+def value():
+    return bytes([128]) + bytes(8) + b"\\x11" * 24 + bytes([128]) + b"\\x22" * 32 + b"x" * 200
+"""
+
+
+def _run_hostile(code: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", _HOSTILE_PRELUDE + code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    return done.stdout
+
+
+@pytest.mark.parametrize("shrunk", ["sources", "heads", "shards"])
+def test_merge_fill_reads_its_numbers_before_its_lists(shrunk: str) -> None:
+    """An argument's ``__index__`` is Python code: it ran after the lists' lengths were
+    read and could shrink them, and the fill then read past their ends (an audit under
+    AddressSanitizer; the plain build crashed for ``sources`` and ``shards``)."""
+    out = _run_hostile(
+        f"""
+n = 8
+lists = dict(sources=[iter([(key(i), value())]) for i in range(n)], heads=[None] * n,
+             shards=[SHARD] * n)
+class Shrinks:
+    def __index__(self):
+        del lists[{shrunk!r}][1:]
+        gc.collect()
+        return 128
+try:
+    S.merge_fill(lists["sources"], lists["heads"], [None] * n, list(range(n)), 16,
+                 Shrinks(), 0, 0, lists["shards"], [None] * n)
+    print("returned")
+except ValueError as exc:
+    print("ValueError", exc)
+"""
+    )
+    assert out == "ValueError merge_fill() lists differ in length\n"
+
+
+@pytest.mark.parametrize("change", ["clear", "shrink", "replace"])
+def test_decode_run_owns_each_row_while_a_finalizer_changes_the_lists(change: str) -> None:
+    """``decode_run`` allocates per row, an allocation can run the cyclic GC, and a
+    finalizer there could change the caller's lists while the decode borrowed their
+    rows (an audit under AddressSanitizer: the plain build crashed). It raises now, or
+    decodes the rows it holds."""
+    out = _run_hostile(
+        f"""
+class Bomb:
+    def __init__(self, keys, values):
+        self.me = self  # a cycle: only a collection frees it
+        self.lists = (keys, values)
+    def __del__(self):
+        keys, values = self.lists
+        if {change!r} == "clear":
+            keys.clear(); values.clear()
+        elif {change!r} == "replace":
+            keys[:] = [b""] * len(keys); values[:] = [b""] * len(values)
+        else:
+            del keys[2:]; del values[2:]
+outcomes = set()
+for threshold in range(3, 40):
+    keys = [key(i) for i in range(64)]
+    values = [value() for _ in range(64)]
+    gc.collect(); gc.disable()
+    Bomb(keys, values)
+    gc.set_threshold(threshold); gc.enable()
+    try:
+        outcomes.add(len(S.decode_run(keys, values, SHARD)))
+    except (RuntimeError, ValueError) as exc:
+        outcomes.add(type(exc).__name__)
+    gc.set_threshold(700); gc.collect()
+print(sorted(map(str, outcomes)))
+"""
+    )
+    outcomes = set(ast.literal_eval(out))  # the child printed a list of strings
+    errors = {o for o in outcomes if not o.isdigit()}  # the rest: rows decoded
+    # struck inside the decode at some threshold (before it, the lists were short already)
+    assert errors == {"ValueError" if change == "replace" else "RuntimeError"}, out
