@@ -68,7 +68,9 @@ def check_sources(diff: QueueDiff, block: BlockIdShort) -> None:
     outside = source_outside(shard, set(map(_workchain, sources)), list(map(_account, sources)))
     if outside is not None:
         raise ValueError(
-            f"diff of block {block}: message source {outside} is outside the block's shard"
+            f"diff of block {block}: message source {outside} is outside the block's shard "
+            "(a shard's diff holds only messages its own accounts sent: apply it under the "
+            "block of the shard that sent them)"
         )
 
 
@@ -80,11 +82,11 @@ def source_outside(
     contiguous byte range of one workchain, so only the other workchains, the smallest
     and the largest account are tested."""
     wc = shard.workchain
-    for address in (
-        *(Address(w, accounts[0]) for w in workchains if w != wc),
-        Address(wc, min(accounts)),
-        Address(wc, max(accounts)),
-    ):
+    for w in workchains:
+        if w != wc:  # first: a shard's workchain may hold no std address (not in -128..127)
+            return Address(w, accounts[0])
+    for account in (min(accounts), max(accounts)):
+        address = Address(wc, account)
         if not shard.contains(address):
             return address
     return None

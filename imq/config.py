@@ -144,18 +144,28 @@ def parse_size(text: str) -> int:
 # --- per-field checks, shared by __post_init__ and from_mapping -----------------------
 
 
+def _shown(value: int | float) -> str:
+    """A number as an error message says it: an int of more than 30 digits by its size
+    (Python refuses to print one of more than 4,300)."""
+    if isinstance(value, int) and value.bit_length() > 100:
+        sign = "a negative" if value < 0 else "an"
+        return f"{sign} int of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return repr(value)
+
+
 def _check_seconds(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigTypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
+    # Not math.isfinite on an int: one past a float's range raised OverflowError (an audit).
+    if (isinstance(value, float) and not math.isfinite(value)) or value <= 0:
         raise ConfigError(
-            f"{name} must be finite and > 0 seconds, got {value!r}; to turn background GC "
+            f"{name} must be finite and > 0 seconds, got {_shown(value)}; to turn background GC "
             "off, set gc_enabled to false"
         )
     if value > MAX_SECONDS:  # a thread's wait takes at most threading.TIMEOUT_MAX
         raise ConfigError(
             f"{name} must be at most {MAX_SECONDS:.0e} seconds (about 30 years), got "
-            f"{value!r}; to turn background GC off, set gc_enabled to false"
+            f"{_shown(value)}; to turn background GC off, set gc_enabled to false"
         )
 
 
@@ -172,9 +182,9 @@ def _check_int_between(minimum: int, maximum: int) -> Callable[[str, object], No
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigTypeError(f"{name} must be an int, got {type(value).__name__}")
         if value < minimum:
-            raise ConfigError(f"{name} must be >= {minimum}, got {value!r}")
+            raise ConfigError(f"{name} must be >= {minimum}, got {_shown(value)}")
         if value > maximum:
-            raise ConfigError(f"{name} must be <= {maximum}, got {value!r}")
+            raise ConfigError(f"{name} must be <= {maximum}, got {_shown(value)}")
 
     return check
 
@@ -186,7 +196,7 @@ def _duration_from_toml(value: object) -> object:
     if isinstance(value, str):
         return parse_duration(value)
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        return value  # checked as it is (an int past a float's range too), then made a float
     raise TypeError(
         f"expected a duration string like '5s' or a number of seconds, got {type(value).__name__}"
     )
@@ -371,6 +381,12 @@ class QueueConfig:
             raise ConfigError(
                 f"{source}: malformed TOML: {exc}; fix the file's syntax there (see "
                 "config/imq.toml for every key with its default)"
+            ) from exc
+        except ValueError as exc:  # tomllib's own int(): a number of over 4,300 digits
+            raise ConfigError(
+                f"{source}: a number TOML cannot read ({exc.args[0].split(':')[0]}); no "
+                "setting takes a number that long (see config/imq.toml for every key "
+                "with its limits)"
             ) from exc
         _check_no_misplaced_keys(document, source)
         table = document.get(TABLE, {})

@@ -1193,6 +1193,39 @@ def _check_path(path: str | os.PathLike[str]) -> None:
             ),
             "create the directory it points to, or pass another path",
         )
+    longest = max(len(os.fsencode(text)), len(os.fsencode(os.path.abspath(text))))
+    limit = _path_max(text) - 1 - _NAMES_ROOM  # PATH_MAX counts the terminating NUL
+    if longest > limit:  # the directory itself may fit: RocksDB's files in it would not
+        raise FileAccessError(
+            text,
+            "open queue database",
+            OSError(
+                errno.ENAMETOOLONG,
+                f"the path ({longest} bytes) leaves too little room for the names of the "
+                f"files RocksDB writes inside it (up to {_NAMES_ROOM} bytes more)",
+            ),
+            f"use a path of at most {limit} bytes",
+        )
+
+
+# Room for "/" and the longest name of a file in a database directory: RocksDB's
+# "LOG.old.<microseconds since 1970, 16 digits>" (rocksdict's config file, 21 bytes, and
+# "OPTIONS-<number>.dbtmp", 20 until the millionth file, are shorter).
+_NAMES_ROOM = 25
+
+
+def _path_max(text: str) -> int:
+    """The file system's longest path (in bytes, with its NUL) where ``text`` would live:
+    asked of its nearest existing ancestor (4096 if that cannot be asked)."""
+    at = os.path.abspath(text)
+    while True:
+        try:
+            return int(os.pathconf(at, "PC_PATH_MAX"))
+        except (OSError, ValueError):
+            parent = os.path.dirname(at)
+            if parent == at:
+                return 4096
+            at = parent
 
 
 def _short_of_synced(path: Path, recovered: int, floor: int, *, untouched: bool) -> StorageError:

@@ -41,6 +41,7 @@ from imq import (
     Queue,
     QueueKey,
     QueueShardRange,
+    ShardIdent,
 )
 from imq.storage import Table, codec
 
@@ -526,6 +527,21 @@ def test_a_source_outside_the_block_shard_is_refused_with_check_sources(
         assert q.apply_diff(inside.diff, inside.block, inside.hash) is True
     finally:
         q.close()
+
+
+def test_a_block_of_a_workchain_without_std_addresses_refuses_every_source(
+    tmp_path: Path, chain: Chain
+) -> None:
+    """No std address lives in workchain 128: every source is outside such a block's
+    shard, named in a ``ValueError`` that says what to do (an audit: the check built an
+    address in the block's workchain and raised ``Address``'s own error)."""
+    with Queue.open(tmp_path / "q", replace(quiet_config(), check_sources=True)) as q:
+        src = address_in(S, 5)
+        msgs = [message(chain.clock.next_key(), src, address_in(OTHER, 1))]
+        before = dump(q)
+        with pytest.raises(ValueError, match=rf"source {src} is outside the block's shard \(a"):
+            q.apply_diff(make_diff(msgs), block(ShardIdent.full(128), 1), diff_hash("w"))
+        assert dump(q) == before
 
 
 def test_a_source_outside_the_block_shard_is_stored_under_the_block_shard_by_default(

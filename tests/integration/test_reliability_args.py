@@ -775,3 +775,35 @@ def test_a_dangling_symlink_is_named_as_one(tmp_path: Path, read_only: bool) -> 
     with pytest.raises(FileAccessError, match=r"symbolic link to .*gone, which does not exist"):
         Queue.open(link, quiet_config(), read_only=read_only)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["db"]
+
+
+def _deep_path(base: Path, total: int) -> Path:
+    """A path of exactly ``total`` bytes under ``base`` (components of 200 bytes)."""
+    text = str(base)
+    while len(text) + 201 < total:
+        text += "/" + "z" * 200
+    text += "/" + "w" * (total - len(text) - 1)
+    assert len(text) == total
+    return Path(text)
+
+
+def test_a_path_too_long_for_rocksdbs_file_names_is_refused_before_anything_is_made(
+    tmp_path: Path,
+) -> None:
+    """The directory's own path may fit in PATH_MAX when the files RocksDB writes in it
+    do not: the open failed inside RocksDB with a ``StorageError`` that spoke of damage,
+    after creating the directories and imq's lock file (an outside audit). The longest
+    path that leaves room for them opens and reopens."""
+    limit = os.pathconf(tmp_path, "PC_PATH_MAX") - 1 - 25
+    too_long = _deep_path(tmp_path / "a", limit + 1)
+    with pytest.raises(FileAccessError, match=r"leaves too little room") as raised:
+        Queue.open(too_long, quiet_config())
+    assert raised.value.errno == errno.ENAMETOOLONG
+    assert f"use a path of at most {limit} bytes" in str(raised.value)
+    assert not (tmp_path / "a").exists()
+    fits = _deep_path(tmp_path / "b", limit)
+    with Queue.open(fits, quiet_config()) as queue:
+        applied = Chain(queue).apply(BASE, 1)
+    with Queue.open(fits, quiet_config()) as queue:  # rotates RocksDB's LOG: its longest name
+        assert queue.get_diff_info(BASE, applied.seqno) is not None
+    assert any(p.name.startswith("LOG.old.") for p in fits.iterdir())

@@ -534,6 +534,22 @@ def test_a_message_from_outside_the_states_shard_is_refused(prior: Queue) -> Non
     )
 
 
+def test_a_state_of_a_workchain_without_std_addresses_refuses_its_messages(
+    prior: Queue,
+) -> None:
+    """A shard's workchain may lie outside -128..127, where no std address lives: every
+    message's source is then outside it. Refused as such (an audit: the source test
+    built an address of the shard's workchain first, and the import raised a bare
+    ``ValueError`` from ``Address``)."""
+    seqno = 52
+    shard = ShardIdent.full(128)
+    foreign = build_internal_message(Address(0, b"\x50" * 32), dst_of(9), seqno * 1000 + 50)
+    (diff,) = craft_diffs(shard, seqno, [[foreign]])
+    data = assemble(shard, [diff.tl], [diff.bocs])
+    exc = rejected(prior, data, BlockId(shard, seqno), match="outside the state's shard")
+    assert f"message 0 of diff seqno {seqno}" in str(exc)
+
+
 def _diffs_spanning(
     shard: ShardIdent, first_seqno: int, groups: Sequence[Sequence[Cell]]
 ) -> list[CraftedDiff]:

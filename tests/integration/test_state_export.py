@@ -411,7 +411,7 @@ def test_a_row_its_body_does_not_describe_refuses_the_export(
     )
 
 
-@pytest.mark.parametrize("where", ["another workchain", "the other half"])
+@pytest.mark.parametrize("where", ["another workchain", "the other half", "no std workchain"])
 def test_a_source_outside_the_shard_refuses_the_export(
     tmp_path: Path, queue: Queue, where: str
 ) -> None:
@@ -420,6 +420,8 @@ def test_a_source_outside_the_shard_refuses_the_export(
     one: so does the export, naming the message and its source."""
     if where == "another workchain":
         shard, src = MC, address_in(BASE, 1)
+    elif where == "no std workchain":  # a shard whose workchain no std address has
+        shard, src = ShardIdent.full(128), address_in(BASE, 1)
     else:  # 0:4000..: a source in 0:c000.., after one from inside
         shard, src = split_shard(0, 1, 0), address_in(split_shard(0, 1, 1), 1)
     inside = []

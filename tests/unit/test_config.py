@@ -495,3 +495,23 @@ def test_speedups_status_says_which_paths_run_and_why(monkeypatch: pytest.Monkey
     assert "reinstall with a C compiler" in missing
     monkeypatch.setenv("IMQ_PURE_PYTHON", "1")
     assert native.speedups_status() == "compiled speedups: off (IMQ_PURE_PYTHON is set)"
+
+
+@pytest.mark.parametrize("digits", [400, 5_000])
+@pytest.mark.parametrize("name", ["gc_interval", "message_cache_size"])
+def test_numbers_too_long_for_a_float_or_a_string_are_config_errors(
+    tmp_path: Path, name: str, digits: int
+) -> None:
+    """An outside audit: an int past a float's range raised ``OverflowError`` from the
+    seconds' check, and one of over 4,300 digits a plain ``ValueError`` from the error
+    message's own formatting (or from TOML's reader). Each is a ``ConfigError`` now,
+    the number said by its size."""
+    huge = 10**digits
+    for value in (huge, -huge):
+        with pytest.raises(ConfigError, match=rf"{name} must be .* int of about \d+ digits"):
+            QueueConfig(**{name: value})
+    path = write_toml(tmp_path, f"[internal_queue]\n{name} = 1{'0' * digits}\n")
+    with pytest.raises(ConfigError) as info:
+        QueueConfig.from_toml(path)
+    assert str(path) in str(info.value)
+    assert "set_int_max_str_digits" not in str(info.value)
