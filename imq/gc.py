@@ -206,7 +206,7 @@ class GarbageCollector:
         # (GC deletes a growing prefix of each (partition, shard) and consecutive diff
         # seqnos, so successive passes' ranges overlap or touch and the union stays small).
         self._debt = 0
-        self._unflushed = 0  # delete batches written since the last flush of their tables
+        self._unflushed = 0  # this pass's delete batches since the last flush of their tables
         self._debt_ranges: list[tuple[Table, bytes, bytes]] = []
         self._pass_lock = threading.Lock()
         self.stopping = threading.Event()
@@ -223,6 +223,9 @@ class GarbageCollector:
             tasks = due_tasks(state.gc_requested, state.gc_executed)
             if not tasks:
                 return _EMPTY_REPORT
+            # Per pass: a node's passes of a few batches each leave the flushes to RocksDB
+            # (a flush every few minutes made small table files for nothing).
+            self._unflushed = 0
             deleted: list[_Deleted] = []
             ranges: list[tuple[Table, bytes, bytes]] = []
             failed = 0

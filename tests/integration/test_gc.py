@@ -1422,3 +1422,25 @@ def test_disk_usage_leaves_out_rocksdbs_text_logs(queue: Queue) -> None:
     with (store.path / "LOG").open("ab") as log:
         log.write(b"y" * 100_000)
     assert store.disk_usage() == before
+
+
+def test_the_flush_count_starts_again_with_each_pass(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's passes make a few batches each: counted across passes, they would flush
+    the tables every few minutes for nothing (small table files); each pass counts its
+    own."""
+    from imq import gc as imq_gc
+
+    monkeypatch.setattr(imq_gc, "_FLUSH_EVERY", 2)
+    with Queue.open(db_path, quiet_config()) as queue:
+        chain = Chain(queue)
+        flushed: list[list[Table]] = []
+        real = queue._store.flush
+        monkeypatch.setattr(queue._store, "flush", lambda t: (flushed.append(list(t)), real(t)))
+        for i in range(4):  # a pass of one deletion (one batch) each
+            a = chain.apply(A, 2)
+            mc = chain.apply(MC, 0, processed_to={A: a.max_message})
+            commit(queue, mc, a)
+            assert queue.run_gc() == 2, i
+        assert flushed == []
