@@ -516,15 +516,22 @@ def test_a_failed_delete_write_changes_nothing_and_is_retried(db_path: Path, log
         assert queue.gc_bounds()[1][(0, A)] == a1.max_message
 
 
+def _worker_and_a_due_bound(queue: Queue) -> tuple[Any, Applied, Applied]:
+    """The queue's worker after its first pass, and two diffs of A committed with A's
+    first one due for collection."""
+    gc = worker(queue)
+    assert gc.tick(timeout=WAIT)
+    chain = Chain(queue)
+    a1 = chain.apply(A, 3)
+    a2 = chain.apply(A, 3)
+    mc = chain.apply(MC, 0, processed_to={A: a1.max_message})
+    commit(queue, mc, a2)
+    return gc, a1, a2
+
+
 def test_the_worker_survives_a_failed_pass(db_path: Path, logs: Logs) -> None:
     with open_gc_queue(db_path) as queue:
-        gc = worker(queue)
-        assert gc.tick(timeout=WAIT)
-        chain = Chain(queue)
-        a1 = chain.apply(A, 3)
-        a2 = chain.apply(A, 3)
-        mc = chain.apply(MC, 0, processed_to={A: a1.max_message})
-        commit(queue, mc, a2)
+        gc, a1, a2 = _worker_and_a_due_bound(queue)
         run_pass = queue._gc.run_pass
         failures = [RuntimeError("injected pass failure")]
 
@@ -573,13 +580,7 @@ def test_the_worker_survives_a_read_error_of_a_live_handle(db_path: Path, logs: 
     fails that step only: logged per range, the bound stays due, the worker goes on and
     its next tick collects. It stopped for good on such an error before (an audit)."""
     with open_gc_queue(db_path) as queue:
-        gc = worker(queue)
-        assert gc.tick(timeout=WAIT)
-        chain = Chain(queue)
-        a1 = chain.apply(A, 3)
-        a2 = chain.apply(A, 3)
-        mc = chain.apply(MC, 0, processed_to={A: a1.max_message})
-        commit(queue, mc, a2)
+        gc, a1, a2 = _worker_and_a_due_bound(queue)
         armed = _fail_one_read_of(queue, Table.DIFF_TAIL)
 
         assert gc.tick(timeout=WAIT)
@@ -618,13 +619,7 @@ def test_a_dead_handle_stops_the_worker_and_says_so(db_path: Path, logs: Logs) -
     """A failed write kills the handle (RocksDB refuses writes until a reopen): the
     worker logs ``gc_stopped`` and ends; the queue's calls raise ``StorageError``."""
     with open_gc_queue(db_path) as queue:
-        gc = worker(queue)
-        assert gc.tick(timeout=WAIT)
-        chain = Chain(queue)
-        a1 = chain.apply(A, 3)
-        a2 = chain.apply(A, 3)
-        mc = chain.apply(MC, 0, processed_to={A: a1.max_message})
-        commit(queue, mc, a2)
+        gc, _, _ = _worker_and_a_due_bound(queue)
         store = queue._store
         real = store._db  # type: ignore[attr-defined]
 
@@ -647,7 +642,7 @@ def test_a_dead_handle_stops_the_worker_and_says_so(db_path: Path, logs: Logs) -
         assert "No space left on device" in stopped["error"]
         assert events(logs, "gc_range_failed") == []
         with pytest.raises(StorageError):
-            chain.apply(A, 1)
+            Chain(queue).apply(A, 1)
 
 
 def test_close_stops_a_worker_blocked_on_a_pending_diff(db_path: Path) -> None:

@@ -143,6 +143,29 @@ def test_an_interrupted_iterator_pins_nothing_and_its_queue_closes(
     assert [type(e) for e in kept] == [TimeoutError, ReadInterruptedError]
 
 
+def _pausing_at_the_second_batch(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch, pure: bool
+) -> tuple[Iterator[IteratedMessage], threading.Event, threading.Event]:
+    """An iterator over the whole partition whose merge, filling its second batch, sets
+    the first event and waits for the second: meanwhile another thread pulls."""
+    real = getattr(iterator_module, _fill_name(pure))
+    inside, release = threading.Event(), threading.Event()
+    calls = [0]
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 2:
+            inside.set()
+            assert release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(iterator_module, _fill_name(pure), slow)
+    with _mode(pure):
+        it = queue.iterator(0, [full_range(s) for s in SOURCES], BASE)
+    monkeypatch.undo()
+    return it, inside, release
+
+
 @MODES
 @pytest.mark.skipif(
     iterator_module._guard_type is None,
@@ -160,21 +183,7 @@ def test_two_threads_pulling_one_iterator_never_end_it_early(
     then saw a clean end)."""
     with Queue.open(db_path, quiet_config(message_cache_size=0)) as queue:
         everything = _filled(queue, diffs=3)
-        real = getattr(iterator_module, _fill_name(pure))
-        inside, release = threading.Event(), threading.Event()
-        calls = [0]
-
-        def slow(*args: Any, **kwargs: Any) -> Any:
-            calls[0] += 1
-            if calls[0] == 2:  # the second batch: the other thread pulls meanwhile
-                inside.set()
-                assert release.wait(30)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(iterator_module, _fill_name(pure), slow)
-        with _mode(pure):
-            it = queue.iterator(0, [full_range(s) for s in SOURCES], BASE)
-        monkeypatch.undo()
+        it, inside, release = _pausing_at_the_second_batch(queue, monkeypatch, pure)
         got: dict[str, list[IteratedMessage]] = {"a": [], "b": []}
         errors: list[BaseException] = []
 
@@ -239,22 +248,8 @@ def test_a_busy_pull_handing_the_gil_over_never_loses_the_other_threads_batch(
     four threads without any hand-off forced)."""
     with Queue.open(db_path, quiet_config(message_cache_size=0)) as queue:
         everything = _filled(queue, diffs=3)
-        real = getattr(iterator_module, _fill_name(pure))
-        inside, release, delivered = threading.Event(), threading.Event(), threading.Event()
-        pulled = threading.Event()
-        calls = [0]
-
-        def slow(*args: Any, **kwargs: Any) -> Any:
-            calls[0] += 1
-            if calls[0] == 2:  # the second batch: the other thread pulls meanwhile
-                inside.set()
-                assert release.wait(30)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(iterator_module, _fill_name(pure), slow)
-        with _mode(pure):
-            it = queue.iterator(0, [full_range(s) for s in SOURCES], BASE)
-        monkeypatch.undo()
+        it, inside, release = _pausing_at_the_second_batch(queue, monkeypatch, pure)
+        delivered, pulled = threading.Event(), threading.Event()
         got: list[IteratedMessage] = []
         stuck = [False]
 
