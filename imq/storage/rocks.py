@@ -573,7 +573,9 @@ class Snapshot:
             value: bytes = snap[key]
         except Exception as exc:  # rocksdict raises a bare Exception("key not found")
             snap = None  # a kept error's traceback keeps this frame: no RocksDB snapshot in it
-            if "not found" in str(exc):
+            if not from_rocksdict(exc):  # the host's (a signal handler's), passed on
+                raise
+            if str(exc) == "key not found":  # exactly: no I/O error may read as a missing key
                 return None
             raise _read_error(
                 self._store.path, table, key, exc, read_only=self._store.read_only

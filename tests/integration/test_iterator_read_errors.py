@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from builders import BASE, Chain, full_range, quarter_shards, quiet_config
 
-from imq import CorruptDataError, Queue
+from imq import CorruptDataError, Queue, QueueClosedError
 from imq import iterator as iterator_module
-from imq.storage import Table, codec
+from imq.storage import Table, codec, rocks
 
 SOURCES = quarter_shards()
 
@@ -69,3 +70,41 @@ def test_a_skipped_row_with_a_damaged_key_is_corrupt_data_in_the_position(
         with pytest.raises(CorruptDataError, match="message key of 53 bytes"):
             list(it)
             it.current_position()
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["default", "pure-python"])
+def test_a_close_between_the_last_fill_and_its_end_checks_is_no_clean_end(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, pure: bool
+) -> None:
+    """RocksDB's rows stop quietly at a damaged block; the merge's end check of each
+    source that ran out tells that from the range's end. A ``Queue.close()`` from another
+    thread landing after the fill that found every source ended, and before those checks
+    ran, dropped the checks with the cursors, and the read ended cleanly, short (an
+    outside audit, on a damaged table file: 11 of 400 such closes). Here the fill closes
+    the queue at that point, and the check raises whenever it still runs (a damaged
+    block): the read must raise ``QueueClosedError``, not end."""
+    fill_name = "_py_merge_fill" if pure or iterator_module._merge_fill is None else "_merge_fill"
+    with Queue.open(db_path, quiet_config(message_cache_size=0)) as queue:
+        Chain(queue).apply(SOURCES[0], 48)  # batches of 16 and 32: then a fill of none
+        real_fill = getattr(iterator_module, fill_name)
+
+        def fill_then_close(*args: Any, **kwargs: Any) -> Any:
+            out = real_fill(*args, **kwargs)
+            if out[3] and not out[0]:  # every source ended, nothing left to hand out
+                queue.close()  # what another thread's close() does at a switch here
+            return out
+
+        def damaged_end(self: rocks.Cursor, last_key: bytes | None) -> None:
+            if self._end is not None:  # the check still runs: it finds the damage
+                raise CorruptDataError("messages", last_key or b"", "a damaged block")
+
+        monkeypatch.setattr(iterator_module, fill_name, fill_then_close)
+        monkeypatch.setattr(rocks.Cursor, "finish", damaged_end)
+        with iterator_module.pure_python() if pure else contextlib.nullcontext():
+            it = queue.iterator(0, [full_range(SOURCES[0])], BASE)
+        got = []
+        with pytest.raises(QueueClosedError):
+            got.extend(it)
+        assert len(got) == 48
+        with pytest.raises(QueueClosedError):
+            next(it)

@@ -29,6 +29,7 @@ from imq import (
     QueueKey,
     QueueShardRange,
     ShardIdent,
+    StorageError,
 )
 
 S = split_shard(0, 1, 0)  # 0:4000000000000000
@@ -314,3 +315,45 @@ def test_the_highest_u32_seqno_is_read_back_and_one_past_it_refused(
     assert queue.get_last_applied_seqno(S) == 2**32 - 1
     with pytest.raises(ValueError, match="u32"):
         queue.get_diff_info(S, 2**32)
+
+
+class _FailingPoints:
+    """A RocksDB snapshot whose point reads raise ``exc``."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self._exc = exc
+
+    def __getitem__(self, key: bytes) -> bytes:
+        raise self._exc
+
+
+@pytest.mark.parametrize(
+    ("raised", "expected"),
+    [
+        # RocksDB's text for a read that failed, which names "not found" too
+        (Exception("IO error: While open a file: 000012.sst: file not found"), StorageError),
+        (TimeoutError("the host's deadline: key not found"), TimeoutError),  # the host's
+    ],
+    ids=["io-error", "host-exception"],
+)
+def test_a_point_read_that_fails_is_never_a_missing_key(
+    queue: Queue, chain: Chain, raised: BaseException, expected: type[BaseException]
+) -> None:
+    """Only rocksdict's exact ``key not found`` is a missing key: an error whose text
+    merely held "not found" read as one, and ``get_diff_info`` then said ``None``
+    (``is_diff_exists`` False) for a stored diff (an outside review)."""
+    applied = chain.apply(S, 2)
+    real = queue._store.snapshot
+
+    def failing(*args: object, **kwargs: object) -> object:
+        snap = real(*args, **kwargs)  # type: ignore[arg-type]
+        snap._points = {t: _FailingPoints(raised) for t in snap._points}
+        return snap
+
+    queue._store.snapshot = failing  # type: ignore[method-assign]
+    try:
+        with pytest.raises(expected):
+            queue.get_diff_info(S, applied.seqno)
+    finally:
+        del queue._store.snapshot
+    assert queue.get_diff_info(S, applied.seqno) is not None
