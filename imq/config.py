@@ -103,12 +103,20 @@ def parse_duration(text: str) -> float:
                 "e.g. '500ms', '1m30s', '5sec')"
             )
         number, unit = match.groups()
-        total += Fraction(number) * _DURATION_UNITS[unit]
+        try:
+            total += Fraction(number) * _DURATION_UNITS[unit]
+        except ValueError:  # over 4,300 digits: Python's int() refuses to read it
+            raise ValueError(f"duration {_clipped(text)!r} is too large") from None
         pos = match.end()
     try:
         return float(total)
     except OverflowError:
-        raise ValueError(f"duration {text!r} is too large") from None
+        raise ValueError(f"duration {_clipped(text)!r} is too large") from None
+
+
+def _clipped(text: str) -> str:
+    """``text`` as an error message quotes it: its first 40 characters."""
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def parse_size(text: str) -> int:

@@ -184,15 +184,19 @@ class StorageError(ImqError):
     to do about it (the message ends with it). After a failed write the handle is dead:
     every later call raises this error again. Free the space or fix the fault,
     ``close()`` the queue (that always releases the directory) and open it again; nothing
-    a failed call staged was written. A write can also fail on a damaged table file that
-    one of RocksDB's compactions read: the hint then says so, since a reopen brings the
-    same compaction back (``imq verify``, then a copy or a persistent state).
+    a failed call staged was written, except where ``operation`` is
+    :attr:`UNSYNCED_OPERATION`: RocksDB took a synced write's batch and then the sync of
+    its log failed, so the reopen shows the change whole or not at all (check before
+    retrying). A write can also fail on a damaged table file that one of RocksDB's
+    compactions read: the hint then says so, since a reopen brings the same compaction
+    back (``imq verify``, then a copy or a persistent state).
     """
 
     WRITE_HINT: ClassVar[str] = (
         "close the queue and open it again (after a failed write this handle is dead; "
         "nothing the failed call staged was written)"
     )
+    UNSYNCED_OPERATION: ClassVar[str] = "the log's sync after a write"
 
     def __init__(
         self,
@@ -212,6 +216,14 @@ class StorageError(ImqError):
 
     def again(self) -> StorageError:
         """What every later call on the handle this error killed raises."""
+        if self.operation == self.UNSYNCED_OPERATION:  # its hint speaks of that call's batch
+            return StorageError(
+                self.path,
+                f"a call after {self.operation} failed",
+                f"this handle is dead: {self.reason}",
+                "close the queue and open it again (this call wrote nothing; whether the "
+                "earlier call's change survives, the reopen shows, whole or not at all)",
+            )
         return StorageError(
             self.path, self.operation, f"this handle is dead: {self.reason}", self.hint
         )

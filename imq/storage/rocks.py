@@ -971,13 +971,14 @@ def _failed_hint(reason: str) -> str:
 
 # A synced write whose batch RocksDB took but whose log sync then failed: the batch is in
 # the log file, not known to be on the disk; a reopen replays what the file holds.
-UNSYNCED_OPERATION = "the log's sync after a write"  # StorageError.operation
+UNSYNCED_OPERATION = StorageError.UNSYNCED_OPERATION
 _UNSYNCED_HINT = (
     "the call's batch was written but the sync of the log failed, so whether the change "
     "survives is known only after a reopen, where it is found whole or not at all: close "
-    "the queue, open it again and check (get_diff_info, the commit pointers, "
-    "get_last_committed_mc_block_id) before retrying; apply_diff and commit_diff "
-    "retried return False where it landed"
+    "the queue, open it again and check what the call would have changed (get_diff_info, "
+    "the commit pointers, get_last_committed_mc_block_id) before retrying it; apply_diff "
+    "and commit_diff retried return False where it landed, and an import is complete or "
+    "rolled back by that open"
 )
 
 
@@ -1195,25 +1196,28 @@ def _check_path(path: str | os.PathLike[str]) -> None:
             ),
             "create the directory it points to, or pass another path",
         )
-    longest = max(len(os.fsencode(text)), len(os.fsencode(os.path.abspath(text))))
+    # As RocksDB is given it: a relative path is resolved by the kernel from the working
+    # directory, whose own length does not count.
+    size = len(os.fsencode(text))
     limit = _path_max(text) - 1 - _NAMES_ROOM  # PATH_MAX counts the terminating NUL
-    if longest > limit:  # the directory itself may fit: RocksDB's files in it would not
+    if size > limit:  # the directory itself may fit: RocksDB's files in it would not
         raise FileAccessError(
             text,
             "open queue database",
             OSError(
                 errno.ENAMETOOLONG,
-                f"the path ({longest} bytes) leaves too little room for the names of the "
-                f"files RocksDB writes inside it (up to {_NAMES_ROOM} bytes more)",
+                f"the path ({size} bytes) leaves too little room for the names of the "
+                f"files RocksDB must write inside it (up to {_NAMES_ROOM} bytes more)",
             ),
             f"use a path of at most {limit} bytes",
         )
 
 
-# Room for "/" and the longest name of a file in a database directory: RocksDB's
-# "LOG.old.<microseconds since 1970, 16 digits>" (rocksdict's config file, 21 bytes, and
-# "OPTIONS-<number>.dbtmp", 20 until the millionth file, are shorter).
-_NAMES_ROOM = 25
+# Room for "/" and the longest name of a file a database directory must hold: rocksdict's
+# config file (21 bytes; "OPTIONS-<number>.dbtmp" is 20 until the millionth file).
+# RocksDB's "LOG.old.<16 digits>" is longer, but RocksDB goes on without it (its text log
+# is then not rotated), as it did before this check: a path that opened still opens.
+_NAMES_ROOM = 22
 
 
 def _path_max(text: str) -> int:

@@ -6,6 +6,7 @@ of embedding: both ended the range early without a word, 48 of 20,000 messages r
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 import threading
@@ -295,6 +296,79 @@ def test_a_busy_pull_handing_the_gil_over_never_loses_the_other_threads_batch(
         assert not stuck[0], "the iterator raised 'another thread' for good"
         got.extend(it)
         it.close()
+        read = [(m.source, m.message.key) for m in got]
+        assert sorted(read) == sorted(everything) and len(set(read)) == len(read)
+
+
+@MODES
+@_GUARDED
+def test_a_busy_pull_whose_error_runs_a_finalizer_never_ends_the_range(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, pure: bool
+) -> None:
+    """The second thread pulls inside an ``except`` block of its own, where creating the
+    generator's "already executing" error can run the cyclic GC and a finalizer; there
+    the first thread finishes its batch. The guard asked the generator whether it still
+    ran, found it did not, passed the error on, and the chain ended the range for both
+    threads (a review: 17 of 3,600 messages read, no error). The guard's own flag says
+    busy now: no exception is made on that path."""
+    with Queue.open(db_path, quiet_config(message_cache_size=0)) as queue:
+        everything = _filled(queue, diffs=3)
+        it, inside, release = _pausing_at_the_second_batch(queue, monkeypatch, pure)
+        delivered, pulled = threading.Event(), threading.Event()
+        got: list[IteratedMessage] = []
+
+        def drain_a() -> None:
+            while True:
+                try:
+                    got.append(next(it))
+                except StopIteration:
+                    return
+                except ValueError:
+                    continue
+                if release.is_set() and not delivered.is_set():
+                    delivered.set()
+                    pulled.wait(10)
+
+        class Finalizer:
+            def __init__(self) -> None:
+                self.me = self  # a cycle: only the cyclic GC frees it
+
+            def __del__(self) -> None:
+                if threading.current_thread() is threading.main_thread():  # the puller
+                    release.set()
+                    delivered.wait(10)  # the first thread finishes its batch meanwhile
+
+        a = threading.Thread(target=drain_a)
+        a.start()
+        outcome = "none"
+        try:
+            assert inside.wait(30)
+            gc.collect()
+            gc.disable()
+            Finalizer()
+            thresholds = gc.get_threshold()
+            try:
+                raise KeyError("a handled exception of the host's")
+            except KeyError:
+                gc.set_threshold(1)
+                gc.enable()
+                try:
+                    next(it)
+                    outcome = "message"
+                except ValueError:
+                    outcome = "busy"
+                except StopIteration:
+                    outcome = "end"
+                finally:
+                    gc.set_threshold(*thresholds)
+        finally:
+            gc.enable()
+            pulled.set()
+            release.set()
+            a.join(60)
+        assert not a.is_alive()
+        assert outcome in {"busy", "message"}, outcome
+        got.extend(it)
         read = [(m.source, m.message.key) for m in got]
         assert sorted(read) == sorted(everything) and len(set(read)) == len(read)
 

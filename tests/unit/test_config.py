@@ -515,3 +515,6 @@ def test_numbers_too_long_for_a_float_or_a_string_are_config_errors(
         QueueConfig.from_toml(path)
     assert str(path) in str(info.value)
     assert "set_int_max_str_digits" not in str(info.value)
+    if name == "gc_interval":  # a duration string of as many digits
+        with pytest.raises(ConfigError, match=r"duration '10+\.\.\.' is too large"):
+            QueueConfig.from_mapping({name: f"1{'0' * digits}s"})
