@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO, cast
 
 from imq.cli.common import (
     Commands,
@@ -41,6 +41,9 @@ from imq.state.source import DIFF_MAGIC, STREAM_READ_HINT, open_source
 from imq.state.tl import TlDiff, decode_diff, diff_hash
 from imq.storage.rocks import LOCK_FILE, says_disk_full, wipe_database
 from imq.types import BlockId, BlockIdShort, ShardIdent
+
+if TYPE_CHECKING:
+    from imq.state.importer import ImportReport
 
 __all__ = [
     "diff_json",
@@ -289,41 +292,42 @@ def run_import(
         raw = open(file, "rb")  # noqa: SIM115 - closed below, after the import
     except OSError as exc:
         raise FileAccessError(file, "read state file", exc) from exc
-    with raw, _reading(file, "read state file", only_reads=False):
-        with _naming(file, f"the queue state of {block_id.short}"):
-            state = _StateInput(raw)
-            _check_header(state, block_id, top_update)
-        # The import's own errors name the file and say what to do already.
-        created = _first_missing(db)
-        was_empty = created is None and _is_empty_directory(db)
-        ours = False  # the queue this import opened is one it created: undo it on failure
-        try:
-            with checked_queue(db, "import") as queue:
-                # Decided under the queue's lock: another process may have created (and
-                # filled) the directory since it was looked at. A queue holding nothing
-                # is this import's (or an empty one, which loses nothing if removed).
-                ours = (created is not None or was_empty) and _holds_nothing(queue)
-                try:
-                    report = queue.import_state(
-                        state.again(), block_id, top_update, progress=progress
-                    )
-                except (CommitError, DiffConflictError) as exc:
-                    # The library's next step is a collator's; an operator's is another place.
-                    raise ImqError(
-                        f"{exc}. From `imq import`: this queue already holds newer or "
-                        f"different diffs of {block_id.shard}; import the state into a new "
-                        "directory, or use the queue as it is"
-                    ) from exc
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt) and _holds_state(db, block_id):
-                # Ctrl-C after the import's last batch: the state is in, and stays.
-                exc.args = (_COMPLETE.format(file=file.name, db=db),)
-                raise
-            if ours:  # a failed open (DatabaseLockedError: another writer) made nothing
-                _undo_created(db, created, was_empty, exc)
-            raise
-    rate = report.messages / report.seconds if report.seconds else 0.0
+    report: ImportReport | None = None
     try:
+        with raw, _reading(file, "read state file", only_reads=False):
+            with _naming(file, f"the queue state of {block_id.short}"):
+                state = _StateInput(raw)
+                _check_header(state, block_id, top_update)
+            # The import's own errors name the file and say what to do already.
+            created = _first_missing(db)
+            was_empty = created is None and _is_empty_directory(db)
+            ours = False  # the queue this import opened is one it created: undo it on failure
+            try:
+                with checked_queue(db, "import") as queue:
+                    # Decided under the queue's lock: another process may have created (and
+                    # filled) the directory since it was looked at. A queue holding nothing
+                    # is this import's (or an empty one, which loses nothing if removed).
+                    ours = (created is not None or was_empty) and _holds_nothing(queue)
+                    try:
+                        report = queue.import_state(
+                            state.again(), block_id, top_update, progress=progress
+                        )
+                    except (CommitError, DiffConflictError) as exc:
+                        # The library's next step is a collator's; an operator's is another place.
+                        raise ImqError(
+                            f"{exc}. From `imq import`: this queue already holds newer or "
+                            f"different diffs of {block_id.shard}; import the state into a new "
+                            "directory, or use the queue as it is"
+                        ) from exc
+            except BaseException as exc:
+                if isinstance(exc, KeyboardInterrupt) and _holds_state(db, block_id):
+                    # Ctrl-C after the import's last batch: the state is in, and stays.
+                    exc.args = (_COMPLETE.format(file=file.name, db=db),)
+                    raise
+                if ours:  # a failed open (DatabaseLockedError: another writer) made nothing
+                    _undo_created(db, created, was_empty, exc)
+                raise
+        rate = report.messages / report.seconds if report.seconds else 0.0
         print(
             f"imported {file.name} into {db}: {report.diffs} diffs "
             f"({report.written_diffs} written, {report.kept_diffs} already stored), "
@@ -333,8 +337,9 @@ def run_import(
         )
         if top_update is None:  # after the import: a failure stays one line
             print(_UNCHECKED_TOP, file=sys.stderr)
-    except KeyboardInterrupt as exc:  # the import is done: say so, not "rolled back"
-        exc.args = (_COMPLETE.format(file=file.name, db=db),)
+    except KeyboardInterrupt as exc:
+        if report is not None:  # the import is done (an audit: "rolled back" was said)
+            exc.args = (_COMPLETE.format(file=file.name, db=db),)
         raise
 
 

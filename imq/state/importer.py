@@ -133,7 +133,14 @@ def import_state(
             except BaseException as exc:
                 if new and store.dead is None:
                     stopped = not isinstance(exc, Exception)  # a Ctrl-C, SIGTERM in the CLI
-                    rollback_import(store, log, reason="interrupted" if stopped else "failed")
+                    reason = "interrupted" if stopped else "failed"
+                    if not rollback_import(store, log, reason=reason):
+                        # No marker: the last batch had been written (the exception, a
+                        # Ctrl-C say, landed just after it): the import is complete.
+                        exc.add_note(
+                            f"the import of {block_id.short} had finished before this "
+                            "exception: the queue holds the whole state"
+                        )
                 elif new and isinstance(exc, StorageError):
                     # A dead handle (a failed write) cannot roll back: the marker stays and
                     # the next open rolls the import back. Say so: the data is not as before.
