@@ -144,6 +144,12 @@ def test_an_interrupted_iterator_pins_nothing_and_its_queue_closes(
     assert [type(e) for e in kept] == [TimeoutError, ReadInterruptedError]
 
 
+def _read_once(got: list[IteratedMessage], everything: list[tuple[object, QueueKey]]) -> None:
+    """Between them, the reads got every message of ``everything`` exactly once."""
+    read = [(m.source, m.message.key) for m in got]
+    assert sorted(read) == sorted(everything) and len(set(read)) == len(read)
+
+
 def _pausing_at_the_second_batch(
     queue: Queue, monkeypatch: pytest.MonkeyPatch, pure: bool
 ) -> tuple[Iterator[IteratedMessage], threading.Event, threading.Event]:
@@ -210,8 +216,7 @@ def test_two_threads_pulling_one_iterator_never_end_it_early(
         drain("b", it.__next__)
         it.close()
         assert errors == []
-        read = [(m.source, m.message.key) for m in got["a"] + got["b"]]
-        assert sorted(read) == sorted(everything) and len(set(read)) == len(read)
+        _read_once(got["a"] + got["b"], everything)
 
 
 _GUARDED = pytest.mark.skipif(
@@ -296,8 +301,7 @@ def test_a_busy_pull_handing_the_gil_over_never_loses_the_other_threads_batch(
         assert not stuck[0], "the iterator raised 'another thread' for good"
         got.extend(it)
         it.close()
-        read = [(m.source, m.message.key) for m in got]
-        assert sorted(read) == sorted(everything) and len(set(read)) == len(read)
+        _read_once(got, everything)
 
 
 @MODES
@@ -369,8 +373,7 @@ def test_a_busy_pull_whose_error_runs_a_finalizer_never_ends_the_range(
         assert not a.is_alive()
         assert outcome in {"busy", "message"}, outcome
         got.extend(it)
-        read = [(m.source, m.message.key) for m in got]
-        assert sorted(read) == sorted(everything) and len(set(read)) == len(read)
+        _read_once(got, everything)
 
 
 @MODES
