@@ -3518,10 +3518,11 @@ static PyTypeObject TeeType = {
  * generator another thread is running fails with ValueError ("generator already
  * executing"), on which a chain drops its source and then ends cleanly, for every
  * thread: two threads draining one iterator lost the rest of its range without a word.
- * Guard(gen, busy) pulls gen and hands out `busy` (an iterator that raises) instead of
- * that error, so the range goes on. In C, not Python: a Python frame between the chain
- * and the generator is where a signal handler's exception would land outside the
- * generator's handler, and the chain would drop its source on it just the same. */
+ * Guard(gen, busy) pulls gen and hands out `busy` (an iterator that raises) to a pull
+ * made while another is under way, so gen is never pulled twice at once and the range
+ * goes on. In C, not Python: a Python frame between the chain and the generator is
+ * where a signal handler's exception would land outside the generator's handler, and
+ * the chain would drop its source on it just the same. */
 
 typedef struct {
     PyObject_HEAD PyObject *gen;
