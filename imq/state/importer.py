@@ -47,7 +47,7 @@ from imq.state.tl import TlDiff
 from imq.storage import StoreProtocol as Store
 from imq.storage import TransactionProtocol as Transaction
 from imq.storage import ops
-from imq.storage.rocks import UNSYNCED_OPERATION, import_lock_held
+from imq.storage.rocks import import_lock_held
 from imq.types import (
     Address,
     BlockId,
@@ -144,7 +144,7 @@ def import_state(
                 elif new and isinstance(exc, StorageError):
                     # A dead handle (a failed write) cannot roll back: the marker stays and
                     # the next open rolls the import back. Say so: the data is not as before.
-                    if exc.operation == UNSYNCED_OPERATION:  # the batch may stand
+                    if exc.operation == StorageError.UNSYNCED_OPERATION:  # the batch may stand
                         next_step = (
                             "; the import had written part of the state, or all of it if "
                             "this was its last batch: after that open (for writing) the "

@@ -971,7 +971,6 @@ def _failed_hint(reason: str) -> str:
 
 # A synced write whose batch RocksDB took but whose log sync then failed: the batch is in
 # the log file, not known to be on the disk; a reopen replays what the file holds.
-UNSYNCED_OPERATION = StorageError.UNSYNCED_OPERATION
 _UNSYNCED_HINT = (
     "the call's batch was written but the sync of the log failed, so whether the change "
     "survives is known only after a reopen, where it is found whole or not at all: close "
@@ -2598,7 +2597,7 @@ class Store:
                     # did, memory must not vouch for it
                     self._forget_memory()
                     if written:  # the batch is in the log and the memtable, unsynced
-                        failed = self._failed(UNSYNCED_OPERATION, exc, _UNSYNCED_HINT)
+                        failed = self._failed(StorageError.UNSYNCED_OPERATION, exc, _UNSYNCED_HINT)
                     else:
                         failed = self._failed("write", exc)
                     failed.__cause__ = exc

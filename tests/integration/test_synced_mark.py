@@ -668,13 +668,13 @@ def test_a_synced_write_whose_sync_fails_says_its_outcome_is_known_after_a_reope
     finally:
         store._db = real
     error = raised.value
-    assert error.operation == rocks.UNSYNCED_OPERATION
+    assert error.operation == StorageError.UNSYNCED_OPERATION
     assert "known only after a reopen" in error.hint
     assert "nothing the failed call staged was written" not in str(error)
     assert store.dead is error
     with pytest.raises(StorageError) as later:  # a later call wrote nothing: it says so
         chain.apply(SHARDS[0], 1)
-    assert later.value.operation == f"a call after {rocks.UNSYNCED_OPERATION} failed"
+    assert later.value.operation == f"a call after {StorageError.UNSYNCED_OPERATION} failed"
     assert "this call wrote nothing" in later.value.hint
     assert "the call's batch was written" not in str(later.value)
     q.close()
